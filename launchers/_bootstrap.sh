@@ -1,0 +1,53 @@
+# shellcheck shell=bash
+# Shared by launch.sh and test.sh: find Python 3.11 and make .venv, idempotently.
+# Sourced, not run. Everything past bootstrapping lives in Python (the `trainer` CLI).
+
+PVBESS_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PVBESS_VENV="${PVBESS_VENV:-${PVBESS_ROOT}/.venv}"
+# torch first, pinned, with the torchvision built for it: otherwise citylearn's
+# torchvision requirement drags in whatever torch (and CUDA) is newest.
+PVBESS_TORCH="${PVBESS_TORCH:-torch==2.13.0 torchvision==0.28.0}"
+
+log() { printf '[pvbess] %s\n' "$*" >&2; }
+die() { printf '[pvbess] error: %s\n' "$*" >&2; exit 2; }
+
+find_python() {
+  local candidate
+  for candidate in "${PYTHON:-}" python3.11 python3 python; do
+    [[ -n "${candidate}" ]] || continue
+    command -v "${candidate}" >/dev/null 2>&1 || continue
+    if "${candidate}" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' 2>/dev/null; then
+      command -v "${candidate}"
+      return 0
+    fi
+  done
+  return 1
+}
+
+# The stamp changes when anything that decides the install changes; a match means no reinstall.
+install_stamp() {
+  local extras="$1"
+  { cat "${PVBESS_ROOT}/pyproject.toml"; printf '%s\n%s\n' "${PVBESS_TORCH}" "${extras}"; } | sha256sum | cut -d' ' -f1
+}
+
+ensure_venv() {
+  local extras="${1:-}" python stamp_file stamp
+  stamp_file="${PVBESS_VENV}/.pvbess-install"
+  stamp="$(install_stamp "${extras}")"
+  if [[ -x "${PVBESS_VENV}/bin/python" && -f "${stamp_file}" && "$(cat "${stamp_file}")" == "${stamp}" ]]; then
+    return 0
+  fi
+  if [[ ! -x "${PVBESS_VENV}/bin/python" ]]; then
+    python="$(find_python)" || die "Python 3.11 not found: install it, or set PYTHON=/path/to/python3.11"
+    log "creating ${PVBESS_VENV} with ${python}"
+    "${python}" -m venv "${PVBESS_VENV}" || die "could not create ${PVBESS_VENV} (is the venv module installed? apt install python3.11-venv)"
+  fi
+  log "installing dependencies (first run takes a few minutes)"
+  # shellcheck disable=SC2086 # PVBESS_TORCH is a list of requirement specifiers
+  "${PVBESS_VENV}/bin/python" -m pip install --quiet --disable-pip-version-check ${PVBESS_TORCH} \
+    || die "could not install ${PVBESS_TORCH}; set PVBESS_TORCH to the torch you want"
+  "${PVBESS_VENV}/bin/python" -m pip install --quiet --disable-pip-version-check -e "${PVBESS_ROOT}${extras}" \
+    || die "could not install pvbess-trainer into ${PVBESS_VENV}"
+  printf '%s\n' "${stamp}" >"${stamp_file}"
+  log "environment ready"
+}

@@ -1,0 +1,54 @@
+"""Shared fixtures: a built-in site built once per session, tiny configs, the official dataset."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("CITYLEARN_OFFLINE", "1")
+
+from trainer.config import Config, load_config  # noqa: E402
+from trainer.scenario import build_site  # noqa: E402
+
+OFFICIAL = "citylearn_challenge_2022_phase_all"
+_SHARED_DATASETS = Path(__file__).resolve().parents[1].parent / "shared" / "citylearn" / "datasets"
+
+# Small everything: a few hundred steps, a short evaluation window, quick SAC warm-up.
+TINY = (
+    "schedule.eval_days=3",
+    "sac.learning_starts=50", "sac.batch_size=32", "sac.buffer_size=2000",
+    "ppo.n_steps=128", "ppo.batch_size=32", "ppo.n_epochs=2",
+    "sac.checkpoint_freq_steps=100", "ppo.checkpoint_freq_steps=100", "a2c.checkpoint_freq_steps=100",
+    "output.tensorboard=false",
+)
+
+
+def tiny_overrides(*extra: str) -> list[str]:
+    return [*TINY, *extra]
+
+
+@pytest.fixture(scope="session")
+def default_cfg() -> Config:
+    return load_config()
+
+
+@pytest.fixture(scope="session")
+def tiny_cfg() -> Config:
+    return load_config(overrides=tiny_overrides())
+
+
+@pytest.fixture(scope="session")
+def site_schema(tmp_path_factory, default_cfg) -> Path:
+    return build_site(default_cfg.scenario, tmp_path_factory.mktemp("site"))
+
+
+@pytest.fixture(scope="session")
+def official_schema() -> Path:
+    roots = [os.environ.get("CITYLEARN_LOCAL_DATASETS_PATH"), str(_SHARED_DATASETS)]
+    for root in filter(None, roots):
+        schema = Path(root) / OFFICIAL / "schema.json"
+        if schema.is_file():
+            return schema
+    pytest.skip(f"official CityLearn dataset {OFFICIAL} not found (set CITYLEARN_LOCAL_DATASETS_PATH)")

@@ -1,0 +1,108 @@
+"""Config validation: every error names the key, the expected and the received value."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from trainer.config import DEFAULT_CONFIG, Config, describe, load_config, parse_override
+from trainer.errors import ConfigError
+
+
+def error_of(*overrides: str, files=()) -> str:
+    with pytest.raises(ConfigError) as info:
+        load_config(files, list(overrides))
+    return str(info.value)
+
+
+def test_defaults_validate_and_hash_is_stable(default_cfg):
+    assert isinstance(default_cfg, Config)
+    assert default_cfg.digest() == load_config().digest()
+    assert default_cfg.digest() != load_config(overrides=["seed=7"]).digest()
+
+
+def test_unknown_key_suggests_the_closest():
+    assert error_of("sac.batch_sise=3") == "unknown config key 'sac.batch_sise': did you mean 'sac.batch_size'?"
+
+
+def test_unknown_section_suggests_the_closest():
+    assert "did you mean 'reward'?" in error_of("rewards.co2=1")
+
+
+def test_out_of_range_names_key_expected_and_received():
+    assert error_of("sac.batch_size=-5") == (
+        "config key 'sac.batch_size': input should be greater than or equal to 1; got -5"
+    )
+
+
+def test_wrong_type_names_the_received_value():
+    message = error_of("reward.co2=abc")
+    assert message.startswith("config key 'reward.co2': input should be a valid number")
+    assert message.endswith("got 'abc'")
+
+
+def test_choice_lists_the_valid_values():
+    assert error_of("gpu.device=tpu") == "config key 'gpu.device': input should be 'auto', 'cpu' or 'cuda'; got 'tpu'"
+
+
+def test_timesteps_and_episodes_together_are_refused():
+    assert error_of("ppo.episodes=3") == (
+        "config key 'ppo': set only one of timesteps (200000) or episodes (3); set the other to null"
+    )
+
+
+def test_all_zero_reward_weights_are_refused():
+    zeros = [f"reward.{k}=0" for k in ("co2", "cost", "ev", "grid", "solar")]
+    assert error_of(*zeros) == "config key 'reward': at least one reward weight must be positive"
+
+
+def test_yaml_syntax_error_gives_file_line_and_column(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("sac:\n  batch_size: 64\n  gamma: [0.9\n")
+    message = error_of(files=[bad])
+    assert message.startswith(f"{bad}:4:1: YAML syntax error")
+
+
+def test_missing_config_file_is_named(tmp_path):
+    missing = tmp_path / "nope.yaml"
+    assert error_of(files=[missing]) == f"config file not found: {missing} (check the path given to --config)"
+
+
+def test_files_merge_left_to_right_then_set(tmp_path):
+    first, second = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    first.write_text(yaml.safe_dump({"sac": {"batch_size": 64, "tau": 0.01}}))
+    second.write_text(yaml.safe_dump({"sac": {"batch_size": 128}}))
+    cfg = load_config([first, second], ["sac.gamma=0.95"])
+    assert (cfg.sac.batch_size, cfg.sac.tau, cfg.sac.gamma) == (128, 0.01, 0.95)
+    assert cfg.ppo.batch_size == 64  # untouched sections keep their defaults
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("sac.batch_size=128", (["sac", "batch_size"], 128)),
+    ("ppo.net_arch=[32, 32]", (["ppo", "net_arch"], [32, 32])),
+    ("gpu.tf32=false", (["gpu", "tf32"], False)),
+    ("sac.episodes=null", (["sac", "episodes"], None)),
+])
+def test_override_values_are_parsed_as_yaml(text, expected):
+    assert parse_override(text) == expected
+
+
+def test_override_without_equals_explains_the_form():
+    with pytest.raises(ConfigError, match=r"--set expects key.path=value, got 'sac.batch_size'"):
+        parse_override("sac.batch_size")
+
+
+def test_every_default_key_is_documented():
+    rows = describe()
+    documented = {path for path, _, text in rows if text.strip()}
+
+    def leaves(node, prefix=""):
+        for key, value in node.items():
+            if isinstance(value, dict) and key != "quick_timesteps":
+                yield from leaves(value, f"{prefix}{key}.")
+            else:
+                yield f"{prefix}{key}"
+
+    defaults = set(leaves(yaml.safe_load(DEFAULT_CONFIG.read_text())))
+    assert defaults == {path for path, _, _ in rows}
+    assert defaults <= documented

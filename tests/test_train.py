@@ -1,0 +1,53 @@
+"""A tiny training run per agent writes a loadable model and finite results."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+
+from trainer.agents import fit_rollout, load_model
+from trainer.cli import cli
+from trainer.metrics import METRIC_KEYS
+
+from .conftest import tiny_overrides
+
+
+def sets(*overrides: str) -> list[str]:
+    return [arg for o in overrides for arg in ("--set", o)]
+
+
+@pytest.mark.parametrize("agent, steps", [("sac", 200), ("ppo", 256), ("a2c", 200)])
+def test_tiny_training_run(agent, steps, tmp_path, site_schema):
+    out = tmp_path / agent
+    result = CliRunner().invoke(cli, ["train", agent, "--timesteps", str(steps), "--out", str(out),
+                                      "--schema", str(site_schema), "--device", "cpu", *sets(*tiny_overrides())])
+    assert result.exit_code == 0, result.output
+    results = json.loads((out / "results.json").read_text())
+    assert list(results) == ["baseline", agent]
+    for name, metrics in results.items():
+        assert set(METRIC_KEYS) <= set(metrics), name
+        for key in ("co2_kg", "co2_kg_per_year", "cost", "grid_import_kwh", "peak_kw", "pv_self_consumption_pct"):
+            assert math.isfinite(metrics[key]), (name, key)
+    assert results["baseline"]["co2_vs_baseline_pct"] == 0.0
+    assert results[agent]["timesteps"] == steps
+    assert results[agent]["steps_per_s"] > 0
+    model = load_model(agent, out / agent / "model.zip")
+    action, _ = model.predict(np.zeros(model.observation_space.shape, dtype=np.float32), deterministic=True)
+    assert action.shape == model.action_space.shape
+    progress = pd.read_csv(out / agent / "progress.csv")
+    assert progress["time/total_timesteps"].max() <= steps
+    assert sorted(p.name for p in (out / agent / "checkpoints").iterdir())[-1] == f"step_{100 * (steps // 100):010d}.zip"
+    assert "baseline" in result.output and agent in result.output  # the table is printed
+    assert (out / "config.yaml").is_file() and (out / "command.txt").read_text().startswith("trainer ")
+
+
+def test_ppo_rollout_is_shortened_to_fit_a_short_run():
+    params = {"n_steps": 2048, "batch_size": 64}
+    assert fit_rollout(params, 600) == {"n_steps": 600, "batch_size": 64}
+    assert fit_rollout(params, 100) == {"n_steps": 100, "batch_size": 64 if 64 <= 100 else 100}
+    assert fit_rollout(params, 5000) is params

@@ -1,0 +1,89 @@
+"""SB3 callbacks: a progress bar with steps/s and ETA, and periodic checkpoints.
+
+Both count environment steps across all parallel environments (``num_timesteps``),
+not callback calls.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from stable_baselines3.common.callbacks import BaseCallback
+
+from trainer import logs
+
+PROGRESS_LOG_FRACTION = 0.1
+
+
+class ProgressCallback(BaseCallback):
+    """A tqdm bar on a terminal; on a pipe, a structured log event every 10% instead."""
+
+    def __init__(self, agent: str, total: int):
+        super().__init__()
+        self.agent = agent
+        self.total = total
+        self._bar = None
+        self._start = 0.0
+        self._start_steps = 0
+        self._next_log = 0
+
+    def _on_training_start(self) -> None:
+        from tqdm import tqdm
+
+        self._start = time.perf_counter()
+        self._start_steps = self.num_timesteps
+        self._next_log = self.num_timesteps
+        self._bar = tqdm(total=self.total, initial=self.num_timesteps, desc=f"train {self.agent}", unit="step",
+                         dynamic_ncols=True, disable=None, leave=False)
+
+    def _on_step(self) -> bool:
+        if self._bar is not None:
+            self._bar.update(self.num_timesteps - self._bar.n)
+        if self.num_timesteps >= self._next_log and self._next_log <= self.total:
+            elapsed = max(time.perf_counter() - self._start, 1e-9)
+            rate = (self.num_timesteps - self._start_steps) / elapsed
+            eta = max(self.total - self.num_timesteps, 0) / rate if rate > 0 else None
+            # With a live bar on the terminal the event goes to the JSON log only.
+            emit = logs.get().debug if self._bar is not None and not self._bar.disable else logs.get().info
+            emit("training progress", agent=self.agent, step=self.num_timesteps, total=self.total,
+                 steps_per_s=round(rate, 1), eta_s=round(eta) if eta is not None else None)
+            self._next_log += max(int(self.total * PROGRESS_LOG_FRACTION), 1)
+        return True
+
+    def _on_training_end(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+
+
+class PeriodicCheckpoint(BaseCallback):
+    """Save the model every ``every`` environment steps, keeping the newest ``keep``."""
+
+    def __init__(self, folder: Path, every: int, keep: int = 3):
+        super().__init__()
+        self.folder = folder
+        self.every = every
+        self.keep = keep
+        self._last = 0
+
+    def _on_training_start(self) -> None:
+        self._last = self.num_timesteps - self.num_timesteps % self.every
+
+    def _on_step(self) -> bool:
+        if self.num_timesteps - self._last >= self.every:
+            self._last = self.num_timesteps - self.num_timesteps % self.every
+            self.save()
+        return True
+
+    def save(self) -> Path:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        start = time.perf_counter()
+        path = self.folder / f"step_{self.num_timesteps:010d}.zip"
+        tmp = path.with_name(f".tmp-{path.name}")  # SB3 appends ".zip" to any other suffix
+        self.model.save(str(tmp))
+        tmp.replace(path)
+        logs.get().info("checkpoint saved", path=str(path), step=self.num_timesteps,
+                        seconds=round(time.perf_counter() - start, 3), bytes=path.stat().st_size)
+        for old in sorted(self.folder.glob("step_*.zip"))[: -self.keep]:
+            old.unlink(missing_ok=True)
+        return path

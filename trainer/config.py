@@ -1,0 +1,316 @@
+"""Typed, documented configuration.
+
+Every key has a type, a range where it has one, and a one-line description
+(``trainer config show --doc`` prints them). The models carry *no* defaults:
+every default value lives in ``configs/default.yaml`` and nowhere else.
+
+Precedence, in one function (:func:`load_config`): ``configs/default.yaml`` →
+each ``--config FILE`` left to right → each ``--set key.path=value``.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from trainer.errors import ConfigError
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+CONFIG_DIR = REPO_ROOT / "configs"
+DEFAULT_CONFIG = CONFIG_DIR / "default.yaml"
+
+AGENTS = ("sac", "ppo", "a2c")
+REFERENCES = ("baseline", "rbc")
+
+
+class Section(BaseModel):
+    """A config section: unknown keys are errors, values are checked on assignment."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
+
+
+def doc(description: str, **constraints: Any) -> Any:
+    """A required field with its one-line description (defaults live in YAML)."""
+    return Field(..., description=description, **constraints)
+
+
+class ScenarioConfig(Section):
+    name: str = doc("Name of the built-in site, used in run names and the report.", min_length=1)
+    location_name: str = doc("Human-readable location of the site.")
+    latitude: float = doc("Site latitude in degrees north.", ge=-90, le=90)
+    longitude: float = doc("Site longitude in degrees east.", ge=-180, le=180)
+    altitude_m: float = doc("Site altitude above sea level in metres.", ge=-500, le=9000)
+    timezone: str = doc("IANA time zone of the site's local clock (e.g. America/Los_Angeles).")
+    year: int = doc("Calendar year simulated (hourly, 8760 steps; Feb 29 dropped).", ge=2000, le=2100)
+    seed: int = doc("Seed of the site generator: the same config gives the same bytes.", ge=0)
+    pv_kwp: float = doc("PV array DC size in kWp.", ge=0, le=10000)
+    pv_tilt_deg: float = doc("PV tilt from horizontal in degrees.", ge=0, le=90)
+    pv_azimuth_deg: float = doc("PV azimuth in degrees clockwise from north (180 = south).", ge=0, lt=360)
+    pv_system_losses_pct: float = doc("PVWatts system losses (soiling, wiring, mismatch) in %.", ge=0, le=50)
+    battery_kwh: float = doc("Battery usable capacity in kWh.", ge=0, le=100000)
+    battery_kw: float = doc("Battery charge/discharge power limit in kW.", ge=0, le=100000)
+    battery_efficiency: float = doc("Battery round-trip efficiency as a fraction.", gt=0, le=1)
+    building_base_kw: float = doc("Building load at night and weekends, kW.", ge=0)
+    building_occupied_kw: float = doc("Additional building load in occupied weekday hours, kW.", ge=0)
+    cooling_kw_per_degc: float = doc("Cooling load per degree C above 22 C in occupied hours, kW/C.", ge=0)
+    ev_chargers: int = doc("Number of EV chargers (the last one serves an overnight fleet van).", ge=0, le=50)
+    charger_kw: float = doc("Maximum charging power of each charger in kW.", gt=0, le=350)
+    charger_efficiency: float = doc("Charger efficiency as a fraction.", gt=0, le=1)
+    ev_battery_kwh: float = doc("Battery capacity of each EV in kWh.", gt=0, le=300)
+    ev_departure_soc: float = doc("State of charge each EV requires at departure, fraction.", gt=0, le=1)
+    carbon_mean_kg_per_kwh: float = doc("Annual mean grid carbon intensity, kg CO2/kWh.", gt=0, le=2)
+    tariff_offpeak_per_kwh: float = doc("Time-of-use tariff, off-peak price per kWh.", ge=0)
+    tariff_peak_per_kwh: float = doc("Time-of-use tariff, peak price per kWh (16:00-21:00).", ge=0)
+    tariff_summer_peak_per_kwh: float = doc("Peak price per kWh in June-September.", ge=0)
+    currency: str = doc("Currency symbol of the tariff, used in the report.", min_length=1, max_length=8)
+    train_episode_days: int = doc("Length of a training episode in days (evaluation always runs the full year).", ge=1, le=365)
+
+
+class RewardConfig(Section):
+    co2: float = doc("Weight of grid-import CO2 (kg, normalised by site scale x max intensity).", ge=0)
+    cost: float = doc("Weight of import cost (normalised by site scale x max price).", ge=0)
+    ev: float = doc("Weight of the EV departure shortfall (SoC fraction no longer reachable).", ge=0)
+    grid: float = doc("Weight of the squared grid import (peak shaving), per site scale.", ge=0)
+    solar: float = doc("Weight of exported PV that could have been self-consumed, per site scale.", ge=0)
+
+    @model_validator(mode="after")
+    def _some_weight(self) -> "RewardConfig":
+        if self.co2 + self.cost + self.ev + self.grid + self.solar <= 0:
+            raise ValueError("at least one reward weight must be positive")
+        return self
+
+
+class GpuConfig(Section):
+    device: Literal["auto", "cpu", "cuda"] = doc("Torch device: auto picks cuda when available.")
+    mixed_precision: bool = doc("Autocast the learner to bf16/fp16 on CUDA (see docs/benchmarks.md for its effect).")
+    cudnn_benchmark: bool = doc("torch.backends.cudnn.benchmark on CUDA.")
+    tf32: bool = doc("Allow TF32 matmuls and convolutions on CUDA (Ampere or newer).")
+    deterministic: bool = doc("torch.use_deterministic_algorithms on CUDA (slower, reproducible).")
+
+
+class AgentConfig(Section):
+    """Fields every stable-baselines3 agent shares."""
+
+    learning_rate: float = doc("Optimizer learning rate.", gt=0, le=1)
+    gamma: float = doc("Discount factor.", gt=0, le=1)
+    net_arch: list[int] = doc("Hidden layer sizes of the policy and value networks.", min_length=1)
+    timesteps: int | None = doc("Training length in environment steps (or use episodes).", ge=1)
+    episodes: int | None = doc("Training length in episodes of scenario.train_episode_days (or use timesteps).", ge=1)
+    checkpoint_freq_steps: int = doc("Save a checkpoint every this many environment steps.", ge=1)
+    log_interval: int = doc("SB3 log interval (episodes for SAC, rollouts for PPO/A2C).", ge=1)
+    ent_coef: float | Literal["auto"] = doc("Entropy coefficient ('auto' for SAC's learned temperature).")
+    max_grad_norm: float = doc("Gradient clipping norm (PPO/A2C).", gt=0)
+
+    @model_validator(mode="after")
+    def _one_length(self) -> "AgentConfig":
+        if self.timesteps is None and self.episodes is None:
+            raise ValueError("set one of timesteps or episodes")
+        if self.timesteps is not None and self.episodes is not None:
+            raise ValueError(
+                f"set only one of timesteps ({self.timesteps}) or episodes ({self.episodes}); "
+                "set the other to null"
+            )
+        return self
+
+
+class SacConfig(AgentConfig):
+    batch_size: int = doc("Minibatch size of each gradient step.", ge=1)
+    buffer_size: int = doc("Replay buffer capacity in transitions.", ge=1)
+    gradient_steps: int = doc("Gradient steps per train_freq environment steps.", ge=1)
+    train_freq: int = doc("Environment steps between learner updates.", ge=1)
+    learning_starts: int = doc("Environment steps collected before the first update.", ge=0)
+    tau: float = doc("Target network soft-update coefficient.", gt=0, le=1)
+
+
+class PpoConfig(AgentConfig):
+    batch_size: int = doc("Minibatch size of each gradient step.", ge=1)
+    n_steps: int = doc("Rollout length per environment before each update.", ge=1)
+    n_epochs: int = doc("Passes over each rollout.", ge=1)
+    gae_lambda: float = doc("GAE lambda.", ge=0, le=1)
+    clip_range: float = doc("PPO clipping range.", gt=0, le=1)
+    vf_coef: float = doc("Value loss coefficient.", ge=0)
+
+
+class A2cConfig(AgentConfig):
+    n_steps: int = doc("Rollout length per environment before each update.", ge=1)
+    gae_lambda: float = doc("GAE lambda (1.0 is plain A2C).", ge=0, le=1)
+    vf_coef: float = doc("Value loss coefficient.", ge=0)
+
+
+class ScheduleConfig(Section):
+    agents: list[Literal["sac", "ppo", "a2c"]] = doc("Agents trained by `trainer schedule`, in order.", min_length=1)
+    quick_timesteps: dict[Literal["sac", "ppo", "a2c"], int] = doc(
+        "Timesteps per agent with --quick (a smoke run of the whole schedule)."
+    )
+    eval_days: int | None = doc("Evaluation length in days from the dataset's start; null = the whole period.", ge=1)
+
+
+class OutputConfig(Section):
+    root: str = doc("Folder holding run folders (relative to the working directory).", min_length=1)
+    run_name: str = doc("Run folder name template: {scenario}, {command}, {seed}, {time}.", min_length=1)
+    tensorboard: bool = doc("Also log TensorBoard events when the tensorboard extra is installed.")
+
+
+class Config(Section):
+    seed: int = doc("Global seed for Python, NumPy, torch and the environment.", ge=0)
+    scenario: ScenarioConfig
+    reward: RewardConfig
+    gpu: GpuConfig
+    sac: SacConfig
+    ppo: PpoConfig
+    a2c: A2cConfig
+    schedule: ScheduleConfig
+    output: OutputConfig
+
+    def agent(self, name: str) -> AgentConfig:
+        return getattr(self, name)
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+    def digest(self) -> str:
+        """A stable hash of the resolved config (checkpoints refuse a changed one)."""
+        payload = json.dumps(self.to_dict(), sort_keys=True).encode()
+        return hashlib.sha256(payload).hexdigest()[:16]
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    """Read one YAML mapping, with file, line and column on a syntax error."""
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path} (check the path given to --config)")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        raise ConfigError(f"{where}: YAML syntax error: {exc.problem}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: YAML error: {exc}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of config sections at the top level, got {type(data).__name__}")
+    return data
+
+
+def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    merged = copy.deepcopy(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``sac.batch_size=128`` → (["sac", "batch_size"], 128); the value is parsed as YAML."""
+    if "=" not in text:
+        raise ConfigError(f"--set expects key.path=value, got {text!r} (for example --set sac.batch_size=128)")
+    path, raw = text.split("=", 1)
+    keys = [k for k in path.strip().split(".") if k]
+    if not keys:
+        raise ConfigError(f"--set {text!r}: empty key path (for example --set sac.batch_size=128)")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError:
+        value = raw
+    return keys, value
+
+
+def _set_path(data: dict[str, Any], keys: list[str], value: Any) -> None:
+    node = data
+    for key in keys[:-1]:
+        child = node.get(key)
+        if not isinstance(child, dict):
+            child = {}
+            node[key] = child
+        node = child
+    node[keys[-1]] = value
+
+
+def _model_at(path: tuple[Any, ...]) -> type[BaseModel] | None:
+    model: type[BaseModel] = Config
+    for key in path:
+        field = model.model_fields.get(str(key))
+        if field is None:
+            return None
+        annotation = field.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            model = annotation
+        else:
+            return None
+    return model
+
+
+def _format_error(error: dict[str, Any]) -> str:
+    loc = tuple(p for p in error["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+    path = ".".join(str(p) for p in loc)
+    kind = error["type"]
+    if kind == "extra_forbidden":
+        parent = _model_at(loc[:-1])
+        choices = sorted(parent.model_fields) if parent else []
+        close = difflib.get_close_matches(str(loc[-1]), choices, n=1)
+        prefix = ".".join(str(p) for p in loc[:-1])
+        hint = f"did you mean '{prefix + '.' if prefix else ''}{close[0]}'?" if close else f"valid keys: {', '.join(choices)}"
+        return f"unknown config key '{path}': {hint}"
+    if kind == "missing":
+        return f"missing config key '{path}': add it (see configs/default.yaml for its meaning)"
+    where = f"config key '{path}'" if path else "config"
+    message = error["msg"].removeprefix("Value error, ")
+    message = message[0].lower() + message[1:]
+    if kind == "value_error":  # a cross-field rule: the message names the values itself
+        return f"{where}: {message}"
+    return f"{where}: {message}; got {error.get('input')!r}"
+
+
+def validate(data: dict[str, Any]) -> Config:
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        messages = [_format_error(e) for e in exc.errors()]
+        raise ConfigError("; ".join(messages)) from None
+
+
+def load_config(
+    files: tuple[str | Path, ...] | list[str | Path] = (),
+    overrides: tuple[str, ...] | list[str] = (),
+) -> Config:
+    """Defaults → each file left to right → each ``--set``; validated before anything runs."""
+    data = read_yaml(DEFAULT_CONFIG)
+    for file in files:
+        data = deep_merge(data, read_yaml(Path(file)))
+    for text in overrides:
+        keys, value = parse_override(text)
+        _set_path(data, keys, value)
+    return validate(data)
+
+
+def describe(model: type[BaseModel] = Config, prefix: str = "") -> list[tuple[str, str, str]]:
+    """(key path, type, description) for every leaf key, for `config show --doc`."""
+    rows: list[tuple[str, str, str]] = []
+    for name, field in model.model_fields.items():
+        path = f"{prefix}{name}"
+        annotation = field.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            rows.extend(describe(annotation, prefix=f"{path}."))
+            continue
+        type_name = getattr(annotation, "__name__", None) or str(annotation).replace("typing.", "")
+        bounds = [
+            f"{sym}{getattr(m, attr)}"
+            for m in field.metadata
+            for attr, sym in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<"))
+            if getattr(m, attr, None) is not None
+        ]
+        rows.append((path, type_name + (f" ({', '.join(bounds)})" if bounds else ""), field.description or ""))
+    return rows

@@ -1,0 +1,43 @@
+"""Torch device choice and the `gpu` switches, applied only on CUDA and always logged."""
+
+from __future__ import annotations
+
+from trainer import logs
+from trainer.config import GpuConfig
+from trainer.errors import UsageError
+
+
+def resolve_device(requested: str) -> str:
+    """'auto' → 'cuda' when torch sees a GPU, else 'cpu'; 'cuda' without one is a usage error."""
+    import torch
+
+    if requested == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise UsageError(
+            "--device cuda was requested but torch sees no CUDA device "
+            f"(torch {torch.__version__}, built for CUDA {torch.version.cuda}); use --device cpu or auto"
+        )
+    return requested
+
+
+def apply_gpu_flags(gpu: GpuConfig, device: str) -> dict[str, object]:
+    """Set torch backend flags from `gpu` on CUDA; on CPU they do nothing, and the log says so."""
+    import torch
+
+    log = logs.get()
+    if device != "cuda":
+        log.info("gpu flags not applied", device=device, reason="not a CUDA device")
+        return {"applied": False, "device": device}
+    torch.backends.cuda.matmul.allow_tf32 = gpu.tf32
+    torch.backends.cudnn.allow_tf32 = gpu.tf32
+    torch.backends.cudnn.benchmark = gpu.cudnn_benchmark
+    torch.use_deterministic_algorithms(gpu.deterministic, warn_only=True)
+    flags = {
+        "applied": True, "device": device, "gpu_name": torch.cuda.get_device_name(0),
+        "tf32": gpu.tf32, "cudnn_benchmark": gpu.cudnn_benchmark, "deterministic": gpu.deterministic,
+        # Mixed precision is not wired into SB3's learners yet: say so rather than pretend.
+        "mixed_precision": "requested but has no effect yet" if gpu.mixed_precision else False,
+    }
+    log.info("gpu flags applied", **flags)
+    return flags

@@ -1,0 +1,161 @@
+"""Evaluation and the metrics of results.json: the one place each metric is defined.
+
+All energy figures are at the site's grid connection (the buildings' net exchange summed
+per step): imports are ``max(net, 0)``, exports ``max(-net, 0)``.
+
+- ``co2_kg``: imports x grid carbon intensity over the evaluation period.
+- ``co2_kg_per_year``: ``co2_kg`` scaled to 8,760 hours.
+- ``co2_vs_baseline_pct``: 100 x (agent - baseline) / baseline; negative means less CO2.
+- ``cost``: imports x tariff (exports are not credited).
+- ``grid_import_kwh``, ``peak_kw``: total import and the largest hourly import.
+- ``pv_self_consumption_pct``: share of PV generation not exported.
+- ``ev_departure_soc_met_pct``: share of EV departures at or above the required SoC
+  (within ``EV_SOC_TOLERANCE``); null on a dataset without EV chargers.
+- ``ev_unmet_kwh``: energy the EVs lacked at departure to reach their required SoC. An agent
+  that leaves cars uncharged imports less, so read its CO2 saving together with this.
+- ``citylearn_kpis``: CityLearn's own district KPIs (``env.evaluate()``), normalised by
+  CityLearn against its no-storage reference.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from trainer.controllers import Controller
+
+EV_SOC_TOLERANCE = 0.01
+HOURS_PER_YEAR = 8760
+METRIC_KEYS = (
+    "co2_kg", "co2_kg_per_year", "co2_vs_baseline_pct", "cost", "grid_import_kwh", "peak_kw",
+    "pv_self_consumption_pct", "ev_departure_soc_met_pct", "timesteps", "train_wall_s", "steps_per_s",
+    "citylearn_kpis",
+)
+TABLE_COLUMNS = (
+    ("co2_kg_per_year", "CO2 kg/yr", "{:,.0f}"),
+    ("co2_vs_baseline_pct", "vs baseline %", "{:+.1f}"),
+    ("cost", "cost", "{:,.0f}"),
+    ("grid_import_kwh", "import kWh", "{:,.0f}"),
+    ("peak_kw", "peak kW", "{:.1f}"),
+    ("pv_self_consumption_pct", "PV self-use %", "{:.1f}"),
+    ("ev_departure_soc_met_pct", "EV met %", "{:.1f}"),
+    ("timesteps", "train steps", "{:,}"),
+    ("steps_per_s", "steps/s", "{:.0f}"),
+    ("train_wall_s", "train s", "{:.0f}"),
+)
+
+
+def _finite(value: float) -> float | None:
+    return None if value is None or not math.isfinite(float(value)) else float(value)
+
+
+def run_episode(controller: Controller, sb3_env, timeseries_path: Path | None = None) -> dict[str, Any]:
+    """Run ``controller`` over the evaluation env's whole episode and compute the metrics."""
+    env = sb3_env.unwrapped
+    obs, _ = sb3_env.reset()
+    departures_met: list[bool] = []
+    unmet_kwh = 0.0
+    done = False
+    steps = 0
+    start = time.perf_counter()
+    while not done:
+        t = env.time_step
+        leaving = []
+        for b in env.buildings:
+            for charger in b.electric_vehicle_chargers or []:
+                sim = charger.charger_simulation
+                if t < len(sim.electric_vehicle_charger_state) and sim.electric_vehicle_charger_state[t] == 1 \
+                        and sim.electric_vehicle_departure_time[t] == 0 and charger.connected_electric_vehicle is not None:
+                    leaving.append((charger.connected_electric_vehicle, float(sim.electric_vehicle_required_soc_departure[t])))
+        action = controller.act(obs, env)
+        obs, _, terminated, truncated, _ = sb3_env.step(action)
+        steps += 1
+        for ev, required in leaving:
+            soc = float(ev.battery.soc[t])
+            departures_met.append(soc >= required - EV_SOC_TOLERANCE)
+            unmet_kwh += max(required - soc, 0.0) * float(ev.battery.capacity)
+        done = terminated or truncated
+    wall = time.perf_counter() - start
+    metrics = summarise(env, steps, departures_met)
+    metrics["ev_unmet_kwh"] = unmet_kwh if departures_met else None
+    metrics["eval_wall_s"] = round(wall, 2)
+    if timeseries_path is not None:
+        timeseries(env, steps).to_csv(timeseries_path, index=False, float_format="%.4f")
+    return metrics
+
+
+def _district(env, steps: int) -> dict[str, np.ndarray]:
+    b0 = env.buildings[0]
+    net = np.sum([np.asarray(b.net_electricity_consumption[:steps], dtype=float) for b in env.buildings], axis=0)
+    pv = np.sum([-np.asarray(b.solar_generation[:steps], dtype=float) for b in env.buildings], axis=0)
+    return {
+        "net": net,
+        "pv": pv,
+        "carbon": np.asarray(b0.carbon_intensity.carbon_intensity[:steps], dtype=float),
+        "price": np.asarray(b0.pricing.electricity_pricing[:steps], dtype=float),
+    }
+
+
+def summarise(env, steps: int, departures_met: list[bool]) -> dict[str, Any]:
+    d = _district(env, steps)
+    hours_per_step = env.seconds_per_time_step / 3600
+    imports = np.clip(d["net"], 0, None)
+    exports = np.clip(-d["net"], 0, None)
+    pv_total = float(d["pv"].sum())
+    co2 = float((imports * d["carbon"]).sum())
+    kpis = env.evaluate()
+    district = kpis[kpis["level"] == "district"]
+    return {
+        "co2_kg": co2,
+        "co2_kg_per_year": co2 * HOURS_PER_YEAR / (steps * hours_per_step),
+        "cost": float((imports * d["price"]).sum()),
+        "grid_import_kwh": float(imports.sum()),
+        "grid_export_kwh": float(exports.sum()),
+        "peak_kw": float(imports.max() / hours_per_step) if steps else 0.0,
+        "pv_generation_kwh": pv_total,
+        "pv_self_consumption_pct": 100 * (pv_total - float(exports.sum())) / pv_total if pv_total > 0 else None,
+        "ev_departures": len(departures_met),
+        "ev_departure_soc_met_pct": 100 * sum(departures_met) / len(departures_met) if departures_met else None,
+        "eval_timesteps": steps,
+        "citylearn_kpis": {row.cost_function: _finite(row.value) for row in district.itertuples()},
+    }
+
+
+def timeseries(env, steps: int) -> pd.DataFrame:
+    """Per-step site series for the report's representative week."""
+    d = _district(env, steps)
+    battery_soc = np.mean([np.asarray(b.electrical_storage.soc[:steps], dtype=float) for b in env.buildings], axis=0)
+    ev = np.zeros(steps)
+    for b in env.buildings:
+        for charger in b.electric_vehicle_chargers or []:
+            ev += np.asarray(charger.electricity_consumption[:steps], dtype=float)
+    return pd.DataFrame({"step": np.arange(steps), "net_kwh": d["net"], "pv_kwh": d["pv"], "battery_soc": battery_soc,
+                         "ev_charging_kwh": ev, "carbon_kg_per_kwh": d["carbon"], "price_per_kwh": d["price"]})
+
+
+def compare_to_baseline(results: dict[str, dict[str, Any]]) -> None:
+    """Fill ``co2_vs_baseline_pct`` in place for every agent, from the ``baseline`` entry."""
+    base = results.get("baseline", {}).get("co2_kg")
+    for metrics in results.values():
+        co2 = metrics.get("co2_kg")
+        metrics["co2_vs_baseline_pct"] = 100 * (co2 - base) / base if base and co2 is not None else None
+
+
+def format_table(results: dict[str, dict[str, Any]]) -> str:
+    header = ["agent"] + [label for _, label, _ in TABLE_COLUMNS]
+    rows = [header]
+    for agent, metrics in results.items():
+        row = [agent]
+        for key, _, fmt in TABLE_COLUMNS:
+            value = metrics.get(key)
+            row.append("-" if value is None else fmt.format(value))
+        rows.append(row)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)

@@ -1,0 +1,123 @@
+"""The run-folder layout, defined once. Every writer takes its paths from here.
+
+    outputs/<run>/
+        config.yaml        resolved config          command.txt   exact command line
+        versions.json      Python, packages, device  site/         the generated dataset (built-in site)
+        logs/trainer.jsonl structlog JSON lines      results.json  results.csv
+        <agent>/           model.zip, metrics.json, progress.csv, eval_timeseries.csv, checkpoints/
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shlex
+import sys
+import tempfile
+from dataclasses import dataclass
+from datetime import datetime
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from trainer.config import Config
+from trainer.errors import UsageError
+
+PACKAGES = ("pvbess-trainer", "citylearn", "stable-baselines3", "torch", "gymnasium", "numpy", "pvlib", "pydantic")
+
+
+@dataclass(frozen=True)
+class AgentDir:
+    root: Path
+
+    @property
+    def model(self) -> Path:
+        return self.root / "model.zip"
+
+    @property
+    def metrics(self) -> Path:
+        return self.root / "metrics.json"
+
+    @property
+    def progress(self) -> Path:
+        return self.root / "progress.csv"
+
+    @property
+    def timeseries(self) -> Path:
+        return self.root / "eval_timeseries.csv"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+
+@dataclass(frozen=True)
+class RunDir:
+    root: Path
+
+    config = property(lambda self: self.root / "config.yaml")
+    command = property(lambda self: self.root / "command.txt")
+    versions = property(lambda self: self.root / "versions.json")
+    logs = property(lambda self: self.root / "logs")
+    log_file = property(lambda self: self.root / "logs" / "trainer.jsonl")
+    site = property(lambda self: self.root / "site")
+    results_json = property(lambda self: self.root / "results.json")
+    results_csv = property(lambda self: self.root / "results.csv")
+
+    def agent(self, name: str) -> AgentDir:
+        return AgentDir(self.root / name)
+
+    def create(self, cfg: Config, argv: list[str], device: str) -> "RunDir":
+        """Make the folder and record how the run was made, so it can be repeated."""
+        try:
+            self.logs.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UsageError(f"cannot create run folder {self.root}: {exc.strerror} (choose another --out)") from None
+        write_text_atomic(self.config, yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+        write_text_atomic(self.command, " ".join(shlex.quote(a) for a in argv) + "\n")
+        write_json_atomic(self.versions, versions(device))
+        return self
+
+
+def default_run_dir(cfg: Config, command: str, label: str | None = None) -> RunDir:
+    name = cfg.output.run_name.format(
+        scenario=label or cfg.scenario.name, command=command, seed=cfg.seed,
+        time=datetime.now().strftime("%Y%m%d-%H%M%S"),
+    )
+    return RunDir(Path(cfg.output.root) / name)
+
+
+def versions(device: str) -> dict[str, Any]:
+    packages = {}
+    for name in PACKAGES:
+        try:
+            packages[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            packages[name] = None
+    return {"python": sys.version.split()[0], "platform": platform.platform(), "device": device, "packages": packages}
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write via a temporary file in the same folder, fsync, then rename: never a half file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=False, allow_nan=False) + "\n")
+
+
+def read_json(path: Path) -> Any:
+    return json.loads(path.read_text(encoding="utf-8"))

@@ -1,0 +1,171 @@
+"""The stages of a run, each ``prepare → train → evaluate → save``.
+
+The CLI composes these: ``trainer train`` runs the baseline and one agent, ``trainer
+schedule`` runs baseline → rbc → each agent; both write results.json as they go, so
+whatever finished is kept.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from trainer import logs
+from trainer.agents import build_model, load_model
+from trainer.callbacks import PeriodicCheckpoint, ProgressCallback
+from trainer.config import AGENTS, Config
+from trainer.controllers import REFERENCE_CONTROLLERS, PolicyController
+from trainer.env import DatasetSource, _schema_length, make_sb3_env
+from trainer.metrics import METRIC_KEYS, compare_to_baseline, format_table, run_episode
+from trainer.run_dir import RunDir, read_json, write_json_atomic, write_text_atomic
+from trainer.scenario import build_site
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """What every stage of one run shares."""
+
+    cfg: Config
+    run: RunDir
+    schema: Path
+    device: str
+
+    @property
+    def seed(self) -> int:
+        return self.cfg.seed
+
+
+def prepare_dataset(cfg: Config, run: RunDir, source: DatasetSource | None) -> Path:
+    """The run's schema: the given dataset, or the built-in site generated into the run folder."""
+    if source is not None:
+        logs.get().info("dataset", schema=str(source.schema), label=source.label)
+        return source.schema
+    start = time.perf_counter()
+    schema = build_site(cfg.scenario, run.site)
+    logs.get().info("built-in site generated", schema=str(schema), seconds=round(time.perf_counter() - start, 2))
+    return schema
+
+
+def training_timesteps(cfg: Config, agent: str, schema: Path) -> int:
+    section = cfg.agent(agent)
+    if section.timesteps is not None:
+        return section.timesteps
+    episode = min(cfg.scenario.train_episode_days * 24, _schema_length(schema))
+    return int(section.episodes) * episode
+
+
+def _eval_env(ctx: RunContext):
+    return make_sb3_env(ctx.cfg, ctx.schema, "eval", ctx.seed, eval_days=ctx.cfg.schedule.eval_days)
+
+
+def evaluate_reference(ctx: RunContext, name: str) -> dict[str, Any]:
+    """Evaluate ``baseline`` or ``rbc`` over the evaluation period."""
+    log = logs.get().bind(agent=name)
+    log.info("evaluating reference")
+    folder = ctx.run.agent(name)
+    folder.root.mkdir(parents=True, exist_ok=True)
+    env = _eval_env(ctx)
+    try:
+        metrics = run_episode(REFERENCE_CONTROLLERS[name](), env, folder.timeseries)
+    finally:
+        env.close()
+    metrics.update(timesteps=0, train_wall_s=0.0, steps_per_s=None)
+    write_json_atomic(folder.metrics, metrics)
+    log.info("evaluated", co2_kg_per_year=round(metrics["co2_kg_per_year"], 1), seconds=metrics["eval_wall_s"])
+    return metrics
+
+
+def train_agent(ctx: RunContext, agent: str, timesteps: int) -> dict[str, Any]:
+    """Train one SB3 agent, save it, and evaluate it deterministically."""
+    from stable_baselines3.common.logger import configure as sb3_logger
+    from stable_baselines3.common.utils import set_random_seed
+
+    section = ctx.cfg.agent(agent)
+    folder = ctx.run.agent(agent)
+    folder.root.mkdir(parents=True, exist_ok=True)
+    log = logs.get().bind(agent=agent)
+    set_random_seed(ctx.seed)
+    env = make_sb3_env(ctx.cfg, ctx.schema, "train", ctx.seed)
+    try:
+        model = build_model(ctx.cfg, agent, env, ctx.device, ctx.seed, timesteps)
+        model.set_logger(sb3_logger(str(folder.root), _logger_formats(ctx.cfg)))
+        if getattr(model, "n_steps", None) not in (None, getattr(section, "n_steps", None)):
+            log.warning("rollout shortened to fit the run", n_steps=model.n_steps, configured=section.n_steps)
+        log.info("training", timesteps=timesteps, device=ctx.device, **_summary(section))
+        callbacks = [ProgressCallback(agent, timesteps),
+                     PeriodicCheckpoint(folder.checkpoints, section.checkpoint_freq_steps)]
+        start = time.perf_counter()
+        model.learn(total_timesteps=timesteps, callback=callbacks, log_interval=section.log_interval,
+                    reset_num_timesteps=True)
+        wall = time.perf_counter() - start
+        # SB3 logs SAC per episode: a run shorter than one would leave progress.csv empty.
+        model.logger.record("time/total_timesteps", model.num_timesteps)
+        model.logger.record("time/wall_s", round(wall, 2))
+        model.logger.dump(model.num_timesteps)
+        tmp = folder.root / ".tmp-model.zip"
+        model.save(str(tmp))
+        tmp.replace(folder.model)
+    finally:
+        env.close()
+    log.info("trained", timesteps=model.num_timesteps, seconds=round(wall, 1),
+             steps_per_s=round(model.num_timesteps / wall, 1))
+    metrics = evaluate_model(ctx, agent, model)
+    metrics.update(timesteps=int(model.num_timesteps), train_wall_s=round(wall, 2),
+                   steps_per_s=round(model.num_timesteps / wall, 2) if wall > 0 else None)
+    write_json_atomic(folder.metrics, metrics)
+    return metrics
+
+
+def evaluate_model(ctx: RunContext, agent: str, model=None) -> dict[str, Any]:
+    folder = ctx.run.agent(agent)
+    if model is None:
+        model = load_model(agent, folder.model, device=ctx.device)
+    env = _eval_env(ctx)
+    try:
+        metrics = run_episode(PolicyController(agent, model), env, folder.timeseries)
+    finally:
+        env.close()
+    logs.get().info("evaluated", agent=agent, co2_kg_per_year=round(metrics["co2_kg_per_year"], 1),
+                    seconds=metrics["eval_wall_s"])
+    return metrics
+
+
+def record_results(run: RunDir, new: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Merge ``new`` into results.json (baseline first, then rbc, then agents) and rewrite results.csv."""
+    results = read_json(run.results_json) if run.results_json.is_file() else {}
+    results.update(new)
+    order = ["baseline", "rbc", *AGENTS]
+    results = {k: results[k] for k in sorted(results, key=lambda k: order.index(k) if k in order else len(order))}
+    compare_to_baseline(results)
+    for metrics in results.values():
+        for key in METRIC_KEYS:
+            metrics.setdefault(key, None)
+    write_json_atomic(run.results_json, results)
+    flat = [{"agent": name, **{k: v for k, v in m.items() if k != "citylearn_kpis"}} for name, m in results.items()]
+    write_text_atomic(run.results_csv, pd.DataFrame(flat).to_csv(index=False))
+    return results
+
+
+def results_table(results: dict[str, dict[str, Any]]) -> str:
+    return format_table(results)
+
+
+def _logger_formats(cfg: Config) -> list[str]:
+    formats = ["csv"]
+    if cfg.output.tensorboard:
+        try:
+            import tensorboard  # noqa: F401  (optional extra: pvbess-trainer[tensorboard])
+
+            formats.append("tensorboard")
+        except ImportError:
+            pass
+    return formats
+
+
+def _summary(section) -> dict[str, Any]:
+    keys = ("batch_size", "n_steps", "learning_rate", "buffer_size", "gradient_steps", "train_freq")
+    return {k: getattr(section, k) for k in keys if hasattr(section, k)}
