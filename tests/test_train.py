@@ -41,7 +41,9 @@ def test_tiny_training_run(agent, steps, tmp_path, site_schema):
     assert action.shape == model.action_space.shape
     progress = pd.read_csv(out / agent / "progress.csv")
     assert progress["time/total_timesteps"].max() <= steps
-    assert sorted(p.name for p in (out / agent / "checkpoints").iterdir())[-1] == f"step_{100 * (steps // 100):010d}.zip"
+    checkpoints = sorted(p.name for p in (out / agent / "checkpoints").iterdir())
+    assert checkpoints[-1] == f"step_{steps:010d}"  # the final one, complete with its manifest
+    assert (out / agent / "checkpoints" / checkpoints[-1] / "manifest.json").is_file()
     assert "baseline" in result.output and agent in result.output  # the table is printed
     assert (out / "config.yaml").is_file() and (out / "command.txt").read_text().startswith("trainer ")
 

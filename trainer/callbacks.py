@@ -1,14 +1,11 @@
-"""SB3 callbacks: a progress bar with steps/s and ETA, and periodic checkpoints.
+"""SB3 callbacks: a progress bar with steps/s and ETA (checkpoints: trainer.training.Guard).
 
-Both count environment steps across all parallel environments (``num_timesteps``),
-not callback calls.
+Counts environment steps across all parallel environments (``num_timesteps``), not callback calls.
 """
 
 from __future__ import annotations
 
 import time
-from pathlib import Path
-
 from stable_baselines3.common.callbacks import BaseCallback
 
 from trainer import logs
@@ -54,36 +51,3 @@ class ProgressCallback(BaseCallback):
     def _on_training_end(self) -> None:
         if self._bar is not None:
             self._bar.close()
-
-
-class PeriodicCheckpoint(BaseCallback):
-    """Save the model every ``every`` environment steps, keeping the newest ``keep``."""
-
-    def __init__(self, folder: Path, every: int, keep: int = 3):
-        super().__init__()
-        self.folder = folder
-        self.every = every
-        self.keep = keep
-        self._last = 0
-
-    def _on_training_start(self) -> None:
-        self._last = self.num_timesteps - self.num_timesteps % self.every
-
-    def _on_step(self) -> bool:
-        if self.num_timesteps - self._last >= self.every:
-            self._last = self.num_timesteps - self.num_timesteps % self.every
-            self.save()
-        return True
-
-    def save(self) -> Path:
-        self.folder.mkdir(parents=True, exist_ok=True)
-        start = time.perf_counter()
-        path = self.folder / f"step_{self.num_timesteps:010d}.zip"
-        tmp = path.with_name(f".tmp-{path.name}")  # SB3 appends ".zip" to any other suffix
-        self.model.save(str(tmp))
-        tmp.replace(path)
-        logs.get().info("checkpoint saved", path=str(path), step=self.num_timesteps,
-                        seconds=round(time.perf_counter() - start, 3), bytes=path.stat().st_size)
-        for old in sorted(self.folder.glob("step_*.zip"))[: -self.keep]:
-            old.unlink(missing_ok=True)
-        return path

@@ -16,12 +16,16 @@ from trainer.config import AGENTS, Config, describe, load_config
 from trainer.errors import TrainerError, UsageError
 from trainer.run_dir import RunDir, default_run_dir, read_json
 
+LATEST = "latest"
+
 EXIT_INTERRUPTED = 130
 
 
 class State:
     debug = False
     log_file: Path | None = None
+    run_dir: Path | None = None
+    command = ""
 
 
 def config_options(fn: Callable) -> Callable:
@@ -55,7 +59,7 @@ def handle_errors(fn: Callable) -> Callable:
         except TrainerError as exc:
             if State.debug:
                 raise
-            _fail(str(exc), exc.exit_code)
+            _fail(str(exc) + _resume_hint(exc), exc.exit_code)
         except KeyboardInterrupt:
             _fail("interrupted", EXIT_INTERRUPTED)
         except Exception as exc:  # noqa: BLE001 - the edge of the program: report, don't crash
@@ -65,6 +69,14 @@ def handle_errors(fn: Callable) -> Callable:
             _fail(f"unexpected {type(exc).__name__}: {exc} (rerun with --debug for the traceback)", 1)
 
     return wrapper
+
+
+def _resume_hint(exc: TrainerError) -> str:
+    from trainer.training import StageFailed, TrainingInterrupted
+
+    if isinstance(exc, (TrainingInterrupted, StageFailed)) and State.run_dir is not None:
+        return f"; resume with: trainer {State.command} --resume {State.run_dir}"
+    return ""
 
 
 def _fail(message: str, code: int) -> None:
@@ -82,13 +94,39 @@ def _resolve(config_files, overrides, *, seed=None, device=None) -> Config:
     return load_config(config_files, extra)
 
 
-def _start_run(cfg: Config, command: str, out: str | None, label: str | None, device: str) -> RunDir:
-    run = RunDir(Path(out)) if out else default_run_dir(cfg, command, label)
-    run.create(cfg, ["trainer", *sys.argv[1:]], device)
-    State.log_file = run.log_file
+def _start_run(cfg: Config, command: str, out: str | Path | None, label: str | None, device: str,
+               resuming: bool = False) -> RunDir:
+    from trainer.lock import RunLock
+
+    run = RunDir(Path(out)) if out else default_run_dir(cfg, command.replace(" ", "-"), label)
+    try:
+        run.root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"cannot create run folder {run.root}: {exc.strerror} (choose another --out)") from None
+    lock = RunLock(run.root).acquire()  # before anything in the folder is rewritten
+    click.get_current_context().call_on_close(lock.release)
+    run.create(cfg, ["trainer", *sys.argv[1:]], device, resuming=resuming)
+    State.log_file, State.run_dir = run.log_file, run.root
     logs.configure(run.log_file)
-    logs.get().info("run started", run=str(run.root), command=command, device=device)
+    logs.get().info("run resumed" if resuming else "run started", run=str(run.root), command=command, device=device)
     return run
+
+
+def _resume_dir(cfg: Config, value: str, out: str | None, marker: str) -> Path:
+    """The run folder to resume: given, --out, or the newest under output.root holding ``marker``."""
+    if value != LATEST:
+        path = Path(value)
+    elif out:
+        path = Path(out)
+    else:
+        root = Path(cfg.output.root)
+        found = sorted((p for p in root.glob("*") if (p / marker).exists()), key=lambda p: p.stat().st_mtime)
+        if not found:
+            raise UsageError(f"--resume: no run folder under {root} has {marker}; pass the run folder: --resume RUN_DIR")
+        path = found[-1]
+    if not (path / "config.yaml").is_file():
+        raise UsageError(f"--resume: {path} is not a run folder (no config.yaml); pass a folder made by trainer train or schedule")
+    return path
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -154,16 +192,37 @@ def scenario_build(config_files, overrides, out: str) -> None:
 # ------------------------------------------------------------------------------ runs
 
 
-def _context(cfg: Config, command: str, out, schema, dataset):
+def _context(cfg: Config, command: str, out, schema, dataset, resuming: bool = False):
     from trainer.device import apply_gpu_flags, resolve_device
     from trainer.env import resolve_dataset
     from trainer.stages import RunContext, prepare_dataset
 
+    State.command = command
+    if resuming and not schema and not dataset:
+        schema = _previous_schema(RunDir(Path(out)))
     source = resolve_dataset(schema, dataset)  # before anything is written
     device = resolve_device(cfg.gpu.device)
-    run = _start_run(cfg, command, out, source.label if source else None, device)
+    run = _start_run(cfg, command, out, source.label if source else None, device, resuming)
     apply_gpu_flags(cfg.gpu, device)
+    if resuming and source is None and (run.site / "schema.json").is_file():
+        return RunContext(cfg, run, run.site / "schema.json", device)
     return RunContext(cfg, run, prepare_dataset(cfg, run, source), device)
+
+
+def _previous_schema(run: RunDir) -> str | None:
+    """A resumed run keeps its dataset: its own site/, or the schema its log names."""
+    if (run.site / "schema.json").is_file():
+        return None
+    return str(_recorded_schema(run))
+
+
+def _resolve_for(resume: str | None, out, marker: str, config_files, overrides, **kw) -> tuple[Config, str | None]:
+    """The config: defaults, or on resume the run's own config.yaml; then --config and --set."""
+    if resume is None:
+        return _resolve(config_files, overrides, **kw), out
+    probe = _resolve(config_files, overrides, **kw)
+    run_dir = _resume_dir(probe, resume, out, marker)
+    return _resolve([run_dir / "config.yaml", *config_files], overrides, **kw), str(run_dir)
 
 
 def _print_results(results: dict, run: RunDir) -> None:
@@ -198,21 +257,40 @@ def _length_overrides(agents, timesteps: int | None, episodes: int | None) -> li
     return extra
 
 
+def resume_options(fn: Callable) -> Callable:
+    fn = click.option("--force", is_flag=True, help="Resume even though the config changed since the checkpoint.")(fn)
+    fn = click.option("--resume", is_flag=False, flag_value=LATEST, default=None, metavar="[RUN_DIR]",
+                      help="Continue a run folder from its newest valid checkpoint (default: --out, else the newest run).")(fn)
+    return fn
+
+
 @cli.command()
 @click.argument("agent", type=click.Choice(AGENTS))
 @run_options
 @click.option("--timesteps", type=click.IntRange(min=1), default=None, help="Training length in environment steps.")
 @click.option("--episodes", type=click.IntRange(min=1), default=None, help="Training length in episodes.")
+@resume_options
 @handle_errors
-def train(agent, config_files, overrides, schema, dataset, out, seed, device, timesteps, episodes) -> None:
+def train(agent, config_files, overrides, schema, dataset, out, seed, device, timesteps, episodes, resume, force) -> None:
     """Train one agent (sac, ppo or a2c), evaluate it and the uncontrolled baseline."""
+    from trainer.signals import handle_stop_signals
     from trainer.stages import evaluate_reference, record_results, train_agent, training_timesteps
 
+    from trainer.training import check_memory, check_resume_config
+
     extra = _length_overrides([agent], timesteps, episodes)
-    cfg = _resolve(config_files, [*overrides, *extra], seed=seed, device=device)
-    ctx = _context(cfg, f"train-{agent}", out, schema, dataset)
-    record_results(ctx.run, {"baseline": evaluate_reference(ctx, "baseline")})
-    results = record_results(ctx.run, {agent: train_agent(ctx, agent, training_timesteps(cfg, agent, ctx.schema))})
+    cfg, out = _resolve_for(resume, out, f"{agent}/checkpoints", config_files, [*overrides, *extra], seed=seed, device=device)
+    if resume is not None:
+        check_resume_config(Path(out), agent, cfg, force)
+    ctx = _context(cfg, f"train {agent}", out, schema, dataset, resuming=resume is not None)
+    check_memory(ctx, agent)
+    with handle_stop_signals():
+        done = read_json(ctx.run.results_json) if ctx.run.results_json.is_file() else {}
+        if "baseline" not in done:
+            record_results(ctx.run, {"baseline": evaluate_reference(ctx, "baseline")})
+        steps = training_timesteps(cfg, agent, ctx.schema)
+        metrics = train_agent(ctx, agent, steps, resume=resume is not None, force=force)
+        results = record_results(ctx.run, {agent: metrics})
     _print_results(results, ctx.run)
 
 
@@ -220,20 +298,36 @@ def train(agent, config_files, overrides, schema, dataset, out, seed, device, ti
 @run_options
 @click.option("--quick", is_flag=True, help="A small budget per agent (schedule.quick_timesteps): a smoke run of the night.")
 @click.option("--agents", default=None, help="Comma-separated subset of agents, e.g. sac,ppo (default: schedule.agents).")
+@resume_options
 @handle_errors
-def schedule(config_files, overrides, schema, dataset, out, seed, device, quick, agents) -> None:
+def schedule(config_files, overrides, schema, dataset, out, seed, device, quick, agents, resume, force) -> None:
     """Run baseline → rbc → each agent, then print the results table."""
+    from trainer.signals import handle_stop_signals
     from trainer.stages import evaluate_reference, record_results, train_agent, training_timesteps
 
-    cfg = _resolve(config_files, overrides, seed=seed, device=device)
+    from trainer.training import check_memory, check_resume_config
+
+    cfg, out = _resolve_for(resume, out, "results.json", config_files, overrides, seed=seed, device=device)
     chosen = _parse_agents(agents) if agents else list(cfg.schedule.agents)
-    ctx = _context(cfg, "schedule", out, schema, dataset)
-    results: dict = {}
-    for name in ("baseline", "rbc"):
-        results = record_results(ctx.run, {name: evaluate_reference(ctx, name)})
+    if resume is not None:
+        for agent in chosen:
+            check_resume_config(Path(out), agent, cfg, force)
+    ctx = _context(cfg, "schedule", out, schema, dataset, resuming=resume is not None)
     for agent in chosen:
-        steps = cfg.schedule.quick_timesteps.get(agent, 1000) if quick else training_timesteps(cfg, agent, ctx.schema)
-        results = record_results(ctx.run, {agent: train_agent(ctx, agent, steps)})
+        check_memory(ctx, agent)
+    with handle_stop_signals():
+        done = read_json(ctx.run.results_json) if ctx.run.results_json.is_file() else {}
+        results = done
+        for name in ("baseline", "rbc"):
+            if name not in done:
+                results = record_results(ctx.run, {name: evaluate_reference(ctx, name)})
+        for agent in chosen:
+            if agent in done:
+                logs.get().info("stage already done", agent=agent)
+                continue
+            steps = cfg.schedule.quick_timesteps.get(agent, 1000) if quick else training_timesteps(cfg, agent, ctx.schema)
+            resumable = resume is not None and ctx.run.agent(agent).checkpoints.is_dir()
+            results = record_results(ctx.run, {agent: train_agent(ctx, agent, steps, resume=resumable, force=force)})
     _print_results(results, ctx.run)
 
 
@@ -262,6 +356,9 @@ def evaluate(run_dir: str, device: str) -> None:
     schema = run.site / "schema.json"
     if not schema.is_file():
         schema = _recorded_schema(run)
+    from trainer.lock import RunLock
+
+    click.get_current_context().call_on_close(RunLock(run.root).acquire().release)
     State.log_file = run.log_file
     logs.configure(run.log_file)
     ctx = RunContext(cfg, run, resolve_dataset(str(schema), None).schema, resolve_device(device))

@@ -152,6 +152,14 @@ class ScheduleConfig(Section):
     eval_days: int | None = doc("Evaluation length in days from the dataset's start; null = the whole period.", ge=1)
 
 
+class ReliabilityConfig(Section):
+    keep_checkpoints: int = doc("Checkpoints kept per stage (older ones are pruned once a new one is complete).", ge=1, le=100)
+    min_batch_size: int = doc("Out-of-memory backoff halves the batch down to this floor, then stops.", ge=1)
+    batch_memory_fraction: float = doc("Share of free memory a training batch may use before it is backed off up front.", gt=0, le=1)
+    nonfinite_lr_factor: float = doc("A NaN/inf loss or parameter rolls back and multiplies the learning rate by this.", gt=0, lt=1)
+    nonfinite_retries: int = doc("Rollbacks for non-finite values before the stage stops.", ge=0)
+
+
 class OutputConfig(Section):
     root: str = doc("Folder holding run folders (relative to the working directory).", min_length=1)
     run_name: str = doc("Run folder name template: {scenario}, {command}, {seed}, {time}.", min_length=1)
@@ -167,6 +175,7 @@ class Config(Section):
     ppo: PpoConfig
     a2c: A2cConfig
     schedule: ScheduleConfig
+    reliability: ReliabilityConfig
     output: OutputConfig
 
     def agent(self, name: str) -> AgentConfig:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+import gymnasium
 import numpy as np
 
 from trainer.config import Config
@@ -86,7 +87,8 @@ def make_citylearn_env(cfg: Config, schema: Path, purpose: Purpose, seed: int, e
             central_agent=True,
             reward_function=MultiObjectiveReward,
             reward_function_kwargs=cfg.reward.model_dump(),
-            random_seed=seed,
+            # CityLearn seeds episode window k with random_seed x (k + 1): never let that be 0.
+            random_seed=seed + 1,
             offline=True,
             **_episode_kwargs(cfg, purpose, _schema_length(schema), eval_days),
         )
@@ -121,13 +123,37 @@ def charger_specs(env) -> list[list[ChargerSpec]]:
     ]
 
 
+class KeepEpisodeSeed(gymnasium.Wrapper):
+    """Ignore the seed SB3 passes to ``reset``.
+
+    CityLearn would adopt it as the seed of its episode windows, so a model seeded with 0 would
+    train on the same window every episode, and a resumed run's windows would depend on how
+    it was restarted. The windows then depend only on the run's seed and the episode index,
+    which checkpoints record (see :func:`set_next_episode`).
+    """
+
+    def reset(self, *, seed=None, options=None):
+        return self.env.reset(options=options)
+
+
 def make_sb3_env(cfg: Config, schema: Path, purpose: Purpose, seed: int, eval_days: int | None = None):
     """CityLearn → normalised observations → flat arrays for SB3, with SB3's Monitor for episode stats."""
     from citylearn.wrappers import NormalizedObservationWrapper, StableBaselines3Wrapper
     from stable_baselines3.common.monitor import Monitor
 
     env = make_citylearn_env(cfg, schema, purpose, seed, eval_days)
-    return Monitor(StableBaselines3Wrapper(NormalizedObservationWrapper(env)))
+    return Monitor(KeepEpisodeSeed(StableBaselines3Wrapper(NormalizedObservationWrapper(env))))
+
+
+def episode_index(env) -> int:
+    """Index of the episode the environment is in (-1 before the first reset)."""
+    return int(env.unwrapped.episode_tracker.episode)
+
+
+def set_next_episode(env, index: int) -> None:
+    """Make the next ``reset`` start episode ``index`` (its window is a function of seed and index)."""
+    # CityLearn keeps the counter private and increments it on reset.
+    env.unwrapped.episode_tracker._EpisodeTracker__episode = index - 1
 
 
 def action_slices(env) -> list[tuple[int, list[str]]]:

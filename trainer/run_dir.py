@@ -70,14 +70,18 @@ class RunDir:
     def agent(self, name: str) -> AgentDir:
         return AgentDir(self.root / name)
 
-    def create(self, cfg: Config, argv: list[str], device: str) -> "RunDir":
-        """Make the folder and record how the run was made, so it can be repeated."""
+    def create(self, cfg: Config, argv: list[str], device: str, resuming: bool = False) -> "RunDir":
+        """Make the folder and record how the run was made, so it can be repeated.
+
+        A resumed run keeps its history: its command line is appended to command.txt.
+        """
         try:
             self.logs.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise UsageError(f"cannot create run folder {self.root}: {exc.strerror} (choose another --out)") from None
         write_text_atomic(self.config, yaml.safe_dump(cfg.to_dict(), sort_keys=False))
-        write_text_atomic(self.command, " ".join(shlex.quote(a) for a in argv) + "\n")
+        previous = self.command.read_text(encoding="utf-8") if resuming and self.command.is_file() else ""
+        write_text_atomic(self.command, previous + " ".join(shlex.quote(a) for a in argv) + "\n")
         write_json_atomic(self.versions, versions(device))
         return self
 

@@ -15,8 +15,7 @@ from typing import Any
 import pandas as pd
 
 from trainer import logs
-from trainer.agents import build_model, load_model
-from trainer.callbacks import PeriodicCheckpoint, ProgressCallback
+from trainer.agents import load_model
 from trainer.config import AGENTS, Config
 from trainer.controllers import REFERENCE_CONTROLLERS, PolicyController
 from trainer.env import DatasetSource, _schema_length, make_sb3_env
@@ -79,28 +78,22 @@ def evaluate_reference(ctx: RunContext, name: str) -> dict[str, Any]:
     return metrics
 
 
-def train_agent(ctx: RunContext, agent: str, timesteps: int) -> dict[str, Any]:
-    """Train one SB3 agent, save it, and evaluate it deterministically."""
-    from stable_baselines3.common.logger import configure as sb3_logger
+def train_agent(ctx: RunContext, agent: str, timesteps: int, resume: bool = False, force: bool = False,
+                callbacks: list | None = None) -> dict[str, Any]:
+    """Train one SB3 agent (resuming from its checkpoints if asked), save it, evaluate it."""
     from stable_baselines3.common.utils import set_random_seed
 
-    section = ctx.cfg.agent(agent)
+    from trainer.training import StageTrainer
+
     folder = ctx.run.agent(agent)
     folder.root.mkdir(parents=True, exist_ok=True)
     log = logs.get().bind(agent=agent)
     set_random_seed(ctx.seed)
-    env = make_sb3_env(ctx.cfg, ctx.schema, "train", ctx.seed)
+    trainer = StageTrainer(ctx, agent, timesteps, callbacks)
+    log.info("training", timesteps=timesteps, device=ctx.device, resume=resume, **_summary(ctx.cfg.agent(agent)))
+    start = time.perf_counter()
     try:
-        model = build_model(ctx.cfg, agent, env, ctx.device, ctx.seed, timesteps)
-        model.set_logger(sb3_logger(str(folder.root), _logger_formats(ctx.cfg)))
-        if getattr(model, "n_steps", None) not in (None, getattr(section, "n_steps", None)):
-            log.warning("rollout shortened to fit the run", n_steps=model.n_steps, configured=section.n_steps)
-        log.info("training", timesteps=timesteps, device=ctx.device, **_summary(section))
-        callbacks = [ProgressCallback(agent, timesteps),
-                     PeriodicCheckpoint(folder.checkpoints, section.checkpoint_freq_steps)]
-        start = time.perf_counter()
-        model.learn(total_timesteps=timesteps, callback=callbacks, log_interval=section.log_interval,
-                    reset_num_timesteps=True)
+        model = trainer.train(resume=resume, force=force)
         wall = time.perf_counter() - start
         # SB3 logs SAC per episode: a run shorter than one would leave progress.csv empty.
         model.logger.record("time/total_timesteps", model.num_timesteps)
@@ -110,12 +103,12 @@ def train_agent(ctx: RunContext, agent: str, timesteps: int) -> dict[str, Any]:
         model.save(str(tmp))
         tmp.replace(folder.model)
     finally:
-        env.close()
+        trainer.close()
     log.info("trained", timesteps=model.num_timesteps, seconds=round(wall, 1),
-             steps_per_s=round(model.num_timesteps / wall, 1))
+             steps_per_s=round(model.num_timesteps / wall, 1) if wall > 0 else None)
     metrics = evaluate_model(ctx, agent, model)
     metrics.update(timesteps=int(model.num_timesteps), train_wall_s=round(wall, 2),
-                   steps_per_s=round(model.num_timesteps / wall, 2) if wall > 0 else None)
+                   steps_per_s=round(model.num_timesteps / wall, 2) if wall > 0 else None, **trainer.summary(model))
     write_json_atomic(folder.metrics, metrics)
     return metrics
 
@@ -152,18 +145,6 @@ def record_results(run: RunDir, new: dict[str, dict[str, Any]]) -> dict[str, dic
 
 def results_table(results: dict[str, dict[str, Any]]) -> str:
     return format_table(results)
-
-
-def _logger_formats(cfg: Config) -> list[str]:
-    formats = ["csv"]
-    if cfg.output.tensorboard:
-        try:
-            import tensorboard  # noqa: F401  (optional extra: pvbess-trainer[tensorboard])
-
-            formats.append("tensorboard")
-        except ImportError:
-            pass
-    return formats
 
 
 def _summary(section) -> dict[str, Any]:

@@ -1,0 +1,84 @@
+"""Exact resume: 2N steps straight equals N steps, a stop, and a resume for N more.
+
+The stop falls on an episode boundary (one-day episodes, N a multiple of their length): there the
+resumed environment starts the very episode the straight run was about to start, so the
+final parameters must be bit-identical. Elsewhere the resumed run starts the next episode
+instead of finishing the interrupted one (docs/reliability.md).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from stable_baselines3.common.callbacks import BaseCallback
+
+from trainer.config import load_config
+from trainer.run_dir import RunDir
+from trainer.signals import STOP
+from trainer.stages import RunContext
+from trainer.training import StageTrainer, TrainingInterrupted
+
+from .conftest import tiny_overrides
+
+# CityLearn ends an episode of T hours after T - 1 steps: a one-day episode is 23 steps.
+EPISODE = 23
+N = 2 * EPISODE
+
+
+class StopAt(BaseCallback):
+    """Raise the same stop request a SIGTERM would, after step ``at``."""
+
+    def __init__(self, at: int):
+        super().__init__()
+        self.at = at
+
+    def _on_step(self) -> bool:
+        if self.num_timesteps == self.at:
+            STOP.signum = 15
+        return True
+
+
+@pytest.fixture(autouse=True)
+def clear_stop():
+    STOP.signum = None
+    yield
+    STOP.signum = None
+
+
+def context(tmp_path, name, schema, agent):
+    cfg = load_config(overrides=tiny_overrides(
+        "scenario.train_episode_days=1", f"{agent}.checkpoint_freq_steps={EPISODE}",
+        "sac.learning_starts=20", f"ppo.n_steps={EPISODE}", "ppo.batch_size=23", "a2c.n_steps=23"))
+    return RunContext(cfg, RunDir(tmp_path / name), schema, "cpu")
+
+
+def params(model) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.policy.state_dict().items()}
+
+
+@pytest.mark.parametrize("agent", ["sac", "ppo", "a2c"])
+def test_straight_equals_stop_and_resume(agent, tmp_path, site_schema):
+    straight = StageTrainer(context(tmp_path, "straight", site_schema, agent), agent, 2 * N)
+    try:
+        reference = params(straight.train())
+    finally:
+        straight.close()
+
+    ctx = context(tmp_path, "resumed", site_schema, agent)
+    first = StageTrainer(ctx, agent, 2 * N, callbacks=[StopAt(N)])
+    with pytest.raises(TrainingInterrupted) as stopped:
+        first.train()
+    first.close()
+    assert stopped.value.step == N and stopped.value.exit_code == 143
+    STOP.signum = None
+
+    second = StageTrainer(ctx, agent, 2 * N)
+    try:
+        model = second.train(resume=True)
+    finally:
+        second.close()
+    assert model.num_timesteps == 2 * N
+    resumed = params(model)
+    assert resumed.keys() == reference.keys()
+    for key in reference:
+        assert torch.equal(resumed[key], reference[key]), key

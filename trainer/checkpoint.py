@@ -1,0 +1,231 @@
+"""Checkpoints that survive a crash at any instant.
+
+A checkpoint is a folder ``checkpoints/step_<N>/`` holding
+
+- ``model.zip``: the SB3 model with its optimizers (SB3's own format, loadable by SB3),
+- ``replay_buffer.pkl``: SAC's replay buffer,
+- ``rng.pkl``: Python, NumPy, torch, CUDA and action-space generator states,
+- ``state.json``: step and episode counters, current batch and rollout sizes, learning
+  rate, retry counters and the resolved config with its hash,
+- ``manifest.json``: size and SHA-256 of each file above, written last.
+
+Each file is written to a temporary name in the same folder, flushed, fsynced and renamed
+into place, so a file is either whole or absent; the manifest is written only once every
+file is in place, so a checkpoint without a valid manifest is incomplete and ignored.
+Older checkpoints are pruned only after a new one is complete.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pickle
+import random
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from trainer import logs
+
+MANIFEST = "manifest.json"
+MODEL = "model.zip"
+REPLAY = "replay_buffer.pkl"
+RNG = "rng.pkl"
+STATE = "state.json"
+PREFIX = "step_"
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    path: Path
+    state: dict[str, Any]
+
+    @property
+    def step(self) -> int:
+        return int(self.state["step"])
+
+    @property
+    def model(self) -> Path:
+        return self.path / MODEL
+
+    @property
+    def replay_buffer(self) -> Path | None:
+        path = self.path / REPLAY
+        return path if path.is_file() else None
+
+    def rng(self) -> dict[str, Any]:
+        with open(self.path / RNG, "rb") as handle:
+            return pickle.load(handle)
+
+
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written; earlier checkpoints are untouched."""
+
+
+# ----------------------------------------------------------------------------- RNG
+
+
+def capture_rng(model) -> dict[str, Any]:
+    import torch
+
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+        "action_space": None,
+    }
+    generator = getattr(model.action_space, "_np_random", None)
+    if generator is not None:
+        state["action_space"] = generator.bit_generator.state
+    return state
+
+
+def restore_rng(model, state: dict[str, Any]) -> None:
+    import torch
+
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if state.get("cuda") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    if state.get("action_space") is not None:
+        model.action_space.np_random.bit_generator.state = state["action_space"]
+
+
+# ----------------------------------------------------------------------------- files
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(path: Path) -> None:
+    if os.name == "nt":  # Windows cannot open a directory to fsync it
+        return
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _place(tmp: Path, final: Path) -> None:
+    _fsync_file(tmp)
+    os.replace(tmp, final)
+
+
+def _write_bytes(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".tmp-{path.name}")
+    with open(tmp, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+
+
+class CheckpointStore:
+    """The checkpoints of one training stage."""
+
+    def __init__(self, folder: Path, keep: int):
+        self.folder = folder
+        self.keep = keep
+        self.failures = 0
+
+    def save(self, model, state: dict[str, Any], rng: dict[str, Any], with_replay_buffer: bool) -> Checkpoint | None:
+        """Write a checkpoint; on a disk error, log it, count it and return None (training goes on)."""
+        step = int(state["step"])
+        path = self.folder / f"{PREFIX}{step:010d}"
+        start = time.perf_counter()
+        try:
+            if path.exists():  # a stale or partial one for the same step: replace it
+                shutil.rmtree(path)
+            path.mkdir(parents=True)
+            tmp_model = path / f".tmp-{MODEL}"  # SB3 adds ".zip" to any other suffix
+            model.save(str(tmp_model))
+            _place(tmp_model, path / MODEL)
+            if with_replay_buffer:
+                tmp_replay = path / f".tmp-{REPLAY}"  # SB3 adds ".pkl" to any other suffix
+                model.save_replay_buffer(str(tmp_replay))
+                _place(tmp_replay, path / REPLAY)
+            _write_bytes(path / RNG, pickle.dumps(rng))
+            _write_bytes(path / STATE, json.dumps(state, indent=2).encode())
+            files = sorted(p.name for p in path.iterdir() if not p.name.startswith("."))
+            manifest = {"step": step, "files": {n: {"bytes": (path / n).stat().st_size, "sha256": _sha256(path / n)} for n in files}}
+            _write_bytes(path / MANIFEST, json.dumps(manifest, indent=2).encode())
+            _fsync_dir(path)
+            _fsync_dir(self.folder)
+        except OSError as exc:
+            self.failures += 1
+            free = _free_bytes(self.folder)
+            logs.get().error("checkpoint write failed", path=str(path), error=str(exc), free_bytes=free,
+                             failures=self.failures, hint="free disk space or make the run folder writable; training goes on")
+            shutil.rmtree(path, ignore_errors=True)
+            return None
+        size = sum(f.stat().st_size for f in path.iterdir())
+        logs.get().info("checkpoint saved", step=step, path=str(path), seconds=round(time.perf_counter() - start, 3), bytes=size)
+        self._prune()
+        return Checkpoint(path, state)
+
+    def _prune(self) -> None:
+        complete = [c for c in self._candidates() if (c / MANIFEST).is_file()]
+        for old in complete[: -self.keep]:
+            shutil.rmtree(old, ignore_errors=True)
+
+    def _candidates(self) -> list[Path]:
+        if not self.folder.is_dir():
+            return []
+        return sorted(p for p in self.folder.iterdir() if p.is_dir() and p.name.startswith(PREFIX))
+
+    def latest(self) -> Checkpoint | None:
+        """The newest checkpoint that passes its checksums; broken newer ones are reported and skipped."""
+        for path in reversed(self._candidates()):
+            problem = verify(path)
+            if problem is None:
+                return Checkpoint(path, json.loads((path / STATE).read_text()))
+            logs.get().warning("checkpoint skipped", path=str(path), reason=problem, action="using the one before")
+        return None
+
+
+def verify(path: Path) -> str | None:
+    """None if the checkpoint is complete and intact, else what is wrong with it."""
+    manifest_path = path / MANIFEST
+    if not manifest_path.is_file():
+        return "incomplete (no manifest)"
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except (OSError, ValueError) as exc:
+        return f"unreadable manifest: {exc}"
+    for name, expected in manifest["files"].items():
+        file = path / name
+        if not file.is_file():
+            return f"{name} is missing"
+        if file.stat().st_size != expected["bytes"]:
+            return f"{name} is truncated ({file.stat().st_size} of {expected['bytes']} bytes)"
+        if _sha256(file) != expected["sha256"]:
+            return f"{name} fails its checksum"
+    return None
+
+
+def _free_bytes(folder: Path) -> int | None:
+    for candidate in (folder, *folder.parents):
+        if candidate.exists():
+            return shutil.disk_usage(candidate).free
+    return None
