@@ -51,3 +51,56 @@ class ProgressCallback(BaseCallback):
     def _on_training_end(self) -> None:
         if self._bar is not None:
             self._bar.close()
+
+
+class EvalCurve(BaseCallback):
+    """Every ``schedule.curve_every_steps``, evaluate the policy deterministically over
+    ``schedule.curve_eval_days`` and append a row to ``eval_curve.csv`` (the report's curve).
+
+    Runs at rollout starts, after the Guard has taken its snapshot, and draws no random
+    numbers (deterministic actions, its own environment), so it leaves resumes exact.
+    """
+
+    def __init__(self, ctx, agent: str, path):
+        super().__init__()
+        self.ctx = ctx
+        self.agent = agent
+        self.path = path
+        self.every = ctx.cfg.schedule.curve_every_steps
+        self._env = None
+        self._next = None
+
+    def _on_training_start(self) -> None:
+        self._next = (self.num_timesteps // self.every + 1) * self.every
+
+    def _on_rollout_start(self) -> None:
+        if self._next is None or self.num_timesteps < self._next:
+            return
+        self._next = (self.num_timesteps // self.every + 1) * self.every
+        self.evaluate()
+
+    def evaluate(self) -> None:
+        from trainer.controllers import PolicyController
+        from trainer.env import make_sb3_env
+        from trainer.metrics import run_episode
+
+        if self._env is None:
+            self._env = make_sb3_env(self.ctx.cfg, self.ctx.schema, "eval", self.ctx.seed,
+                                     eval_days=self.ctx.cfg.schedule.curve_eval_days)
+        start = time.perf_counter()
+        metrics = run_episode(PolicyController(self.agent, self.model), self._env)
+        new = not self.path.exists()
+        with open(self.path, "a", encoding="utf-8") as handle:
+            if new:
+                handle.write("step,co2_kg_per_year,ev_departure_soc_met_pct,seconds\n")
+            ev = metrics["ev_departure_soc_met_pct"]
+            handle.write(f"{self.num_timesteps},{metrics['co2_kg_per_year']:.3f},{'' if ev is None else f'{ev:.2f}'},"
+                         f"{time.perf_counter() - start:.2f}\n")
+
+    def _on_step(self) -> bool:
+        return True
+
+    def _on_training_end(self) -> None:
+        if self._env is not None:
+            self._env.close()
+            self._env = None

@@ -294,21 +294,53 @@ def train(agent, config_files, overrides, schema, dataset, out, seed, device, ti
     _print_results(results, ctx.run)
 
 
+def timing_options(fn: Callable) -> Callable:
+    fn = click.option("--finish-by", "finish_by", default=None, metavar="HH:MM",
+                      help="Local time the night must end by (a time already past means tomorrow).")(fn)
+    fn = click.option("--budget", default=None, metavar="DURATION", help="Time for the whole night, e.g. 10h, 90m, 1h30m.")(fn)
+    fn = click.option("--agents", default=None, help="Comma-separated subset of agents, e.g. sac,ppo (default: schedule.agents).")(fn)
+    fn = click.option("--quick", is_flag=True, help="A small budget per agent (schedule.quick_timesteps): a smoke run of the night.")(fn)
+    return fn
+
+
+def _deadline(cfg: Config, budget: str | None, finish_by: str | None):
+    """The night's deadline from --budget/--finish-by, else from the config; None = untimed."""
+    from datetime import datetime, timedelta
+
+    from trainer.timing import parse_duration, resolve_finish_by
+
+    if budget and finish_by:
+        raise UsageError("pass either --budget or --finish-by, not both")
+    if not budget and not finish_by:
+        budget, finish_by = cfg.schedule.budget, cfg.schedule.finish_by
+    now = datetime.now()
+    if budget:
+        return now + timedelta(seconds=parse_duration(budget))
+    if finish_by:
+        return resolve_finish_by(finish_by, now)
+    return None
+
+
+def _targets(cfg: Config, agents: list[str], quick: bool, schema: Path) -> dict[str, int]:
+    from trainer.stages import training_timesteps
+
+    return {a: cfg.schedule.quick_timesteps.get(a, 1000) if quick else training_timesteps(cfg, a, schema) for a in agents}
+
+
 @cli.command()
 @run_options
-@click.option("--quick", is_flag=True, help="A small budget per agent (schedule.quick_timesteps): a smoke run of the night.")
-@click.option("--agents", default=None, help="Comma-separated subset of agents, e.g. sac,ppo (default: schedule.agents).")
+@timing_options
 @resume_options
 @handle_errors
-def schedule(config_files, overrides, schema, dataset, out, seed, device, quick, agents, resume, force) -> None:
-    """Run baseline → rbc → each agent, then print the results table."""
+def schedule(config_files, overrides, schema, dataset, out, seed, device, quick, agents, budget, finish_by, resume, force) -> None:
+    """The night: baseline → rbc → each agent → report, within --budget or by --finish-by."""
+    from trainer.night import prepare, run_night
     from trainer.signals import handle_stop_signals
-    from trainer.stages import evaluate_reference, record_results, train_agent, training_timesteps
-
     from trainer.training import check_memory, check_resume_config
 
     cfg, out = _resolve_for(resume, out, "results.json", config_files, overrides, seed=seed, device=device)
     chosen = _parse_agents(agents) if agents else list(cfg.schedule.agents)
+    deadline = _deadline(cfg, budget, finish_by)
     if resume is not None:
         for agent in chosen:
             check_resume_config(Path(out), agent, cfg, force)
@@ -316,19 +348,58 @@ def schedule(config_files, overrides, schema, dataset, out, seed, device, quick,
     for agent in chosen:
         check_memory(ctx, agent)
     with handle_stop_signals():
-        done = read_json(ctx.run.results_json) if ctx.run.results_json.is_file() else {}
-        results = done
-        for name in ("baseline", "rbc"):
-            if name not in done:
-                results = record_results(ctx.run, {name: evaluate_reference(ctx, name)})
-        for agent in chosen:
-            if agent in done:
-                logs.get().info("stage already done", agent=agent)
-                continue
-            steps = cfg.schedule.quick_timesteps.get(agent, 1000) if quick else training_timesteps(cfg, agent, ctx.schema)
-            resumable = resume is not None and ctx.run.agent(agent).checkpoints.is_dir()
-            results = record_results(ctx.run, {agent: train_agent(ctx, agent, steps, resume=resumable, force=force)})
-    _print_results(results, ctx.run)
+        state, specs, _, text = prepare(ctx, chosen, _targets(cfg, chosen, quick, ctx.schema), deadline, resume is not None)
+        click.echo(text + "\n")
+        state = run_night(ctx, state, specs, force)
+    _print_results(read_json(ctx.run.results_json) if ctx.run.results_json.is_file() else {}, ctx.run)
+    click.echo(f"report:  {ctx.run.report}")
+    if state.failed():
+        failures = "; ".join(f"{s.name} ({s.error})" for s in state.failed())
+        raise TrainerError(f"{len(state.failed())} stage(s) failed: {failures}; the others finished, see {ctx.run.report}")
+
+
+@cli.command("plan")
+@config_options
+@click.option("--schema", type=click.Path(), default=None, help="Plan for this CityLearn schema instead of the built-in site.")
+@click.option("--dataset", default=None, help="Plan for a CityLearn dataset found under $CITYLEARN_LOCAL_DATASETS_PATH.")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default=None, help="Torch device.")
+@timing_options
+@click.option("--refresh", is_flag=True, help="Measure again instead of using the cached calibration.")
+@handle_errors
+def plan_command(config_files, overrides, schema, dataset, device, quick, agents, budget, finish_by, refresh) -> None:
+    """Print the night's timeline from measured speed, and what cannot fit."""
+    import tempfile
+    from datetime import datetime
+
+    from trainer.device import resolve_device
+    from trainer.env import resolve_dataset
+    from trainer.plan import build_plan, calibrate, render
+    from trainer.scenario import build_site
+
+    cfg = _resolve(config_files, overrides, device=device)
+    chosen = _parse_agents(agents) if agents else list(cfg.schedule.agents)
+    deadline = _deadline(cfg, budget, finish_by)
+    source = resolve_dataset(schema, dataset)
+    device_name = resolve_device(cfg.gpu.device)
+    with tempfile.TemporaryDirectory() as tmp:
+        schema_path = source.schema if source else build_site(cfg.scenario, Path(tmp) / "site")
+        speeds = calibrate(cfg, schema_path, device_name, chosen, refresh=refresh)
+        targets = _targets(cfg, chosen, quick, schema_path)
+        planned, notes = build_plan(cfg, schema_path, speeds, chosen, targets, datetime.now(), deadline)
+        click.echo(render(planned, deadline, notes, speeds))
+
+
+@cli.command("report")
+@click.argument("run_dir", type=click.Path(file_okay=False))
+@handle_errors
+def report_command(run_dir: str) -> None:
+    """Write RUN_DIR/report.md and its plots from what the run folder holds."""
+    from trainer.report import write_report
+
+    run = RunDir(Path(run_dir))
+    if not run.results_json.is_file():
+        raise UsageError(f"no results in {run_dir}: it has no results.json (pass a folder made by trainer train or schedule)")
+    click.echo(str(write_report(run)))
 
 
 def _parse_agents(text: str) -> list[str]:

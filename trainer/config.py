@@ -146,10 +146,22 @@ class A2cConfig(AgentConfig):
 
 class ScheduleConfig(Section):
     agents: list[Literal["sac", "ppo", "a2c"]] = doc("Agents trained by `trainer schedule`, in order.", min_length=1)
+    weights: dict[Literal["sac", "ppo", "a2c"], float] = doc(
+        "Share of the night's training time per agent (targets are each agent's timesteps).")
+    budget: str | None = doc("Default time budget, e.g. 10h or 90m (overridden by --budget/--finish-by).")
+    finish_by: str | None = doc("Default local finish time HH:MM (overridden by --budget/--finish-by).")
+    curve_every_steps: int = doc("Evaluate the policy for the learning curve every this many steps.", ge=1)
+    curve_eval_days: int = doc("Days simulated by each learning-curve evaluation.", ge=1, le=365)
     quick_timesteps: dict[Literal["sac", "ppo", "a2c"], int] = doc(
         "Timesteps per agent with --quick (a smoke run of the whole schedule)."
     )
     eval_days: int | None = doc("Evaluation length in days from the dataset's start; null = the whole period.", ge=1)
+
+    @model_validator(mode="after")
+    def _budget_or_deadline(self) -> "ScheduleConfig":
+        if self.budget is not None and self.finish_by is not None:
+            raise ValueError(f"set only one of budget ({self.budget!r}) or finish_by ({self.finish_by!r})")
+        return self
 
 
 class ReliabilityConfig(Section):

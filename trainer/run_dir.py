@@ -66,6 +66,9 @@ class RunDir:
     site = property(lambda self: self.root / "site")
     results_json = property(lambda self: self.root / "results.json")
     results_csv = property(lambda self: self.root / "results.csv")
+    schedule = property(lambda self: self.root / "schedule.json")
+    report = property(lambda self: self.root / "report.md")
+    plots = property(lambda self: self.root / "plots")
 
     def agent(self, name: str) -> AgentDir:
         return AgentDir(self.root / name)

@@ -79,7 +79,7 @@ def evaluate_reference(ctx: RunContext, name: str) -> dict[str, Any]:
 
 
 def train_agent(ctx: RunContext, agent: str, timesteps: int, resume: bool = False, force: bool = False,
-                callbacks: list | None = None) -> dict[str, Any]:
+                callbacks: list | None = None, time_limit_s: float | None = None) -> dict[str, Any]:
     """Train one SB3 agent (resuming from its checkpoints if asked), save it, evaluate it."""
     from stable_baselines3.common.utils import set_random_seed
 
@@ -89,7 +89,7 @@ def train_agent(ctx: RunContext, agent: str, timesteps: int, resume: bool = Fals
     folder.root.mkdir(parents=True, exist_ok=True)
     log = logs.get().bind(agent=agent)
     set_random_seed(ctx.seed)
-    trainer = StageTrainer(ctx, agent, timesteps, callbacks)
+    trainer = StageTrainer(ctx, agent, timesteps, callbacks, time_limit_s=time_limit_s)
     log.info("training", timesteps=timesteps, device=ctx.device, resume=resume, **_summary(ctx.cfg.agent(agent)))
     start = time.perf_counter()
     try:
@@ -108,7 +108,9 @@ def train_agent(ctx: RunContext, agent: str, timesteps: int, resume: bool = Fals
              steps_per_s=round(model.num_timesteps / wall, 1) if wall > 0 else None)
     metrics = evaluate_model(ctx, agent, model)
     metrics.update(timesteps=int(model.num_timesteps), train_wall_s=round(wall, 2),
-                   steps_per_s=round(model.num_timesteps / wall, 2) if wall > 0 else None, **trainer.summary(model))
+                   steps_per_s=round(model.num_timesteps / wall, 2) if wall > 0 else None, **trainer.summary(model),
+                   ended_by="time slot" if trainer.timed_out else "target",
+                   checkpoint=str(trainer.last_checkpoint.path) if trainer.last_checkpoint else None)
     write_json_atomic(folder.metrics, metrics)
     return metrics
 

@@ -126,11 +126,17 @@ class Guard(BaseCallback):
         dones = self.locals.get("dones")
         if dones is not None:
             self.episode_start = bool(dones[0])
-        if STOP.requested:
+        time_up = self.trainer.time_limit_at is not None and time.monotonic() >= self.trainer.time_limit_at
+        if STOP.requested or time_up:
             # Nothing has been learned since the rollout began, so that boundary is consistent.
             if self.boundary is not None and self.boundary["step"] > self.trainer.last_checkpoint_step:
                 self.trainer.checkpoint(self.model, self.boundary)
-            self.trainer.stopped = True
+            if STOP.requested:
+                self.trainer.stopped = True
+            else:
+                self.trainer.timed_out = True
+                logs.get().info("time slot used up", agent=self.trainer.agent, step=self.boundary["step"],
+                                target=self.trainer.target)
             return False
         return True
 
@@ -138,7 +144,7 @@ class Guard(BaseCallback):
 class StageTrainer:
     """Train one agent to ``target`` environment steps in one run folder."""
 
-    def __init__(self, ctx, agent: str, target: int, callbacks: list | None = None):
+    def __init__(self, ctx, agent: str, target: int, callbacks: list | None = None, time_limit_s: float | None = None):
         self.ctx = ctx
         self.cfg: Config = ctx.cfg
         self.agent = agent
@@ -159,6 +165,8 @@ class StageTrainer:
         self.last_checkpoint_step = 0
         self.last_checkpoint: Checkpoint | None = None
         self.stopped = False
+        self.timed_out = False
+        self.time_limit_at = None if time_limit_s is None else time.monotonic() + time_limit_s
         self.extra_callbacks = callbacks or []
         self.log = logs.get().bind(agent=agent)
         self.env = None
@@ -202,7 +210,9 @@ class StageTrainer:
         if self.stopped:
             raise TrainingInterrupted(STOP.name, STOP.exit_code, self.last_checkpoint_step,
                                       self.last_checkpoint.path if self.last_checkpoint else None)
-        if model.num_timesteps > self.last_checkpoint_step:
+        if self.timed_out:
+            model.num_timesteps = self.last_checkpoint_step  # steps after the boundary were not learned from
+        elif model.num_timesteps > self.last_checkpoint_step:
             self.checkpoint(model, self.boundary(model, True))
         return model
 
@@ -212,7 +222,10 @@ class StageTrainer:
         remaining = self.target - model.num_timesteps
         if remaining <= 0:
             return
-        callbacks = [ProgressCallback(self.agent, self.target), Guard(self), *self.extra_callbacks]
+        from trainer.callbacks import EvalCurve
+
+        curve = EvalCurve(self.ctx, self.agent, self.folder.root / "eval_curve.csv")
+        callbacks = [ProgressCallback(self.agent, self.target), Guard(self), curve, *self.extra_callbacks]
         model.learn(total_timesteps=remaining, callback=callbacks, log_interval=self.section.log_interval,
                     reset_num_timesteps=reset)
 

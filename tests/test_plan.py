@@ -1,0 +1,62 @@
+"""`trainer plan`: measured speeds, a cached calibration, and configs that cannot fit."""
+
+from __future__ import annotations
+
+import json
+
+from click.testing import CliRunner
+
+from trainer.cli import cli
+
+
+def plan(tmp_path, *args: str):
+    return CliRunner().invoke(cli, ["plan", "--device", "cpu", "--set", f"output.root={tmp_path}",
+                                    "--set", "schedule.eval_days=2", *args])
+
+
+def test_plan_calls_out_sac_with_1024_updates_per_step(tmp_path):
+    result = plan(tmp_path, "--budget", "10h", "--agents", "sac",
+                  "--set", "sac.gradient_steps=2048", "--set", "sac.train_freq=2")
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    stage = next(l for l in lines if " sac " in l)
+    assert "train " in stage and "/50,000 steps" in stage
+    note = next(l for l in lines if l.strip().startswith("! sac:"))
+    assert "gradient_steps=2048 / train_freq=2 = 1024 gradient updates per environment step" in note
+    assert "with gradient_steps=1, train_freq=1 it would do" in note
+    cached = list((tmp_path / ".calibration").glob("*.json"))
+    assert len(cached) == 1
+    speeds = json.loads(cached[0].read_text())
+    assert speeds["sac_update_s"] > 0 and speeds["train_steps_per_s"]["sac"] < speeds["sac_env_steps_per_s"] / 100
+
+
+def test_second_plan_uses_the_cached_calibration(tmp_path):
+    first = plan(tmp_path, "--budget", "10m", "--agents", "a2c")
+    assert first.exit_code == 0, first.output
+    assert "! a2c:" in first.output  # ~200 steps/s cannot reach 200,000 steps in 10 minutes
+    cache = next((tmp_path / ".calibration").glob("*.json"))
+    speeds = json.loads(cache.read_text())
+    speeds["train_steps_per_s"]["a2c"] = 1e6  # a planted figure: only the cache can supply it
+    cache.write_text(json.dumps(speeds))
+    second = plan(tmp_path, "--budget", "10m", "--agents", "a2c")
+    assert second.exit_code == 0, second.output
+    assert "train 200,000/200,000 steps" in second.output and "! a2c:" not in second.output
+
+
+def test_budget_and_finish_by_together_exit_2(tmp_path):
+    result = plan(tmp_path, "--budget", "1h", "--finish-by", "07:00")
+    assert result.exit_code == 2
+    assert result.output.strip().endswith("error: pass either --budget or --finish-by, not both")
+
+
+def test_bad_budget_exits_2(tmp_path):
+    result = plan(tmp_path, "--budget", "tonight")
+    assert result.exit_code == 2
+    assert "error: --budget expects a duration like 10h, 90m or 1h30m, got 'tonight'" in result.output
+
+
+def test_report_refuses_a_folder_without_results(tmp_path):
+    result = CliRunner().invoke(cli, ["report", str(tmp_path)])
+    assert result.exit_code == 2
+    assert result.output.strip() == (
+        f"error: no results in {tmp_path}: it has no results.json (pass a folder made by trainer train or schedule)")

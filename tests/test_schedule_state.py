@@ -1,0 +1,238 @@
+"""The schedule's state machine on fake stages: no training, a fake clock."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta
+
+import pytest
+
+from trainer.errors import UsageError
+from trainer.schedule import DONE, FAILED, PENDING, RUNNING, SKIPPED, ScheduleState, plan, run
+from trainer.timing import StageSpec, allocate, parse_duration, resolve_finish_by
+
+START = datetime(2026, 11, 22, 22, 0, 0)
+# Targets far beyond an hour's training, so timed runs end by their slots.
+STAGES = [("baseline", "eval", 0), ("rbc", "eval", 0), ("sac", "train", 100_000), ("ppo", "train", 500_000),
+          ("a2c", "train", 500_000), ("report", "report", 0)]
+SPEEDS = {"sac": 10.0, "ppo": 100.0, "a2c": 100.0}
+WEIGHTS = {"sac": 2.0, "ppo": 1.0, "a2c": 1.0}
+EVAL_S, REPORT_S = 60.0, 30.0
+
+
+class Interrupt(Exception):
+    pass
+
+
+class FakeRunner:
+    """Stages that take exactly their estimated time on a fake clock."""
+
+    def __init__(self, clock, interrupt_at: str | None = None, fail: str | None = None, speed_factor: float = 1.0):
+        self.clock = clock
+        self.interrupt_at = interrupt_at
+        self.fail = fail
+        self.speed_factor = speed_factor
+        self.calls: list[tuple] = []
+
+    def spec(self, record):
+        if record.kind == "train":
+            return StageSpec(record.name, "train", EVAL_S, WEIGHTS[record.name], record.timesteps_target, SPEEDS[record.name])
+        return StageSpec(record.name, record.kind, REPORT_S if record.kind == "report" else EVAL_S)
+
+    def _maybe_fail(self, name):
+        if name == self.interrupt_at:
+            self.clock.advance(5)
+            raise Interrupt(name)
+        if name == self.fail:
+            raise RuntimeError(f"{name} exploded\nsecond line")
+
+    def run_eval(self, name):
+        self.calls.append(("eval", name))
+        self._maybe_fail(name)
+        self.clock.advance(EVAL_S)
+        return {"co2_kg_per_year": 100.0}
+
+    def run_train(self, agent, target, time_limit_s, resume):
+        self.calls.append(("train", agent, target, time_limit_s, resume))
+        self._maybe_fail(agent)
+        speed = SPEEDS[agent] * self.speed_factor
+        seconds = target / speed if time_limit_s is None else min(target / speed, time_limit_s)
+        self.clock.advance(seconds + EVAL_S)
+        return {"timesteps": int(seconds * speed), "checkpoint": f"{agent}/checkpoints/x"}
+
+    def run_report(self):
+        self.calls.append(("report",))
+        self.clock.advance(REPORT_S)
+        return {}
+
+
+class Clock:
+    def __init__(self, now: datetime):
+        self.now = now
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += timedelta(seconds=seconds)
+
+
+def new_state(tmp_path, deadline: datetime | None, clock: Clock, runner) -> ScheduleState:
+    state = ScheduleState.new(tmp_path / "schedule.json", STAGES, clock(), deadline)
+    plan(state, runner, clock())
+    state.save()
+    return state
+
+
+# ------------------------------------------------------------------ time math
+
+
+@pytest.mark.parametrize("text, seconds", [("10h", 36000), ("90m", 5400), ("1h30m", 5400), ("8m", 480), ("45s", 45), ("2.5h", 9000)])
+def test_parse_duration(text, seconds):
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "10", "ten hours", "0h", "-5m"])
+def test_bad_duration_is_a_usage_error(text):
+    with pytest.raises(UsageError, match="--budget expects a duration like 10h"):
+        parse_duration(text)
+
+
+@pytest.mark.parametrize("now, text, expected", [
+    (datetime(2026, 11, 22, 22, 0), "07:00", datetime(2026, 11, 23, 7, 0)),   # across midnight
+    (datetime(2026, 11, 22, 6, 0), "07:00", datetime(2026, 11, 22, 7, 0)),    # later today
+    (datetime(2026, 11, 22, 7, 0), "07:00", datetime(2026, 11, 23, 7, 0)),    # now is already past
+    (datetime(2026, 12, 31, 23, 50), "00:30", datetime(2027, 1, 1, 0, 30)),   # across the year
+])
+def test_finish_by_means_the_next_such_time(now, text, expected):
+    assert resolve_finish_by(text, now) == expected
+
+
+@pytest.mark.parametrize("text", ["7", "24:00", "07:60", "seven"])
+def test_bad_finish_by_is_a_usage_error(text):
+    with pytest.raises(UsageError, match="--finish-by expects a local time HH:MM"):
+        resolve_finish_by(text, START)
+
+
+# ------------------------------------------------------------------ allocation
+
+
+def specs(**targets):
+    return [StageSpec(a, "train", 0.0, WEIGHTS[a], t, SPEEDS[a]) for a, t in targets.items()]
+
+
+def test_budget_is_split_by_weight_when_every_target_is_out_of_reach():
+    assert allocate(specs(sac=10**9, ppo=10**9, a2c=10**9), 4000) == [2000, 1000, 1000]
+
+
+def test_a_stage_that_needs_less_gives_the_rest_to_the_others():
+    # ppo needs 500 s of its 1000 s share: the 500 s left go to sac and a2c by weight (2:1).
+    alloc = allocate(specs(sac=10**9, ppo=50_000, a2c=10**9), 4000)
+    assert alloc == pytest.approx([2000 + 500 * 2 / 3, 500, 1000 + 500 / 3])
+
+
+def test_fixed_costs_come_off_the_top():
+    stages = [StageSpec("baseline", "eval", 600), *specs(sac=10**9)]
+    assert allocate(stages, 3600) == [0.0, 3000.0]
+
+
+def test_without_a_budget_each_stage_gets_what_its_target_needs():
+    assert allocate(specs(sac=1000, ppo=5000), None) == [100.0, 50.0]
+
+
+# ------------------------------------------------------------------ the state machine
+
+
+def test_untimed_schedule_runs_every_stage_to_its_target(tmp_path):
+    clock = Clock(START)
+    runner = FakeRunner(clock)
+    state = run(new_state(tmp_path, None, clock, runner), runner, clock)
+    assert [s.status for s in state.stages] == [DONE] * 6
+    assert [s.timesteps_done for s in state.stages[2:5]] == [100_000, 500_000, 500_000]
+    assert all(c[3] is None for c in runner.calls if c[0] == "train")  # no time limits
+
+
+def test_timed_schedule_ends_by_the_deadline_and_stages_end_on_time(tmp_path):
+    clock = Clock(START)
+    deadline = START + timedelta(hours=1)
+    runner = FakeRunner(clock)
+    state = run(new_state(tmp_path, deadline, clock, runner), runner, clock)
+    assert [s.status for s in state.stages] == [DONE] * 6
+    assert clock() <= deadline
+    # 3600 s - 5 evaluations x 60 s - 30 s report = 3270 s of training, split 2:1:1.
+    limits = [c[3] for c in runner.calls if c[0] == "train"]
+    assert limits[0] == pytest.approx(3270 / 2, abs=0.1)
+    sac = state.stages[2]
+    assert sac.timesteps_done == int(limits[0] * SPEEDS["sac"])  # ended by its slot, short of its target
+
+
+def test_unused_time_goes_to_the_stages_after(tmp_path):
+    clock = Clock(START)
+    runner = FakeRunner(clock, speed_factor=4.0)  # sac reaches its target in a quarter of the planned time
+    state = new_state(tmp_path, START + timedelta(hours=2), clock, runner)
+    run(state, runner, clock)
+    train = [c for c in runner.calls if c[0] == "train"]
+    sac_limit, ppo_limit = train[0][3], train[1][3]
+    used_by_sac = 100_000 / (SPEEDS["sac"] * 4)
+    planned_ppo = (7200 - 5 * EVAL_S - REPORT_S) / 4
+    assert used_by_sac < sac_limit
+    assert ppo_limit > planned_ppo  # ppo got part of what sac left
+
+
+def test_state_is_written_at_every_change(tmp_path):
+    clock = Clock(START)
+    runner = FakeRunner(clock, interrupt_at="ppo")
+    state = new_state(tmp_path, START + timedelta(hours=1), clock, runner)
+    with pytest.raises(Interrupt):
+        run(state, runner, clock, interrupt_types=(Interrupt,))
+    saved = json.loads((tmp_path / "schedule.json").read_text())
+    assert [s["status"] for s in saved["stages"]] == [DONE, DONE, DONE, RUNNING, PENDING, PENDING]
+    assert saved["stages"][2]["actual_end"] and saved["stages"][3]["actual_start"]
+    assert saved["stages"][4]["planned_start"] is not None
+
+
+@pytest.mark.parametrize("stage", [name for name, _, _ in STAGES[:-1]])
+def test_resume_after_an_interruption_at_each_stage(tmp_path, stage):
+    clock = Clock(START)
+    deadline = START + timedelta(hours=1)
+    first = FakeRunner(clock, interrupt_at=stage)
+    state = new_state(tmp_path, deadline, clock, first)
+    with pytest.raises(Interrupt):
+        run(state, first, clock, interrupt_types=(Interrupt,))
+    finished_before = [s.name for s in state.stages if s.status == DONE]
+
+    clock.advance(60)  # the restart takes a minute
+    resumed_state = ScheduleState.load(tmp_path / "schedule.json")
+    second = FakeRunner(clock)
+    plan(resumed_state, second, clock())
+    run(resumed_state, second, clock)
+    assert [s.status for s in resumed_state.stages] == [DONE] * 6
+    rerun = [c[1] if len(c) > 1 else "report" for c in second.calls]
+    assert not set(finished_before) & set(rerun)  # finished stages are not redone
+    assert rerun[0] == stage
+    train_call = next((c for c in second.calls if c[0] == "train" and c[1] == stage), None)
+    if train_call:
+        assert train_call[4] is True  # the interrupted training stage resumes from its checkpoint
+    assert clock() <= deadline  # re-planned to the same deadline
+
+
+def test_a_failed_stage_is_recorded_and_the_night_goes_on(tmp_path):
+    clock = Clock(START)
+    runner = FakeRunner(clock, fail="sac")
+    state = run(new_state(tmp_path, None, clock, runner), runner, clock)
+    assert [s.status for s in state.stages] == [DONE, DONE, FAILED, DONE, DONE, DONE]
+    assert state.stages[2].error == "RuntimeError: sac exploded"
+    assert [s.name for s in state.failed()] == ["sac"]
+
+
+def test_a_stage_with_no_time_left_is_skipped(tmp_path):
+    clock = Clock(START)
+    runner = FakeRunner(clock)
+    # The evaluations and the report take 330 s of the 336: 6 s of training are not worth a model.
+    state = new_state(tmp_path, START + timedelta(seconds=336), clock, runner)
+    run(state, runner, clock)
+    statuses = {s.name: s.status for s in state.stages}
+    assert statuses["baseline"] == statuses["rbc"] == statuses["report"] == DONE
+    assert SKIPPED in (statuses["sac"], statuses["ppo"], statuses["a2c"])
+    skipped = next(s for s in state.stages if s.status == SKIPPED)
+    assert skipped.error.startswith("no time left for training")

@@ -1,0 +1,247 @@
+"""The morning report: report.md and PNG plots under plots/, from what the run folder holds."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from trainer.config import AGENTS
+from trainer.run_dir import RunDir, read_json, write_text_atomic
+
+COLOURS = {"baseline": "#7f7f7f", "rbc": "#bcbd22", "sac": "#1f77b4", "ppo": "#ff7f0e", "a2c": "#2ca02c"}
+PLOTS = ("co2_by_agent.png", "learning_curves.png", "representative_week.png", "timeline.png")
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: works without a display, in containers and over SSH
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def best_agent(results: dict[str, dict[str, Any]]) -> str | None:
+    trained = [a for a in AGENTS if a in results and results[a].get("co2_kg_per_year") is not None]
+    return min(trained, key=lambda a: results[a]["co2_kg_per_year"]) if trained else None
+
+
+def progress_frame(folder: Path) -> pd.DataFrame:
+    """SB3's progress.csv, with the parts kept from before each resume, in step order."""
+    parts = sorted(folder.glob("progress.before-*.csv")) + [folder / "progress.csv"]
+    frames = []
+    for part in parts:
+        if part.is_file() and part.stat().st_size > 0:
+            try:
+                frames.append(pd.read_csv(part))
+            except pd.errors.EmptyDataError:
+                continue
+    if not frames:
+        return pd.DataFrame()
+    frame = pd.concat(frames, ignore_index=True)
+    return frame.sort_values("time/total_timesteps") if "time/total_timesteps" in frame else frame
+
+
+def plot_co2(results: dict[str, dict[str, Any]], path: Path) -> None:
+    plt = _pyplot()
+    names = [n for n in results if results[n].get("co2_kg_per_year") is not None]
+    values = [results[n]["co2_kg_per_year"] / 1000 for n in names]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    bars = ax.bar(names, values, color=[COLOURS.get(n, "#333333") for n in names])
+    base = results.get("baseline", {}).get("co2_kg_per_year")
+    for bar, name in zip(bars, names):
+        pct = results[name].get("co2_vs_baseline_pct")
+        label = f"{bar.get_height():.1f} t" + (f"\n{pct:+.1f}%" if pct is not None and name != "baseline" else "")
+        ax.annotate(label, (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom", fontsize=9)
+    if base:
+        ax.axhline(base / 1000, color=COLOURS["baseline"], linestyle="--", linewidth=1)
+    ax.set_ylabel("CO2, tonnes per year")
+    ax.set_title("Grid CO2 per agent (evaluation period, scaled to a year)")
+    ax.set_ylim(0, max(values) * 1.18 if values else 1)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_learning_curves(run: RunDir, agents: list[str], path: Path) -> None:
+    plt = _pyplot()
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6.5), sharex=True)
+    for agent in agents:
+        folder = run.agent(agent).root
+        progress = progress_frame(folder)
+        if {"time/total_timesteps", "rollout/ep_rew_mean"} <= set(progress.columns):
+            rows = progress.dropna(subset=["rollout/ep_rew_mean"])
+            top.plot(rows["time/total_timesteps"], rows["rollout/ep_rew_mean"], label=agent, color=COLOURS[agent], marker=".")
+        curve_path = folder / "eval_curve.csv"
+        if curve_path.is_file():
+            curve = pd.read_csv(curve_path).sort_values("step")
+            bottom.plot(curve["step"], curve["co2_kg_per_year"] / 1000, label=agent, color=COLOURS[agent], marker="o")
+    top.set_ylabel("episode reward (mean)")
+    top.set_title("Learning curves")
+    bottom.set_ylabel("evaluation CO2, t/yr")
+    bottom.set_xlabel("environment steps")
+    for ax in (top, bottom):
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(loc="best", fontsize=8)
+        else:
+            ax.text(0.5, 0.5, "no points yet (the run was shorter than one episode or one curve interval)",
+                    transform=ax.transAxes, ha="center", va="center", fontsize=8, color="#666666")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def representative_week(base: pd.DataFrame) -> slice:
+    """The 7-day window whose baseline imports are the median of all whole weeks (or the whole period)."""
+    hours = 7 * 24
+    if len(base) <= hours:
+        return slice(0, len(base))
+    weeks = len(base) // hours
+    imports = [np.clip(base["net_kwh"].iloc[w * hours:(w + 1) * hours], 0, None).sum() for w in range(weeks)]
+    week = int(np.argsort(imports)[len(imports) // 2])
+    return slice(week * hours, (week + 1) * hours)
+
+
+def plot_week(run: RunDir, results: dict[str, dict[str, Any]], path: Path) -> str | None:
+    plt = _pyplot()
+    best = best_agent(results) or ("rbc" if "rbc" in results else None)
+    base_path = run.agent("baseline").timeseries
+    if not base_path.is_file():
+        return None
+    base = pd.read_csv(base_path)
+    window = representative_week(base)
+    series = {"baseline": base.iloc[window]}
+    if best and run.agent(best).timeseries.is_file():
+        series[best] = pd.read_csv(run.agent(best).timeseries).iloc[window]
+    fig, axes = plt.subplots(4, 1, figsize=(9, 8), sharex=True)
+    panels = [("net_kwh", "grid import kW"), ("pv_kwh", "PV kW"), ("battery_soc", "battery SoC"), ("ev_charging_kwh", "EV charging kW")]
+    for ax, (column, label) in zip(axes, panels):
+        for name, frame in series.items():
+            values = frame[column].clip(lower=0) if column == "net_kwh" else frame[column]
+            ax.plot(frame["step"], values, label=name, color=COLOURS.get(name, "#333333"),
+                    linestyle="--" if name == "baseline" else "-", linewidth=1.2)
+        ax.set_ylabel(label, fontsize=9)
+        ax.grid(alpha=0.3)
+    axes[0].legend(loc="upper right", fontsize=8)
+    axes[0].set_title(f"A representative week: baseline against {best or 'baseline'}")
+    axes[-1].set_xlabel("hour of the evaluation period")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return best
+
+
+def plot_timeline(schedule: dict[str, Any] | None, path: Path) -> None:
+    import matplotlib.dates as mdates
+
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(9, 3.5))
+    stages = (schedule or {}).get("stages", [])
+    for row, stage in enumerate(reversed(stages)):
+        for offset, (start, end, colour) in enumerate((
+                (stage.get("planned_start"), stage.get("planned_end"), "#c6dbef"),
+                (stage.get("actual_start"), stage.get("actual_end"), _status_colour(stage["status"])))):
+            if start and end:
+                s, e = datetime.fromisoformat(start), datetime.fromisoformat(end)
+                ax.barh(row + (0.2 if offset == 0 else -0.2), mdates.date2num(e) - mdates.date2num(s),
+                        left=mdates.date2num(s), height=0.35, color=colour)
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    labels = [f"{s['name']} ({'this report' if s['name'] == 'report' and s['status'] == 'running' else s['status']})"
+              for s in reversed(stages)]
+    ax.set_yticks(range(len(stages)), labels, fontsize=8)
+    ax.xaxis_date()
+    times = [datetime.fromisoformat(t) for s in stages for t in (s.get("planned_start"), s.get("actual_end")) if t]
+    short_night = bool(times) and (max(times) - min(times)).total_seconds() < 1800
+    ax.xaxis.set_major_formatter(mdates.DateFormatter("%H:%M:%S" if short_night else "%H:%M"))
+    handles = [Patch(color="#c6dbef", label="planned"), Patch(color="#2171b5", label="actual (done)"),
+               Patch(color="#d62728", label="failed")]
+    if schedule and schedule.get("deadline"):
+        ax.axvline(mdates.date2num(datetime.fromisoformat(schedule["deadline"])), color="#d62728", linestyle="--")
+        handles.append(Line2D([], [], color="#d62728", linestyle="--", label="deadline"))
+    ax.set_title("The night: planned and actual time of each stage")
+    ax.legend(handles=handles, loc="lower left", fontsize=7, ncol=len(handles))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _status_colour(status: str) -> str:
+    return {"done": "#2171b5", "failed": "#d62728", "skipped": "#969696", "running": "#fd8d3c"}.get(status, "#6baed6")
+
+
+def _fmt(value, spec: str) -> str:
+    return "–" if value is None else format(value, spec)
+
+
+def _table(results: dict[str, dict[str, Any]]) -> list[str]:
+    rbc = results.get("rbc", {}).get("co2_kg_per_year")
+    lines = ["| agent | CO2 kg/yr | vs baseline | vs rbc | cost | peak kW | PV self-use | EV targets met | EV unmet kWh | train steps | steps/s | train time |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for name, m in results.items():
+        co2 = m.get("co2_kg_per_year")
+        vs_rbc = 100 * (co2 - rbc) / rbc if co2 is not None and rbc else None
+        wall = m.get("train_wall_s")
+        lines.append(
+            f"| {name} | {_fmt(co2, ',.0f')} | {_fmt(m.get('co2_vs_baseline_pct'), '+.1f')}% | {_fmt(vs_rbc, '+.1f')}% | "
+            f"{_fmt(m.get('cost'), ',.0f')} | {_fmt(m.get('peak_kw'), '.1f')} | {_fmt(m.get('pv_self_consumption_pct'), '.1f')}% | "
+            f"{_fmt(m.get('ev_departure_soc_met_pct'), '.1f')}% | {_fmt(m.get('ev_unmet_kwh'), ',.0f')} | "
+            f"{_fmt(m.get('timesteps'), ',')} | {_fmt(m.get('steps_per_s'), '.0f')} | "
+            f"{'–' if not wall else f'{wall / 60:.1f} min'} |")
+    return lines
+
+
+def write_report(run: RunDir) -> Path:
+    """Write report.md and every plot; returns the report's path."""
+    results = read_json(run.results_json) if run.results_json.is_file() else {}
+    schedule = read_json(run.schedule) if run.schedule.is_file() else None
+    run.plots.mkdir(parents=True, exist_ok=True)
+    agents = [a for a in AGENTS if run.agent(a).root.is_dir()]
+    plot_co2(results, run.plots / "co2_by_agent.png")
+    plot_learning_curves(run, agents, run.plots / "learning_curves.png")
+    best_shown = plot_week(run, results, run.plots / "representative_week.png")
+    plot_timeline(schedule, run.plots / "timeline.png")
+
+    best = best_agent(results)
+    lines = [f"# Night report: {run.root.name}", ""]
+    if best:
+        m = results[best]
+        lines.append(f"**Best agent: {best}**, {m['co2_kg_per_year']:,.0f} kg CO2/year "
+                     f"({_fmt(m.get('co2_vs_baseline_pct'), '+.1f')}% against the uncontrolled baseline).")
+    if schedule:
+        failed = [s for s in schedule["stages"] if s["status"] == "failed"]
+        skipped = [s for s in schedule["stages"] if s["status"] == "skipped"]
+        deadline = f", deadline {schedule['deadline']}" if schedule.get("deadline") else ""
+        lines += ["", f"Started {schedule['created_at']}{deadline}."]
+        for stage in failed:
+            lines.append(f"- **{stage['name']} failed**: {stage['error']}")
+        for stage in skipped:
+            lines.append(f"- {stage['name']} skipped: {stage['error']}")
+    lines += ["", "## Results", "", *_table(results), ""]
+    short = [n for n, m in results.items() if n in AGENTS and (m.get("ev_departure_soc_met_pct") or 100) < 99.5]
+    if short:
+        lines += [f"Note: {', '.join(short)} left EVs short of their departure targets (see EV columns); part of their "
+                  "CO2 saving is energy not delivered, not energy saved.", ""]
+    lines += ["![CO2 per agent](plots/co2_by_agent.png)", "", "## Learning", "",
+              "![Learning curves](plots/learning_curves.png)", "", "## A representative week", "",
+              f"Grid import, PV, battery state of charge and EV charging: baseline (dashed) against {best_shown or 'the baseline'}.",
+              "", "![Representative week](plots/representative_week.png)", "", "## The night", ""]
+    if schedule:
+        lines += ["| stage | status | planned | actual | steps |", "| --- | --- | --- | --- | ---: |"]
+        for s in schedule["stages"]:
+            lines.append(f"| {s['name']} | {s['status']} | {_hm(s['planned_start'])}–{_hm(s['planned_end'])} | "
+                         f"{_hm(s['actual_start'])}–{_hm(s['actual_end'])} | {s['timesteps_done'] or '–'} |")
+        lines.append("")
+    lines += ["![Timeline](plots/timeline.png)", "", "Metric definitions: `trainer/metrics.py`; the run's config: `config.yaml`.", ""]
+    write_text_atomic(run.report, "\n".join(lines))
+    return run.report
+
+
+def _hm(text: str | None) -> str:
+    return datetime.fromisoformat(text).strftime("%H:%M:%S") if text else "–"

@@ -1,0 +1,107 @@
+"""Budgets, deadlines and the split of a night's time between stages (pure functions)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Literal
+
+from trainer.errors import UsageError
+
+_DURATION = re.compile(r"^\s*(?:(\d+(?:\.\d+)?)\s*h)?\s*(?:(\d+(?:\.\d+)?)\s*m)?\s*(?:(\d+(?:\.\d+)?)\s*s)?\s*$", re.I)
+_CLOCK = re.compile(r"^\s*(\d{1,2}):(\d{2})\s*$")
+
+
+def parse_duration(text: str) -> float:
+    """'10h', '90m', '1h30m', '45s', '8m' → seconds."""
+    match = _DURATION.match(text or "")
+    if not match or not any(match.groups()):
+        raise UsageError(f"--budget expects a duration like 10h, 90m or 1h30m, got {text!r}")
+    hours, minutes, seconds = (float(g) if g else 0.0 for g in match.groups())
+    total = hours * 3600 + minutes * 60 + seconds
+    if total <= 0:
+        raise UsageError(f"--budget expects a duration like 10h, 90m or 1h30m, got {text!r} (it must be positive)")
+    return total
+
+
+def resolve_finish_by(text: str, now: datetime) -> datetime:
+    """'07:00' → the next 07:00 in local time after ``now`` (a time already past means tomorrow)."""
+    match = _CLOCK.match(text or "")
+    if not match or int(match.group(1)) > 23 or int(match.group(2)) > 59:
+        raise UsageError(f"--finish-by expects a local time HH:MM such as 07:00, got {text!r}")
+    target = now.replace(hour=int(match.group(1)), minute=int(match.group(2)), second=0, microsecond=0)
+    if target <= now:
+        target += timedelta(days=1)
+    return target
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """What the planner knows of one stage."""
+
+    name: str
+    kind: Literal["eval", "train", "report"]
+    fixed_s: float                  # evaluation (after training, for train stages) or report time
+    weight: float = 0.0             # share of the training time
+    target_steps: int = 0
+    steps_per_s: float = 0.0        # measured training speed
+
+    @property
+    def needed_train_s(self) -> float:
+        if self.kind != "train" or self.target_steps <= 0:
+            return 0.0
+        return self.target_steps / self.steps_per_s if self.steps_per_s > 0 else float("inf")
+
+
+def allocate(stages: list[StageSpec], available_s: float | None) -> list[float]:
+    """Training seconds for each stage.
+
+    Without a budget each stage gets what its target needs. With one, the time left after
+    every stage's fixed cost is shared by weight; a stage whose share exceeds what its target
+    needs gets only that, and the rest is shared again among the others (water-filling).
+    """
+    needs = [s.needed_train_s for s in stages]
+    if available_s is None:
+        return needs
+    alloc = [0.0] * len(stages)
+    remaining = max(available_s - sum(s.fixed_s for s in stages), 0.0)
+    active = [i for i, s in enumerate(stages) if s.kind == "train" and needs[i] > 0]
+    while active and remaining > 0:
+        total_weight = sum(stages[i].weight for i in active)
+        if total_weight <= 0:
+            break
+        share = {i: remaining * stages[i].weight / total_weight for i in active}
+        capped = [i for i in active if needs[i] <= share[i]]
+        if not capped:
+            for i in active:
+                alloc[i] = share[i]
+            break
+        for i in capped:
+            alloc[i] = needs[i]
+            remaining -= needs[i]
+            active.remove(i)
+    return alloc
+
+
+@dataclass
+class PlannedStage:
+    name: str
+    start: datetime
+    end: datetime
+    train_s: float
+    planned_steps: int
+    target_steps: int
+    notes: list[str] = field(default_factory=list)
+
+
+def timeline(stages: list[StageSpec], start: datetime, available_s: float | None) -> list[PlannedStage]:
+    """When each stage would start and end if it ran as estimated from ``start``."""
+    alloc = allocate(stages, available_s)
+    out, clock = [], start
+    for spec, train_s in zip(stages, alloc):
+        duration = (train_s if train_s != float("inf") else 0.0) + spec.fixed_s
+        steps = spec.target_steps if spec.kind == "train" and train_s >= spec.needed_train_s else int(train_s * spec.steps_per_s)
+        out.append(PlannedStage(spec.name, clock, clock + timedelta(seconds=duration), train_s, steps, spec.target_steps))
+        clock = clock + timedelta(seconds=duration)
+    return out
