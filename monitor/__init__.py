@@ -1,1 +1,4 @@
-"""Sidecar GPU monitor (NVML). Filled in by the monitor issue; nothing runs at import."""
+"""Sidecar GPU monitor: NVML (trainer-independent) sampling into JSON lines.
+
+`python -m monitor --out FILE` or `gpu-monitor --out FILE`; nothing runs at import.
+"""

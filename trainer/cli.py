@@ -29,6 +29,8 @@ class State:
 
 
 def config_options(fn: Callable) -> Callable:
+    fn = click.option("--profile", default=None, metavar="auto|NAME",
+                      help="Device profile from configs/profiles (auto: picked from the detected GPU), applied before --config.")(fn)
     fn = click.option("--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE",
                       help="Override one config key (repeatable), e.g. --set sac.batch_size=128.")(fn)
     fn = click.option("--config", "config_files", multiple=True, type=click.Path(dir_okay=False),
@@ -85,13 +87,18 @@ def _fail(message: str, code: int) -> None:
     sys.exit(code)
 
 
-def _resolve(config_files, overrides, *, seed=None, device=None) -> Config:
+def _resolve(config_files, overrides, *, seed=None, device=None, profile=None) -> Config:
+    from trainer import profiles
+
     extra = list(overrides)
     if seed is not None:
         extra.append(f"seed={seed}")
     if device is not None:
         extra.append(f"gpu.device={device}")
-    return load_config(config_files, extra)
+    overlay, note = profiles.resolve(profile)
+    if note:
+        logs.get().info("device profile", profile=note)
+    return load_config(config_files, extra, profile=overlay)
 
 
 def _start_run(cfg: Config, command: str, out: str | Path | None, label: str | None, device: str,
@@ -151,11 +158,11 @@ def config() -> None:
 @config_options
 @click.option("--doc", is_flag=True, help="List every key with its type, range and meaning.")
 @handle_errors
-def config_show(config_files, overrides, doc: bool) -> None:
+def config_show(config_files, overrides, profile, doc: bool) -> None:
     """Print the resolved config (defaults, --config files, --set overrides)."""
     import yaml
 
-    cfg = load_config(config_files, overrides)
+    cfg = _resolve(config_files, overrides, profile=profile)
     if doc:
         rows = describe()
         width = max(len(r[0]) for r in rows)
@@ -177,11 +184,11 @@ def scenario() -> None:
 @config_options
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Folder to write the dataset into.")
 @handle_errors
-def scenario_build(config_files, overrides, out: str) -> None:
+def scenario_build(config_files, overrides, profile, out: str) -> None:
     """Write the built-in site as a CityLearn dataset (schema.json + CSVs)."""
     from trainer.scenario import build_site
 
-    cfg = load_config(config_files, overrides)
+    cfg = _resolve(config_files, overrides, profile=profile)
     try:
         schema = build_site(cfg.scenario, Path(out))
     except OSError as exc:
@@ -217,12 +224,13 @@ def _previous_schema(run: RunDir) -> str | None:
 
 
 def _resolve_for(resume: str | None, out, marker: str, config_files, overrides, **kw) -> tuple[Config, str | None]:
+    # On resume the run's own config.yaml (which already holds any profile's values) is the base.
     """The config: defaults, or on resume the run's own config.yaml; then --config and --set."""
     if resume is None:
         return _resolve(config_files, overrides, **kw), out
     probe = _resolve(config_files, overrides, **kw)
     run_dir = _resume_dir(probe, resume, out, marker)
-    return _resolve([run_dir / "config.yaml", *config_files], overrides, **kw), str(run_dir)
+    return _resolve([run_dir / "config.yaml", *config_files], overrides, **{**kw, "profile": None}), str(run_dir)
 
 
 def _print_results(results: dict, run: RunDir) -> None:
@@ -235,11 +243,11 @@ def _print_results(results: dict, run: RunDir) -> None:
 @cli.command()
 @run_options
 @handle_errors
-def baseline(config_files, overrides, schema, dataset, out, seed, device) -> None:
+def baseline(config_files, overrides, profile, schema, dataset, out, seed, device) -> None:
     """Evaluate the uncontrolled baseline and the rule-based controller."""
     from trainer.stages import evaluate_reference, record_results
 
-    cfg = _resolve(config_files, overrides, seed=seed, device=device)
+    cfg = _resolve(config_files, overrides, seed=seed, device=device, profile=profile)
     ctx = _context(cfg, "baseline", out, schema, dataset)
     results = record_results(ctx.run, {name: evaluate_reference(ctx, name) for name in ("baseline", "rbc")})
     _print_results(results, ctx.run)
@@ -271,7 +279,7 @@ def resume_options(fn: Callable) -> Callable:
 @click.option("--episodes", type=click.IntRange(min=1), default=None, help="Training length in episodes.")
 @resume_options
 @handle_errors
-def train(agent, config_files, overrides, schema, dataset, out, seed, device, timesteps, episodes, resume, force) -> None:
+def train(agent, config_files, overrides, profile, schema, dataset, out, seed, device, timesteps, episodes, resume, force) -> None:
     """Train one agent (sac, ppo or a2c), evaluate it and the uncontrolled baseline."""
     from trainer.signals import handle_stop_signals
     from trainer.stages import evaluate_reference, record_results, train_agent, training_timesteps
@@ -279,7 +287,8 @@ def train(agent, config_files, overrides, schema, dataset, out, seed, device, ti
     from trainer.training import check_memory, check_resume_config
 
     extra = _length_overrides([agent], timesteps, episodes)
-    cfg, out = _resolve_for(resume, out, f"{agent}/checkpoints", config_files, [*overrides, *extra], seed=seed, device=device)
+    cfg, out = _resolve_for(resume, out, f"{agent}/checkpoints", config_files, [*overrides, *extra], seed=seed, device=device,
+                            profile=profile)
     if resume is not None:
         check_resume_config(Path(out), agent, cfg, force)
     ctx = _context(cfg, f"train {agent}", out, schema, dataset, resuming=resume is not None)
@@ -332,13 +341,14 @@ def _targets(cfg: Config, agents: list[str], quick: bool, schema: Path) -> dict[
 @timing_options
 @resume_options
 @handle_errors
-def schedule(config_files, overrides, schema, dataset, out, seed, device, quick, agents, budget, finish_by, resume, force) -> None:
+def schedule(config_files, overrides, profile, schema, dataset, out, seed, device, quick, agents, budget, finish_by, resume,
+             force) -> None:
     """The night: baseline → rbc → each agent → report, within --budget or by --finish-by."""
     from trainer.night import prepare, run_night
     from trainer.signals import handle_stop_signals
     from trainer.training import check_memory, check_resume_config
 
-    cfg, out = _resolve_for(resume, out, "results.json", config_files, overrides, seed=seed, device=device)
+    cfg, out = _resolve_for(resume, out, "results.json", config_files, overrides, seed=seed, device=device, profile=profile)
     chosen = _parse_agents(agents) if agents else list(cfg.schedule.agents)
     deadline = _deadline(cfg, budget, finish_by)
     if resume is not None:
@@ -366,7 +376,7 @@ def schedule(config_files, overrides, schema, dataset, out, seed, device, quick,
 @timing_options
 @click.option("--refresh", is_flag=True, help="Measure again instead of using the cached calibration.")
 @handle_errors
-def plan_command(config_files, overrides, schema, dataset, device, quick, agents, budget, finish_by, refresh) -> None:
+def plan_command(config_files, overrides, profile, schema, dataset, device, quick, agents, budget, finish_by, refresh) -> None:
     """Print the night's timeline from measured speed, and what cannot fit."""
     import tempfile
     from datetime import datetime
@@ -376,7 +386,7 @@ def plan_command(config_files, overrides, schema, dataset, device, quick, agents
     from trainer.plan import build_plan, calibrate, render
     from trainer.scenario import build_site
 
-    cfg = _resolve(config_files, overrides, device=device)
+    cfg = _resolve(config_files, overrides, device=device, profile=profile)
     chosen = _parse_agents(agents) if agents else list(cfg.schedule.agents)
     deadline = _deadline(cfg, budget, finish_by)
     source = resolve_dataset(schema, dataset)
@@ -387,6 +397,48 @@ def plan_command(config_files, overrides, schema, dataset, device, quick, agents
         targets = _targets(cfg, chosen, quick, schema_path)
         planned, notes = build_plan(cfg, schema_path, speeds, chosen, targets, datetime.now(), deadline)
         click.echo(render(planned, deadline, notes, speeds))
+
+
+@cli.command()
+@config_options
+@click.option("--schema", type=click.Path(), default=None, help="Check this CityLearn schema instead of the built-in site.")
+@click.option("--dataset", default=None, help="Check a CityLearn dataset found under $CITYLEARN_LOCAL_DATASETS_PATH.")
+@click.option("--json", "as_json", is_flag=True, help="Print the checks as JSON.")
+@click.option("--require-gpu", is_flag=True, help="Fail when CUDA is not available.")
+@handle_errors
+def doctor(config_files, overrides, profile, schema, dataset, as_json: bool, require_gpu: bool) -> None:
+    """Check Python, packages, CUDA, GPU and host memory, disk, dataset and config; say what to fix."""
+    import json
+
+    from trainer.doctor import FAIL, as_json as checks_json, format_table, run_checks
+
+    checks = run_checks(lambda: _resolve(config_files, overrides, profile=profile), schema, dataset, require_gpu)
+    click.echo(json.dumps(checks_json(checks), indent=2) if as_json else format_table(checks))
+    if any(c.status == FAIL for c in checks):
+        sys.exit(1)
+
+
+@cli.group()
+def monitor() -> None:
+    """The sidecar GPU monitor's records (python -m monitor writes them)."""
+
+
+@monitor.command("summary")
+@click.argument("run_dir", type=click.Path(file_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@handle_errors
+def monitor_summary(run_dir: str, as_json: bool) -> None:
+    """Mean and peak utilisation, peak memory and temperature, time throttled, warnings."""
+    import json
+
+    from monitor.summary import format_summary, read_records, summarise
+
+    path = RunDir(Path(run_dir)).monitor
+    if not path.is_file():
+        raise UsageError(f"no monitor records: {path} does not exist (start the monitor with the launcher's --monitor, "
+                         f"or: python -m monitor --out {path})")
+    summary = summarise(read_records(path))
+    click.echo(json.dumps(summary, indent=2) if as_json else format_summary(summary))
 
 
 @cli.command("report")

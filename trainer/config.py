@@ -172,6 +172,16 @@ class ReliabilityConfig(Section):
     nonfinite_retries: int = doc("Rollbacks for non-finite values before the stage stops.", ge=0)
 
 
+class MonitorConfig(Section):
+    interval_s: float = doc("Seconds between monitor samples.", gt=0)
+    util_low_pct: float = doc("Warn when GPU utilisation stays under this %...", ge=0, le=100)
+    util_low_window_s: float = doc("...for this many seconds.", ge=0)
+    temp_high_c: float = doc("Warn when GPU temperature is over this, degrees C.", gt=0)
+    memory_high_pct: float = doc("Warn when GPU memory use is over this %.", gt=0, le=100)
+    max_bytes: int = doc("Rotate the monitor file past this size.", ge=1024)
+    backups: int = doc("Rotated monitor files kept (monitor.jsonl.1, .2, ...).", ge=0, le=100)
+
+
 class OutputConfig(Section):
     root: str = doc("Folder holding run folders (relative to the working directory).", min_length=1)
     run_name: str = doc("Run folder name template: {scenario}, {command}, {seed}, {time}.", min_length=1)
@@ -188,6 +198,7 @@ class Config(Section):
     a2c: A2cConfig
     schedule: ScheduleConfig
     reliability: ReliabilityConfig
+    monitor: MonitorConfig
     output: OutputConfig
 
     def agent(self, name: str) -> AgentConfig:
@@ -306,9 +317,12 @@ def validate(data: dict[str, Any]) -> Config:
 def load_config(
     files: tuple[str | Path, ...] | list[str | Path] = (),
     overrides: tuple[str, ...] | list[str] = (),
+    profile: Path | None = None,
 ) -> Config:
-    """Defaults → each file left to right → each ``--set``; validated before anything runs."""
+    """Defaults → device profile → each file left to right → each ``--set``; validated before anything runs."""
     data = read_yaml(DEFAULT_CONFIG)
+    if profile is not None:
+        data = deep_merge(data, read_yaml(profile))
     for file in files:
         data = deep_merge(data, read_yaml(Path(file)))
     for text in overrides:

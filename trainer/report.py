@@ -172,6 +172,33 @@ def plot_timeline(schedule: dict[str, Any] | None, path: Path) -> None:
     plt.close(fig)
 
 
+def plot_monitor(records: list[dict[str, Any]], path: Path) -> None:
+    """GPU utilisation and memory over the night, from the monitor's samples."""
+    plt = _pyplot()
+    samples = [r for r in records if r.get("kind") == "sample"]
+    fig, (util_ax, mem_ax) = plt.subplots(2, 1, figsize=(9, 4.5), sharex=True)
+    start = samples[0]["unix_time"] if samples else 0.0
+    indices = sorted({g["index"] for r in samples for g in r["gpus"]})
+    for index in indices:
+        points = [((r["unix_time"] - start) / 3600, g) for r in samples for g in r["gpus"] if g["index"] == index]
+        hours = [t for t, _ in points]
+        util_ax.plot(hours, [g["utilization_gpu_pct"] for _, g in points], label=f"GPU {index}")
+        mem_ax.plot(hours, [(g["memory_used_bytes"] or 0) / 2**30 if g["memory_used_bytes"] is not None else None
+                            for _, g in points], label=f"GPU {index}")
+    if not indices:
+        util_ax.text(0.5, 0.5, "no GPU data: " + str(next((r["gpu_error"] for r in samples if r.get("gpu_error")), "")),
+                     transform=util_ax.transAxes, ha="center", va="center", fontsize=8)
+    util_ax.set_ylabel("utilisation %")
+    mem_ax.set_ylabel("memory GiB")
+    mem_ax.set_xlabel("hours since the monitor started")
+    util_ax.set_title("GPU over the night")
+    for ax in (util_ax, mem_ax):
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def _status_colour(status: str) -> str:
     return {"done": "#2171b5", "failed": "#d62728", "skipped": "#969696", "running": "#fd8d3c"}.get(status, "#6baed6")
 
@@ -238,7 +265,14 @@ def write_report(run: RunDir) -> Path:
             lines.append(f"| {s['name']} | {s['status']} | {_hm(s['planned_start'])}–{_hm(s['planned_end'])} | "
                          f"{_hm(s['actual_start'])}–{_hm(s['actual_end'])} | {s['timesteps_done'] or '–'} |")
         lines.append("")
-    lines += ["![Timeline](plots/timeline.png)", "", "Metric definitions: `trainer/metrics.py`; the run's config: `config.yaml`.", ""]
+    lines += ["![Timeline](plots/timeline.png)", ""]
+    if run.monitor.is_file():
+        from monitor.summary import format_summary, read_records, summarise
+
+        records = read_records(run.monitor)
+        plot_monitor(records, run.plots / "gpu.png")
+        lines += ["## The machine", "", "```", format_summary(summarise(records)), "```", "", "![GPU](plots/gpu.png)", ""]
+    lines += ["Metric definitions: `trainer/metrics.py`; the run's config: `config.yaml`.", ""]
     write_text_atomic(run.report, "\n".join(lines))
     return run.report
 

@@ -69,6 +69,7 @@ class RunDir:
     schedule = property(lambda self: self.root / "schedule.json")
     report = property(lambda self: self.root / "report.md")
     plots = property(lambda self: self.root / "plots")
+    monitor = property(lambda self: self.root / "monitor.jsonl")
 
     def agent(self, name: str) -> AgentDir:
         return AgentDir(self.root / name)

@@ -1,0 +1,165 @@
+"""The sampling loop: one JSON object per line, warnings as their own records and on stderr."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Callable, TextIO
+
+from monitor.nvml import Nvml, NvmlUnavailable
+from monitor.records import GpuRecord, HostRecord, Record
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    util_low_pct: float
+    util_low_window_s: float
+    temp_high_c: float
+    memory_high_pct: float
+
+
+@dataclass
+class Monitor:
+    out: Path
+    interval_s: float
+    thresholds: Thresholds
+    max_bytes: int
+    backups: int
+    watch_pid: int | None = None
+    nvml: Nvml = field(default_factory=Nvml)
+    clock: Callable[[], float] = time.time
+    stderr: TextIO = sys.stderr
+    _low_since: dict[int, float] = field(default_factory=dict)
+    _low_warned: set[int] = field(default_factory=set)
+    _stop: bool = False
+
+    # ------------------------------------------------------------------ one sample
+
+    def sample(self) -> Record:
+        import psutil
+
+        now = self.clock()
+        gpus: list[GpuRecord] = []
+        gpu_error = None
+        try:
+            gpus = self.nvml.gpus()
+            if not gpus:
+                gpu_error = "NVML found no GPU"
+        except NvmlUnavailable as exc:
+            gpu_error = str(exc)
+        memory = psutil.virtual_memory()
+        host = HostRecord(cpu_pct=float(psutil.cpu_percent(interval=None)), ram_used_bytes=int(memory.total - memory.available),
+                          ram_total_bytes=int(memory.total), watched_pid=self.watch_pid, watched_rss_bytes=self._watched_rss())
+        return Record(time=datetime.fromtimestamp(now).astimezone().isoformat(timespec="seconds"), unix_time=round(now, 3),
+                      kind="sample", gpus=gpus, gpu_error=gpu_error, host=host, warnings=[])
+
+    def _watched_rss(self) -> int | None:
+        if self.watch_pid is None:
+            return None
+        import psutil
+
+        try:
+            return int(psutil.Process(self.watch_pid).memory_info().rss)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            return None
+
+    def warnings(self, record: Record) -> list[str]:
+        """Threshold crossings in this sample (low utilisation only once it has lasted the window)."""
+        t = self.thresholds
+        found = []
+        for gpu in record["gpus"]:
+            i = gpu["index"]
+            if gpu["error"]:
+                found.append(f"GPU {i}: {gpu['error']}")
+                continue
+            if gpu["temperature_c"] is not None and gpu["temperature_c"] > t.temp_high_c:
+                found.append(f"GPU {i} temperature {gpu['temperature_c']:.0f} C is over {t.temp_high_c:.0f} C")
+            used, total = gpu["memory_used_bytes"], gpu["memory_total_bytes"]
+            if used is not None and total and 100 * used / total > t.memory_high_pct:
+                found.append(f"GPU {i} memory {100 * used / total:.0f}% used is over {t.memory_high_pct:.0f}%")
+            util = gpu["utilization_gpu_pct"]
+            if util is not None and util < t.util_low_pct:
+                since = self._low_since.setdefault(i, record["unix_time"])
+                if record["unix_time"] - since >= t.util_low_window_s and i not in self._low_warned:
+                    self._low_warned.add(i)
+                    found.append(f"GPU {i} utilisation under {t.util_low_pct:.0f}% for "
+                                 f"{record['unix_time'] - since:.0f} s (now {util:.0f}%)")
+            elif util is not None:
+                self._low_since.pop(i, None)
+                self._low_warned.discard(i)
+        return found
+
+    # ------------------------------------------------------------------ the file
+
+    def write(self, record: Record) -> None:
+        self.out.parent.mkdir(parents=True, exist_ok=True)
+        if self.out.exists() and self.out.stat().st_size > self.max_bytes:
+            self._rotate()
+        with open(self.out, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(record, separators=(",", ":")) + "\n")
+
+    def _rotate(self) -> None:
+        for k in range(self.backups - 1, 0, -1):
+            older = self.out.with_name(f"{self.out.name}.{k}")
+            if older.exists():
+                os.replace(older, self.out.with_name(f"{self.out.name}.{k + 1}"))
+        if self.backups > 0:
+            os.replace(self.out, self.out.with_name(f"{self.out.name}.1"))
+        else:
+            self.out.unlink()
+
+    # ------------------------------------------------------------------ the loop
+
+    def watched_alive(self) -> bool:
+        if self.watch_pid is None:
+            return True
+        import psutil
+
+        try:
+            return psutil.Process(self.watch_pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    def step(self) -> Record:
+        record = self.sample()
+        self.write(record)
+        found = self.warnings(record)
+        if found:
+            warning = Record(**{**record, "kind": "warning", "gpus": [], "warnings": found})
+            self.write(warning)
+            for message in found:
+                print(f"[gpu-monitor] warning: {message}", file=self.stderr, flush=True)
+        return record
+
+    def run(self, once: bool = False, max_samples: int | None = None, sleep: Callable[[float], None] = time.sleep) -> int:
+        import psutil
+
+        psutil.cpu_percent(interval=None)  # the first reading is meaningless; prime it
+        signal.signal(signal.SIGTERM, self._on_term) if _main_thread() else None
+        start, taken = self.clock(), 0
+        while not self._stop:
+            self.step()
+            taken += 1
+            if once or (max_samples is not None and taken >= max_samples) or not self.watched_alive():
+                break
+            # The next sample is due at start + k x interval: the query's own time is subtracted.
+            delay = start + taken * self.interval_s - self.clock()
+            if delay > 0:
+                sleep(delay)
+        self.nvml.shutdown()
+        return 0
+
+    def _on_term(self, signum, frame) -> None:
+        self._stop = True
+
+
+def _main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()

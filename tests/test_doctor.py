@@ -1,0 +1,103 @@
+"""`trainer doctor` and device profiles."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from trainer.cli import cli
+from trainer.config import load_config
+from trainer.profiles import PROFILE_DIR, available
+
+needs_no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+
+
+def doctor(*args: str):
+    return CliRunner().invoke(cli, ["doctor", *args])
+
+
+@needs_no_cuda
+def test_doctor_passes_on_a_cpu_machine_with_warnings():
+    result = doctor()
+    assert result.exit_code == 0, result.output
+    assert "warn  cuda" in result.output and "CUDA not available" in result.output
+    assert result.output.strip().endswith("0 failed, 2 warnings")
+
+
+@needs_no_cuda
+def test_require_gpu_fails_without_cuda():
+    result = doctor("--require-gpu")
+    assert result.exit_code == 1
+    assert "FAIL  cuda" in result.output
+
+
+def test_json_lists_every_check_with_a_status():
+    result = doctor("--json")
+    checks = json.loads(result.output)
+    names = {c["name"] for c in checks}
+    assert {"python", "packages", "torch", "config", "disk", "dataset", "host RAM"} <= names
+    assert all(c["status"] in ("pass", "warn", "fail") for c in checks)
+
+
+def test_bad_config_fails_with_the_key_named():
+    result = doctor("--set", "sac.batch_size=0")
+    assert result.exit_code == 1
+    assert "FAIL  config" in result.output and "sac.batch_size" in result.output
+
+
+def test_output_root_that_is_a_file_fails_the_disk_check(tmp_path):
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    result = doctor("--set", f"output.root={blocker}/runs")
+    assert result.exit_code == 1
+    assert "FAIL  disk" in result.output and "set output.root to a writable folder" in result.output
+
+
+def test_mixed_precision_is_reported_as_having_no_effect():
+    result = doctor("--set", "gpu.mixed_precision=true")
+    assert "warn  mixed precision" in result.output and "has no effect" in result.output
+
+
+@pytest.mark.parametrize("name", available())
+def test_every_profile_is_a_valid_overlay_with_its_reasons(name):
+    path = PROFILE_DIR / f"{name}.yaml"
+    assert path.read_text().startswith("#")  # each profile explains its numbers
+    cfg = load_config(profile=path)
+    assert cfg.gpu.device == ("cpu" if name == "cpu" else "cuda")
+
+
+def test_profiles_cover_the_hardware_users_have():
+    assert available() == ["cpu", "h100-80gb", "rtx4060-laptop-8gb", "rtx5090-32gb", "t4-16gb"]
+
+
+def test_profile_then_files_then_set():
+    result = CliRunner().invoke(cli, ["config", "show", "--profile", "h100-80gb", "--set", "sac.batch_size=64"])
+    assert result.exit_code == 0
+    assert "batch_size: 64" in result.output and "- 512" in result.output  # --set beat the profile; net_arch kept
+
+
+@needs_no_cuda
+def test_auto_profile_says_which_it_picked():
+    result = CliRunner().invoke(cli, ["config", "show", "--profile", "auto"])
+    assert result.exit_code == 0
+    assert "profile cpu (auto: no CUDA device)" in result.output
+
+
+def test_unknown_profile_exits_2():
+    result = CliRunner().invoke(cli, ["config", "show", "--profile", "tpu-v5"])
+    assert result.exit_code == 2
+    assert "unknown profile 'tpu-v5': choose auto or one of cpu, h100-80gb" in result.output
+
+
+@pytest.mark.gpu
+def test_gpu_switches_set_the_torch_flags():
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from trainer.config import load_config as load
+    from trainer.device import apply_gpu_flags
+
+    flags = apply_gpu_flags(load(overrides=["gpu.tf32=false", "gpu.cudnn_benchmark=true"]).gpu, "cuda")
+    assert flags["applied"] and torch.backends.cuda.matmul.allow_tf32 is False and torch.backends.cudnn.benchmark is True
