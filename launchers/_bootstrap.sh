@@ -26,15 +26,21 @@ find_python() {
 
 # The stamp changes when anything that decides the install changes; a match means no reinstall.
 install_stamp() {
-  local extras="$1"
-  { cat "${PVBESS_ROOT}/pyproject.toml"; printf '%s\n%s\n' "${PVBESS_TORCH}" "${extras}"; } | sha256sum | cut -d' ' -f1
+  { cat "${PVBESS_ROOT}/pyproject.toml"; printf '%s\n' "${PVBESS_TORCH}"; } | sha256sum | cut -d' ' -f1
+}
+
+# Up to date: same stamp, and the extras asked for were installed (a [dev] venv serves a plain launch).
+venv_current() {
+  local extras="$1" stamp_file="${PVBESS_VENV}/.pvbess-install"
+  [[ -x "${PVBESS_VENV}/bin/python" && -f "${stamp_file}" ]] || return 1
+  [[ "$(sed -n 1p "${stamp_file}")" == "$(install_stamp)" ]] || return 1
+  [[ -z "${extras}" || "$(sed -n 2p "${stamp_file}")" == "${extras}" ]]
 }
 
 ensure_venv() {
-  local extras="${1:-}" python stamp_file stamp
+  local extras="${1:-}" python stamp_file
   stamp_file="${PVBESS_VENV}/.pvbess-install"
-  stamp="$(install_stamp "${extras}")"
-  if [[ -x "${PVBESS_VENV}/bin/python" && -f "${stamp_file}" && "$(cat "${stamp_file}")" == "${stamp}" ]]; then
+  if venv_current "${extras}"; then
     return 0
   fi
   if [[ ! -x "${PVBESS_VENV}/bin/python" ]]; then
@@ -48,6 +54,6 @@ ensure_venv() {
     || die "could not install ${PVBESS_TORCH}; set PVBESS_TORCH to the torch you want"
   "${PVBESS_VENV}/bin/python" -m pip install --quiet --disable-pip-version-check -e "${PVBESS_ROOT}${extras}" \
     || die "could not install pvbess-trainer into ${PVBESS_VENV}"
-  printf '%s\n' "${stamp}" >"${stamp_file}"
+  printf '%s\n%s\n' "$(install_stamp)" "${extras}" >"${stamp_file}"
   log "environment ready"
 }

@@ -1,38 +1,26 @@
 #!/usr/bin/env bash
-# Set up .venv (if needed) and run the night's schedule.
+# Set up .venv (if needed) and launch the night: doctor, GPU monitor, trainer, summary.
 #   ./launchers/launch.sh --quick          a small budget: a smoke run of the whole night
-#   ./launchers/launch.sh [all|sac|ppo|a2c|baseline] [--quick] [-- extra trainer options]
+#   ./launchers/launch.sh [all|sac|ppo|a2c|baseline] [--config F] [--profile P]
+#       [--budget D | --finish-by HH:MM] [--resume [RUN_DIR]] [--monitor | --no-monitor]
+#       [--quick] [-- extra trainer options]
+# Everything past bootstrapping is `trainer launch` (trainer/launch.py).
 set -euo pipefail
 shopt -s inherit_errexit
 
 # shellcheck source=launchers/_bootstrap.sh
 source "$(dirname "${BASH_SOURCE[0]}")/_bootstrap.sh"
 
-usage() {
-  sed -n '2,4p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
-  exit 2
-}
-
 main() {
-  local agent="all" quick=() extra=()
-  while (($#)); do
-    case "$1" in
-      all | sac | ppo | a2c | baseline) agent="$1" ;;
-      --quick) quick=(--quick) ;;
-      -h | --help) usage ;;
-      --) shift; extra=("$@"); break ;;
-      *) log "unknown argument: $1"; usage ;;
-    esac
+  local args=()
+  if (($#)) && [[ "$1" =~ ^(all|sac|ppo|a2c|baseline)$ ]]; then
+    args=(--agent "$1")
     shift
-  done
+  fi
   ensure_venv ""
   cd "${PVBESS_ROOT}"
-  local trainer="${PVBESS_VENV}/bin/trainer"
-  case "${agent}" in
-    all) exec "${trainer}" schedule "${quick[@]}" "${extra[@]}" ;;
-    baseline) exec "${trainer}" baseline "${extra[@]}" ;;
-    *) exec "${trainer}" schedule "${quick[@]}" --agents "${agent}" "${extra[@]}" ;;
-  esac
+  # exec: SIGINT/SIGTERM reach the launcher, which forwards them to the trainer.
+  exec "${PVBESS_VENV}/bin/trainer" launch "${args[@]}" "$@"
 }
 
 main "$@"

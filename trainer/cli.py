@@ -336,14 +336,20 @@ def _targets(cfg: Config, agents: list[str], quick: bool, schema: Path) -> dict[
     return {a: cfg.schedule.quick_timesteps.get(a, 1000) if quick else training_timesteps(cfg, a, schema) for a in agents}
 
 
-@cli.command()
+@cli.group(invoke_without_command=True)
 @run_options
 @timing_options
 @resume_options
+@click.pass_context
 @handle_errors
-def schedule(config_files, overrides, profile, schema, dataset, out, seed, device, quick, agents, budget, finish_by, resume,
+def schedule(ctx, config_files, overrides, profile, schema, dataset, out, seed, device, quick, agents, budget, finish_by, resume,
              force) -> None:
-    """The night: baseline → rbc → each agent → report, within --budget or by --finish-by."""
+    """The night: baseline → rbc → each agent → report, within --budget or by --finish-by.
+
+    `trainer schedule install` sets it up to start every night instead.
+    """
+    if ctx.invoked_subcommand is not None:
+        return
     from trainer.night import prepare, run_night
     from trainer.signals import handle_stop_signals
     from trainer.training import check_memory, check_resume_config
@@ -366,6 +372,85 @@ def schedule(config_files, overrides, profile, schema, dataset, out, seed, devic
     if state.failed():
         failures = "; ".join(f"{s.name} ({s.error})" for s in state.failed())
         raise TrainerError(f"{len(state.failed())} stage(s) failed: {failures}; the others finished, see {ctx.run.report}")
+
+
+@schedule.command("install")
+@click.option("--at", "at", required=True, metavar="HH:MM", help="Local time the night starts.")
+@click.option("--finish-by", "finish_by", default=None, metavar="HH:MM", help="Local time it must end by.")
+@click.option("--budget", default=None, metavar="DURATION", help="Or a time budget, e.g. 9h.")
+@click.option("--agents", default=None, help="Comma-separated subset, e.g. sac,ppo.")
+@click.option("--config", "configs", multiple=True, type=click.Path(dir_okay=False), help="Config files for the night.")
+@click.option("--profile", default=None, help="Device profile for the night.")
+@click.option("--cron", is_flag=True, help="Print a crontab line (wrapped in flock) instead of systemd units.")
+@click.option("--unit-dir", type=click.Path(file_okay=False), default=None,
+              help="Where to write the units (default: ~/.config/systemd/user).")
+@click.option("--dry-run", is_flag=True, help="Print what would be written; write nothing.")
+@handle_errors
+def schedule_install(at, finish_by, budget, agents, configs, profile, cron, unit_dir, dry_run) -> None:
+    """Start the night every day at --at, with a systemd user timer (or cron)."""
+    from trainer import scheduling
+    from trainer.config import REPO_ROOT
+
+    scheduling.check_time(at, "--at")
+    if finish_by:
+        scheduling.check_time(finish_by, "--finish-by")
+    if bool(finish_by) == bool(budget):
+        raise UsageError("pass exactly one of --finish-by or --budget, so the night ends in time for the morning")
+    if agents:
+        _parse_agents(agents)
+    args = scheduling.launch_args(finish_by, budget, agents, list(configs), profile)
+    if cron:
+        line = scheduling.crontab_line(REPO_ROOT, at, args)
+        click.echo(line)
+        click.echo("\nadd it with: (crontab -l 2>/dev/null; echo '<the line above>') | crontab -   remove it with: crontab -e")
+        return
+    target = Path(unit_dir) if unit_dir else Path.home() / ".config" / "systemd" / "user"
+    units = scheduling.systemd_units(REPO_ROOT, at, args)
+    for name, text in units.items():
+        if dry_run:
+            click.echo(f"# {target / name}\n{text}")
+        else:
+            target.mkdir(parents=True, exist_ok=True)
+            (target / name).write_text(text, encoding="utf-8")
+            click.echo(f"wrote {target / name}")
+    click.echo(("(dry run: nothing written)\n" if dry_run else "") + scheduling.enable_instructions(target))
+
+
+@cli.command()
+@click.option("--agent", type=click.Choice(["all", "sac", "ppo", "a2c", "baseline"]), default="all", help="What to run.")
+@click.option("--config", "configs", multiple=True, type=click.Path(dir_okay=False), help="Config file (repeatable).")
+@click.option("--profile", default=None, metavar="auto|NAME", help="Device profile.")
+@click.option("--budget", default=None, metavar="DURATION", help="Time for the night, e.g. 10h.")
+@click.option("--finish-by", "finish_by", default=None, metavar="HH:MM", help="Local time the night must end by.")
+@click.option("--resume", is_flag=False, flag_value=LATEST, default=None, metavar="[RUN_DIR]", help="Resume a run folder.")
+@click.option("--monitor/--no-monitor", default=None, help="GPU monitor sidecar (default: on when a GPU is present).")
+@click.option("--quick", is_flag=True, help="A small budget per agent: a smoke run of the night.")
+@click.option("--live-status", type=click.FloatRange(min=1), default=None, metavar="SECONDS",
+              help="Print the GPU status every SECONDS (needs the monitor).")
+@click.option("--container", is_flag=True, help="Running as the container's entrypoint (no venv; outputs in /app/outputs).")
+@click.argument("extra", nargs=-1, type=click.UNPROCESSED)
+@handle_errors
+def launch(agent, configs, profile, budget, finish_by, resume, monitor, quick, live_status, container, extra) -> None:
+    """What the launchers run: doctor, monitor sidecar, the trainer, and the morning's summary.
+
+    Options after `--` go to the trainer, e.g. `trainer launch --agent a2c -- --seed 3`.
+    """
+    import torch
+
+    from trainer.launch import Launch, LaunchOptions, choose_run_dir, doctor_gate
+
+    if budget and finish_by:
+        raise UsageError("pass either --budget or --finish-by, not both")
+    overrides = [extra[i + 1] for i, a in enumerate(extra[:-1]) if a == "--set"]
+    load = lambda: _resolve(list(configs), overrides, profile=profile)  # noqa: E731
+    if not doctor_gate(load, sys.stdout):
+        raise TrainerError("launch stopped: a doctor check failed; fix it as shown above and launch again")
+    cfg = load()
+    options = LaunchOptions(agent, list(configs), profile, budget, finish_by, resume, monitor, quick, live_status, list(extra))
+    run_dir = choose_run_dir(options, Path(cfg.output.root), cfg.scenario.name, cfg.seed)
+    if container:
+        logs.get().info("container mode", outputs=cfg.output.root)
+    sys.exit(Launch(options, run_dir, gpu_present=torch.cuda.is_available()).run_all())
 
 
 @cli.command("plan")

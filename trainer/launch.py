@@ -1,0 +1,216 @@
+"""What the launchers do, in one tested place (`trainer launch`; launch.sh, the PowerShell
+scripts and the container entrypoint only bootstrap Python and call it).
+
+1. run the doctor: a failing check stops the launch with its fix; warnings are shown;
+2. start the trainer in its own process group (so a terminal's Ctrl+C reaches it once,
+   through us) with its console also written to ``<run>/logs/launcher.log``;
+3. start the GPU monitor sidecar beside it, watching the trainer's PID (by default when a
+   GPU is present, always with ``--monitor``);
+4. forward SIGINT and SIGTERM to the trainer and wait for its checkpoint;
+5. whatever happens, stop the monitor; print the GPU summary and the results table; exit
+   with the trainer's exit code.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TextIO
+
+from trainer.run_dir import RunDir
+
+AGENT_CHOICES = ("all", "sac", "ppo", "a2c", "baseline")
+MONITOR_STOP_TIMEOUT_S = 10
+EXIT_DOCTOR_FAILED = 3
+
+
+@dataclass
+class LaunchOptions:
+    """The launchers' shared surface (bash, PowerShell and the container offer the same)."""
+
+    agent: str = "all"
+    configs: list[str] = field(default_factory=list)
+    profile: str | None = None
+    budget: str | None = None
+    finish_by: str | None = None
+    resume: str | None = None
+    monitor: bool | None = None  # None: on when a GPU is present
+    quick: bool = False
+    live_status_s: float | None = None
+    extra: list[str] = field(default_factory=list)
+
+
+def trainer_command(options: LaunchOptions, run_dir: Path) -> list[str]:
+    """The trainer's command line for these options (the parity tests compare launchers on it)."""
+    cmd = [sys.executable, "-m", "trainer"]
+    if options.agent == "baseline":
+        cmd += ["baseline"]
+    else:
+        cmd += ["schedule"]
+        if options.agent != "all":
+            cmd += ["--agents", options.agent]
+        if options.quick:
+            cmd += ["--quick"]
+        if options.budget:
+            cmd += ["--budget", options.budget]
+        if options.finish_by:
+            cmd += ["--finish-by", options.finish_by]
+    if options.resume is not None:
+        cmd += ["--resume", str(run_dir)]
+    else:
+        cmd += ["--out", str(run_dir)]
+        for config in options.configs:
+            cmd += ["--config", config]
+        if options.profile:
+            cmd += ["--profile", options.profile]
+    return cmd + list(options.extra)
+
+
+def choose_run_dir(options: LaunchOptions, output_root: Path, scenario: str, seed: int) -> Path:
+    from datetime import datetime
+
+    if options.resume not in (None, "latest"):
+        return Path(options.resume)
+    if options.resume == "latest":
+        found = sorted((p for p in output_root.glob("*") if (p / "config.yaml").is_file()), key=lambda p: p.stat().st_mtime)
+        if not found:
+            from trainer.errors import UsageError
+
+            raise UsageError(f"--resume: no run folder under {output_root} to resume; pass --resume RUN_DIR")
+        return found[-1]
+    command = "schedule" if options.agent == "all" else options.agent
+    return output_root / f"{scenario}__launch-{command}__{seed}__{datetime.now():%Y%m%d-%H%M%S}"
+
+
+class Launch:
+    def __init__(self, options: LaunchOptions, run_dir: Path, gpu_present: bool, out: TextIO = sys.stdout):
+        self.options = options
+        self.run = RunDir(run_dir)
+        self.gpu_present = gpu_present
+        self.out = out
+        self.trainer: subprocess.Popen | None = None
+        self.monitor: subprocess.Popen | None = None
+        self._log: TextIO | None = None
+        self._signals = 0
+
+    @property
+    def monitor_wanted(self) -> bool:
+        return self.options.monitor if self.options.monitor is not None else self.gpu_present
+
+    def say(self, line: str) -> None:
+        for stream in (self.out, self._log):
+            if stream is not None:
+                stream.write(line + "\n")
+                stream.flush()
+
+    def run_all(self) -> int:
+        self.run.logs.mkdir(parents=True, exist_ok=True)
+        self._log = open(self.run.logs / "launcher.log", "a", encoding="utf-8")
+        previous = {s: signal.signal(s, self._forward) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            self.start_trainer()
+            if self.monitor_wanted:
+                self.start_monitor()
+            code = self.wait()
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+            self.stop_monitor()
+        self.after(code)
+        self._log.close()
+        return code
+
+    def start_trainer(self) -> None:
+        cmd = trainer_command(self.options, self.run.root)
+        self.say(f"[launch] run folder: {self.run.root}")
+        self.say(f"[launch] trainer: {' '.join(cmd[1:])}")
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        # Its own session: a terminal's Ctrl+C reaches the trainer once, forwarded by us, not twice.
+        self.trainer = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+                                        env=env, start_new_session=True)
+        threading.Thread(target=self._tee, args=(self.trainer.stdout,), daemon=True).start()
+
+    def _tee(self, stream) -> None:
+        for line in stream:
+            self.say(line.rstrip("\n"))
+
+    def start_monitor(self) -> None:
+        cmd = [sys.executable, "-m", "monitor", "--out", str(self.run.monitor), "--watch-pid", str(self.trainer.pid)]
+        self.monitor = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self._log, start_new_session=True)
+        (self.run.root / "monitor.pid").write_text(str(self.monitor.pid))
+        self.say(f"[launch] GPU monitor: {self.run.monitor} (PID {self.monitor.pid})")
+
+    def _forward(self, signum, frame) -> None:
+        self._signals += 1
+        if self.trainer is not None and self.trainer.poll() is None:
+            name = signal.Signals(signum).name
+            self.say(f"[launch] {name}: forwarded to the trainer; waiting for its checkpoint"
+                     if self._signals == 1 else f"[launch] {name} again: the trainer aborts")
+            os.kill(self.trainer.pid, signum)
+
+    def wait(self) -> int:
+        last_status = time.monotonic()
+        while True:
+            try:
+                code = self.trainer.wait(timeout=1.0)
+                break
+            except subprocess.TimeoutExpired:
+                if self.options.live_status_s and time.monotonic() - last_status >= self.options.live_status_s:
+                    last_status = time.monotonic()
+                    self.live_status()
+        self.trainer.stdout.close() if self.trainer.stdout else None
+        return code if code >= 0 else 128 - code  # killed by a signal: the shell's convention
+
+    def live_status(self) -> None:
+        import json
+
+        if not self.run.monitor.is_file():
+            return
+        lines = self.run.monitor.read_text(encoding="utf-8").splitlines()
+        sample = next((json.loads(l) for l in reversed(lines) if '"kind":"sample"' in l), None)
+        if sample is None:
+            return
+        for gpu in sample["gpus"]:
+            used = (gpu["memory_used_bytes"] or 0) / 2**30
+            self.say(f"[gpu {gpu['index']}] util {gpu['utilization_gpu_pct']}%  mem {used:.1f} GiB  "
+                     f"temp {gpu['temperature_c']} C  power {gpu['power_w']} W")
+        if not sample["gpus"]:
+            self.say(f"[host] cpu {sample['host']['cpu_pct']:.0f}%  ({sample['gpu_error']})")
+
+    def stop_monitor(self) -> None:
+        if self.monitor is None or self.monitor.poll() is not None:
+            return
+        self.monitor.terminate()
+        try:
+            self.monitor.wait(timeout=MONITOR_STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.monitor.kill()
+            self.monitor.wait()
+        (self.run.root / "monitor.pid").unlink(missing_ok=True)
+
+    def after(self, code: int) -> None:
+        from trainer.metrics import format_table
+        from trainer.run_dir import read_json
+
+        if self.run.monitor.is_file():
+            from monitor.summary import format_summary, read_records, summarise
+
+            self.say("[launch] GPU status after the run:\n" + format_summary(summarise(read_records(self.run.monitor))))
+        if self.run.results_json.is_file():
+            self.say("[launch] results:\n" + format_table(read_json(self.run.results_json)))
+        self.say(f"[launch] trainer exited with {code}")
+
+
+def doctor_gate(load, out: TextIO) -> bool:
+    """Run the doctor; print it; False when a check fails."""
+    from trainer.doctor import FAIL, format_table, run_checks
+
+    checks = run_checks(load, None, None, require_gpu=False)
+    out.write(format_table(checks) + "\n")
+    return not any(c.status == FAIL for c in checks)
