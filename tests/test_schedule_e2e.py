@@ -19,7 +19,7 @@ BUDGET = "schedule.quick_timesteps={sac: 150, ppo: 128, a2c: 100}"
 
 def night_args(out, *extra: str) -> list[str]:
     sets = tiny_overrides(BUDGET, "schedule.eval_days=2", "schedule.curve_every_steps=50", "schedule.curve_eval_days=1",
-                          "sac.checkpoint_freq_steps=50", *extra)
+                          "sac.checkpoint_freq_steps=50", f"output.root={out.parent / 'outputs'}", *extra)
     return ["schedule", "--quick", "--budget", "30m", "--out", str(out), "--device", "cpu",
             *[a for o in sets for a in ("--set", o)]]
 
