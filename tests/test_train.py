@@ -53,3 +53,18 @@ def test_ppo_rollout_is_shortened_to_fit_a_short_run():
     assert fit_rollout(params, 600) == {"n_steps": 600, "batch_size": 64}
     assert fit_rollout(params, 100) == {"n_steps": 100, "batch_size": 64 if 64 <= 100 else 100}
     assert fit_rollout(params, 5000) is params
+
+
+def test_evaluate_reproduces_a_runs_results(tmp_path, site_schema):
+    out = tmp_path / "run"
+    trained = CliRunner().invoke(cli, ["train", "ppo", "--timesteps", "128", "--out", str(out), "--schema", str(site_schema),
+                                       "--device", "cpu", *sets(*tiny_overrides())])
+    assert trained.exit_code == 0, trained.output
+    before = json.loads((out / "results.json").read_text())
+    result = CliRunner().invoke(cli, ["evaluate", str(out)])
+    assert result.exit_code == 0, result.output
+    after = json.loads((out / "results.json").read_text())
+    assert list(after) == ["baseline", "rbc", "ppo"]  # the rule-based reference is added
+    for agent in ("baseline", "ppo"):
+        assert after[agent]["co2_kg"] == before[agent]["co2_kg"]  # deterministic, bit for bit
+    assert after["ppo"]["timesteps"] == 128  # training figures are kept

@@ -142,6 +142,8 @@ class Launch:
 
     def start_monitor(self) -> None:
         cmd = [sys.executable, "-m", "monitor", "--out", str(self.run.monitor), "--watch-pid", str(self.trainer.pid)]
+        for config in self.options.configs:  # the user's `monitor` thresholds and interval
+            cmd += ["--config", config]
         self.monitor = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self._log, start_new_session=True)
         (self.run.root / "monitor.pid").write_text(str(self.monitor.pid))
         self.say(f"[launch] GPU monitor: {self.run.monitor} (PID {self.monitor.pid})")
