@@ -476,6 +476,9 @@ def plan_command(config_files, overrides, profile, schema, dataset, device, quic
     deadline = _deadline(cfg, budget, finish_by)
     source = resolve_dataset(schema, dataset)
     device_name = resolve_device(cfg.gpu.device)
+    from trainer.device import apply_gpu_flags
+
+    apply_gpu_flags(cfg.gpu, device_name)  # calibrate with the threads and flags the night will use
     with tempfile.TemporaryDirectory() as tmp:
         schema_path = source.schema if source else build_site(cfg.scenario, Path(tmp) / "site")
         speeds = calibrate(cfg, schema_path, device_name, chosen, refresh=refresh)

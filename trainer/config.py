@@ -93,6 +93,8 @@ class GpuConfig(Section):
     cudnn_benchmark: bool = doc("torch.backends.cudnn.benchmark on CUDA.")
     tf32: bool = doc("Allow TF32 matmuls and convolutions on CUDA (Ampere or newer).")
     deterministic: bool = doc("torch.use_deterministic_algorithms on CUDA (slower, reproducible).")
+    cpu_threads: int = doc("torch intra-op CPU threads; 1 avoids a collapse when cores are shared (docs/benchmarks.md), "
+                           "0 keeps torch's default.", ge=0, le=256)
 
 
 class AgentConfig(Section):

@@ -1,4 +1,4 @@
-"""Torch device choice and the `gpu` switches, applied only on CUDA and always logged."""
+"""Torch device choice and the `gpu` switches: CUDA flags only on CUDA, CPU threads everywhere; always logged."""
 
 from __future__ import annotations
 
@@ -26,9 +26,11 @@ def apply_gpu_flags(gpu: GpuConfig, device: str) -> dict[str, object]:
     import torch
 
     log = logs.get()
+    if gpu.cpu_threads:
+        torch.set_num_threads(gpu.cpu_threads)
     if device != "cuda":
-        log.info("gpu flags not applied", device=device, reason="not a CUDA device")
-        return {"applied": False, "device": device}
+        log.info("gpu flags not applied", device=device, reason="not a CUDA device", cpu_threads=torch.get_num_threads())
+        return {"applied": False, "device": device, "cpu_threads": torch.get_num_threads()}
     torch.backends.cuda.matmul.allow_tf32 = gpu.tf32
     torch.backends.cudnn.allow_tf32 = gpu.tf32
     torch.backends.cudnn.benchmark = gpu.cudnn_benchmark

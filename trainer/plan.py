@@ -46,7 +46,7 @@ class Speeds:
 
 
 def _cache_key(cfg: Config, schema: Path, device: str) -> str:
-    relevant = {k: cfg.to_dict()[k] for k in ("scenario", "sac", "ppo", "a2c", "reward", "seed")}
+    relevant = {k: cfg.to_dict()[k] for k in ("scenario", "sac", "ppo", "a2c", "reward", "seed", "gpu")}
     relevant["eval_days"] = cfg.schedule.eval_days
     machine = f"{socket.gethostname()}|{platform.machine()}|{os.cpu_count()}|{device}"
     # The built-in site is the same wherever it was generated: key it by its config, not its path.
