@@ -50,6 +50,9 @@ FAULT = textwrap.dedent("""
     original = callbacks.ProgressCallback._on_step
     def on_step(self):
         if self.num_timesteps == step:
+            import json, psutil
+            with open(os.environ["FAULT_CHILDREN"], "w") as out:  # the environment workers, for the test
+                json.dump([p.pid for p in psutil.Process().children(recursive=True)], out)
             for s in signals:
                 os.kill(os.getpid(), s)
         return original(self)
@@ -61,8 +64,26 @@ FAULT = textwrap.dedent("""
 
 
 def trainer_with_fault(step: int, signals: str, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "FAULT_STEP": str(step), "FAULT_SIGNALS": signals, "PYTHONUNBUFFERED": "1"}
-    return subprocess.run([sys.executable, "-c", FAULT, *args], env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    children = Path(args[args.index("--out") + 1]).parent / f"children-{step}.json"
+    env = {**os.environ, "FAULT_STEP": str(step), "FAULT_SIGNALS": signals, "PYTHONUNBUFFERED": "1",
+           "FAULT_CHILDREN": str(children)}
+    proc = subprocess.run([sys.executable, "-c", FAULT, *args], env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    proc.children = json.loads(children.read_text())  # type: ignore[attr-defined]
+    return proc
+
+
+def assert_no_worker_left(pids: list[int]) -> None:
+    """Every child the trainer had at the fault exits: closed by the trainer, or on its pipe's EOF."""
+    import psutil
+
+    procs = []
+    for pid in pids:
+        try:
+            procs.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=60)  # a bound on waiting for exits, not a delay
+    assert not alive, [p.pid for p in alive]
 
 
 def trainer(*args: str) -> subprocess.CompletedProcess:
@@ -76,6 +97,8 @@ def test_sigkill_then_resume_redoes_at_most_1000_steps(tmp_path, site_schema):
               *sets("a2c.checkpoint_freq_steps=1000")]
     killed = trainer_with_fault(1800, "SIGKILL", *common)
     assert killed.returncode == -signal.SIGKILL
+    assert len(killed.children) >= 2  # A2C's parallel environments ran in workers
+    assert_no_worker_left(killed.children)
     saved = [e["step"] for e in events(run) if e["event"] == "checkpoint saved"]
     assert saved == [1000]
     resumed = trainer("train", "a2c", "--resume", str(run), "--device", "cpu")  # the stale lock must not block
@@ -93,12 +116,13 @@ def test_sigterm_saves_a_checkpoint_and_exits_143(tmp_path, site_schema):
     proc = trainer_with_fault(700, "SIGTERM", "train", "a2c", "--timesteps", "2000", "--out", str(run),
                               "--schema", str(site_schema), "--device", "cpu", *sets())
     assert proc.returncode == 143, proc.stderr[-2000:]
+    assert_no_worker_left(proc.children)
     last = proc.stderr.strip().splitlines()[-1]
-    # A2C's 5-step rollout that began at step 695 is not consistent until its update: the
-    # checkpoint is the boundary before it, and the resume redoes those 5 steps.
-    assert last.startswith("error: stopped by SIGTERM: checkpoint at step 695 in ")
+    # A2C's 8-step rollout (all environments together) that began at step 696 is not consistent
+    # until its update: the checkpoint is the boundary before it, and the resume redoes those steps.
+    assert last.startswith("error: stopped by SIGTERM: checkpoint at step 696 in ")
     assert f"resume with: trainer train a2c --resume {run}" in last
-    checkpoint = run / "a2c" / "checkpoints" / "step_0000000695"
+    checkpoint = run / "a2c" / "checkpoints" / "step_0000000696"
     assert (checkpoint / "manifest.json").is_file()
     assert not (run / "a2c" / "model.zip").exists()  # the stage did not pretend to finish
 
@@ -169,7 +193,7 @@ def test_failing_disk_keeps_earlier_checkpoints_and_training_goes_on(tmp_path, s
 
         monkeypatch.setattr(checkpoint_module, "_write_bytes", lock_after_first)
     result = run_cli("train", "a2c", "--timesteps", "400", "--out", str(run), "--schema", str(site_schema),
-                     "--device", "cpu", *sets("a2c.checkpoint_freq_steps=100"))
+                     "--device", "cpu", *sets("a2c.checkpoint_freq_steps=100", "a2c.n_steps=10"))  # rollouts end on 100s
     os.chmod(run / "a2c" / "checkpoints", 0o755)
     assert result.exit_code == 0, result.output
     metrics = json.loads((run / "results.json").read_text())["a2c"]
@@ -235,18 +259,19 @@ def test_numpy_allocation_failure_is_out_of_memory():
 
 
 def _sac_train_raising(monkeypatch, exc_factory, times: int):
-    from stable_baselines3 import SAC
+    """Fail SAC's update itself, which runs inside the environment step when learning while stepping."""
+    from trainer.fast_sac import FastSAC
 
-    original = SAC.train
+    original = FastSAC._train_now
     state = {"left": times}
 
-    def train(self, gradient_steps, batch_size=64):
+    def train(self, gradient_steps, batch_size):
         if self.num_timesteps >= 120 and state["left"] > 0:
             state["left"] -= 1
             raise exc_factory(batch_size)
         return original(self, gradient_steps, batch_size)
 
-    monkeypatch.setattr(SAC, "train", train)
+    monkeypatch.setattr(FastSAC, "_train_now", train)
 
 
 def test_injected_oom_backs_off_and_finishes(tmp_path, site_schema, monkeypatch):
@@ -305,19 +330,19 @@ def test_huge_batch_is_backed_off_before_training(tmp_path, site_schema):
 
 
 def _sac_train_poisoning(monkeypatch, times: int):
-    from stable_baselines3 import SAC
+    from trainer.fast_sac import FastSAC
 
-    original = SAC.train
+    original = FastSAC._train_now
     state = {"left": times}
 
-    def train(self, gradient_steps, batch_size=64):
+    def train(self, gradient_steps, batch_size):
         original(self, gradient_steps, batch_size)
         if self.num_timesteps >= 120 and state["left"] > 0:
             state["left"] -= 1
             with torch.no_grad():
                 next(self.policy.actor.parameters()).fill_(float("nan"))
 
-    monkeypatch.setattr(SAC, "train", train)
+    monkeypatch.setattr(FastSAC, "_train_now", train)
 
 
 def test_nan_rolls_back_and_lowers_the_learning_rate(tmp_path, site_schema, monkeypatch):

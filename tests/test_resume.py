@@ -45,10 +45,15 @@ def clear_stop():
     STOP.signum = None
 
 
-def context(tmp_path, name, schema, agent):
+# Two PPO environments in worker processes, each collecting one episode per rollout.
+PARALLEL = ("ppo.n_envs=2", f"ppo.n_steps={2 * EPISODE}")
+
+
+def context(tmp_path, name, schema, agent, extra=()):
     cfg = load_config(overrides=tiny_overrides(
         "scenario.train_episode_days=1", f"{agent}.checkpoint_freq_steps={EPISODE}",
-        "sac.learning_starts=20", f"ppo.n_steps={EPISODE}", "ppo.batch_size=23", "a2c.n_steps=23"))
+        "sac.learning_starts=20", f"ppo.n_steps={EPISODE}", "ppo.batch_size=23", "a2c.n_steps=23",
+        "ppo.n_envs=1", "a2c.n_envs=1", *extra))
     return RunContext(cfg, RunDir(tmp_path / name), schema, "cpu")
 
 
@@ -56,15 +61,16 @@ def params(model) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in model.policy.state_dict().items()}
 
 
-@pytest.mark.parametrize("agent", ["sac", "ppo", "a2c"])
-def test_straight_equals_stop_and_resume(agent, tmp_path, site_schema):
-    straight = StageTrainer(context(tmp_path, "straight", site_schema, agent), agent, 2 * N)
+@pytest.mark.parametrize("agent,extra", [("sac", ()), ("ppo", ()), ("a2c", ()), ("ppo", PARALLEL)],
+                         ids=["sac", "ppo", "a2c", "ppo-2-workers"])
+def test_straight_equals_stop_and_resume(agent, extra, tmp_path, site_schema):
+    straight = StageTrainer(context(tmp_path, "straight", site_schema, agent, extra), agent, 2 * N)
     try:
         reference = params(straight.train())
     finally:
         straight.close()
 
-    ctx = context(tmp_path, "resumed", site_schema, agent)
+    ctx = context(tmp_path, "resumed", site_schema, agent, extra)
     first = StageTrainer(ctx, agent, 2 * N, callbacks=[StopAt(N)])
     with pytest.raises(TrainingInterrupted) as stopped:
         first.train()
@@ -77,7 +83,7 @@ def test_straight_equals_stop_and_resume(agent, tmp_path, site_schema):
         model = second.train(resume=True)
     finally:
         second.close()
-    assert model.num_timesteps == 2 * N
+    assert model.num_timesteps == 2 * N and second.n_envs == (2 if extra else 1)
     resumed = params(model)
     assert resumed.keys() == reference.keys()
     for key in reference:

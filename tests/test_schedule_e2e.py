@@ -14,7 +14,7 @@ from trainer.report import PLOTS
 from .conftest import tiny_overrides
 from .test_reliability import ROOT, events, trainer_with_fault
 
-BUDGET = "schedule.quick_timesteps={sac: 150, ppo: 128, a2c: 100}"
+BUDGET = "schedule.quick_timesteps={sac: 150, ppo: 128, a2c: 96}"  # whole rollouts
 
 
 def night_args(out, *extra: str) -> list[str]:
@@ -35,7 +35,7 @@ def test_timed_quick_schedule_writes_results_and_a_complete_report(tmp_path):
     table = lines[lines.index(next(l for l in lines if l.startswith("agent "))):]
     assert [line.split()[0] for line in table[2:7]] == ["baseline", "rbc", "sac", "ppo", "a2c"]
     results = json.loads((out / "results.json").read_text())
-    assert [results[a]["timesteps"] for a in ("sac", "ppo", "a2c")] == [150, 128, 100]
+    assert [results[a]["timesteps"] for a in ("sac", "ppo", "a2c")] == [150, 128, 96]
     assert all(results[a]["ended_by"] == "target" for a in ("sac", "ppo", "a2c"))
     schedule = json.loads((out / "schedule.json").read_text())
     assert [s["status"] for s in schedule["stages"]] == ["done"] * 6

@@ -489,6 +489,75 @@ def plan_command(config_files, overrides, profile, schema, dataset, device, quic
 
 @cli.command()
 @config_options
+@click.option("--schema", type=click.Path(), default=None, help="Benchmark this CityLearn schema instead of the built-in site.")
+@click.option("--dataset", default=None, help="Benchmark a CityLearn dataset found under $CITYLEARN_LOCAL_DATASETS_PATH.")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default=None, help="Torch device for both sides.")
+@click.option("--agents", default="sac,ppo,a2c", show_default=True, help="Comma-separated subset, e.g. ppo,a2c.")
+@click.option("--repeats", type=click.IntRange(min=1, max=20), default=None, help="Interleaved pairs per agent (default 2).")
+@click.option("--quick", is_flag=True, help="A tiny run that only checks every figure is produced (CI).")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Also write the figures as JSON here.")
+@click.option("--learning", is_flag=True,
+              help="Instead of speed: CO2 of each agent trained by the plain SB3 loop and by the product, per seed.")
+@click.option("--seeds", default="0,1,2", show_default=True, help="Seeds of --learning.")
+@handle_errors
+def benchmark(config_files, overrides, profile, schema, dataset, device, agents, repeats, quick, json_path, learning,
+              seeds) -> None:
+    """Measure the product's trainer against the plain SB3 recipe on this machine (docs/benchmarks.md).
+
+    Each agent's training length in --learning is its config `timesteps` (set it with --set).
+    """
+    import dataclasses
+    import json
+    import tempfile
+
+    from trainer.benchmark import Sizes, format_learning, format_report, run_benchmark, run_learning_check
+    from trainer.device import resolve_device
+    from trainer.env import resolve_dataset
+    from trainer.scenario import build_site
+
+    cfg = _resolve(config_files, overrides, device=device, profile=profile)
+    chosen = _parse_agents(agents)
+    source = resolve_dataset(schema, dataset)
+    sizes = Sizes.quick() if quick else Sizes()
+    if repeats:
+        sizes = dataclasses.replace(sizes, repeats=repeats)
+    if json_path:
+        Path(json_path).parent.mkdir(parents=True, exist_ok=True)  # fail now, not after five minutes
+    device_name = resolve_device(cfg.gpu.device)
+
+    def progress(i: int, total: int, trial) -> None:
+        figure, co2 = trial.result.get("steps_per_s"), trial.result.get("co2_kg_per_year")
+        shown = trial.result.get("error") or (f"{figure:,.1f} steps/s" if figure is not None else "") or (
+            f"seed {trial.seed}: {co2:,.0f} kg CO2/year" if co2 is not None else "")
+        click.echo(f"[{i}/{total}] {trial.kind} {trial.agent or ''} {f'x{trial.n_envs}' if trial.kind == 'sweep' else ''}"
+                   f" {shown}".replace("  ", " "), err=True)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        schema_path = source.schema if source else build_site(cfg.scenario, Path(tmp) / "site")
+        if learning:
+            report = run_learning_check(cfg, schema_path, device_name, chosen, _parse_seeds(seeds), progress)
+        else:
+            report = run_benchmark(cfg, schema_path, device_name, chosen, sizes, progress)
+    click.echo(format_learning(report) if learning else format_report(report))
+    if json_path:
+        Path(json_path).write_text(json.dumps(report, indent=2), encoding="utf-8")
+        click.echo(f"figures written to {json_path}")
+    if report["errors"] if learning else report["summary"]["errors"]:
+        sys.exit(1)
+
+
+def _parse_seeds(text: str) -> list[int]:
+    try:
+        seeds = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        seeds = []
+    if not seeds or min(seeds) < 0:
+        raise UsageError(f"--seeds expects comma-separated non-negative integers, got {text!r}")
+    return seeds
+
+
+@cli.command()
+@config_options
 @click.option("--schema", type=click.Path(), default=None, help="Check this CityLearn schema instead of the built-in site.")
 @click.option("--dataset", default=None, help="Check a CityLearn dataset found under $CITYLEARN_LOCAL_DATASETS_PATH.")
 @click.option("--json", "as_json", is_flag=True, help="Print the checks as JSON.")

@@ -93,8 +93,9 @@ class GpuConfig(Section):
     cudnn_benchmark: bool = doc("torch.backends.cudnn.benchmark on CUDA.")
     tf32: bool = doc("Allow TF32 matmuls and convolutions on CUDA (Ampere or newer).")
     deterministic: bool = doc("torch.use_deterministic_algorithms on CUDA (slower, reproducible).")
-    cpu_threads: int = doc("torch intra-op CPU threads; 1 avoids a collapse when cores are shared (docs/benchmarks.md), "
-                           "0 keeps torch's default.", ge=0, le=256)
+    cpu_threads: int = doc("torch intra-op CPU threads; 0 = one where environment workers run beside the learner "
+                           "(the defaults), one per core for SAC without learn_while_stepping (docs/benchmarks.md).",
+                           ge=0, le=256)
 
 
 class AgentConfig(Section):
@@ -129,19 +130,34 @@ class SacConfig(AgentConfig):
     train_freq: int = doc("Environment steps between learner updates.", ge=1)
     learning_starts: int = doc("Environment steps collected before the first update.", ge=0)
     tau: float = doc("Target network soft-update coefficient.", gt=0, le=1)
+    learn_while_stepping: bool = doc("Step the environment in a subprocess while the learner updates "
+                                     "(the behaviour policy lags one update; docs/benchmarks.md).")
 
 
-class PpoConfig(AgentConfig):
+class OnPolicyConfig(AgentConfig):
+    """PPO and A2C: rollouts collected from parallel environments."""
+
+    n_steps: int = doc("Environment steps per rollout, summed over the parallel environments "
+                       "(SB3's n_steps x n_envs); a multiple of n_envs.", ge=1)
+    n_envs: int = doc("Parallel environments (SubprocVecEnv); 0 = four per CPU core, a divisor of n_steps.", ge=0, le=256)
+
+    @model_validator(mode="after")
+    def _whole_rollouts(self) -> "OnPolicyConfig":
+        if self.n_envs and self.n_steps % self.n_envs:
+            raise ValueError(f"n_steps ({self.n_steps}) must be a multiple of n_envs ({self.n_envs}); "
+                             f"set n_steps to {self.n_steps - self.n_steps % self.n_envs or self.n_envs} or n_envs to 0")
+        return self
+
+
+class PpoConfig(OnPolicyConfig):
     batch_size: int = doc("Minibatch size of each gradient step.", ge=1)
-    n_steps: int = doc("Rollout length per environment before each update.", ge=1)
     n_epochs: int = doc("Passes over each rollout.", ge=1)
     gae_lambda: float = doc("GAE lambda.", ge=0, le=1)
     clip_range: float = doc("PPO clipping range.", gt=0, le=1)
     vf_coef: float = doc("Value loss coefficient.", ge=0)
 
 
-class A2cConfig(AgentConfig):
-    n_steps: int = doc("Rollout length per environment before each update.", ge=1)
+class A2cConfig(OnPolicyConfig):
     gae_lambda: float = doc("GAE lambda (1.0 is plain A2C).", ge=0, le=1)
     vf_coef: float = doc("Value loss coefficient.", ge=0)
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from trainer import logs
-from trainer.config import GpuConfig
+from trainer.config import Config, GpuConfig
 from trainer.errors import UsageError
 
 
@@ -21,13 +21,36 @@ def resolve_device(requested: str) -> str:
     return requested
 
 
+def cpu_threads_for(cfg: Config, agent: str) -> int:
+    """torch's intra-op threads for a stage: ``gpu.cpu_threads``, or with 0 one thread wherever
+    environment workers run beside the learner (PPO and A2C, SAC learning while stepping), and
+    one per core for SAC stepping its environment itself.
+
+    Measured on 2 cores (docs/benchmarks.md): SAC's update alone ran 1.3x faster on 2 threads, but
+    with a worker stepping beside it training ran ~20% slower than on one thread.
+    """
+    if cfg.gpu.cpu_threads:
+        return cfg.gpu.cpu_threads
+    from trainer.env import cpu_cores
+
+    return cpu_cores() if agent == "sac" and not cfg.sac.learn_while_stepping else 1
+
+
+def apply_cpu_threads(cfg: Config, agent: str) -> int:
+    import torch
+
+    threads = cpu_threads_for(cfg, agent)
+    torch.set_num_threads(threads)
+    return threads
+
+
 def apply_gpu_flags(gpu: GpuConfig, device: str) -> dict[str, object]:
     """Set torch backend flags from `gpu` on CUDA; on CPU they do nothing, and the log says so."""
     import torch
 
     log = logs.get()
     if gpu.cpu_threads:
-        torch.set_num_threads(gpu.cpu_threads)
+        torch.set_num_threads(gpu.cpu_threads)  # 0: each stage sets its own (apply_cpu_threads)
     if device != "cuda":
         log.info("gpu flags not applied", device=device, reason="not a CUDA device", cpu_threads=torch.get_num_threads())
         return {"applied": False, "device": device, "cpu_threads": torch.get_num_threads()}

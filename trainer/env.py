@@ -7,7 +7,10 @@ purpose; :func:`make_sb3_env` adds the wrappers stable-baselines3 needs.
 
 from __future__ import annotations
 
+import functools
+import multiprocessing
 import os
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -123,37 +126,142 @@ def charger_specs(env) -> list[list[ChargerSpec]]:
     ]
 
 
-class KeepEpisodeSeed(gymnasium.Wrapper):
-    """Ignore the seed SB3 passes to ``reset``.
+class CentralAgentArrays(gymnasium.Wrapper):
+    """A central-agent CityLearnEnv as SB3 wants it: flat float32 observations normalised exactly as
+    CityLearn's ``NormalizedObservationWrapper`` does, a flat action array and a float reward.
 
-    CityLearn would adopt it as the seed of its episode windows, so a model seeded with 0 would
-    train on the same window every episode, and a resumed run's windows would depend on how
-    it was restarted. The windows then depend only on the run's seed and the episode index,
-    which checkpoints record (see :func:`set_next_episode`).
+    CityLearn's wrapper re-reads every building's observations a second time each step and rebuilds
+    its name lists on every access; here the normalisation (cos/sin of hour, day type and month, then
+    min-max to the building's limits) is planned once per episode as index arrays and applied to the
+    observations the step already returned (tests/test_speedups.py checks it matches CityLearn's).
+
+    It also ignores the seed SB3 passes to ``reset``: CityLearn would adopt it as the seed of its
+    episode windows, so a model seeded with 0 would train on the same window every episode, and a
+    resumed run's windows would depend on how it was restarted. The windows then depend only on the
+    environment's seed and the episode index, which checkpoints record (:meth:`set_next_episode`).
     """
 
+    def __init__(self, env):
+        from citylearn.wrappers import NormalizedObservationWrapper, StableBaselines3Wrapper
+
+        super().__init__(env)
+        self.observation_space = StableBaselines3Wrapper(NormalizedObservationWrapper(env)).observation_space
+        self.action_space = env.action_space[0]
+        self._plan: _NormalisationPlan | None = None
+
     def reset(self, *, seed=None, options=None):
-        return self.env.reset(options=options)
+        observations, info = self.env.reset(options=options)
+        self._plan = _NormalisationPlan(self.env.unwrapped)
+        return self._plan(observations[0]), info
+
+    def step(self, action):
+        observations, reward, terminated, truncated, info = self.env.step([action])
+        return self._plan(observations[0]), float(reward[0]), terminated, truncated, info
+
+    def episode_index(self) -> int:
+        """Index of the episode the environment is in (-1 before the first reset)."""
+        return int(self.env.unwrapped.episode_tracker.episode)
+
+    def set_next_episode(self, index: int) -> None:
+        """Make the next ``reset`` start episode ``index`` (its window is a function of seed and index)."""
+        # CityLearn keeps the counter private and increments it on reset.
+        self.env.unwrapped.episode_tracker._EpisodeTracker__episode = index - 1
+
+
+class _NormalisationPlan:
+    """Index arrays that turn the central agent's raw observation list into normalised values."""
+
+    def __init__(self, env):
+        periodic = env.buildings[0].get_periodic_observation_metadata()
+        shared, seen = set(env.shared_observations), set()
+        source, period, low, high = [], [], [], []
+        position = 0
+        for i, building in enumerate(env.buildings):
+            lows, highs = building.periodic_normalized_observation_space_limits
+            for key in building.observations(normalize=False, periodic_normalization=False):
+                if not (i == 0 or key not in shared or key not in seen):
+                    continue  # a shared observation appears once, in the first building's part
+                if key in shared:
+                    seen.add(key)
+                names = (f"{key}_cos", f"{key}_sin") if key in periodic else (key,)
+                for name in names:
+                    source.append(position)
+                    period.append(max(periodic[key]) if key in periodic else 0)
+                    low.append(lows[name])
+                    high.append(highs[name])
+                position += 1
+        self.source = np.asarray(source)
+        period_arr = np.asarray(period, dtype=float)
+        self.is_cos = np.zeros(len(source), dtype=bool)
+        self.is_sin = np.zeros(len(source), dtype=bool)
+        cyclic = np.flatnonzero(period_arr > 0)
+        self.is_cos[cyclic[0::2]] = True  # each periodic observation expands to (cos, sin), in that order
+        self.is_sin[cyclic[1::2]] = True
+        self.angle_scale = np.where(period_arr > 0, 2 * np.pi / np.where(period_arr > 0, period_arr, 1), 0.0)
+        self.low = np.asarray(low, dtype=float)
+        span = np.asarray(high, dtype=float) - self.low
+        self.flat = span == 0  # CityLearn's Normalize maps a zero-width range to 0
+        self.inv_span = np.where(self.flat, 0.0, 1.0 / np.where(self.flat, 1.0, span))
+
+    def __call__(self, raw) -> np.ndarray:
+        values = np.asarray(raw, dtype=float)[self.source]
+        angle = values * self.angle_scale
+        values = np.where(self.is_cos, np.cos(angle), np.where(self.is_sin, np.sin(angle), values))
+        return np.where(self.flat, 0.0, (values - self.low) * self.inv_span).astype(np.float32)
 
 
 def make_sb3_env(cfg: Config, schema: Path, purpose: Purpose, seed: int, eval_days: int | None = None):
-    """CityLearn → normalised observations → flat arrays for SB3, with SB3's Monitor for episode stats."""
-    from citylearn.wrappers import NormalizedObservationWrapper, StableBaselines3Wrapper
+    """CityLearn → flat normalised arrays for SB3, with SB3's Monitor for episode stats."""
     from stable_baselines3.common.monitor import Monitor
 
     env = make_citylearn_env(cfg, schema, purpose, seed, eval_days)
-    return Monitor(KeepEpisodeSeed(StableBaselines3Wrapper(NormalizedObservationWrapper(env))))
+    return Monitor(CentralAgentArrays(env))
 
 
-def episode_index(env) -> int:
-    """Index of the episode the environment is in (-1 before the first reset)."""
-    return int(env.unwrapped.episode_tracker.episode)
+# CityLearn seeds episode window k with random_seed x (k + 1): a prime stride between the seeds of
+# parallel environments keeps their windows from coinciding.
+ENV_SEED_STRIDE = 7919
+WORKER_PRELOAD = ["trainer.env", "citylearn.citylearn", "stable_baselines3.common.vec_env.subproc_vec_env"]
 
 
-def set_next_episode(env, index: int) -> None:
-    """Make the next ``reset`` start episode ``index`` (its window is a function of seed and index)."""
-    # CityLearn keeps the counter private and increments it on reset.
-    env.unwrapped.episode_tracker._EpisodeTracker__episode = index - 1
+def _training_env(cfg: Config, schema: Path, seed: int, index: int):
+    if multiprocessing.parent_process() is not None:
+        # Ctrl+C and a service manager's SIGTERM reach the whole process group: the trainer saves a
+        # checkpoint and closes its workers itself. A worker whose trainer died reads EOF and exits.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    return make_sb3_env(cfg, schema, "train", seed + index * ENV_SEED_STRIDE)
+
+
+def cpu_cores() -> int:
+    """Cores this process may run on (the affinity mask where the OS has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # Windows and macOS
+        return os.cpu_count() or 1
+
+
+def make_training_vec_env(cfg: Config, schema: Path, seed: int, n_envs: int, subprocesses: bool):
+    """``n_envs`` training environments, stepped in worker processes when ``subprocesses``.
+
+    Falls back to stepping them in this process (DummyVecEnv), with a warning, where worker
+    processes cannot start.
+    """
+    from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
+
+    from trainer import logs
+
+    factories = [functools.partial(_training_env, cfg, schema, seed, i) for i in range(n_envs)]
+    if subprocesses:
+        if "forkserver" in multiprocessing.get_all_start_methods():  # SB3's choice where it exists (not Windows)
+            # Workers fork from a server that has imported these once (about 5 s each otherwise).
+            multiprocessing.set_forkserver_preload(WORKER_PRELOAD)
+        try:
+            return SubprocVecEnv(factories)
+        except Exception as exc:  # noqa: BLE001 - any failure to start workers has the same remedy
+            logs.get().warning("parallel environments could not start: stepping them in this process",
+                               error=f"{type(exc).__name__}: {exc}", n_envs=n_envs, fallback="DummyVecEnv")
+    return DummyVecEnv(factories)
 
 
 def action_slices(env) -> list[tuple[int, list[str]]]:

@@ -23,7 +23,7 @@ from typing import Any
 
 from trainer import logs
 from trainer.config import Config
-from trainer.env import _schema_length, make_sb3_env
+from trainer.env import _schema_length, make_sb3_env, make_training_vec_env
 from trainer.timing import PlannedStage, StageSpec, timeline
 
 CALIBRATION_STEPS = 300
@@ -68,11 +68,17 @@ def calibrate(cfg: Config, schema: Path, device: str, agents: list[str], refresh
     speeds = Speeds(eval_steps_per_s=_eval_speed(cfg, schema), train_steps_per_s={},
                     measured_at=datetime.now().isoformat(timespec="seconds"),
                     machine=f"{socket.gethostname()} ({os.cpu_count()} CPUs, {device})")
+    from trainer.device import apply_cpu_threads
+
     for agent in agents:
+        apply_cpu_threads(cfg, agent)  # as the stage will
         if agent == "sac":
             env_rate, update_s = _sac_speed(cfg, schema, device)
             speeds.sac_env_steps_per_s, speeds.sac_update_s = env_rate, update_s
-            per_step = 1 / env_rate + update_s * cfg.sac.gradient_steps / cfg.sac.train_freq
+            update = update_s * cfg.sac.gradient_steps / cfg.sac.train_freq
+            # Learning while stepping hides the environment's step behind the update, but not the
+            # action choice and the bookkeeping around it: count half of the step, to be safe.
+            per_step = update + (0.5 if cfg.sac.learn_while_stepping else 1.0) / env_rate
             speeds.train_steps_per_s["sac"] = 1 / per_step
         else:
             speeds.train_steps_per_s[agent] = _onpolicy_speed(cfg, schema, device, agent)
@@ -110,8 +116,11 @@ def _onpolicy_speed(cfg: Config, schema: Path, device: str, agent: str) -> float
     from trainer.agents import build_model
 
     # At least one whole rollout, so the update's cost is in the figure (at most 1,000 steps).
+    from trainer.agents import training_envs
+
     steps = min(max(CALIBRATION_STEPS, cfg.agent(agent).n_steps), 1000)
-    env = make_sb3_env(cfg, schema, "train", cfg.seed)
+    n_envs = training_envs(cfg.agent(agent))
+    env = make_training_vec_env(cfg, schema, cfg.seed, n_envs, subprocesses=n_envs > 1)  # as the night will
     try:
         with tempfile.TemporaryDirectory() as tmp:
             model = _quiet(build_model(cfg, agent, env, device, cfg.seed, steps), tmp)

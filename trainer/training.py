@@ -24,11 +24,12 @@ from typing import Any
 from stable_baselines3.common.callbacks import BaseCallback
 
 from trainer import logs
-from trainer.agents import algorithm, build_model, fit_rollout, hyperparameters
+from trainer.agents import algorithm, build_model, fit_rollout, hyperparameters, training_envs
 from trainer.checkpoint import Checkpoint, CheckpointStore, capture_rng, restore_rng
 from trainer.config import Config
 from trainer.errors import TrainerError, UsageError
-from trainer.env import episode_index, make_sb3_env, set_next_episode
+from trainer.env import make_sb3_env, make_training_vec_env
+from trainer.fast_sac import TrainWhileStepping
 from trainer.memory import (
     Shapes, available_bytes, batch_bytes, free_memory, host_available_bytes, is_out_of_memory,
     memory_figures, replay_buffer_bytes,
@@ -101,34 +102,41 @@ def check_memory(ctx, agent: str) -> None:
 
 
 class Guard(BaseCallback):
-    """Checkpoints at rollout boundaries, stop requests and non-finite checks."""
+    """Checkpoints at rollout boundaries, stop requests and non-finite checks.
+
+    Also follows each environment's episode (index, and whether it is at its start) from the
+    ``dones`` of every step, so a checkpoint can say where each parallel environment resumes.
+    """
 
     def __init__(self, trainer: "StageTrainer"):
         super().__init__()
         self.trainer = trainer
         self.boundary: dict[str, Any] | None = None
-        self.episode_start = True
         self._started = False
 
     def _on_training_start(self) -> None:
         self._started = False
-        self.episode_start = True  # learn() has just reset the environment
+        self.trainer.read_episodes()  # learn() has just reset the environments
 
     def _on_rollout_start(self) -> None:
         if self._started:
             self.trainer.check_finite(self.model)
         self._started = True
-        self.boundary = self.trainer.boundary(self.model, self.episode_start)
-        if self.num_timesteps - self.trainer.last_checkpoint_step >= self.trainer.section.checkpoint_freq_steps:
+        due = self.num_timesteps - self.trainer.last_checkpoint_step >= self.trainer.section.checkpoint_freq_steps
+        if due and hasattr(self.model, "run_pending_training"):
+            self.model.run_pending_training()  # the checkpoint holds the update SB3 would have made by now
+        self.boundary = self.trainer.boundary(self.model)
+        if due:
             self.trainer.checkpoint(self.model, self.boundary)
 
     def _on_step(self) -> bool:
         dones = self.locals.get("dones")
         if dones is not None:
-            self.episode_start = bool(dones[0])
+            self.trainer.count_episodes(dones)
         time_up = self.trainer.time_limit_at is not None and time.monotonic() >= self.trainer.time_limit_at
         if STOP.requested or time_up:
-            # Nothing has been learned since the rollout began, so that boundary is consistent.
+            # Nothing has been learned since the rollout began, so that boundary is consistent (SAC
+            # learning while stepping has applied the update due at the boundary: docs/reliability.md).
             if self.boundary is not None and self.boundary["step"] > self.trainer.last_checkpoint_step:
                 self.trainer.checkpoint(self.model, self.boundary)
             if STOP.requested:
@@ -153,11 +161,12 @@ class StageTrainer:
         self.rel = self.cfg.reliability
         self.folder = ctx.run.agent(agent)
         self.store = CheckpointStore(self.folder.checkpoints, self.rel.keep_checkpoints)
-        params = fit_rollout(hyperparameters(self.section), target)
+        self.n_envs = training_envs(self.section)
+        params = fit_rollout(hyperparameters(self.section, self.n_envs), target, self.n_envs)
         self.batch_size: int | None = params.get("batch_size")
         self.n_steps: int | None = params.get("n_steps")
-        if self.n_steps is not None and self.n_steps != getattr(self.section, "n_steps", None):
-            logs.get().warning("rollout shortened to fit the run", agent=agent, n_steps=self.n_steps,
+        if self.n_steps is not None and self.n_steps * self.n_envs != self.section.n_steps:
+            logs.get().warning("rollout shortened to fit the run", agent=agent, n_steps=self.n_steps * self.n_envs,
                                configured=self.section.n_steps)
         self.learning_rate = float(self.section.learning_rate)
         self.nonfinite_rollbacks = 0
@@ -170,6 +179,8 @@ class StageTrainer:
         self.extra_callbacks = callbacks or []
         self.log = logs.get().bind(agent=agent)
         self.env = None
+        self.episodes: list[int] = []
+        self.episode_starts: list[bool] = []
         self.shapes: Shapes | None = None
         self._sb3_logger = None
 
@@ -177,7 +188,11 @@ class StageTrainer:
 
     def train(self, resume: bool = False, force: bool = False):
         """Train to the target; returns the model. Raises TrainingInterrupted on a stop signal."""
-        self.env = make_sb3_env(self.cfg, self.ctx.schema, "train", self.cfg.seed)
+        from trainer.device import apply_cpu_threads
+
+        threads = apply_cpu_threads(self.cfg, self.agent)
+        self.log.info("torch threads", cpu_threads=threads)
+        self.env = self.make_env()
         self.shapes = Shapes(self.env.observation_space.shape[0], self.env.action_space.shape[0], tuple(self.section.net_arch))
         self.preflight()
         checkpoint = self.store.latest() if resume else None
@@ -216,6 +231,22 @@ class StageTrainer:
             self.checkpoint(model, self.boundary(model, True))
         return model
 
+    def make_env(self):
+        """The training environments: parallel for PPO and A2C, in a worker for SAC learning while stepping."""
+        overlap = self.agent == "sac" and self.cfg.sac.learn_while_stepping
+        env = make_training_vec_env(self.cfg, self.ctx.schema, self.cfg.seed, self.n_envs,
+                                    subprocesses=self.n_envs > 1 or overlap)
+        from stable_baselines3.common.vec_env import SubprocVecEnv
+
+        self.log.info("training environments", n_envs=self.n_envs, workers=isinstance(env, SubprocVecEnv),
+                      learn_while_stepping=overlap and isinstance(env, SubprocVecEnv))
+        return TrainWhileStepping(env) if overlap and isinstance(env, SubprocVecEnv) else env
+
+    def _attach(self, model):
+        if isinstance(self.env, TrainWhileStepping):
+            self.env.attach(model)
+        return model
+
     def learn(self, model, reset: bool) -> None:
         from trainer.callbacks import ProgressCallback
 
@@ -248,7 +279,7 @@ class StageTrainer:
         model.set_logger(self.sb3_logger())
         self.apply_sizes(model)
         self.last_checkpoint_step = 0
-        return model
+        return self._attach(model)
 
     def load(self, checkpoint: Checkpoint, adopt_state: bool):
         model = algorithm(self.agent).load(str(checkpoint.model), env=self.env, device=self.ctx.device)
@@ -258,7 +289,11 @@ class StageTrainer:
         model.num_timesteps = int(state["step"])
         if adopt_state:
             self.batch_size = state.get("batch_size", self.batch_size)
-            self.n_steps = state.get("n_steps", self.n_steps)
+            if state.get("n_envs", 1) == self.n_envs:
+                self.n_steps = state.get("n_steps", self.n_steps)
+            else:
+                self.log.warning("parallel environments changed since the checkpoint: rollout from the config",
+                                 checkpoint_n_envs=state.get("n_envs", 1), n_envs=self.n_envs)
             self.learning_rate = float(state.get("learning_rate", self.learning_rate))
             self.nonfinite_rollbacks = int(state.get("nonfinite_rollbacks", 0))
             self.backoffs = list(state.get("backoffs", []))
@@ -266,12 +301,11 @@ class StageTrainer:
         self.apply_sizes(model)
         # load() re-seeds every generator from the model's seed: put the saved states back.
         restore_rng(model, checkpoint.rng())
-        next_episode = state["episode_index"] if state["at_episode_start"] else state["episode_index"] + 1
-        set_next_episode(self.env, next_episode)
+        self.set_next_episodes(state)
         model.set_logger(self.sb3_logger())
         self.last_checkpoint_step = checkpoint.step
         self.last_checkpoint = checkpoint
-        return model
+        return self._attach(model)
 
     def apply_sizes(self, model) -> None:
         if self.batch_size is not None and hasattr(model, "batch_size"):
@@ -287,16 +321,40 @@ class StageTrainer:
 
     # ------------------------------------------------------------------ checkpoints
 
-    def boundary(self, model, at_episode_start: bool) -> dict[str, Any]:
+    def read_episodes(self) -> None:
+        """Each environment's episode, just after a reset."""
+        self.episodes = [int(i) for i in self.env.env_method("episode_index")]
+        self.episode_starts = [True] * len(self.episodes)
+
+    def count_episodes(self, dones) -> None:
+        """After a step: an environment that finished an episode has reset into the next one."""
+        for i, done in enumerate(dones):
+            self.episodes[i] += int(bool(done))
+            self.episode_starts[i] = bool(done)
+
+    def set_next_episodes(self, state: dict[str, Any]) -> None:
+        """Resume each environment at its interrupted episode's successor (or that episode, if at its start)."""
+        indices = state.get("episode_indices", [state["episode_index"]])
+        starts = state.get("at_episode_starts", [state["at_episode_start"]])
+        for i in range(self.n_envs):
+            index, start = (indices[i], starts[i]) if i < len(indices) else (max(indices, default=-1) + 1, True)
+            self.env.env_method("set_next_episode", index if start else index + 1, indices=[i])
+
+    def boundary(self, model, at_episode_start: bool | None = None) -> dict[str, Any]:
+        if not self.episodes:  # learn() never ran in this process
+            self.read_episodes()
+        starts = self.episode_starts if at_episode_start is None else [at_episode_start] * len(self.episodes)
         return {"step": int(model.num_timesteps), "rng": capture_rng(model),
-                "episode_index": episode_index(self.env), "at_episode_start": bool(at_episode_start)}
+                "episode_indices": list(self.episodes), "at_episode_starts": list(starts)}
 
     def checkpoint(self, model, boundary: dict[str, Any] | None) -> None:
         if boundary is None:
             return
         state = {
             "agent": self.agent, "step": boundary["step"], "target": self.target,
-            "episode_index": boundary["episode_index"], "at_episode_start": boundary["at_episode_start"],
+            "episode_indices": boundary["episode_indices"], "at_episode_starts": boundary["at_episode_starts"],
+            "episode_index": boundary["episode_indices"][0], "at_episode_start": boundary["at_episode_starts"][0],
+            "n_envs": self.n_envs,
             "batch_size": self.batch_size, "n_steps": self.n_steps, "learning_rate": self.learning_rate,
             "nonfinite_rollbacks": self.nonfinite_rollbacks, "backoffs": self.backoffs,
             "checkpoint_write_failures": self.store.failures,
@@ -315,12 +373,14 @@ class StageTrainer:
         for key, value in model.logger.name_to_value.items():
             if "loss" in key and not math.isfinite(float(value)):
                 raise NonFiniteError(f"{key} is {value} at step {model.num_timesteps}")
-        tensors = list(model.policy.parameters())
+        tensors = [t.detach() for t in model.policy.parameters()]
         if getattr(model, "log_ent_coef", None) is not None:
-            tensors.append(model.log_ent_coef)
-        for tensor in tensors:
-            if not bool(torch.isfinite(tensor).all()):
-                raise NonFiniteError(f"a parameter became non-finite at step {model.num_timesteps}")
+            tensors.append(model.log_ent_coef.detach())
+        # One multi-tensor norm instead of a check per tensor (this runs at every SAC step): a NaN or
+        # inf anywhere makes its tensor's norm non-finite, and so does a weight past 1e19 (diverged).
+        norms = torch.stack(torch._foreach_norm(tensors))
+        if not bool(torch.isfinite(norms).all()):
+            raise NonFiniteError(f"a parameter became non-finite at step {model.num_timesteps}")
 
     def recover(self, failure: tuple[str, str], step: int):
         kind, detail = failure

@@ -1,0 +1,77 @@
+"""`trainer benchmark`: figures are produced, finite, and summarised as medians and ratios.
+
+Speed itself is not asserted here (no timed assertions): the recorded figures live in
+docs/benchmarks.md with the machine they came from.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from trainer.benchmark import Sizes, Trial, format_report, plan_trials, summarise
+
+
+def test_pairs_are_interleaved_and_the_sweep_doubles_up_to_four_per_core():
+    trials = plan_trials(["sac", "ppo"], Sizes(repeats=2), cores=3)
+    kinds = [(t.kind, t.agent) for t in trials]
+    one_round = [("env_plain", None), ("env_product", None), ("plain", "sac"), ("product", "sac"),
+                 ("plain", "ppo"), ("product", "ppo")]
+    assert kinds[:12] == one_round * 2
+    assert [t.n_envs for t in trials[12:]] == [1, 2, 4, 8]  # up to 4 per core
+
+
+def test_summary_takes_medians_and_ratios():
+    def trial(kind, agent, rate, rss, pss, updates=None):
+        result = {"steps_per_s": rate, "peak_rss_mb": rss, "tree_pss_mb": pss, "n_envs": 4 if kind == "product" else 1}
+        if updates is not None:
+            result["updates_per_s"] = updates
+        return Trial(kind, agent, result=result)
+
+    trials = [
+        trial("plain", "ppo", 100, 500, 480), trial("product", "ppo", 210, 490, 700),
+        trial("plain", "ppo", 120, 500, 480), trial("product", "ppo", 230, 510, 720),
+        trial("plain", "ppo", 500, 500, 480), trial("product", "ppo", 250, 500, 710),  # one noisy plain run
+        trial("plain", "sac", 40, 520, 500, updates=45), trial("product", "sac", 60, 515, 650, updates=70),
+        Trial("env_plain", result={"steps_per_s": 250}), Trial("env_product", result={"steps_per_s": 425}),
+        Trial("sweep", n_envs=2, result={"steps_per_s": 600.04}),
+        Trial("plain", "a2c", result={"error": "plain a2c failed (exit 1): boom"}),
+    ]
+    summary = summarise(trials)
+    ppo = summary["agents"]["ppo"]
+    assert (ppo["plain_steps_per_s"], ppo["product_steps_per_s"], ppo["ratio"]) == (120, 230, 1.92)
+    assert (ppo["rss_ratio"], ppo["pss_ratio"], ppo["product_n_envs"], ppo["samples"]) == (1.0, 1.48, 4, 3)
+    assert summary["agents"]["sac"]["updates_ratio"] == 1.56
+    assert summary["env"] == {"plain_steps_per_s": 250, "product_steps_per_s": 425, "ratio": 1.7}
+    assert summary["sweep"] == {"2": 600.0}
+    assert summary["errors"] == ["plain a2c failed (exit 1): boom"]
+    report = {"machine": {"cpu": "Test CPU", "cores": 2, "gpu": None, "torch": "x"}, "device": "cpu",
+              "sizes": {"repeats": 3}, "seconds": 12.0, "summary": summary}
+    table = format_report(report)
+    assert "ppo training steps/s (4 envs)" in table and "1.92x" in table
+    assert "error: plain a2c failed (exit 1): boom" in table
+
+
+@pytest.mark.slow
+def test_quick_benchmark_produces_every_figure(tmp_path):
+    out = tmp_path / "bench.json"
+    proc = subprocess.run([sys.executable, "-m", "trainer", "benchmark", "--quick", "--device", "cpu", "--json", str(out)],
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    summary = report["summary"]
+    assert summary["errors"] == []
+    figures = [summary["env"]["plain_steps_per_s"], summary["env"]["product_steps_per_s"], *summary["sweep"].values()]
+    for agent in ("sac", "ppo", "a2c"):
+        row = summary["agents"][agent]
+        figures += [row["plain_steps_per_s"], row["product_steps_per_s"], row["ratio"],
+                    row["plain_peak_rss_mb"], row["product_peak_rss_mb"], row["plain_tree_pss_mb"], row["product_tree_pss_mb"]]
+    figures += [summary["agents"]["sac"]["plain_updates_per_s"], summary["agents"]["sac"]["product_updates_per_s"]]
+    assert all(isinstance(v, (int, float)) and math.isfinite(v) and v > 0 for v in figures), figures
+    assert set(summary["sweep"]) == {"1", "2"}
+    assert report["machine"]["cores"] >= 1 and report["device"] == "cpu"
+    assert "environment steps/s" in proc.stdout and "sac gradient updates/s" in proc.stdout

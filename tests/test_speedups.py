@@ -1,0 +1,157 @@
+"""The speed-ups change how fast, not what: observations, SAC updates, saved models, rollouts."""
+
+from __future__ import annotations
+
+import gymnasium
+import numpy as np
+import pytest
+import torch
+from citylearn.wrappers import NormalizedObservationWrapper, StableBaselines3Wrapper
+from stable_baselines3 import SAC
+
+from trainer.agents import MAX_AUTO_ENVS, training_envs
+from trainer.config import load_config
+from trainer.env import CentralAgentArrays, make_citylearn_env
+from trainer.errors import ConfigError
+from trainer.fast_sac import FastSAC
+
+
+def _same_observations(cfg, schema, steps: int) -> float:
+    """Step the product's wrapper and CityLearn's side by side with the same actions; worst difference."""
+    ours = CentralAgentArrays(make_citylearn_env(cfg, schema, "eval", 0, eval_days=30))
+    theirs = StableBaselines3Wrapper(NormalizedObservationWrapper(make_citylearn_env(cfg, schema, "eval", 0, eval_days=30)))
+    assert ours.observation_space == theirs.observation_space
+    a, _ = ours.reset()
+    b, _ = theirs.reset()
+    worst = float(np.abs(a - b).max())
+    rng = np.random.default_rng(0)
+    for _ in range(steps):
+        action = rng.uniform(ours.action_space.low, ours.action_space.high).astype(np.float32)
+        a, reward_a, *_ = ours.step(action)
+        b, reward_b, *_ = theirs.step(action)
+        assert a.dtype == np.float32 and a.shape == b.shape
+        assert reward_a == reward_b
+        worst = max(worst, float(np.abs(a - b).max()))
+    return worst
+
+
+def test_observations_match_citylearns_wrapper_on_the_builtin_site(default_cfg, site_schema):
+    # 300 hours cover days, weeks, EV arrivals and departures.
+    assert _same_observations(default_cfg, site_schema, 300) <= 1e-6
+
+
+def test_observations_match_citylearns_wrapper_with_17_buildings(default_cfg, official_schema):
+    # Shared observations (weather, time, prices) appear once, in the first building's part.
+    assert _same_observations(default_cfg, official_schema, 50) <= 1e-6
+
+
+class _Box(gymnasium.Env):
+    """Random observations from the environment's own seeded generator (a space's would be shared)."""
+
+    observation_space = gymnasium.spaces.Box(-1, 1, (12,), np.float32)
+    action_space = gymnasium.spaces.Box(-1, 1, (3,), np.float32)
+
+    def _obs(self):
+        return self.np_random.uniform(-1, 1, 12).astype(np.float32)
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        return self._obs(), {}
+
+    def step(self, action):
+        return self._obs(), float(np.sum(action)), False, False, {}
+
+
+def _sac(cls, **policy_kwargs):
+    model = cls("MlpPolicy", _Box(), seed=3, batch_size=32, learning_starts=0, device="cpu",
+                policy_kwargs={"net_arch": [32, 32], **policy_kwargs})
+    model.learn(64)  # the same transitions for both: same seed, same environment
+    return model
+
+
+def test_fast_sac_updates_equal_sb3s_bit_for_bit():
+    reference, fast = _sac(SAC), _sac(FastSAC)
+    np.random.seed(7)
+    torch.manual_seed(7)
+    reference.train(gradient_steps=20, batch_size=32)
+    np.random.seed(7)
+    torch.manual_seed(7)
+    fast.train(gradient_steps=20, batch_size=32)
+    ref, new = reference.policy.state_dict(), fast.policy.state_dict()
+    assert ref.keys() == new.keys()
+    for key in ref:
+        assert torch.equal(ref[key], new[key]), key
+    assert torch.equal(reference.log_ent_coef, fast.log_ent_coef)
+    assert reference.logger.name_to_value["train/critic_loss"] == pytest.approx(
+        fast.logger.name_to_value["train/critic_loss"], rel=1e-6)
+
+
+def test_fused_optimiser_stays_within_rounding_of_sb3():
+    reference, fast = _sac(SAC), _sac(FastSAC, optimizer_kwargs={"fused": True})
+    for model in (reference, fast):
+        np.random.seed(7)
+        torch.manual_seed(7)
+        model.train(gradient_steps=20, batch_size=32)
+    for key, value in reference.policy.state_dict().items():
+        assert torch.allclose(value, fast.policy.state_dict()[key], rtol=1e-4, atol=1e-5), key
+
+
+@pytest.mark.gpu
+def test_fast_sac_on_cuda_stays_within_rounding_of_sb3():
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    models = []
+    for cls, extra in ((SAC, {}), (FastSAC, {"optimizer_kwargs": {"fused": True}})):
+        model = cls("MlpPolicy", _Box(), seed=3, batch_size=32, learning_starts=0, device="cuda",
+                    policy_kwargs={"net_arch": [32, 32], **extra})
+        model.learn(64)
+        torch.manual_seed(7)
+        np.random.seed(7)
+        model.train(gradient_steps=20, batch_size=32)
+        models.append(model.policy.state_dict())
+    for key, value in models[0].items():
+        assert torch.allclose(value, models[1][key], rtol=1e-3, atol=1e-4), key
+
+
+def test_a_fast_sac_model_loads_with_plain_sb3(tmp_path):
+    fast = _sac(FastSAC, optimizer_kwargs={"fused": True})
+    fast.save(tmp_path / "model.zip")
+    plain = SAC.load(tmp_path / "model.zip", device="cpu")
+    obs = np.linspace(-1, 1, 12, dtype=np.float32)
+    assert np.array_equal(plain.predict(obs, deterministic=True)[0], fast.predict(obs, deterministic=True)[0])
+    assert not hasattr(plain, "_pending_training")  # the deferral is not part of the saved model
+
+
+def test_deferred_update_runs_before_learn_returns():
+    model = _sac(FastSAC)
+    updates = model._n_updates
+    model.defer_training = True
+    model.learn(5, reset_num_timesteps=False)
+    assert model._n_updates == updates + 5 and model._pending_training == []
+
+
+@pytest.mark.parametrize("cores,agent,expected", [
+    (1, "ppo", 4), (2, "ppo", 8), (2, "a2c", 8), (16, "ppo", 25), (16, "a2c", 8), (1, "sac", 1), (64, "ppo", 25),
+])
+def test_parallel_environments_are_chosen_from_the_cores(cores, agent, expected, default_cfg):
+    n = training_envs(default_cfg.agent(agent), cores=cores)
+    assert n == expected and n <= MAX_AUTO_ENVS
+    assert agent == "sac" or default_cfg.agent(agent).n_steps % n == 0
+
+
+def test_configured_environments_must_divide_the_rollout():
+    assert training_envs(load_config(overrides=["ppo.n_envs=5"]).ppo, cores=2) == 5
+    with pytest.raises(ConfigError, match=r"n_steps \(1000\) must be a multiple of n_envs \(3\)"):
+        load_config(overrides=["ppo.n_envs=3"])
+
+
+def test_torch_threads_follow_the_agent_unless_set(default_cfg, monkeypatch):
+    from trainer.device import cpu_threads_for
+
+    monkeypatch.setattr("trainer.env.cpu_cores", lambda: 6)
+    assert default_cfg.gpu.cpu_threads == 0
+    assert [cpu_threads_for(default_cfg, a) for a in ("sac", "ppo", "a2c")] == [1, 1, 1]  # workers beside each
+    alone = load_config(overrides=["sac.learn_while_stepping=false"])
+    assert [cpu_threads_for(alone, a) for a in ("sac", "ppo", "a2c")] == [6, 1, 1]
+    fixed = load_config(overrides=["gpu.cpu_threads=3"])
+    assert [cpu_threads_for(fixed, a) for a in ("sac", "ppo", "a2c")] == [3, 3, 3]
