@@ -48,8 +48,11 @@ FAULT = textwrap.dedent("""
     from trainer import callbacks
     step, signals = int(os.environ["FAULT_STEP"]), [getattr(signal, s) for s in os.environ["FAULT_SIGNALS"].split(",")]
     original = callbacks.ProgressCallback._on_step
+    fired = []
     def on_step(self):
-        if self.num_timesteps == step:
+        # The first step at or past the fault's: parallel environments advance several at a time.
+        if self.num_timesteps >= step and not fired:
+            fired.append(self.num_timesteps)
             import json, psutil
             with open(os.environ["FAULT_CHILDREN"], "w") as out:  # the environment workers, for the test
                 json.dump([p.pid for p in psutil.Process().children(recursive=True)], out)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import shlex
+import sys
 
 import numpy as np
 import pandas as pd
@@ -22,10 +24,12 @@ def sets(*overrides: str) -> list[str]:
 
 
 @pytest.mark.parametrize("agent, steps", [("sac", 200), ("ppo", 256), ("a2c", 200)])
-def test_tiny_training_run(agent, steps, tmp_path, site_schema):
+def test_tiny_training_run(agent, steps, tmp_path, site_schema, monkeypatch):
     out = tmp_path / agent
-    result = CliRunner().invoke(cli, ["train", agent, "--timesteps", str(steps), "--out", str(out),
-                                      "--schema", str(site_schema), "--device", "cpu", *sets(*tiny_overrides())])
+    args = ["train", agent, "--timesteps", str(steps), "--out", str(out), "--schema", str(site_schema), "--device", "cpu",
+            *sets(*tiny_overrides())]
+    monkeypatch.setattr(sys, "argv", ["trainer", *args])  # what the console script would see
+    result = CliRunner().invoke(cli, args)
     assert result.exit_code == 0, result.output
     results = json.loads((out / "results.json").read_text())
     assert list(results) == ["baseline", agent]
@@ -45,7 +49,8 @@ def test_tiny_training_run(agent, steps, tmp_path, site_schema):
     assert checkpoints[-1] == f"step_{steps:010d}"  # the final one, complete with its manifest
     assert (out / agent / "checkpoints" / checkpoints[-1] / "manifest.json").is_file()
     assert "baseline" in result.output and agent in result.output  # the table is printed
-    assert (out / "config.yaml").is_file() and (out / "command.txt").read_text().startswith("trainer ")
+    assert (out / "config.yaml").is_file()
+    assert (out / "command.txt").read_text() == shlex.join(["trainer", *args]) + "\n"  # repeatable as written
 
 
 def test_ppo_rollout_is_shortened_to_fit_a_short_run():

@@ -1,8 +1,7 @@
 """SAC with stable-baselines3's losses and updates, and less work per gradient step.
 
 Measured on a 2-core CPU (docs/benchmarks.md), SB3's ``SAC.train`` spends about half of each
-gradient step in the six big matrix products per network and the rest in work the result does not
-need. :class:`FastSAC` keeps the algorithm, the networks, the optimisers and SB3's save format (a
+gradient step in matrix products and much of the rest in work the result does not need. :class:`FastSAC` keeps the algorithm, the networks, the optimisers and SB3's save format (a
 FastSAC ``model.zip`` loads with ``stable_baselines3.SAC.load``) and removes that work:
 
 - the actor's loss no longer back-propagates into the critics' weights: SB3 computes those
