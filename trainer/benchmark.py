@@ -135,7 +135,7 @@ def _bench_config(cfg: Config, sizes: Sizes) -> Config:
     return Config.model_validate(data)
 
 
-def _warmup(agent: str, cfg: Config, sizes: Sizes) -> int:
+def _warmup(agent: str, cfg: Config) -> int:
     """Steps before the stopwatch starts: SAC's collection without updates, one step otherwise."""
     return cfg.sac.learning_starts + 1 if agent == "sac" else 1
 
@@ -184,7 +184,7 @@ def run_trial(trial: Trial, cfg: Config, schema: Path, device: str, sizes: Sizes
                                              sizes.env_steps)}
     agent = trial.agent
     assert agent is not None
-    stopwatch = _Stopwatch(_warmup(agent, cfg, sizes))
+    stopwatch = _Stopwatch(_warmup(agent, cfg))
     if trial.kind == "plain":
         model, n_envs = _train_plain(agent, _plain_env(schema), cfg, device, _steps(agent, sizes), stopwatch), 1
     else:
@@ -426,15 +426,11 @@ def run_learning_check(cfg: Config, schema: Path, device: str, agents: list[str]
     for agent in agents:
         row = {side: [t.result.get("co2_kg_per_year") for t in trials if t.agent == agent and t.kind == f"learn_{side}"]
                for side in ("plain", "product")}
-        row["timesteps"] = training_timesteps_of(trials, agent)
+        row["timesteps"] = next((t.result["timesteps"] for t in trials if t.agent == agent and "timesteps" in t.result), None)
         rows[agent] = row
     return {"machine": info, "device": device, "seeds": seeds, "seconds": round(time.perf_counter() - started, 1),
             "agents": rows, "errors": [t.result["error"] for t in trials if "error" in t.result],
             "trials": [asdict(t) for t in trials]}
-
-
-def training_timesteps_of(trials: list[Trial], agent: str) -> int | None:
-    return next((t.result["timesteps"] for t in trials if t.agent == agent and "timesteps" in t.result), None)
 
 
 def format_learning(report: dict[str, Any]) -> str:
