@@ -1,11 +1,11 @@
-"""The two references, over four weeks of the built-in site."""
+"""The rule-based references, over weeks of the built-in site."""
 
 from __future__ import annotations
 
 import pytest
 
 from trainer.controllers import RuleBasedController, UncontrolledBaseline
-from trainer.env import make_sb3_env
+from trainer.env import ActionScale, make_sb3_env
 from trainer.metrics import compare_to_baseline, run_episode
 
 
@@ -40,3 +40,32 @@ def test_metrics_are_consistent(four_weeks):
         assert 0 <= metrics["pv_self_consumption_pct"] <= 100
         assert metrics["co2_kg_per_year"] == pytest.approx(metrics["co2_kg"] * 8760 / metrics["eval_timesteps"])
         assert metrics["citylearn_kpis"]["carbon_emissions_total"] is not None
+
+
+def test_rbc_sends_pv_surplus_to_the_battery_at_the_power_it_means(site_schema, default_cfg):
+    """CityLearn 3.0.2 scales the battery action by nominal power: 20 kW of surplus is 20/50 = 0.4."""
+    env = make_sb3_env(default_cfg, site_schema, "eval", seed=0, eval_days=28)
+    citylearn_env = env.unwrapped
+    obs, _ = env.reset()
+    rbc = RuleBasedController()
+    building = citylearn_env.buildings[0]
+    battery = building.electrical_storage
+    charger_kw = [c.max_charging_power for c in building.electric_vehicle_chargers]
+    checked, done = 0, False
+    while checked < 5 and not done:
+        t = citylearn_env.time_step
+        sim = building.energy_simulation
+        surplus = float(building.pv.get_generation(sim.solar_generation[t])) - float(sim.non_shiftable_load[t])
+        action = rbc.act(obs, citylearn_env)
+        native = ActionScale.of(citylearn_env).to_native(action)
+        # PV surplus goes to the cars first, the rest to the battery.
+        left = surplus - sum(a * kw for a, kw in zip(native[1:], charger_kw))
+        before = battery.energy_init
+        obs, _, terminated, truncated, _ = env.step(action)
+        done = terminated or truncated
+        if left > 1.0 and battery.soc[t] < 0.99:
+            assert native[0] == pytest.approx(min(left / battery.nominal_power, 1.0), abs=1e-5)
+            stored = float(battery.soc[t]) * battery.capacity - before
+            assert stored == pytest.approx(native[0] * battery.nominal_power * battery.round_trip_efficiency, rel=1e-3)
+            checked += 1
+    assert checked == 5, "not enough hours with PV surplus left for the battery"

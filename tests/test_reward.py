@@ -1,16 +1,22 @@
-"""The reward on hand-computed cases."""
+"""The reward on hand-computed cases, and the ranking it gives whole-year fixed policies."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
-from trainer.reward import ChargerSpec, MultiObjectiveReward, SiteScale, ev_shortfall, reward_terms, weighted_reward
+from trainer.config import load_config
+from trainer.controllers import REFERENCE_CONTROLLERS
+from trainer.env import ActionScale, make_sb3_env
+from trainer.optimum import OptimumReplay, site_model, solve
+from trainer.reward import SiteScale, kwh_value, reward_terms, weighted_reward
 
 SCALE = SiteScale(scale_kw=100.0, carbon_max=0.5, price_max=0.4)
+WEIGHTS = {"co2": 0.5, "cost": 0.15, "ev": 2.0, "grid": 0.05, "solar": 0.2}
 
 
 def test_import_terms():
-    terms = reward_terms(net_kwh=20.0, carbon=0.25, price=0.30, ev_shortfalls=[], scale=SCALE)
+    terms = reward_terms(net_kwh=20.0, carbon=0.25, price=0.30, ev_kwh=0.0, ev_kwh_value=0.01, scale=SCALE)
     assert terms["co2"] == pytest.approx(20 * 0.25 / (100 * 0.5))    # 0.1
     assert terms["cost"] == pytest.approx(20 * 0.30 / (100 * 0.4))   # 0.15
     assert terms["grid"] == pytest.approx((20 / 100) ** 2)           # 0.04
@@ -19,18 +25,21 @@ def test_import_terms():
 
 
 def test_export_is_penalised_as_unused_solar_only():
-    terms = reward_terms(net_kwh=-15.0, carbon=0.25, price=0.30, ev_shortfalls=[], scale=SCALE)
+    terms = reward_terms(net_kwh=-15.0, carbon=0.25, price=0.30, ev_kwh=0.0, ev_kwh_value=0.01, scale=SCALE)
     assert terms == {"co2": 0.0, "cost": 0.0, "ev": 0.0, "grid": 0.0, "solar": pytest.approx(0.15)}
 
 
-def test_ev_shortfall_is_zero_while_the_target_is_reachable():
-    # 60 kWh EV at 30% with 3 steps left (4 of charging) at 11 kW x 0.95: reaches 0.3 + 4*10.45/60 = 0.9967
-    assert ev_shortfall(0.3, 0.8, 3, 60.0, 11.0, 0.95) == 0.0
-
-
-def test_ev_shortfall_counts_what_full_power_cannot_reach():
-    # Leaving after this step: at most 10.45/60 = 0.17417 more -> 0.47417; 0.8 - 0.47417 = 0.32583
-    assert ev_shortfall(0.3, 0.8, 0, 60.0, 11.0, 0.95) == pytest.approx(0.8 - (0.3 + 10.45 / 60))
+def test_a_missed_kwh_is_priced_above_what_it_can_earn_elsewhere():
+    # (0.5 + 0.15 + 2 x 0.05 + 0.2) / 100 kW = 0.0095 per grid kWh; 1 / 0.9 grid kWh per stored kWh.
+    value = kwh_value(WEIGHTS, SCALE, grid_kwh_per_stored_kwh=1 / 0.9)
+    assert value == pytest.approx(0.0095 / 0.9)
+    terms = reward_terms(net_kwh=0.0, carbon=0.25, price=0.3, ev_kwh=3.0, ev_kwh_value=value, scale=SCALE)
+    assert terms["ev"] == pytest.approx(3 * 0.0095 / 0.9)
+    # Importing 1/0.9 kWh more at the dirtiest, dearest hour at full scale costs less than the missed kWh.
+    worst = reward_terms(net_kwh=100.0, carbon=0.5, price=0.4, ev_kwh=0, ev_kwh_value=value, scale=SCALE)
+    less = reward_terms(net_kwh=100.0 - 1 / 0.9, carbon=0.5, price=0.4, ev_kwh=0, ev_kwh_value=value, scale=SCALE)
+    earned = weighted_reward(less, WEIGHTS) - weighted_reward(worst, WEIGHTS)
+    assert 0 < earned < value <= WEIGHTS["ev"] * value / 2
 
 
 def test_weighted_reward_is_the_negative_weighted_sum():
@@ -39,23 +48,77 @@ def test_weighted_reward_is_the_negative_weighted_sum():
     assert weighted_reward(terms, weights) == pytest.approx(-(0.05 + 0.0225 + 0.02 + 0.002))
 
 
-def test_citylearn_adapter_reads_observations_and_sums_for_the_central_agent():
-    reward = MultiObjectiveReward({"central_agent": True}, co2=1.0, cost=0.0, ev=1.0, grid=0.0, solar=0.0)
-    reward.configure([SCALE, SCALE], [[ChargerSpec("c1", 11.0, 0.95)], []])
-    at = "connected_electric_vehicle_at_charger_c1"
-    first = {"net_electricity_consumption": 20.0, "carbon_intensity": 0.25, "electricity_pricing": 0.3,
-             "electric_vehicle_charger_c1_connected_state": 1, f"{at}_soc": 0.3,
-             f"{at}_required_soc_departure": 0.8, f"{at}_departure_time": 0, f"{at}_battery_capacity": 60.0}
-    second = {"net_electricity_consumption": -5.0, "carbon_intensity": 0.25, "electricity_pricing": 0.3}
-    value = reward.calculate([first, second])
-    expected_first = -(0.1 + (0.8 - (0.3 + 10.45 / 60)))
-    assert value == [pytest.approx(expected_first + 0.0)]
-    assert reward.last_terms[1]["solar"] == pytest.approx(0.05)
-    assert "net_electricity_consumption" in reward.get_required_observation_names()
+class _Fixed:
+    """Never charge a car; the battery follows ``battery`` (native actions per step) or idles."""
+
+    def __init__(self, battery: np.ndarray | None = None) -> None:
+        self.battery = battery
+
+    def act(self, obs, env):
+        scale = ActionScale.of(env)
+        native = np.zeros_like(scale.low)
+        if self.battery is not None:
+            native[0] = self.battery[env.time_step]
+        return scale.to_agent(native)
 
 
-def test_disconnected_charger_adds_no_ev_penalty():
-    reward = MultiObjectiveReward({"central_agent": False}, co2=0.0, cost=0.0, ev=1.0, grid=0.0, solar=0.0)
-    reward.configure([SCALE], [[ChargerSpec("c1", 11.0, 0.95)]])
-    obs = {"net_electricity_consumption": 1.0, "electric_vehicle_charger_c1_connected_state": 0}
-    assert reward.calculate([obs]) == [0.0]
+def _score(cfg, schema, controller) -> tuple[float, dict[str, float], float]:
+    """(episode reward, per-term sums, unmet kWh at departures) over the evaluation period."""
+    from trainer.metrics import run_episode
+
+    env = make_sb3_env(cfg, schema, "eval", cfg.seed)
+    reward = env.unwrapped.reward_function
+    totals = {"reward": 0.0}
+    terms: dict[str, float] = {}
+    step = env.step
+
+    def counting_step(action):
+        result = step(action)
+        totals["reward"] += result[1]
+        for key, value in reward.last_terms[0].items():
+            terms[key] = terms.get(key, 0.0) + value
+        return result
+
+    env.step = counting_step
+    metrics = run_episode(controller, env)
+    env.close()
+    return totals["reward"], terms, metrics["ev_unmet_kwh"]
+
+
+@pytest.fixture(scope="module")
+def year_scores(site_schema):
+    """Whole-year scores of five fixed policies with the guard off (the reward alone judges them)."""
+    cfg = load_config(overrides=["ev.guard=false"])
+    env = make_sb3_env(cfg, site_schema, "eval", cfg.seed)
+    env.reset()
+    solution = solve(site_model(env.unwrapped, cfg.ev.margin_soc))
+    env.close()
+    policies = {
+        "optimum replay": OptimumReplay(solution),
+        "rbc": REFERENCE_CONTROLLERS["rbc"](),
+        "uncontrolled": REFERENCE_CONTROLLERS["baseline"](),
+        "strand": _Fixed(),
+        "strand + optimum's battery": _Fixed(solution.battery_actions[0]),
+    }
+    value = env.unwrapped.reward_function.ev_kwh_values[0]
+    return {name: _score(cfg, site_schema, policy) for name, policy in policies.items()}, value
+
+
+@pytest.mark.slow
+def test_the_reward_ranks_serving_cars_above_stranding_them(year_scores):
+    scores, _ = year_scores
+    reward = {name: score[0] for name, score in scores.items()}
+    assert reward["optimum replay"] > reward["rbc"] > reward["uncontrolled"] > reward["strand"]
+    assert reward["strand + optimum's battery"] < reward["optimum replay"]
+    # Stranding really does cut the CO2 term: only the EV term makes it lose.
+    assert scores["strand"][1]["co2"] < scores["uncontrolled"][1]["co2"]
+
+
+@pytest.mark.slow
+def test_the_ev_term_adds_up_to_the_final_shortfall(year_scores):
+    scores, value = year_scores
+    _, terms, unmet_kwh = scores["strand"]
+    assert unmet_kwh > 10_000  # a year of stranded cars
+    assert terms["ev"] / value == pytest.approx(unmet_kwh, rel=1e-6)
+    for name in ("optimum replay", "rbc", "uncontrolled"):
+        assert scores[name][1]["ev"] == 0.0 and scores[name][2] == 0.0

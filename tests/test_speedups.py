@@ -28,7 +28,7 @@ def _same_observations(cfg, schema, steps: int) -> float:
     for _ in range(steps):
         action = rng.uniform(ours.action_space.low, ours.action_space.high).astype(np.float32)
         a, reward_a, *_ = ours.step(action)
-        b, reward_b, *_ = theirs.step(action)
+        b, reward_b, *_ = theirs.step(ours.scale.to_native(action))  # ours acts in [-1, 1]
         assert a.dtype == np.float32 and a.shape == b.shape
         assert reward_a == reward_b
         worst = max(worst, float(np.abs(a - b).max()))

@@ -69,7 +69,7 @@ def test_evaluate_reproduces_a_runs_results(tmp_path, site_schema):
     result = CliRunner().invoke(cli, ["evaluate", str(out)])
     assert result.exit_code == 0, result.output
     after = json.loads((out / "results.json").read_text())
-    assert list(after) == ["baseline", "rbc", "ppo"]  # the rule-based reference is added
+    assert list(after) == ["baseline", "rbc", "optimum", "ppo"]  # the other references are added
     for agent in ("baseline", "ppo"):
         assert after[agent]["co2_kg"] == before[agent]["co2_kg"]  # deterministic, bit for bit
     assert after["ppo"]["timesteps"] == 128  # training figures are kept

@@ -12,7 +12,7 @@ from typing import Any, Callable
 import click
 
 from trainer import logs
-from trainer.config import AGENTS, Config, describe, load_config
+from trainer.config import AGENTS, REFERENCES, Config, describe, load_config
 from trainer.errors import TrainerError, UsageError
 from trainer.run_dir import RunDir, default_run_dir, read_json
 
@@ -244,12 +244,12 @@ def _print_results(results: dict, run: RunDir) -> None:
 @run_options
 @handle_errors
 def baseline(config_files, overrides, profile, schema, dataset, out, seed, device) -> None:
-    """Evaluate the uncontrolled baseline and the rule-based controller."""
+    """Evaluate the references: uncontrolled baseline, rule-based controller and perfect-foresight optimum."""
     from trainer.stages import evaluate_reference, record_results
 
     cfg = _resolve(config_files, overrides, seed=seed, device=device, profile=profile)
     ctx = _context(cfg, "baseline", out, schema, dataset)
-    results = record_results(ctx.run, {name: evaluate_reference(ctx, name) for name in ("baseline", "rbc")})
+    results = record_results(ctx.run, {name: evaluate_reference(ctx, name) for name in REFERENCES})
     _print_results(results, ctx.run)
 
 
@@ -642,7 +642,7 @@ def evaluate(run_dir: str, device: str) -> None:
     State.log_file = run.log_file
     logs.configure(run.log_file)
     ctx = RunContext(cfg, run, resolve_dataset(str(schema), None).schema, resolve_device(device))
-    new = {name: evaluate_reference(ctx, name) for name in ("baseline", "rbc")}
+    new = {name: evaluate_reference(ctx, name) for name in REFERENCES}
     for agent in AGENTS:
         if run.agent(agent).model.is_file():
             previous = read_json(run.agent(agent).metrics) if run.agent(agent).metrics.is_file() else {}

@@ -27,7 +27,8 @@ CONFIG_DIR = REPO_ROOT / "configs"
 DEFAULT_CONFIG = CONFIG_DIR / "default.yaml"
 
 AGENTS = ("sac", "ppo", "a2c")
-REFERENCES = ("baseline", "rbc")
+# The references every agent is measured against, in the order the night evaluates them.
+REFERENCES = ("baseline", "rbc", "optimum")
 
 
 class Section(BaseModel):
@@ -56,13 +57,16 @@ class ScenarioConfig(Section):
     pv_system_losses_pct: float = doc("PVWatts system losses (soiling, wiring, mismatch) in %.", ge=0, le=50)
     battery_kwh: float = doc("Battery usable capacity in kWh.", ge=0, le=100000)
     battery_kw: float = doc("Battery charge/discharge power limit in kW.", ge=0, le=100000)
-    battery_efficiency: float = doc("Battery round-trip efficiency as a fraction.", gt=0, le=1)
+    battery_efficiency: float = doc("Battery round-trip efficiency as a fraction (CityLearn applies its square root "
+                                    "on the way in and on the way out).", gt=0, le=1)
     building_base_kw: float = doc("Building load at night and weekends, kW.", ge=0)
     building_occupied_kw: float = doc("Additional building load in occupied weekday hours, kW.", ge=0)
     cooling_kw_per_degc: float = doc("Cooling load per degree C above 22 C in occupied hours, kW/C.", ge=0)
     ev_chargers: int = doc("Number of EV chargers (the last one serves an overnight fleet van).", ge=0, le=50)
     charger_kw: float = doc("Maximum charging power of each charger in kW.", gt=0, le=350)
-    charger_efficiency: float = doc("Charger efficiency as a fraction.", gt=0, le=1)
+    charger_efficiency: float = doc("Charger efficiency as a fraction (grid kWh to kWh into the car).", gt=0, le=1)
+    ev_battery_efficiency: float = doc("EV battery round-trip efficiency (its square root applies while charging).",
+                                       gt=0, le=1)
     ev_battery_kwh: float = doc("Battery capacity of each EV in kWh.", gt=0, le=300)
     ev_departure_soc: float = doc("State of charge each EV requires at departure, fraction.", gt=0, le=1)
     carbon_mean_kg_per_kwh: float = doc("Annual mean grid carbon intensity, kg CO2/kWh.", gt=0, le=2)
@@ -76,7 +80,8 @@ class ScenarioConfig(Section):
 class RewardConfig(Section):
     co2: float = doc("Weight of grid-import CO2 (kg, normalised by site scale x max intensity).", ge=0)
     cost: float = doc("Weight of import cost (normalised by site scale x max price).", ge=0)
-    ev: float = doc("Weight of the EV departure shortfall (SoC fraction no longer reachable).", ge=0)
+    ev: float = doc("Price of each kWh a car can no longer get by departure, as a multiple of the most that kWh "
+                    "can earn in the other terms (> 1 ranks serving cars above stranding them; docs/scenario.md).", ge=0)
     grid: float = doc("Weight of the squared grid import (peak shaving), per site scale.", ge=0)
     solar: float = doc("Weight of exported PV that could have been self-consumed, per site scale.", ge=0)
 
@@ -85,6 +90,14 @@ class RewardConfig(Section):
         if self.co2 + self.cost + self.ev + self.grid + self.solar <= 0:
             raise ValueError("at least one reward weight must be positive")
         return self
+
+
+class EvConfig(Section):
+    guard: bool = doc("Raise every controller's EV charging to the least that still meets each car's departure "
+                      "target (off: the reward alone must teach it; docs/scenario.md).")
+    margin_soc: float = doc("Safety margin of the guard, as a fraction of the car's capacity.", ge=0, le=0.2)
+    target_met_pct: float = doc("Share of departures an agent must meet to be recommended in the report, %.",
+                                ge=0, le=100)
 
 
 class GpuConfig(Section):
@@ -210,6 +223,7 @@ class Config(Section):
     seed: int = doc("Global seed for Python, NumPy, torch and the environment.", ge=0)
     scenario: ScenarioConfig
     reward: RewardConfig
+    ev: EvConfig
     gpu: GpuConfig
     sac: SacConfig
     ppo: PpoConfig

@@ -4,19 +4,25 @@
   arrival until it is full or leaves.
 - ``rbc``: a sensible rule-based controller. PV surplus goes first to EVs, then to the
   battery; the battery discharges to cover the load in high-carbon or high-price hours;
-  an EV is charged at full power once its slack runs out (least-laxity first), so every
-  feasible departure target is met, and otherwise only from PV or in clean, cheap hours.
+  an EV is charged at full power once its slack runs out (least-laxity first, with the energy
+  CityLearn really stores: trainer.ev_service), so every feasible departure target is met, and
+  otherwise only from PV or in clean, cheap hours. Its battery action is a fraction of the
+  battery's nominal power, which is how CityLearn 3.0.2 scales it.
 
-Both act on the raw CityLearn state and return the central agent's flat action vector.
+Both act on the raw CityLearn state. Every controller returns the central agent's flat action
+vector in the agents' [-1, 1] space (trainer.env.ActionScale); the references think in
+CityLearn's own units and convert.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Protocol
 
 import numpy as np
 
-from trainer.env import action_slices
+from trainer.env import ActionScale, action_slices
+from trainer.ev_service import Session, connected_sessions
 
 # An EV whose slack (hours left minus hours needed at full power) falls below this is
 # charged at full power: 1.5 h covers the rounding of hourly steps.
@@ -29,17 +35,7 @@ class Controller(Protocol):
     name: str
 
     def act(self, obs: np.ndarray, env) -> np.ndarray:
-        """The action for the current step; ``env`` is the unwrapped CityLearnEnv."""
-
-
-def _ev_state(charger, t: int):
-    """(steps left, required SoC, current SoC, capacity kWh) of the connected EV, or None."""
-    sim = charger.charger_simulation
-    ev = charger.connected_electric_vehicle
-    if ev is None or t >= len(sim.electric_vehicle_charger_state) or sim.electric_vehicle_charger_state[t] != 1:
-        return None
-    soc = float(ev.battery.soc[t - 1]) if t > 0 else float(ev.battery.initial_soc)
-    return int(sim.electric_vehicle_departure_time[t]), float(sim.electric_vehicle_required_soc_departure[t]), soc, float(ev.battery.capacity)
+        """The action for the current step in the agents' [-1, 1] space; ``env`` is the unwrapped CityLearnEnv."""
 
 
 class UncontrolledBaseline:
@@ -49,7 +45,7 @@ class UncontrolledBaseline:
         actions = []
         for _, names in action_slices(env):
             actions.extend(1.0 if n.startswith("electric_vehicle_storage") else 0.0 for n in names)
-        return np.asarray(actions, dtype=np.float32)
+        return ActionScale.of(env).to_agent(actions)
 
 
 class RuleBasedController:
@@ -72,6 +68,7 @@ class RuleBasedController:
     def act(self, obs: np.ndarray, env) -> np.ndarray:
         t = env.time_step
         actions: list[float] = []
+        sessions = connected_sessions(env)
         for i, ((_, names), b) in enumerate(zip(action_slices(env), env.buildings)):
             high_carbon, low_carbon, median_price = self._limits(i, b)
             sim = b.energy_simulation
@@ -82,41 +79,48 @@ class RuleBasedController:
             surplus = max(pv - load, 0.0)
             clean_and_cheap = carbon <= low_carbon and price <= median_price
 
-            chargers = {f"electric_vehicle_storage_{c.charger_id}": c for c in (b.electric_vehicle_chargers or [])}
             ev_actions: dict[str, float] = {}
             ev_load = 0.0
-            for name, charger in chargers.items():
-                state = _ev_state(charger, t)
-                if state is None:
+            for charger, session in zip(b.electric_vehicle_chargers or [], sessions[i]):
+                name = f"electric_vehicle_storage_{charger.charger_id}"
+                if session is None:
                     ev_actions[name] = 0.0
                     continue
-                steps_left, required, soc, capacity = state
-                kw = float(charger.max_charging_power) * float(charger.efficiency)
-                hours_needed = max(required - soc, 0.0) * capacity / kw
-                if hours_needed > 0 and (steps_left + 1) - hours_needed < LAXITY_MARGIN_H:
+                power = float(charger.max_charging_power)
+                if _slack_hours(session) < LAXITY_MARGIN_H:
                     action = 1.0
                 elif surplus > 0:
-                    action = min(1.0, surplus / float(charger.max_charging_power))
-                elif clean_and_cheap and soc < 1.0:
+                    action = min(1.0, surplus / power)
+                elif clean_and_cheap and session.energy_init < session.path.capacity_kwh:
                     action = 1.0
                 else:
                     action = 0.0
                 ev_actions[name] = action
-                ev_load += action * float(charger.max_charging_power)
-                surplus = max(surplus - action * float(charger.max_charging_power), 0.0)
+                ev_load += action * power
+                surplus = max(surplus - action * power, 0.0)
 
             battery = b.electrical_storage
-            capacity = float(battery.capacity or 0.0)
             battery_action = 0.0
-            if capacity > 0:
-                max_fraction = float(battery.nominal_power or capacity) / capacity
+            nominal = float(getattr(battery, "nominal_power", 0.0) or 0.0)
+            if float(battery.capacity or 0.0) > 0 and nominal > 0:
+                # CityLearn 3.0.2 turns the action into energy by the battery's nominal power.
                 if surplus > 0:
-                    battery_action = min(surplus / capacity, max_fraction)
+                    battery_action = min(surplus / nominal, 1.0)
                 elif carbon >= high_carbon or price > median_price:
-                    battery_action = -min((load + ev_load - pv) / capacity, max_fraction)
+                    battery_action = -min(max(load + ev_load - pv, 0.0) / nominal, 1.0)
             for name in names:
-                actions.append(ev_actions.get(name, 0.0) if name in chargers else battery_action if name == "electrical_storage" else 0.0)
-        return np.asarray(actions, dtype=np.float32)
+                actions.append(ev_actions.get(name, 0.0) if name in ev_actions else battery_action if name == "electrical_storage" else 0.0)
+        return ActionScale.of(env).to_agent(actions)
+
+
+def _slack_hours(session: Session) -> float:
+    """Hours the car can wait and still be served at full power (its laxity), with real stored energy."""
+    path = session.path
+    per_step = path.stored_after(session.energy_init, 1.0) - session.energy_init
+    needed = max(session.required_kwh - session.energy_init, 0.0)
+    if needed <= 0:
+        return math.inf
+    return ((session.steps_left + 1) - needed / max(per_step, 1e-9)) * path.hours
 
 
 class PolicyController:

@@ -20,7 +20,8 @@ import numpy as np
 
 from trainer.config import Config
 from trainer.errors import DatasetError
-from trainer.reward import ChargerSpec, MultiObjectiveReward, SiteScale
+from trainer.ev_service import EvServiceGuard
+from trainer.reward import MultiObjectiveReward, SiteScale
 
 LOCAL_DATASETS_ENV = "CITYLEARN_LOCAL_DATASETS_PATH"
 Purpose = Literal["train", "eval"]
@@ -84,6 +85,7 @@ def make_citylearn_env(cfg: Config, schema: Path, purpose: Purpose, seed: int, e
     """A central-agent CityLearnEnv with the multi-objective reward."""
     from citylearn.citylearn import CityLearnEnv
 
+    kwargs = _episode_kwargs(cfg, purpose, _schema_length(schema), eval_days)
     try:
         env = CityLearnEnv(
             str(schema),
@@ -93,11 +95,14 @@ def make_citylearn_env(cfg: Config, schema: Path, purpose: Purpose, seed: int, e
             # CityLearn seeds episode window k with random_seed x (k + 1): never let that be 0.
             random_seed=seed + 1,
             offline=True,
-            **_episode_kwargs(cfg, purpose, _schema_length(schema), eval_days),
+            **kwargs,
         )
     except (FileNotFoundError, KeyError, ValueError) as exc:
         raise DatasetError(f"could not load CityLearn schema {schema}: {exc}") from exc
-    env.reward_function.configure(site_scales(env), charger_specs(env))
+    # CityLearn 3.0.2 passes this argument on under another name and keeps the schema's value
+    # (false for the built-in site): set it where reset() reads it, or training walks the windows in order.
+    env.random_episode_split = bool(kwargs["random_episode_split"])
+    env.reward_function.configure(site_scales(env), env)
     return env
 
 
@@ -119,16 +124,42 @@ def site_scales(env) -> list[SiteScale]:
     return scales
 
 
-def charger_specs(env) -> list[list[ChargerSpec]]:
-    return [
-        [ChargerSpec(c.charger_id, float(c.max_charging_power), float(c.efficiency)) for c in (b.electric_vehicle_chargers or [])]
-        for b in env.buildings
-    ]
+@dataclass(frozen=True)
+class ActionScale:
+    """Agents act in [-1, 1] on every action; CityLearn wants each in its own range.
+
+    SB3 advises a symmetric box for Gaussian policies: with CityLearn's [0, 1] for EV chargers an
+    untrained PPO/A2C (mean ~0) is clipped to "never charge", the very policy a reward that misses
+    stranded cars prefers. Mapped linearly, an agent's 0 is half power (and the battery's -1..1 is
+    unchanged: CityLearn scales it by the battery's nominal power).
+    """
+
+    low: np.ndarray
+    high: np.ndarray
+
+    @classmethod
+    def of(cls, env) -> "ActionScale":
+        space = env.action_space[0]
+        return cls(np.asarray(space.low, dtype=float), np.asarray(space.high, dtype=float))
+
+    @property
+    def agent_space(self) -> gymnasium.spaces.Box:
+        return gymnasium.spaces.Box(-1.0, 1.0, shape=self.low.shape, dtype=np.float32)
+
+    def to_native(self, action) -> np.ndarray:
+        unit = (np.clip(np.asarray(action, dtype=float), -1.0, 1.0) + 1.0) / 2.0
+        return self.low + unit * (self.high - self.low)
+
+    def to_agent(self, native) -> np.ndarray:
+        span = np.where(self.high > self.low, self.high - self.low, 1.0)
+        return (2.0 * (np.asarray(native, dtype=float) - self.low) / span - 1.0).astype(np.float32)
 
 
 class CentralAgentArrays(gymnasium.Wrapper):
     """A central-agent CityLearnEnv as SB3 wants it: flat float32 observations normalised exactly as
-    CityLearn's ``NormalizedObservationWrapper`` does, a flat action array and a float reward.
+    CityLearn's ``NormalizedObservationWrapper`` does, a flat action array in [-1, 1]
+    (:class:`ActionScale`) and a float reward. With a ``guard``, every step's EV actions first pass
+    through the EV service guard (trainer.ev_service).
 
     CityLearn's wrapper re-reads every building's observations a second time each step and rebuilds
     its name lists on every access; here the normalisation (cos/sin of hour, day type and month, then
@@ -141,12 +172,14 @@ class CentralAgentArrays(gymnasium.Wrapper):
     environment's seed and the episode index, which checkpoints record (:meth:`set_next_episode`).
     """
 
-    def __init__(self, env):
+    def __init__(self, env, guard: EvServiceGuard | None = None):
         from citylearn.wrappers import NormalizedObservationWrapper, StableBaselines3Wrapper
 
         super().__init__(env)
         self.observation_space = StableBaselines3Wrapper(NormalizedObservationWrapper(env)).observation_space
-        self.action_space = env.action_space[0]
+        self.scale = ActionScale.of(env)
+        self.action_space = self.scale.agent_space
+        self.guard = guard
         self._plan: _NormalisationPlan | None = None
 
     def reset(self, *, seed=None, options=None):
@@ -155,7 +188,10 @@ class CentralAgentArrays(gymnasium.Wrapper):
         return self._plan(observations[0]), info
 
     def step(self, action):
-        observations, reward, terminated, truncated, info = self.env.step([action])
+        native = self.scale.to_native(action)
+        if self.guard is not None:
+            native = self.guard.apply(self.env.unwrapped, native)
+        observations, reward, terminated, truncated, info = self.env.step([native])
         return self._plan(observations[0]), float(reward[0]), terminated, truncated, info
 
     def episode_index(self) -> int:
@@ -215,7 +251,8 @@ def make_sb3_env(cfg: Config, schema: Path, purpose: Purpose, seed: int, eval_da
     from stable_baselines3.common.monitor import Monitor
 
     env = make_citylearn_env(cfg, schema, purpose, seed, eval_days)
-    return Monitor(CentralAgentArrays(env))
+    guard = EvServiceGuard(cfg.ev.margin_soc) if cfg.ev.guard else None
+    return Monitor(CentralAgentArrays(env, guard))
 
 
 # CityLearn seeds episode window k with random_seed x (k + 1): a prime stride between the seeds of

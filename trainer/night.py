@@ -10,6 +10,7 @@ from datetime import datetime
 from typing import Any
 
 from trainer import logs
+from trainer.config import REFERENCES
 from trainer.plan import Speeds, build_plan, calibrate, render, stage_specs
 from trainer.report import write_report
 from trainer.schedule import ScheduleState, StageRecord, plan, run
@@ -55,7 +56,7 @@ def prepare(ctx: RunContext, agents: list[str], targets: dict[str, int], deadlin
         logs.get().info("schedule resumed", deadline=state.deadline,
                         remaining=[s.name for s in state.stages if s.status not in ("done", "failed", "skipped")])
     else:
-        stages = [("baseline", "eval", 0), ("rbc", "eval", 0), *[(a, "train", targets[a]) for a in agents],
+        stages = [*[(r, "eval", 0) for r in REFERENCES], *[(a, "train", targets[a]) for a in agents],
                   ("report", "report", 0)]
         state = ScheduleState.new(ctx.run.schedule, stages, now, deadline)
     plan(state, LiveRunner(ctx, specs, False), now)

@@ -22,13 +22,14 @@ from pathlib import Path
 from typing import Any
 
 from trainer import logs
-from trainer.config import Config
+from trainer.config import REFERENCES, Config
 from trainer.env import _schema_length, make_sb3_env, make_training_vec_env
 from trainer.timing import PlannedStage, StageSpec, timeline
 
 CALIBRATION_STEPS = 300
 SAC_UPDATES_MEASURED = 30
 REPORT_S = 20.0
+OPTIMUM_SOLVE_S = 10.0  # a year of the built-in site solves in ~1-2 s on 2 cores; padded for larger sites
 # Estimates are padded so the night ends by the deadline even when a stage runs a little slow.
 SAFETY = 1.15
 
@@ -162,7 +163,9 @@ def stage_specs(cfg: Config, schema: Path, speeds: Speeds, agents: list[str], ta
     eval_s = eval_steps / speeds.eval_steps_per_s * SAFETY
     # A trained policy adds its forward pass to every evaluation step.
     policy_eval_s = eval_s * 1.25
+    # The optimum solves a linear program (about a second for a year of one building) before its replay.
     specs = {"baseline": StageSpec("baseline", "eval", eval_s), "rbc": StageSpec("rbc", "eval", eval_s * 1.1),
+             "optimum": StageSpec("optimum", "eval", eval_s * 1.1 + OPTIMUM_SOLVE_S),
              "report": StageSpec("report", "report", REPORT_S)}
     for agent in agents:
         specs[agent] = StageSpec(agent, "train", policy_eval_s, float(cfg.schedule.weights.get(agent, 1.0)),
@@ -219,7 +222,7 @@ def render(planned: list[PlannedStage], deadline: datetime | None, notes: list[s
 def build_plan(cfg: Config, schema: Path, speeds: Speeds, agents: list[str], targets: dict[str, int],
                start: datetime, deadline: datetime | None) -> tuple[list[PlannedStage], list[str]]:
     specs = stage_specs(cfg, schema, speeds, agents, targets)
-    order = ["baseline", "rbc", *agents, "report"]
+    order = [*REFERENCES, *agents, "report"]
     available = (deadline - start).total_seconds() if deadline else None
     planned = timeline([specs[n] for n in order], start, available)
     return planned, fit_warnings(cfg, speeds, planned)

@@ -8,11 +8,14 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import yaml
 
 from trainer.config import AGENTS
 from trainer.run_dir import RunDir, read_json, write_text_atomic
 
-COLOURS = {"baseline": "#7f7f7f", "rbc": "#bcbd22", "sac": "#1f77b4", "ppo": "#ff7f0e", "a2c": "#2ca02c"}
+COLOURS = {"baseline": "#7f7f7f", "rbc": "#bcbd22", "optimum": "#9467bd", "sac": "#1f77b4", "ppo": "#ff7f0e",
+           "a2c": "#2ca02c"}
+DEFAULT_TARGET_MET_PCT = 98.0  # configs/default.yaml's ev.target_met_pct, for run folders made before it existed
 PLOTS = ("co2_by_agent.png", "learning_curves.png", "representative_week.png", "timeline.png")
 
 
@@ -25,9 +28,29 @@ def _pyplot():
     return plt
 
 
-def best_agent(results: dict[str, dict[str, Any]]) -> str | None:
-    trained = [a for a in AGENTS if a in results and results[a].get("co2_kg_per_year") is not None]
+def serves_cars(metrics: dict[str, Any], target_met_pct: float) -> bool:
+    """Whether a controller met the EV target (a site without chargers has nothing to miss)."""
+    met = metrics.get("ev_departure_soc_met_pct")
+    return met is None or met >= target_met_pct
+
+
+def best_agent(results: dict[str, dict[str, Any]], target_met_pct: float = DEFAULT_TARGET_MET_PCT) -> str | None:
+    """The trained agent with the least CO2 among those that serve the cars (None if none does).
+
+    A controller counts only if it cuts CO2 *and* serves the cars: leaving cars uncharged always
+    lowers imports, so an agent below the EV target is never recommended, whatever its CO2.
+    """
+    trained = [a for a in AGENTS if a in results and results[a].get("co2_kg_per_year") is not None
+               and serves_cars(results[a], target_met_pct)]
     return min(trained, key=lambda a: results[a]["co2_kg_per_year"]) if trained else None
+
+
+def target_met_pct(run: RunDir) -> float:
+    """The run's ev.target_met_pct (its config.yaml), or the default for older run folders."""
+    if not run.config.is_file():
+        return DEFAULT_TARGET_MET_PCT
+    data = yaml.safe_load(run.config.read_text(encoding="utf-8")) or {}
+    return float((data.get("ev") or {}).get("target_met_pct", DEFAULT_TARGET_MET_PCT))
 
 
 def progress_frame(folder: Path) -> pd.DataFrame:
@@ -46,25 +69,50 @@ def progress_frame(folder: Path) -> pd.DataFrame:
     return frame.sort_values("time/total_timesteps") if "time/total_timesteps" in frame else frame
 
 
-def plot_co2(results: dict[str, dict[str, Any]], path: Path) -> None:
+def plot_co2(results: dict[str, dict[str, Any]], path: Path, target_pct: float = DEFAULT_TARGET_MET_PCT) -> None:
+    """CO2 per controller with the EV service beside it: a CO2 cut that strands cars is no cut."""
     plt = _pyplot()
     names = [n for n in results if results[n].get("co2_kg_per_year") is not None]
     values = [results[n]["co2_kg_per_year"] / 1000 for n in names]
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, (ax, ev_ax) = plt.subplots(2, 1, figsize=(8, 6), sharex=True, gridspec_kw={"height_ratios": [3, 1.4]})
     bars = ax.bar(names, values, color=[COLOURS.get(n, "#333333") for n in names])
-    base = results.get("baseline", {}).get("co2_kg_per_year")
     for bar, name in zip(bars, names):
         pct = results[name].get("co2_vs_baseline_pct")
         label = f"{bar.get_height():.1f} t" + (f"\n{pct:+.1f}%" if pct is not None and name != "baseline" else "")
         ax.annotate(label, (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom", fontsize=9)
+        if not serves_cars(results[name], target_pct):
+            bar.set_hatch("//")
+            bar.set_alpha(0.5)
+    base = results.get("baseline", {}).get("co2_kg_per_year")
     if base:
-        ax.axhline(base / 1000, color=COLOURS["baseline"], linestyle="--", linewidth=1)
+        ax.axhline(base / 1000, color=COLOURS["baseline"], linestyle="--", linewidth=1, label="uncontrolled")
+    bound = results.get("optimum", {}).get("lp_co2_kg_per_year")
+    if bound:
+        ax.axhline(bound / 1000, color=COLOURS["optimum"], linestyle=":", linewidth=1.5,
+                   label="optimum (perfect-foresight LP): the physical limit")
     ax.set_ylabel("CO2, tonnes per year")
-    ax.set_title("Grid CO2 per agent (evaluation period, scaled to a year)")
-    ax.set_ylim(0, max(values) * 1.18 if values else 1)
+    ax.set_title("Grid CO2 per controller (evaluation period, scaled to a year)\nhatched: missed the EV target, "
+                 "so not recommended", fontsize=10)
+    ax.set_ylim(0, max(values) * 1.2 if values else 1)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(loc="lower right", fontsize=8)
+    met = [results[n].get("ev_departure_soc_met_pct") for n in names]
+    ev_bars = ev_ax.bar(names, [m if m is not None else 0 for m in met], color=[COLOURS.get(n, "#333333") for n in names])
+    for bar, name, value in zip(ev_bars, names, met):
+        unmet = results[name].get("ev_unmet_kwh")
+        text = "no EVs" if value is None else f"{value:.0f}%" + (f"\n{_energy(unmet)} unmet" if unmet else "")
+        ev_ax.annotate(text, (bar.get_x() + bar.get_width() / 2, max(bar.get_height(), 2)), ha="center",
+                       va="bottom", fontsize=8)
+    ev_ax.axhline(target_pct, color="#d62728", linestyle="--", linewidth=1)
+    ev_ax.set_ylim(0, 135)
+    ev_ax.set_ylabel("EV departures\nmet %")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _energy(kwh: float) -> str:
+    return f"{kwh / 1000:,.1f} MWh" if kwh >= 1000 else f"{kwh:,.0f} kWh"
 
 
 def plot_learning_curves(run: RunDir, agents: list[str], path: Path) -> None:
@@ -107,9 +155,9 @@ def representative_week(base: pd.DataFrame) -> slice:
     return slice(week * hours, (week + 1) * hours)
 
 
-def plot_week(run: RunDir, results: dict[str, dict[str, Any]], path: Path) -> str | None:
+def plot_week(run: RunDir, results: dict[str, dict[str, Any]], path: Path, target_pct: float = DEFAULT_TARGET_MET_PCT) -> str | None:
     plt = _pyplot()
-    best = best_agent(results) or ("rbc" if "rbc" in results else None)
+    best = best_agent(results, target_pct) or ("rbc" if "rbc" in results else None)
     base_path = run.agent("baseline").timeseries
     if not base_path.is_file():
         return None
@@ -209,19 +257,60 @@ def _fmt(value, spec: str) -> str:
 
 def _table(results: dict[str, dict[str, Any]]) -> list[str]:
     rbc = results.get("rbc", {}).get("co2_kg_per_year")
-    lines = ["| agent | CO2 kg/yr | vs baseline | vs rbc | cost | peak kW | PV self-use | EV targets met | EV unmet kWh | train steps | steps/s | train time |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines = ["| agent | CO2 kg/yr | vs baseline | vs rbc | share of optimum | EV targets met | EV unmet kWh | "
+             "CityLearn EV success | cost | peak kW | PV self-use | train steps | steps/s | train time |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for name, m in results.items():
         co2 = m.get("co2_kg_per_year")
         vs_rbc = 100 * (co2 - rbc) / rbc if co2 is not None and rbc else None
         wall = m.get("train_wall_s")
         lines.append(
-            f"| {name} | {_fmt(co2, ',.0f')} | {_fmt(m.get('co2_vs_baseline_pct'), '+.1f')}% | {_fmt(vs_rbc, '+.1f')}% | "
-            f"{_fmt(m.get('cost'), ',.0f')} | {_fmt(m.get('peak_kw'), '.1f')} | {_fmt(m.get('pv_self_consumption_pct'), '.1f')}% | "
-            f"{_fmt(m.get('ev_departure_soc_met_pct'), '.1f')}% | {_fmt(m.get('ev_unmet_kwh'), ',.0f')} | "
+            f"| {name} | {_fmt(co2, ',.0f')} | {_pct(m.get('co2_vs_baseline_pct'), '+.1f')} | {_pct(vs_rbc, '+.1f')} | "
+            f"{_pct(m.get('co2_share_of_optimum_pct'), '.0f')} | {_pct(m.get('ev_departure_soc_met_pct'), '.1f')} | "
+            f"{_fmt(m.get('ev_unmet_kwh'), ',.0f')} | {_pct(m.get('citylearn_ev_departure_success_pct'), '.1f')} | "
+            f"{_fmt(m.get('cost'), ',.0f')} | {_fmt(m.get('peak_kw'), '.1f')} | {_pct(m.get('pv_self_consumption_pct'), '.1f')} | "
             f"{_fmt(m.get('timesteps'), ',')} | {_fmt(m.get('steps_per_s'), '.0f')} | "
             f"{'–' if not wall else f'{wall / 60:.1f} min'} |")
     return lines
+
+
+def _pct(value, spec: str) -> str:
+    return "–" if value is None else f"{format(value, spec)}%"
+
+
+def _headline(results: dict[str, dict[str, Any]], target_pct: float) -> list[str]:
+    """The morning answer: which controller to deploy, judged by CO2 and EV service together."""
+    best = best_agent(results, target_pct)
+    lines = []
+    if best:
+        m = results[best]
+        share = m.get("co2_share_of_optimum_pct")
+        lines.append(f"**Best agent: {best}**, {m['co2_kg_per_year']:,.0f} kg CO2/year "
+                     f"({_fmt(m.get('co2_vs_baseline_pct'), '+.1f')}% against the uncontrolled baseline"
+                     + (f", {share:.0f}% of the optimum's cut" if share is not None else "")
+                     + f"), meeting {_fmt(m.get('ev_departure_soc_met_pct'), '.1f')}% of EV departures.")
+    elif any(a in results for a in AGENTS):
+        lines.append(f"**No agent is worth deploying from this run**: none both cut CO2 and met {target_pct:g}% of "
+                     "EV departures (`ev.target_met_pct`).")
+    short = [n for n, m in results.items() if n in AGENTS and not serves_cars(m, target_pct)]
+    if short:
+        lines += ["", f"Not recommended: {', '.join(short)} met fewer than {target_pct:g}% of EV departures (see the EV "
+                  "columns); part of their CO2 saving is energy not delivered to cars, not energy saved."]
+    skipped = results.get("optimum", {}).get("skipped")
+    if skipped:
+        lines += ["", f"The optimum was not computed: {skipped}."]
+    return lines
+
+
+NOTES = [
+    "How to read it: `share of optimum` is a controller's CO2 cut against the uncontrolled baseline as a share of the "
+    "cut of the perfect-foresight linear program (`optimum`'s `lp_co2_kg` in results.json; the `optimum` row is that "
+    "dispatch replayed through CityLearn, what perfect foresight really reaches). `EV targets met` counts departures "
+    "within 1% SoC of their target; `CityLearn EV success` is CityLearn's own `evaluate_v2` rate, which allows 5% SoC, "
+    "so it can read higher. `citylearn_kpis` in results.json are ratios to CityLearn's \"without storage\" reference, "
+    "which also removes every charger's consumption (the site with every car stranded): compare controllers with the "
+    "columns here, which are all against the uncontrolled baseline.",
+]
 
 
 def write_report(run: RunDir) -> Path:
@@ -230,17 +319,13 @@ def write_report(run: RunDir) -> Path:
     schedule = read_json(run.schedule) if run.schedule.is_file() else None
     run.plots.mkdir(parents=True, exist_ok=True)
     agents = [a for a in AGENTS if run.agent(a).root.is_dir()]
-    plot_co2(results, run.plots / "co2_by_agent.png")
+    target_pct = target_met_pct(run)
+    plot_co2(results, run.plots / "co2_by_agent.png", target_pct)
     plot_learning_curves(run, agents, run.plots / "learning_curves.png")
-    best_shown = plot_week(run, results, run.plots / "representative_week.png")
+    best_shown = plot_week(run, results, run.plots / "representative_week.png", target_pct)
     plot_timeline(schedule, run.plots / "timeline.png")
 
-    best = best_agent(results)
-    lines = [f"# Night report: {run.root.name}", ""]
-    if best:
-        m = results[best]
-        lines.append(f"**Best agent: {best}**, {m['co2_kg_per_year']:,.0f} kg CO2/year "
-                     f"({_fmt(m.get('co2_vs_baseline_pct'), '+.1f')}% against the uncontrolled baseline).")
+    lines = [f"# Night report: {run.root.name}", "", *_headline(results, target_pct)]
     if schedule:
         failed = [s for s in schedule["stages"] if s["status"] == "failed"]
         skipped = [s for s in schedule["stages"] if s["status"] == "skipped"]
@@ -250,11 +335,7 @@ def write_report(run: RunDir) -> Path:
             lines.append(f"- **{stage['name']} failed**: {stage['error']}")
         for stage in skipped:
             lines.append(f"- {stage['name']} skipped: {stage['error']}")
-    lines += ["", "## Results", "", *_table(results), ""]
-    short = [n for n, m in results.items() if n in AGENTS and (m.get("ev_departure_soc_met_pct") or 100) < 99.5]
-    if short:
-        lines += [f"Note: {', '.join(short)} left EVs short of their departure targets (see EV columns); part of their "
-                  "CO2 saving is energy not delivered, not energy saved.", ""]
+    lines += ["", "## Results", "", *_table(results), "", *NOTES, ""]
     lines += ["![CO2 per agent](plots/co2_by_agent.png)", "", "## Learning", "",
               "![Learning curves](plots/learning_curves.png)", "", "## A representative week", "",
               f"Grid import, PV, battery state of charge and EV charging: baseline (dashed) against {best_shown or 'the baseline'}.",

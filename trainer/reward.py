@@ -10,24 +10,37 @@ co2      import x carbon_intensity                    kg CO2 / (scale_kw x max c
 cost     import x price                               money / (scale_kw x max price)
 grid     (import / scale_kw) ** 2                     dimensionless; squared so peaks cost most
 solar    export / scale_kw                            dimensionless; PV sent away, not used
-ev       sum over connected EVs of the departure      SoC fraction (0..1) that can no longer be
-         shortfall that full power can no longer      reached before departure
-         prevent
+ev       kWh a connected car can no longer get by     kWh x the most one kWh can earn in the
+         departure, charged in the step it becomes    four terms above (``kwh_value``), so
+         unavoidable                                  ``reward.ev`` > 1 ranks serving above
+                                                      stranding
 =======  ===========================================  =========================================
 
 ``scale_kw`` is the building's largest possible import: peak load plus battery and charger
-power. Each term is then roughly in [0, 1], so the weights in ``reward`` compare like with
+power. Each of the first four terms is roughly in [0, 1], so the weights compare like with
 like. The reward is ``-(sum of weight x term)``; with a central agent the buildings are summed.
+
+The EV term. A car's *unavoidable shortfall* is what it would still lack at departure if it were
+charged at full power from the next step on, computed with the energy CityLearn really stores
+(trainer.ev_service). It only grows; each step is charged for its growth, so over a session the
+term adds up to exactly the car's final shortfall in kWh, and it is charged as soon as the
+shortfall can no longer be prevented (not hours later at departure). One stored kWh avoided can
+save at most ``(w_co2 + w_cost + 2 w_grid + w_solar) / scale_kw`` per grid kWh (the squared grid
+term's slope is at most 2 / scale_kw) times the grid kWh it takes (``1 / efficiency``): that is
+``kwh_value``, and ``reward.ev`` is the price of a missed kWh as a multiple of it.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any, Mapping
 
+import numpy as np
 from citylearn.reward_function import RewardFunction
 
 from trainer.config import RewardConfig
+from trainer.ev_service import connected_sessions
 
 TERMS = ("co2", "cost", "ev", "grid", "solar")
 
@@ -41,36 +54,21 @@ class SiteScale:
     price_max: float
 
 
-@dataclass(frozen=True)
-class ChargerSpec:
-    name: str
-    max_power_kw: float
-    efficiency: float
+def kwh_value(weights: Mapping[str, float], scale: SiteScale, grid_kwh_per_stored_kwh: float) -> float:
+    """The most one stored kWh can earn in the co2, cost, grid and solar terms, weighted (see the module doc)."""
+    per_grid_kwh = (weights["co2"] + weights["cost"] + 2 * weights["grid"] + weights["solar"]) / scale.scale_kw
+    return per_grid_kwh * grid_kwh_per_stored_kwh
 
 
-def ev_shortfall(
-    soc: float, required_soc: float, steps_left: float, capacity_kwh: float,
-    max_power_kw: float, efficiency: float, hours_per_step: float = 1.0,
-) -> float:
-    """SoC the EV will miss at departure even if charged at full power from now on.
-
-    ``steps_left`` counts the steps after this one before departure (0 = leaves after this step),
-    so ``steps_left + 1`` steps of charging remain.
-    """
-    if capacity_kwh <= 0:
-        return 0.0
-    reachable = soc + (steps_left + 1) * max_power_kw * efficiency * hours_per_step / capacity_kwh
-    return max(0.0, required_soc - reachable)
-
-
-def reward_terms(net_kwh: float, carbon: float, price: float, ev_shortfalls: Iterable[float], scale: SiteScale) -> dict[str, float]:
-    """The five penalties for one building and step (all >= 0)."""
+def reward_terms(net_kwh: float, carbon: float, price: float, ev_kwh: float, ev_kwh_value: float,
+                 scale: SiteScale) -> dict[str, float]:
+    """The five penalties for one building and step (all >= 0); ``ev_kwh``: shortfall that became unavoidable."""
     imported = max(net_kwh, 0.0)
     exported = max(-net_kwh, 0.0)
     return {
         "co2": imported * carbon / (scale.scale_kw * scale.carbon_max),
         "cost": imported * price / (scale.scale_kw * scale.price_max),
-        "ev": float(sum(ev_shortfalls)),
+        "ev": ev_kwh * ev_kwh_value,
         "grid": (imported / scale.scale_kw) ** 2,
         "solar": exported / scale.scale_kw,
     }
@@ -81,60 +79,98 @@ def weighted_reward(terms: Mapping[str, float], weights: RewardConfig | Mapping[
     return -sum(float(get(k)) * terms[k] for k in TERMS)
 
 
+class ShortfallTracker:
+    """Per charger, the connected car's unavoidable shortfall (kWh) and how much it grew this step."""
+
+    def __init__(self) -> None:
+        self._last: dict[str, tuple[float, int]] = {}  # charger id -> (shortfall kWh, steps left)
+
+    def reset(self) -> None:
+        self._last.clear()
+
+    def growth(self, env: Any) -> list[float]:
+        """Per building, the kWh of shortfall that became unavoidable with this step's actions.
+
+        Called after CityLearn applied the step's actions and before it advances time: a car's
+        ``steps_left`` later steps can still charge it (the one leaving now has none).
+        """
+        t = env.time_step
+        out = []
+        for building, sessions in zip(env.buildings, connected_sessions(env)):
+            total = 0.0
+            for charger, session in zip(building.electric_vehicle_chargers or [], sessions):
+                key = charger.charger_id
+                if session is None:
+                    self._last.pop(key, None)
+                    continue
+                battery = session.charger.connected_electric_vehicle.battery
+                stored = float(battery.soc[t]) * session.path.capacity_kwh
+                shortfall = max(session.required_kwh - session.path.reachable(stored, session.steps_left), 0.0)
+                before, steps_before = self._last.get(key, (0.0, session.steps_left + 1))
+                if session.steps_left >= steps_before:  # a new session at this charger
+                    before = 0.0
+                total += max(shortfall - before, 0.0)
+                self._last[key] = (max(shortfall, before), session.steps_left)
+            out.append(total)
+        return out
+
+
 class MultiObjectiveReward(RewardFunction):
     """CityLearn adapter: reads each building's observations and applies :func:`reward_terms`.
 
-    The per-building scales and charger specs are attached by :func:`trainer.env.make_citylearn_env`
-    right after the environment is built, from the dataset itself.
+    :meth:`configure` attaches the per-building scales and the environment (for the EV term's
+    physics) right after :func:`trainer.env.make_citylearn_env` builds it.
     """
 
     def __init__(self, env_metadata: Mapping[str, Any] | None, **weights: float):
         super().__init__(env_metadata)
         self.weights = {k: float(weights.get(k, 0.0)) for k in TERMS}
         self.scales: list[SiteScale] = []
-        self.chargers: list[list[ChargerSpec]] = []
+        self.ev_kwh_values: list[float] = []
+        self.env: Any = None
+        self.shortfalls = ShortfallTracker()
         self.last_terms: list[dict[str, float]] = []
 
-    def configure(self, scales: list[SiteScale], chargers: list[list[ChargerSpec]]) -> None:
+    def configure(self, scales: list[SiteScale], env: Any = None) -> None:
         self.scales = scales
-        self.chargers = chargers
+        self.env = env
+        evs = list(env.electric_vehicles or []) if env is not None else []
+        self.ev_kwh_values = [kwh_value(self.weights, scale, _grid_kwh_per_stored_kwh(b, evs))
+                              for scale, b in zip(scales, env.buildings if env is not None else [])]
+        self.shortfalls.reset()
 
     def get_required_observation_names(self) -> list[str] | None:
         if not self.scales:
             return None
-        names = {"net_electricity_consumption", "carbon_intensity", "electricity_pricing"}
-        for building in self.chargers:
-            for c in building:
-                names.update(_ev_keys(c.name).values())
-        return sorted(names)
+        return ["carbon_intensity", "electricity_pricing", "net_electricity_consumption"]
 
     def calculate(self, observations: list[Mapping[str, float]]) -> list[float]:
+        ev_kwh = [0.0] * len(observations)
+        if self.env is not None and self.weights["ev"] > 0:
+            if self.env.time_step == 0:
+                self.shortfalls.reset()
+            ev_kwh = self.shortfalls.growth(self.env)
         rewards, self.last_terms = [], []
         for i, obs in enumerate(observations):
-            shortfalls = []
-            for charger in self.chargers[i] if i < len(self.chargers) else ():
-                keys = _ev_keys(charger.name)
-                if obs.get(keys["connected"], 0) != 1:
-                    continue
-                shortfalls.append(ev_shortfall(
-                    obs[keys["soc"]], obs[keys["required"]], obs[keys["departure"]],
-                    obs[keys["capacity"]], charger.max_power_kw, charger.efficiency,
-                ))
+            value = self.ev_kwh_values[i] if i < len(self.ev_kwh_values) else 0.0
             terms = reward_terms(
                 obs["net_electricity_consumption"], obs.get("carbon_intensity", 0.0),
-                obs.get("electricity_pricing", 0.0), shortfalls, self.scales[i],
+                obs.get("electricity_pricing", 0.0), ev_kwh[i] if i < len(ev_kwh) else 0.0, value, self.scales[i],
             )
             self.last_terms.append(terms)
             rewards.append(weighted_reward(terms, self.weights))
         return [sum(rewards)] if self.central_agent else rewards
 
 
-def _ev_keys(charger: str) -> dict[str, str]:
-    at = f"connected_electric_vehicle_at_charger_{charger}"
-    return {
-        "connected": f"electric_vehicle_charger_{charger}_connected_state",
-        "soc": f"{at}_soc",
-        "required": f"{at}_required_soc_departure",
-        "departure": f"{at}_departure_time",
-        "capacity": f"{at}_battery_capacity",
-    }
+def _grid_kwh_per_stored_kwh(building: Any, evs: list[Any]) -> float:
+    """Grid kWh per stored kWh on the worst path from a building's chargers into any of the cars."""
+    chargers = building.electric_vehicle_chargers or []
+    if not chargers:
+        return 1.0
+    worst = 1.0
+    for charger in chargers:
+        charger_efficiency = (min(np.asarray(charger.charge_efficiency_curve)[1])
+                              if charger.charge_efficiency_curve is not None else float(charger.efficiency))
+        worst = min(worst, charger_efficiency)
+    battery = min((min(np.asarray(ev.battery.power_efficiency_curve)[1]) for ev in evs), default=1.0)
+    return 1.0 / max(worst * math.sqrt(battery), 1e-6)

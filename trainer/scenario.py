@@ -211,7 +211,7 @@ def _charger_sessions(cfg: ScenarioConfig, index: pd.DatetimeIndex, rng: np.rand
                     continue
             # Every target must be reachable at full power, so the uncontrolled baseline meets
             # all of them and agents are judged on how, not whether, they charge.
-            hours_needed = math.ceil((cfg.ev_departure_soc - soc) * cfg.ev_battery_kwh / (cfg.charger_kw * cfg.charger_efficiency))
+            hours_needed = math.ceil((cfg.ev_departure_soc - soc) * cfg.ev_battery_kwh / stored_kw_per_charger(cfg))
             leave = max(leave, arrive + hours_needed + 1)
             if sessions and arrive <= sessions[-1][1] + 2:  # keep a gap for the incoming rows
                 continue
@@ -254,6 +254,26 @@ def _with_forecasts(columns: dict[str, np.ndarray]) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
+def _pinned_battery(efficiency: float) -> dict:
+    """A battery whose efficiency and power limit do not depend on power or SoC.
+
+    Where a schema leaves these curves out, CityLearn 3.0.2 draws random ones (efficiency down to
+    0.82 near zero power, charge power 0.2 x nominal near full): the site would not be the one
+    docs/scenario.md describes, and the optimum's linear program could not model it exactly.
+    """
+    return {
+        "efficiency": efficiency,
+        "power_efficiency_curve": [[0.0, efficiency], [1.0, efficiency]],
+        "capacity_power_curve": [[0.0, 1.0], [1.0, 1.0]],
+        "loss_coefficient": 0.0,
+    }
+
+
+def stored_kw_per_charger(cfg: ScenarioConfig) -> float:
+    """kW that reach a car's battery while its charger runs at full power."""
+    return cfg.charger_kw * cfg.charger_efficiency * math.sqrt(cfg.ev_battery_efficiency)
+
+
 def _schema(cfg: ScenarioConfig) -> dict:
     observations = {name: {"active": True, "shared_in_central_agent": True} for name in ACTIVE_OBSERVATIONS}
     observations.update({name: {"active": False, "shared_in_central_agent": True} for name in INACTIVE_OBSERVATIONS})
@@ -274,10 +294,9 @@ def _schema(cfg: ScenarioConfig) -> dict:
             "attributes": {
                 "capacity": cfg.battery_kwh,
                 "nominal_power": cfg.battery_kw,
-                # CityLearn applies the efficiency on the way in and on the way out.
-                "efficiency": round(math.sqrt(cfg.battery_efficiency), 6),
+                # CityLearn applies the square root of the efficiency on the way in and again on the way out.
+                **_pinned_battery(cfg.battery_efficiency),
                 "capacity_loss_coefficient": 1e-05,
-                "loss_coefficient": 0.0,
                 "initial_soc": 0.5,
             },
         },
@@ -334,6 +353,7 @@ def _schema(cfg: ScenarioConfig) -> dict:
                     "attributes": {
                         "capacity": cfg.ev_battery_kwh,
                         "nominal_power": cfg.charger_kw,
+                        **_pinned_battery(cfg.ev_battery_efficiency),
                         "initial_soc": 0.5,
                         "depth_of_discharge": 0.95,
                     },

@@ -16,11 +16,12 @@ import pandas as pd
 
 from trainer import logs
 from trainer.agents import load_model
-from trainer.config import AGENTS, Config
+from trainer.config import AGENTS, REFERENCES, Config
 from trainer.controllers import REFERENCE_CONTROLLERS, PolicyController
 from trainer.env import DatasetSource, _schema_length, make_sb3_env
-from trainer.metrics import METRIC_KEYS, compare_to_baseline, format_table, run_episode
-from trainer.run_dir import RunDir, read_json, write_json_atomic, write_text_atomic
+from trainer.metrics import HOURS_PER_YEAR, METRIC_KEYS, compare_to_baseline, format_table, run_episode
+from trainer.optimum import OptimumReplay, OptimumUnavailable, site_model, solve
+from trainer.run_dir import AgentDir, RunDir, read_json, write_json_atomic, write_text_atomic
 from trainer.scenario import build_site
 
 
@@ -62,17 +63,51 @@ def _eval_env(ctx: RunContext):
 
 
 def evaluate_reference(ctx: RunContext, name: str) -> dict[str, Any]:
-    """Evaluate ``baseline`` or ``rbc`` over the evaluation period."""
+    """Evaluate ``baseline``, ``rbc`` or ``optimum`` over the evaluation period."""
     log = logs.get().bind(agent=name)
     log.info("evaluating reference")
     folder = ctx.run.agent(name)
     folder.root.mkdir(parents=True, exist_ok=True)
+    if name == "optimum":
+        return _evaluate_optimum(ctx, folder)
     env = _eval_env(ctx)
     try:
         metrics = run_episode(REFERENCE_CONTROLLERS[name](), env, folder.timeseries)
     finally:
         env.close()
     metrics.update(timesteps=0, train_wall_s=0.0, steps_per_s=None)
+    write_json_atomic(folder.metrics, metrics)
+    log.info("evaluated", co2_kg_per_year=round(metrics["co2_kg_per_year"], 1), seconds=metrics["eval_wall_s"])
+    return metrics
+
+
+def _evaluate_optimum(ctx: RunContext, folder: AgentDir) -> dict[str, Any]:
+    """Solve the perfect-foresight LP over the evaluation period, then replay its dispatch through CityLearn."""
+    log = logs.get().bind(agent="optimum")
+    env = _eval_env(ctx)
+    try:
+        env.reset()
+        model = site_model(env.unwrapped, ctx.cfg.ev.margin_soc)
+        solution = solve(model)
+    except OptimumUnavailable as exc:
+        log.warning("optimum skipped", reason=str(exc))
+        metrics: dict[str, Any] = {"skipped": str(exc), "co2_kg": None, "co2_kg_per_year": None}
+        write_json_atomic(folder.metrics, metrics)
+        return metrics
+    finally:
+        env.close()
+    log.info("linear program solved", co2_kg=round(solution.co2_kg, 1), seconds=round(solution.solve_s, 2),
+             variables=solution.variables, constraints=solution.constraints)
+    env = _eval_env(ctx)
+    try:
+        metrics = run_episode(OptimumReplay(solution), env, folder.timeseries)
+    finally:
+        env.close()
+    hours = model.steps * model.hours
+    metrics.update(timesteps=0, train_wall_s=0.0, steps_per_s=None, lp_co2_kg=solution.co2_kg,
+                   lp_co2_kg_per_year=solution.co2_kg * HOURS_PER_YEAR / hours,
+                   lp_uncontrolled_co2_kg=model.co2_kg(model.uncontrolled_net_kwh()),
+                   lp_solve_s=round(solution.solve_s, 2), lp_variables=solution.variables)
     write_json_atomic(folder.metrics, metrics)
     log.info("evaluated", co2_kg_per_year=round(metrics["co2_kg_per_year"], 1), seconds=metrics["eval_wall_s"])
     return metrics
@@ -133,7 +168,7 @@ def record_results(run: RunDir, new: dict[str, dict[str, Any]]) -> dict[str, dic
     """Merge ``new`` into results.json (baseline first, then rbc, then agents) and rewrite results.csv."""
     results = read_json(run.results_json) if run.results_json.is_file() else {}
     results.update(new)
-    order = ["baseline", "rbc", *AGENTS]
+    order = [*REFERENCES, *AGENTS]
     results = {k: results[k] for k in sorted(results, key=lambda k: order.index(k) if k in order else len(order))}
     compare_to_baseline(results)
     for metrics in results.values():

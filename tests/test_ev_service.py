@@ -1,0 +1,85 @@
+"""EV service: the physics the guard predicts is CityLearn's, and the guard serves every reachable car."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from trainer.config import load_config
+from trainer.env import ActionScale, CentralAgentArrays, make_citylearn_env, make_sb3_env
+from trainer.ev_service import connected_sessions
+from trainer.metrics import run_episode
+
+
+def _unpinned_site(site_schema, tmp_path):
+    """The built-in site with the battery curves left out, so CityLearn draws random ones."""
+    schema = json.loads(site_schema.read_text())
+    for ev in schema["electric_vehicles_def"].values():
+        for key in ("power_efficiency_curve", "capacity_power_curve", "efficiency"):
+            ev["battery"]["attributes"].pop(key, None)
+    schema["root_directory"] = str(site_schema.parent)
+    path = tmp_path / "schema.json"
+    path.write_text(json.dumps(schema))
+    return path
+
+
+def test_predicted_charging_is_what_citylearn_stores(site_schema, tmp_path, default_cfg):
+    env = make_citylearn_env(default_cfg, _unpinned_site(site_schema, tmp_path), "eval", 0, eval_days=21)
+    env.reset()
+    curve = np.asarray(env.electric_vehicles[0].battery.power_efficiency_curve)[1]
+    assert curve.max() - curve.min() > 0.01  # really a curve, so the prediction has something to get right
+    rng = np.random.default_rng(1)
+    checked, worst = 0, 0.0
+    for _ in range(21 * 24 - 1):
+        t = env.time_step
+        native = np.concatenate([[rng.uniform(-1, 1)], rng.uniform(0, 1, 4)])
+        predicted = {i: (s.charger.connected_electric_vehicle, s.path.stored_after(s.energy_init, native[i + 1]))
+                     for i, s in enumerate(connected_sessions(env)[0]) if s is not None}
+        env.step([native])
+        for ev, stored in predicted.values():
+            worst = max(worst, abs(float(ev.battery.soc[t]) * float(ev.battery.capacity) - stored))
+            checked += 1
+    assert checked > 200
+    assert worst < 1e-4  # kWh
+
+
+@pytest.mark.parametrize("unpinned", [False, True], ids=["builtin", "random-curves"])
+def test_a_random_policy_behind_the_guard_meets_every_departure(site_schema, tmp_path, default_cfg, unpinned):
+    schema = _unpinned_site(site_schema, tmp_path) if unpinned else site_schema
+    env = make_sb3_env(default_cfg, schema, "eval", 0, eval_days=28)
+    rng = np.random.default_rng(0)
+
+    class RandomPolicy:
+        def act(self, obs, _env):
+            return rng.uniform(-1, 1, size=env.action_space.shape).astype(np.float32)
+
+    metrics = run_episode(RandomPolicy(), env)
+    assert metrics["ev_departures"] > 40
+    assert metrics["ev_departure_soc_met_pct"] == 100.0
+    assert metrics["ev_unmet_kwh"] == 0.0
+    assert env.env.guard.interventions > 0  # it had work to do
+
+
+def test_without_the_guard_a_car_that_is_never_charged_is_stranded(site_schema):
+    cfg = load_config(overrides=["ev.guard=false"])
+    env = make_sb3_env(cfg, site_schema, "eval", 0, eval_days=7)
+
+    class NeverCharge:
+        def act(self, obs, citylearn_env):
+            scale = ActionScale.of(citylearn_env)
+            return scale.to_agent(np.zeros_like(scale.low))
+
+    metrics = run_episode(NeverCharge(), env)
+    assert metrics["ev_departure_soc_met_pct"] == 0.0
+    assert metrics["ev_unmet_kwh"] > 100
+
+
+def test_an_agents_zero_is_half_power_and_the_battery_keeps_its_range(site_schema, default_cfg):
+    env = CentralAgentArrays(make_citylearn_env(default_cfg, site_schema, "eval", 0, eval_days=2))
+    assert env.action_space.low.tolist() == [-1.0] * 5 and env.action_space.high.tolist() == [1.0] * 5
+    assert env.scale.to_native(np.zeros(5)).tolist() == [0.0, 0.5, 0.5, 0.5, 0.5]
+    assert env.scale.to_native(-np.ones(5)).tolist() == [-1.0, 0.0, 0.0, 0.0, 0.0]
+    native = np.array([-0.3, 0.0, 0.25, 1.0, 0.7])
+    assert env.scale.to_native(env.scale.to_agent(native)) == pytest.approx(native, abs=1e-6)

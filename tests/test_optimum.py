@@ -1,0 +1,84 @@
+"""The perfect-foresight optimum: a hand-solved case, the site's own physics, and its replay."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from trainer.controllers import UncontrolledBaseline
+from trainer.env import make_citylearn_env, make_sb3_env
+from trainer.metrics import run_episode
+from trainer.optimum import BatteryModel, EvSession, OptimumReplay, OptimumUnavailable, SiteModel, site_model, solve
+
+
+def test_a_hand_solved_two_day_case():
+    # Two days of hourly steps. The grid is dirty (1.0 kg/kWh) except 10:00-14:00 (0.2) and the
+    # site imports a flat 10 kWh. A 20 kWh battery (10 kWh per hour each way, round trip 0.81 so
+    # 0.9 each way, starting empty) and a car needing 18 kWh stored through a 0.9-efficient path,
+    # connected 08:00-17:00 on the first day only.
+    carbon = np.ones(48)
+    for day in (0, 24):
+        carbon[day + 10:day + 14] = 0.2
+    battery = BatteryModel(building=0, capacity_kwh=20.0, max_kwh_per_step=10.0, efficiency=0.81,
+                           loss_per_step=0.0, min_kwh=0.0, initial_kwh=0.0, nominal_power_kw=10.0)
+    car = EvSession(building=0, charger="c", steps=tuple(range(8, 17)), max_grid_kwh_per_step=10.0,
+                    stored_per_grid_kwh=0.9, need_kwh=18.0, room_kwh=40.0, charger_power_kw=10.0)
+    model = SiteModel(48, 1.0, carbon, np.full(48, 10.0), [battery], [car])
+    solution = solve(model)
+    # By hand: the car takes 18 / 0.9 = 20 grid kWh in the clean hours (4 kWh of clean energy).
+    # Each day the battery fills in the clean hours (20 kWh stored from 20 / 0.9 grid kWh, 4.44 kg),
+    # then returns 20 x 0.9 = 18 kWh in dirty hours (saving 18 kg). It ends full or not at all:
+    # ending empty is allowed (it started empty). Base: 48 x 10 kWh = 400 kg dirty + 80 kg clean.
+    base = 40 * 10 * 1.0 + 8 * 10 * 0.2
+    expected = base + 20 * 0.2 + 2 * (20 / 0.9 * 0.2 - 18 * 1.0)
+    assert solution.co2_kg == pytest.approx(expected, rel=1e-6)
+    ev = solution.ev_actions["c"]
+    assert ev[list(car.steps)].sum() * 10.0 * 0.9 == pytest.approx(18.0)
+    assert ev[[10, 11, 12, 13]].sum() == pytest.approx(ev.sum())  # only in clean hours
+    assert np.all(solution.battery_actions[0] <= 1.0 + 1e-9) and np.all(solution.battery_actions[0] >= -1.0 - 1e-9)
+
+
+def test_the_models_uncontrolled_co2_is_the_baseline(site_schema, default_cfg):
+    env = make_sb3_env(default_cfg, site_schema, "eval", 0, eval_days=28)
+    env.reset()
+    model = site_model(env.unwrapped, default_cfg.ev.margin_soc)
+    baseline = run_episode(UncontrolledBaseline(), make_sb3_env(default_cfg, site_schema, "eval", 0, eval_days=28))
+    assert model.steps == baseline["eval_timesteps"]
+    assert model.co2_kg(model.uncontrolled_net_kwh()) == pytest.approx(baseline["co2_kg"], rel=0.005)
+
+
+def test_the_replay_reaches_the_bound_and_serves_every_car(site_schema, default_cfg):
+    env = make_sb3_env(default_cfg, site_schema, "eval", 0, eval_days=28)
+    env.reset()
+    model = site_model(env.unwrapped, default_cfg.ev.margin_soc)
+    solution = solve(model)
+    replay = run_episode(OptimumReplay(solution), make_sb3_env(default_cfg, site_schema, "eval", 0, eval_days=28))
+    uncontrolled = model.co2_kg(model.uncontrolled_net_kwh())
+    assert solution.co2_kg < 0.9 * uncontrolled  # a real cut
+    assert replay["co2_kg"] >= solution.co2_kg - 1e-6  # a bound
+    assert replay["co2_kg"] == pytest.approx(solution.co2_kg, rel=0.01)  # and reachable in CityLearn
+    assert replay["ev_departure_soc_met_pct"] == 100.0
+
+
+def test_the_official_dataset_solves_with_batteries_only(official_schema, default_cfg):
+    env = make_citylearn_env(default_cfg, official_schema, "eval", 0, eval_days=7)
+    env.reset()
+    model = site_model(env, default_cfg.ev.margin_soc)
+    assert len(model.batteries) == 17 and not model.sessions
+    assert solve(model).co2_kg < model.co2_kg(model.uncontrolled_net_kwh())
+
+
+def test_thermal_storage_is_a_clear_skip(site_schema, tmp_path, default_cfg):
+    schema = json.loads(site_schema.read_text())
+    schema["root_directory"] = str(site_schema.parent)
+    building = schema["buildings"]["Building_1"]
+    building["cooling_storage"] = {"type": "citylearn.energy_model.StorageTank", "autosize": False,
+                                   "attributes": {"capacity": 50.0}}
+    path = tmp_path / "schema.json"
+    path.write_text(json.dumps(schema))
+    env = make_citylearn_env(default_cfg, path, "eval", 0, eval_days=2)
+    env.reset()
+    with pytest.raises(OptimumUnavailable, match="Building_1 has cooling storage"):
+        site_model(env, default_cfg.ev.margin_soc)

@@ -1,0 +1,68 @@
+"""The morning answer: a controller counts only if it cuts CO2 and serves the cars."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from trainer.metrics import compare_to_baseline
+from trainer.report import best_agent, write_report
+from trainer.run_dir import RunDir
+
+
+def _results() -> dict:
+    """The quick night that once crowned a2c: a2c and ppo cut CO2 by never charging a car."""
+    results = {
+        "baseline": {"co2_kg": 38_600.0, "co2_kg_per_year": 38_600.0, "ev_departure_soc_met_pct": 100.0, "ev_unmet_kwh": 0.0},
+        "rbc": {"co2_kg": 35_200.0, "co2_kg_per_year": 35_200.0, "ev_departure_soc_met_pct": 100.0, "ev_unmet_kwh": 0.0},
+        "optimum": {"co2_kg": 29_650.0, "co2_kg_per_year": 29_650.0, "ev_departure_soc_met_pct": 100.0,
+                    "ev_unmet_kwh": 0.0, "lp_co2_kg": 29_600.0, "lp_co2_kg_per_year": 29_600.0},
+        "sac": {"co2_kg": 34_000.0, "co2_kg_per_year": 34_000.0, "ev_departure_soc_met_pct": 99.1, "ev_unmet_kwh": 12.0},
+        "ppo": {"co2_kg": 28_100.0, "co2_kg_per_year": 28_100.0, "ev_departure_soc_met_pct": 0.0, "ev_unmet_kwh": 30_600.0},
+        "a2c": {"co2_kg": 28_000.0, "co2_kg_per_year": 28_000.0, "ev_departure_soc_met_pct": 0.0, "ev_unmet_kwh": 30_600.0},
+    }
+    compare_to_baseline(results)
+    return results
+
+
+def test_an_agent_that_strands_cars_is_never_the_best():
+    results = _results()
+    assert best_agent(results, 98.0) == "sac"
+    assert best_agent(results, 99.5) is None  # 99.1 % is short of a stricter target
+    assert best_agent({k: v for k, v in results.items() if k in ("baseline", "ppo")}, 98.0) is None
+
+
+def test_share_of_optimum_is_the_cut_over_the_lps_cut():
+    results = _results()
+    assert results["sac"]["co2_share_of_optimum_pct"] == pytest.approx(100 * 4_600 / 9_000)
+    assert results["baseline"]["co2_share_of_optimum_pct"] == 0.0
+    assert results["optimum"]["co2_share_of_optimum_pct"] == pytest.approx(100 * 8_950 / 9_000)
+
+
+def _run(tmp_path, results, target: float = 98.0) -> RunDir:
+    run = RunDir(tmp_path / "run")
+    run.root.mkdir()
+    run.results_json.write_text(json.dumps(results))
+    run.config.write_text(yaml.safe_dump({"ev": {"target_met_pct": target}}))
+    return run
+
+
+def test_the_report_names_the_deployable_agent_and_flags_the_stranders(tmp_path):
+    report = write_report(_run(tmp_path, _results())).read_text()
+    headline = report.splitlines()[2]
+    assert headline.startswith("**Best agent: sac**, 34,000 kg CO2/year (-11.9% against the uncontrolled baseline, "
+                               "51% of the optimum's cut), meeting 99.1% of EV departures.")
+    # 0 % of departures met is a miss, not a falsy value read as 100 %.
+    assert "Not recommended: ppo, a2c met fewer than 98% of EV departures" in report
+    assert "| optimum | 29,650 |" in report and "CityLearn EV success" in report
+    assert "without storage" in report  # what citylearn_kpis are relative to
+    assert (tmp_path / "run" / "plots" / "co2_by_agent.png").stat().st_size > 0
+
+
+def test_when_no_agent_serves_the_cars_the_report_says_so(tmp_path):
+    results = {k: v for k, v in _results().items() if k != "sac"}
+    report = write_report(_run(tmp_path, results)).read_text()
+    assert "**No agent is worth deploying from this run**" in report
+    assert "Best agent" not in report
