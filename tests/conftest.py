@@ -22,6 +22,7 @@ TINY = (
     "ppo.n_steps=128", "ppo.batch_size=32", "ppo.n_epochs=2",
     "sac.checkpoint_freq_steps=100", "ppo.checkpoint_freq_steps=100", "a2c.checkpoint_freq_steps=100",
     "output.tensorboard=false",
+    "warm_start.epochs=0",  # its demonstrations replay a whole year: tests/test_imitation.py covers it
 )
 
 

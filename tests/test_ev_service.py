@@ -83,3 +83,20 @@ def test_an_agents_zero_is_half_power_and_the_battery_keeps_its_range(site_schem
     assert env.scale.to_native(-np.ones(5)).tolist() == [-1.0, 0.0, 0.0, 0.0, 0.0]
     native = np.array([-0.3, 0.0, 0.25, 1.0, 0.7])
     assert env.scale.to_native(env.scale.to_agent(native)) == pytest.approx(native, abs=1e-6)
+
+
+def test_carbon_ahead_observations_are_the_datasets_own_values(site_schema):
+    cfg = load_config(overrides=["observations.carbon_ahead_hours=[1,6,24]"])
+    env = make_sb3_env(cfg, site_schema, "eval", 0, eval_days=3)
+    plain = make_sb3_env(load_config(), site_schema, "eval", 0, eval_days=3)
+    assert env.observation_space.shape[0] == plain.observation_space.shape[0] + 3
+    obs, _ = env.reset()
+    carbon = np.asarray(env.unwrapped.buildings[0].carbon_intensity.carbon_intensity, dtype=float)
+    for _ in range(30):
+        obs, *_ = env.step(np.zeros(5, dtype=np.float32))
+    t = env.unwrapped.time_step
+    lows, highs = env.unwrapped.buildings[0].periodic_normalized_observation_space_limits
+    low, high = lows["carbon_intensity"], highs["carbon_intensity"]
+    expected = (carbon[[t + 1, t + 6, min(t + 24, len(carbon) - 1)]] - low) / (high - low)
+    assert obs[-3:] == pytest.approx(expected, rel=1e-5)
+    assert env.observation_space.contains(obs)

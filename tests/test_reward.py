@@ -122,3 +122,28 @@ def test_the_ev_term_adds_up_to_the_final_shortfall(year_scores):
     assert terms["ev"] / value == pytest.approx(unmet_kwh, rel=1e-6)
     for name in ("optimum replay", "rbc", "uncontrolled"):
         assert scores[name][1]["ev"] == 0.0 and scores[name][2] == 0.0
+
+
+def test_the_storage_credit_telescopes_to_the_change_in_stored_energy(site_schema):
+    """Potential-based shaping adds gamma x potential(after) - potential(before) and nothing else."""
+    plain = make_sb3_env(load_config(overrides=["reward.storage=0"]), site_schema, "eval", 0, eval_days=5)
+    cfg = load_config(overrides=["reward.storage=2", "reward.storage_gamma=1"])
+    shaped = make_sb3_env(cfg, site_schema, "eval", 0, eval_days=5)
+    plain.reset()
+    shaped.reset()
+    credit = shaped.unwrapped.reward_function.stored
+    assert credit.values[0] > 0
+    rng = np.random.default_rng(3)
+    difference, first = 0.0, None
+    for _ in range(100):
+        action = rng.uniform(-1, 1, 5).astype(np.float32)
+        difference += shaped.step(action)[1] - plain.step(action)[1]
+        first = credit._previous if first is None else first
+    # Summed over the steps, the shaping is the last potential minus the first.
+    assert difference == pytest.approx(credit._previous[0] - first[0], rel=1e-9, abs=1e-12)
+    battery = shaped.unwrapped.buildings[0].electrical_storage
+    t = shaped.unwrapped.time_step - 1
+    evs = sum(float(c.connected_electric_vehicle.battery.soc[t]) * float(c.connected_electric_vehicle.battery.capacity)
+              for c in shaped.unwrapped.buildings[0].electric_vehicle_chargers if c.connected_electric_vehicle is not None)
+    stored = float(battery.soc[t]) * float(battery.capacity) + evs
+    assert credit._previous[0] == pytest.approx(2 * credit.values[0] * stored)

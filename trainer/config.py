@@ -15,7 +15,7 @@ import difflib
 import hashlib
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -83,6 +83,9 @@ class RewardConfig(Section):
     ev: float = doc("Price of each kWh a car can no longer get by departure, as a multiple of the most that kWh "
                     "can earn in the other terms (> 1 ranks serving cars above stranding them; docs/scenario.md).", ge=0)
     grid: float = doc("Weight of the squared grid import (peak shaving), per site scale.", ge=0)
+    storage: float = doc("Potential-based shaping that credits stored energy at its mean value as it is stored "
+                         "(0 = off; leaves the optimal policy unchanged; docs/scenario.md).", ge=0, le=10)
+    storage_gamma: float = doc("Discount the storage shaping assumes: set it to the agents' gamma.", gt=0, le=1)
     solar: float = doc("Weight of exported PV that could have been self-consumed, per site scale.", ge=0)
 
     @model_validator(mode="after")
@@ -98,6 +101,20 @@ class EvConfig(Section):
     margin_soc: float = doc("Safety margin of the guard, as a fraction of the car's capacity.", ge=0, le=0.2)
     target_met_pct: float = doc("Share of departures an agent must meet to be recommended in the report, %.",
                                 ge=0, le=100)
+
+
+class ObservationsConfig(Section):
+    carbon_ahead_hours: list[Annotated[int, Field(ge=1, le=168)]] = doc("Hours ahead of grid carbon intensity added to the agents' observations "
+                                        "(from the dataset: perfect forecasts); [] adds none.", max_length=48)
+
+
+class WarmStartConfig(Section):
+    epochs: int = doc("Epochs of imitating the optimum's dispatch before a fresh agent learns from the reward "
+                      "(0 = off: learn from scratch; docs/agent-quality.md).", ge=0, le=1000)
+    learning_rate: float = doc("Adam learning rate of the imitation.", gt=0, le=1)
+    batch_size: int = doc("Minibatch size of the imitation.", ge=1)
+    policy_std: float = doc("PPO's and A2C's exploration standard deviation after the imitation (SB3 starts at 1, "
+                            "which undoes the imitation); SAC tunes its own.", gt=0, le=1)
 
 
 class GpuConfig(Section):
@@ -224,6 +241,8 @@ class Config(Section):
     scenario: ScenarioConfig
     reward: RewardConfig
     ev: EvConfig
+    observations: ObservationsConfig
+    warm_start: WarmStartConfig
     gpu: GpuConfig
     sac: SacConfig
     ppo: PpoConfig

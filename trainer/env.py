@@ -69,9 +69,12 @@ def _episode_kwargs(cfg: Config, purpose: Purpose, n_steps: int, eval_days: int 
         length = min(cfg.scenario.train_episode_days * 24, n_steps)
         # Random windows of the year, so training sees every season without year-long episodes.
         return {"episode_time_steps": length, "random_episode_split": length < n_steps, "rolling_episode_split": False}
-    end = n_steps - 1 if eval_days is None else min(n_steps, eval_days * 24) - 1
-    return {"simulation_start_time_step": 0, "simulation_end_time_step": end,
-            "episode_time_steps": None, "random_episode_split": False, "rolling_episode_split": False}
+    # A shorter evaluation is the first episode of the whole period, not a shorter period: CityLearn
+    # normalises observations by the period's range, and a policy trained on the year would see
+    # other numbers for the same state in a period of a few days.
+    length = None if eval_days is None else min(n_steps, eval_days * 24)
+    return {"simulation_start_time_step": 0, "simulation_end_time_step": n_steps - 1,
+            "episode_time_steps": length, "random_episode_split": False, "rolling_episode_split": False}
 
 
 def _schema_length(schema: Path) -> int:
@@ -172,11 +175,18 @@ class CentralAgentArrays(gymnasium.Wrapper):
     environment's seed and the episode index, which checkpoints record (:meth:`set_next_episode`).
     """
 
-    def __init__(self, env, guard: EvServiceGuard | None = None):
+    def __init__(self, env, guard: EvServiceGuard | None = None, carbon_ahead_hours: tuple[int, ...] = ()):
         from citylearn.wrappers import NormalizedObservationWrapper, StableBaselines3Wrapper
 
         super().__init__(env)
-        self.observation_space = StableBaselines3Wrapper(NormalizedObservationWrapper(env)).observation_space
+        space = StableBaselines3Wrapper(NormalizedObservationWrapper(env)).observation_space
+        self.carbon_ahead = np.asarray(carbon_ahead_hours, dtype=int)
+        if len(self.carbon_ahead):
+            # Grid carbon intensity h hours ahead, min-max normalised as CityLearn normalises the
+            # current one: CityLearn has no forecast of it, and when to charge depends on what comes next.
+            space = gymnasium.spaces.Box(np.concatenate([space.low, np.zeros(len(self.carbon_ahead))]).astype(np.float32),
+                                         np.concatenate([space.high, np.ones(len(self.carbon_ahead))]).astype(np.float32))
+        self.observation_space = space
         self.scale = ActionScale.of(env)
         self.action_space = self.scale.agent_space
         self.guard = guard
@@ -185,14 +195,26 @@ class CentralAgentArrays(gymnasium.Wrapper):
     def reset(self, *, seed=None, options=None):
         observations, info = self.env.reset(options=options)
         self._plan = _NormalisationPlan(self.env.unwrapped)
-        return self._plan(observations[0]), info
+        return self._observe(observations), info
+
+    def _observe(self, observations) -> np.ndarray:
+        flat = self._plan(observations[0])
+        if not len(self.carbon_ahead):
+            return flat
+        env = self.env.unwrapped
+        building = env.buildings[0]
+        lows, highs = building.periodic_normalized_observation_space_limits
+        low, span = float(lows["carbon_intensity"]), float(highs["carbon_intensity"]) - float(lows["carbon_intensity"])
+        carbon = building.carbon_intensity.carbon_intensity
+        ahead = (carbon[np.minimum(env.time_step + self.carbon_ahead, len(carbon) - 1)] - low) / max(span, 1e-9)
+        return np.concatenate([flat, np.clip(ahead, 0.0, 1.0)]).astype(np.float32)
 
     def step(self, action):
         native = self.scale.to_native(action)
         if self.guard is not None:
             native = self.guard.apply(self.env.unwrapped, native)
         observations, reward, terminated, truncated, info = self.env.step([native])
-        return self._plan(observations[0]), float(reward[0]), terminated, truncated, info
+        return self._observe(observations), float(reward[0]), terminated, truncated, info
 
     def episode_index(self) -> int:
         """Index of the episode the environment is in (-1 before the first reset)."""
@@ -252,7 +274,7 @@ def make_sb3_env(cfg: Config, schema: Path, purpose: Purpose, seed: int, eval_da
 
     env = make_citylearn_env(cfg, schema, purpose, seed, eval_days)
     guard = EvServiceGuard(cfg.ev.margin_soc) if cfg.ev.guard else None
-    return Monitor(CentralAgentArrays(env, guard))
+    return Monitor(CentralAgentArrays(env, guard, tuple(cfg.observations.carbon_ahead_hours)))
 
 
 # CityLearn seeds episode window k with random_seed x (k + 1): a prime stride between the seeds of

@@ -122,21 +122,25 @@ class MultiObjectiveReward(RewardFunction):
     physics) right after :func:`trainer.env.make_citylearn_env` builds it.
     """
 
-    def __init__(self, env_metadata: Mapping[str, Any] | None, **weights: float):
+    def __init__(self, env_metadata: Mapping[str, Any] | None, storage: float = 0.0, storage_gamma: float = 0.99,
+                 **weights: float):
         super().__init__(env_metadata)
         self.weights = {k: float(weights.get(k, 0.0)) for k in TERMS}
         self.scales: list[SiteScale] = []
         self.ev_kwh_values: list[float] = []
         self.env: Any = None
         self.shortfalls = ShortfallTracker()
+        self.stored = StoredEnergyCredit(storage, storage_gamma)
         self.last_terms: list[dict[str, float]] = []
 
     def configure(self, scales: list[SiteScale], env: Any = None) -> None:
         self.scales = scales
         self.env = env
         evs = list(env.electric_vehicles or []) if env is not None else []
+        buildings = env.buildings if env is not None else []
         self.ev_kwh_values = [kwh_value(self.weights, scale, _grid_kwh_per_stored_kwh(b, evs))
-                              for scale, b in zip(scales, env.buildings if env is not None else [])]
+                              for scale, b in zip(scales, buildings)]
+        self.stored.configure([mean_kwh_value(self.weights, scale, b) for scale, b in zip(scales, buildings)])
         self.shortfalls.reset()
 
     def get_required_observation_names(self) -> list[str] | None:
@@ -150,6 +154,7 @@ class MultiObjectiveReward(RewardFunction):
             if self.env.time_step == 0:
                 self.shortfalls.reset()
             ev_kwh = self.shortfalls.growth(self.env)
+        credit = self.stored.step(self.env) if self.env is not None else [0.0] * len(observations)
         rewards, self.last_terms = [], []
         for i, obs in enumerate(observations):
             value = self.ev_kwh_values[i] if i < len(self.ev_kwh_values) else 0.0
@@ -158,8 +163,63 @@ class MultiObjectiveReward(RewardFunction):
                 obs.get("electricity_pricing", 0.0), ev_kwh[i] if i < len(ev_kwh) else 0.0, value, self.scales[i],
             )
             self.last_terms.append(terms)
-            rewards.append(weighted_reward(terms, self.weights))
+            rewards.append(weighted_reward(terms, self.weights) + (credit[i] if i < len(credit) else 0.0))
         return [sum(rewards)] if self.central_agent else rewards
+
+
+def mean_kwh_value(weights: Mapping[str, float], scale: SiteScale, building: Any) -> float:
+    """What one grid kWh costs in the co2 and cost terms, on average over the dataset's period."""
+    carbon = np.asarray(building.carbon_intensity.carbon_intensity, dtype=float)
+    price = np.asarray(building.pricing.electricity_pricing, dtype=float)
+    return float(np.mean(weights["co2"] * carbon / (scale.scale_kw * scale.carbon_max)
+                         + weights["cost"] * price / (scale.scale_kw * scale.price_max)))
+
+
+class StoredEnergyCredit:
+    """Potential-based shaping (Ng, Harada and Russell, 1999): stored energy is worth something now.
+
+    Charging a battery or a car costs imports at once and pays back hours later, so a learner sees
+    the cost long before the gain, and an untrained policy learns first never to charge the battery.
+    The potential of a state is ``weight x mean kWh value x stored kWh`` (the battery and every
+    connected car), and each step adds ``gamma x potential(after) - potential(before)``: charging
+    when energy is cheaper than average now earns at once, discharging when dearer likewise.
+    Shaping of this form leaves the optimal policy unchanged (for agents discounting with
+    ``gamma``); it only tells the learner sooner. ``weight`` 0 turns it off.
+    """
+
+    def __init__(self, weight: float, gamma: float) -> None:
+        self.weight = weight
+        self.gamma = gamma
+        self.values: list[float] = []
+        self._previous: list[float] | None = None
+
+    def configure(self, values: list[float]) -> None:
+        self.values = values
+        self._previous = None
+
+    def potentials(self, env: Any) -> list[float]:
+        t = env.time_step
+        out = []
+        for building, value in zip(env.buildings, self.values):
+            stored = 0.0
+            battery = building.electrical_storage
+            if battery is not None and float(battery.capacity or 0.0) > 0:
+                stored += float(battery.soc[t]) * float(battery.capacity)
+            for charger in building.electric_vehicle_chargers or []:
+                ev = charger.connected_electric_vehicle
+                if ev is not None:
+                    stored += float(ev.battery.soc[t]) * float(ev.battery.capacity)
+            out.append(self.weight * value * stored)
+        return out
+
+    def step(self, env: Any) -> list[float]:
+        """The shaping of this step, per building (0 when off, and on an episode's first step)."""
+        if not self.weight:
+            return [0.0] * len(env.buildings)
+        now = self.potentials(env)
+        before = now if env.time_step == 0 or self._previous is None else self._previous
+        self._previous = now
+        return [self.gamma * after - prior for after, prior in zip(now, before)]
 
 
 def _grid_kwh_per_stored_kwh(building: Any, evs: list[Any]) -> float:

@@ -25,6 +25,7 @@ from stable_baselines3.common.callbacks import BaseCallback
 
 from trainer import logs
 from trainer.agents import algorithm, build_model, fit_rollout, hyperparameters, training_envs
+from trainer.imitation import warm_start
 from trainer.checkpoint import Checkpoint, CheckpointStore, capture_rng, restore_rng
 from trainer.config import Config
 from trainer.errors import TrainerError, UsageError
@@ -182,6 +183,7 @@ class StageTrainer:
         self.episodes: list[int] = []
         self.episode_starts: list[bool] = []
         self.shapes: Shapes | None = None
+        self.warm_start: dict[str, Any] | None = None
         self._sb3_logger = None
 
     # ------------------------------------------------------------------ the loop
@@ -276,6 +278,7 @@ class StageTrainer:
 
     def fresh_model(self):
         model = build_model(self.cfg, self.agent, self.env, self.ctx.device, self.cfg.seed, self.target)
+        self.warm_start = warm_start(self.cfg, self.ctx.schema, self.agent, model)
         model.set_logger(self.sb3_logger())
         self.apply_sizes(model)
         self.last_checkpoint_step = 0
@@ -443,7 +446,7 @@ class StageTrainer:
     def summary(self, model) -> dict[str, Any]:
         return {"checkpoint_write_failures": self.store.failures, "oom_backoffs": len(self.backoffs),
                 "nonfinite_rollbacks": self.nonfinite_rollbacks, "final_batch_size": self.batch_size,
-                "final_n_steps": self.n_steps, "final_learning_rate": self.learning_rate}
+                "final_n_steps": self.n_steps, "final_learning_rate": self.learning_rate, "warm_start": self.warm_start}
 
 
 def _logger_formats(cfg: Config) -> list[str]:
