@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from trainer.controllers import RuleBasedController, UncontrolledBaseline
@@ -69,3 +70,14 @@ def test_rbc_sends_pv_surplus_to_the_battery_at_the_power_it_means(site_schema, 
             assert stored == pytest.approx(native[0] * battery.nominal_power * battery.round_trip_efficiency, rel=1e-3)
             checked += 1
     assert checked == 5, "not enough hours with PV surplus left for the battery"
+
+
+def test_a_short_evaluation_repeats_its_window_and_normalises_as_the_whole_period(site_schema, default_cfg):
+    week = make_sb3_env(default_cfg, site_schema, "eval", seed=0, eval_days=7)
+    first, again = (run_episode(UncontrolledBaseline(), week) for _ in range(2))
+    assert first["eval_timesteps"] == again["eval_timesteps"] == 7 * 24 - 1
+    assert first["co2_kg"] == again["co2_kg"]  # the learning curve's environment is reset for every point
+    year = make_sb3_env(default_cfg, site_schema, "eval", seed=0)
+    year.reset()
+    week_limits = week.unwrapped.buildings[0].periodic_normalized_observation_space_limits
+    np.testing.assert_equal(week_limits, year.unwrapped.buildings[0].periodic_normalized_observation_space_limits)

@@ -72,9 +72,10 @@ def _episode_kwargs(cfg: Config, purpose: Purpose, n_steps: int, eval_days: int 
     # A shorter evaluation is the first episode of the whole period, not a shorter period: CityLearn
     # normalises observations by the period's range, and a policy trained on the year would see
     # other numbers for the same state in a period of a few days.
-    length = None if eval_days is None else min(n_steps, eval_days * 24)
+    # One split, so that every reset of the same environment replays that same window.
+    window = None if eval_days is None else [(0, min(n_steps, eval_days * 24) - 1)]
     return {"simulation_start_time_step": 0, "simulation_end_time_step": n_steps - 1,
-            "episode_time_steps": length, "random_episode_split": False, "rolling_episode_split": False}
+            "episode_time_steps": window, "random_episode_split": False, "rolling_episode_split": False}
 
 
 def _schema_length(schema: Path) -> int:
