@@ -113,9 +113,8 @@ class WarmStartConfig(Section):
                       "(0 = off: learn from scratch; docs/agent-quality.md).", ge=0, le=1000)
     learning_rate: float = doc("Adam learning rate of the imitation.", gt=0, le=1)
     batch_size: int = doc("Minibatch size of the imitation.", ge=1)
-    policy_std: float = doc("Exploration after the imitation: PPO's and A2C's standard deviation, SAC's spread "
-                            "before tanh (its temperature starts at its square); SB3 starts at 1, which undoes "
-                            "the imitation.", gt=0, le=1)
+    policy_std: float = doc("PPO's and A2C's exploration standard deviation after the imitation (SB3 starts at 1, "
+                            "which undoes the imitation); SAC keeps SB3's.", gt=0, le=1)
 
 
 class GpuConfig(Section):

@@ -83,14 +83,13 @@ def demonstrations(cfg: Config, schema: Path, seed: int) -> Demonstrations:
 
 
 def imitate(model: Any, demos: Demonstrations, epochs: int, learning_rate: float, batch_size: int,
-            seed: int, policy_std: float = 0.1) -> tuple[float, float]:
+            seed: int) -> tuple[float, float]:
     """Regress the actor onto the demonstrations' actions and the critic onto their returns.
 
     Returns the last epoch's mean squared errors (actor, critic). SAC's actor acts with tanh of its
     mean; PPO's and A2C's Gaussian policy with its mean (SB3 clips it to the action box). The critic
     (PPO's and A2C's value, SAC's two Q networks and their targets) learns the demonstrations'
-    discounted returns (SAC's actor also learns a spread of ``policy_std`` before its tanh): an
-    untrained critic would judge the imitated policy's first steps at random,
+    discounted returns: an untrained critic would judge the imitated policy's first steps at random,
     and the first updates would undo the imitation (measured: PPO fell from 83 % to 49 % of the
     optimum's cut in 60k steps with the actor alone warm-started).
     """
@@ -104,7 +103,6 @@ def imitate(model: Any, demos: Demonstrations, epochs: int, learning_rate: float
     actions = torch.as_tensor(demos.actions, device=device)
     returns = torch.as_tensor(demos.returns(float(model.gamma)), device=device).unsqueeze(1)
     generator = torch.Generator().manual_seed(seed)
-    sac_log_std = math.log(policy_std)  # SAC's spread is an output of its actor: taught like its mean
     policy.set_training_mode(True)
     errors = (float("nan"), float("nan"))
     for _ in range(epochs):
@@ -114,8 +112,8 @@ def imitate(model: Any, demos: Demonstrations, epochs: int, learning_rate: float
             batch = order[start:start + batch_size]
             obs, target_action, target_return = observations[batch], actions[batch], returns[batch]
             if sac:
-                mean, log_std, _ = policy.actor.get_action_dist_params(obs)
-                actor_loss = ((torch.tanh(mean) - target_action) ** 2).mean() + ((log_std - sac_log_std) ** 2).mean()
+                mean, _, _ = policy.actor.get_action_dist_params(obs)
+                actor_loss = ((torch.tanh(mean) - target_action) ** 2).mean()
                 critic_loss = sum(((q - target_return) ** 2).mean() for q in policy.critic(obs, target_action))
             else:
                 actor_loss = ((policy.get_distribution(obs).distribution.mean - target_action) ** 2).mean()
@@ -133,14 +131,13 @@ def imitate(model: Any, demos: Demonstrations, epochs: int, learning_rate: float
 
 
 def narrow_exploration(model: Any, std: float) -> None:
-    """Start exploring near the imitated policy: PPO's and A2C's Gaussian at ``std`` (SB3 starts it at
-    1), SAC's learned temperature at ``std`` squared (SB3 starts it at 1).
+    """Start PPO's and A2C's Gaussian exploration at ``std`` (SB3 starts it at 1).
 
     With a standard deviation of 1 on a [-1, 1] box, most exploratory actions are clipped to the
     bounds, far from the imitated policy, and the first updates undo the imitation (measured: 78 %
-    of the optimum's cut fell to 36 % after 60k PPO steps; with 0.1 it kept 73 %). SAC's entropy
-    bonus at temperature 1 outweighs its reward (a few hundredths a step) and drove it back to
-    near-random actions (4.5 % cut after 19k steps from a warm start).
+    of the optimum's cut fell to 36 % after 60k PPO steps; with 0.1 it kept 73 %). SAC is left as
+    SB3 makes it: narrowing its spread and temperature the same way made it worse, not better
+    (from 79 % to below the uncontrolled site in 10k steps; docs/agent-quality.md).
     """
     import torch
 
@@ -148,10 +145,6 @@ def narrow_exploration(model: Any, std: float) -> None:
     if isinstance(log_std, torch.nn.Parameter):
         with torch.no_grad():
             log_std.fill_(math.log(std))
-    log_ent_coef = getattr(model, "log_ent_coef", None)
-    if isinstance(log_ent_coef, torch.Tensor):
-        with torch.no_grad():
-            log_ent_coef.fill_(math.log(std * std))
 
 
 def warm_start(cfg: Config, schema: Path, agent: str, model: Any) -> dict[str, Any] | None:
@@ -167,7 +160,7 @@ def warm_start(cfg: Config, schema: Path, agent: str, model: Any) -> dict[str, A
         return None
     started = time.perf_counter()
     actor_error, critic_error = imitate(model, demos, settings.epochs, settings.learning_rate, settings.batch_size,
-                                        cfg.seed, settings.policy_std)
+                                        cfg.seed)
     narrow_exploration(model, settings.policy_std)
     summary = {"steps": len(demos.actions), "epochs": settings.epochs, "actor_mse": round(actor_error, 5),
                "critic_mse": round(critic_error, 4),

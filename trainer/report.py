@@ -93,9 +93,9 @@ def plot_co2(results: dict[str, dict[str, Any]], path: Path, target_pct: float =
     ax.set_ylabel("CO2, tonnes per year")
     ax.set_title("Grid CO2 per controller (evaluation period, scaled to a year)\nhatched: missed the EV target, "
                  "so not recommended", fontsize=10)
-    ax.set_ylim(0, max(values) * 1.2 if values else 1)
+    ax.set_ylim(0, max(values) * 1.32 if values else 1)
     if ax.get_legend_handles_labels()[0]:
-        ax.legend(loc="lower right", fontsize=8)
+        ax.legend(loc="upper center", ncol=2, fontsize=8)
     met = [results[n].get("ev_departure_soc_met_pct") for n in names]
     ev_bars = ev_ax.bar(names, [m if m is not None else 0 for m in met], color=[COLOURS.get(n, "#333333") for n in names])
     for bar, name, value in zip(ev_bars, names, met):
