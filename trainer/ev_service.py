@@ -51,10 +51,6 @@ class _Curve:
         x0, x1, y0, y1 = self.x[idx], self.x[idx + 1], self.y[idx], self.y[idx + 1]
         return y0 + (y1 - y0) * (value - x0) / (x1 - x0)
 
-    @property
-    def flat(self) -> bool:
-        return max(self.y) - min(self.y) < 1e-12
-
 
 @dataclass(frozen=True)
 class ChargingPath:
@@ -124,12 +120,6 @@ class ChargingPath:
 
     def after_step_then_full(self, energy_init: float, action: float, later_steps: int) -> float:
         return self.reachable(self.stored_after(energy_init, action), later_steps)
-
-    @property
-    def grid_kwh_per_stored_kwh(self) -> float:
-        """The most grid energy one stored kWh can take (the path's worst efficiency)."""
-        charger = min(self.charger_curve.y) if self.charger_curve is not None else self.charger_efficiency
-        return 1.0 / max(charger * math.sqrt(min(self.power_efficiency.y)), 1e-6)
 
 
 @dataclass(frozen=True)
