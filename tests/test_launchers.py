@@ -101,6 +101,18 @@ def test_sigterm_checkpoints_stops_the_monitor_and_leaves_no_process(tmp_path):
     assert "[launch] trainer exited with 143" in (run / "logs" / "launcher.log").read_text()
 
 
+def test_a_monitor_that_exited_on_its_own_leaves_no_pid_file(tmp_path):
+    # The monitor watches the trainer's PID and often exits before the launcher stops it.
+    from trainer.launch import Launch, LaunchOptions
+
+    launch_ = Launch(LaunchOptions(), tmp_path, gpu_present=False)
+    launch_.monitor = subprocess.Popen([sys.executable, "-c", "pass"])
+    launch_.monitor.wait()
+    (tmp_path / "monitor.pid").write_text(str(launch_.monitor.pid))
+    launch_.stop_monitor()
+    assert not (tmp_path / "monitor.pid").exists()
+
+
 def test_a_failing_doctor_check_stops_the_launch(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")

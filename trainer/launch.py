@@ -186,14 +186,17 @@ class Launch:
             self.say(f"[host] cpu {sample['host']['cpu_pct']:.0f}%  ({sample['gpu_error']})")
 
     def stop_monitor(self) -> None:
-        if self.monitor is None or self.monitor.poll() is not None:
+        if self.monitor is None:
             return
-        self.monitor.terminate()
-        try:
-            self.monitor.wait(timeout=MONITOR_STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            self.monitor.kill()
-            self.monitor.wait()
+        # The monitor watches the trainer's PID and may have exited on its own already; its PID file
+        # goes either way, so no stale PID points at an unrelated process later.
+        if self.monitor.poll() is None:
+            self.monitor.terminate()
+            try:
+                self.monitor.wait(timeout=MONITOR_STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self.monitor.kill()
+                self.monitor.wait()
         (self.run.root / "monitor.pid").unlink(missing_ok=True)
 
     def after(self, code: int) -> None:
