@@ -26,7 +26,6 @@ RUN mkdir -p trainer monitor && touch trainer/__init__.py monitor/__init__.py \
     && pip install --no-cache-dir . \
     && pip uninstall -y pvbess-trainer
 
-COPY configs ./configs
 COPY trainer ./trainer
 COPY monitor ./monitor
 COPY launchers ./launchers

@@ -13,6 +13,8 @@ main() {
   if [[ -z "${CITYLEARN_LOCAL_DATASETS_PATH:-}" && -d "${PVBESS_ROOT}/../shared/citylearn/datasets" ]]; then
     export CITYLEARN_LOCAL_DATASETS_PATH="${PVBESS_ROOT}/../shared/citylearn/datasets"
   fi
+  log "ruff: lint (rules in pyproject.toml)"
+  "${PVBESS_VENV}/bin/ruff" check trainer monitor tests
   exec "${PVBESS_VENV}/bin/python" -m pytest "$@"
 }
 

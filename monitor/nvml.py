@@ -8,7 +8,8 @@ record with an ``error`` rather than a crash.
 from __future__ import annotations
 
 import atexit
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from monitor.records import GpuRecord, ProcessRecord
 
@@ -56,7 +57,7 @@ class Nvml:
         if self._lib is not None:
             try:
                 self._lib.nvmlShutdown()
-            except Exception:  # noqa: BLE001 - already gone is fine at exit
+            except Exception:  # already gone is fine at exit
                 pass
             self._lib = None
 
@@ -67,14 +68,14 @@ class Nvml:
         lib = self.lib
         try:
             count = lib.nvmlDeviceGetCount()
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             raise NvmlUnavailable(f"NVML could not count GPUs: {_describe(exc)}") from None
         return [self._gpu(index) for index in range(count)]
 
     def _metric(self, fn: Callable, *args: Any, scale: float | None = None) -> Any:
         try:
             value = fn(*args)
-        except Exception as exc:  # noqa: BLE001 - unsupported or lost: a null field
+        except Exception as exc:  # unsupported or lost: a null field
             if _is_lost(exc):
                 raise
             return None
@@ -104,12 +105,14 @@ class Nvml:
             record["pcie_rx_kbps"] = self._metric(lib.nvmlDeviceGetPcieThroughput, handle, 1)  # NVML_PCIE_UTIL_RX_BYTES
             record["pcie_tx_kbps"] = self._metric(lib.nvmlDeviceGetPcieThroughput, handle, 0)  # NVML_PCIE_UTIL_TX_BYTES
             reasons = self._metric(lib.nvmlDeviceGetCurrentClocksThrottleReasons, handle)
-            record["throttle_reasons"] = None if reasons is None else [n for bit, n in THROTTLE_REASONS.items() if reasons & bit]
+            record["throttle_reasons"] = (
+                None if reasons is None else [n for bit, n in THROTTLE_REASONS.items() if reasons & bit]
+            )
             processes = self._metric(lib.nvmlDeviceGetComputeRunningProcesses, handle)
             record["processes"] = None if processes is None else [
                 ProcessRecord(pid=int(p.pid), used_memory_bytes=_int_or_none(getattr(p, "usedGpuMemory", None)))
                 for p in processes]
-        except Exception as exc:  # noqa: BLE001 - the GPU fell off the bus, or its handle failed
+        except Exception as exc:  # the GPU fell off the bus, or its handle failed
             lost = empty_gpu(index)
             lost["name"], lost["uuid"] = record["name"], record["uuid"]
             lost["error"] = f"GPU lost: {_describe(exc)}" if _is_lost(exc) else _describe(exc)

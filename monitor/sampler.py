@@ -6,11 +6,15 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Callable, TextIO
+from typing import TextIO
+
+import psutil
 
 from monitor.nvml import Nvml, NvmlUnavailable
 from monitor.records import GpuRecord, HostRecord, Record
@@ -42,8 +46,6 @@ class Monitor:
     # ------------------------------------------------------------------ one sample
 
     def sample(self) -> Record:
-        import psutil
-
         now = self.clock()
         gpus: list[GpuRecord] = []
         gpu_error = None
@@ -54,15 +56,26 @@ class Monitor:
         except NvmlUnavailable as exc:
             gpu_error = str(exc)
         memory = psutil.virtual_memory()
-        host = HostRecord(cpu_pct=float(psutil.cpu_percent(interval=None)), ram_used_bytes=int(memory.total - memory.available),
-                          ram_total_bytes=int(memory.total), watched_pid=self.watch_pid, watched_rss_bytes=self._watched_rss())
-        return Record(time=datetime.fromtimestamp(now).astimezone().isoformat(timespec="seconds"), unix_time=round(now, 3),
-                      kind="sample", gpus=gpus, gpu_error=gpu_error, host=host, warnings=[])
+        host = HostRecord(
+            cpu_pct=float(psutil.cpu_percent(interval=None)),
+            ram_used_bytes=int(memory.total - memory.available),
+            ram_total_bytes=int(memory.total),
+            watched_pid=self.watch_pid,
+            watched_rss_bytes=self._watched_rss(),
+        )
+        return Record(
+            time=datetime.fromtimestamp(now).astimezone().isoformat(timespec="seconds"),
+            unix_time=round(now, 3),
+            kind="sample",
+            gpus=gpus,
+            gpu_error=gpu_error,
+            host=host,
+            warnings=[],
+        )
 
     def _watched_rss(self) -> int | None:
         if self.watch_pid is None:
             return None
-        import psutil
 
         try:
             return int(psutil.Process(self.watch_pid).memory_info().rss)
@@ -119,7 +132,6 @@ class Monitor:
     def watched_alive(self) -> bool:
         if self.watch_pid is None:
             return True
-        import psutil
 
         try:
             return psutil.Process(self.watch_pid).status() != psutil.STATUS_ZOMBIE
@@ -137,9 +149,9 @@ class Monitor:
                 print(f"[gpu-monitor] warning: {message}", file=self.stderr, flush=True)
         return record
 
-    def run(self, once: bool = False, max_samples: int | None = None, sleep: Callable[[float], None] = time.sleep) -> int:
-        import psutil
-
+    def run(
+        self, once: bool = False, max_samples: int | None = None, sleep: Callable[[float], None] = time.sleep
+    ) -> int:
         psutil.cpu_percent(interval=None)  # the first reading is meaningless; prime it
         signal.signal(signal.SIGTERM, self._on_term) if _main_thread() else None
         start, taken = self.clock(), 0
@@ -160,6 +172,5 @@ class Monitor:
 
 
 def _main_thread() -> bool:
-    import threading
 
     return threading.current_thread() is threading.main_thread()

@@ -9,8 +9,8 @@ import pytest
 
 os.environ.setdefault("CITYLEARN_OFFLINE", "1")
 
-from trainer.config import Config, load_config  # noqa: E402
-from trainer.scenario import build_site  # noqa: E402
+from trainer.config import Config, load_config
+from trainer.scenario import build_site
 
 OFFICIAL = "citylearn_challenge_2022_phase_all"
 _SHARED_DATASETS = Path(__file__).resolve().parents[1].parent / "shared" / "citylearn" / "datasets"

@@ -59,8 +59,12 @@ def test_summary_takes_medians_and_ratios():
 @pytest.mark.slow
 def test_quick_benchmark_produces_every_figure(tmp_path):
     out = tmp_path / "bench.json"
-    proc = subprocess.run([sys.executable, "-m", "trainer", "benchmark", "--quick", "--device", "cpu", "--json", str(out)],
-                          capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainer", "benchmark", "--quick", "--device", "cpu", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(out.read_text())
     summary = report["summary"]
@@ -68,8 +72,8 @@ def test_quick_benchmark_produces_every_figure(tmp_path):
     figures = [summary["env"]["plain_steps_per_s"], summary["env"]["product_steps_per_s"], *summary["sweep"].values()]
     for agent in ("sac", "ppo", "a2c"):
         row = summary["agents"][agent]
-        figures += [row["plain_steps_per_s"], row["product_steps_per_s"], row["ratio"],
-                    row["plain_peak_rss_mb"], row["product_peak_rss_mb"], row["plain_tree_pss_mb"], row["product_tree_pss_mb"]]
+        figures += [row["plain_steps_per_s"], row["product_steps_per_s"], row["ratio"], row["plain_peak_rss_mb"],
+                    row["product_peak_rss_mb"], row["plain_tree_pss_mb"], row["product_tree_pss_mb"]]
     figures += [summary["agents"]["sac"]["plain_updates_per_s"], summary["agents"]["sac"]["product_updates_per_s"]]
     assert all(isinstance(v, (int, float)) and math.isfinite(v) and v > 0 for v in figures), figures
     assert set(summary["sweep"]) == {"1", "2"}

@@ -34,7 +34,10 @@ def test_missing_schema_exits_2_and_writes_nothing(tmp_path):
     missing = tmp_path / "nowhere" / "schema.json"
     result = run("train", "ppo", "--out", str(out), "--schema", str(missing))
     assert result.exit_code == 2
-    assert result.output.strip() == f"error: CityLearn schema not found: {missing} (pass the path of a dataset's schema.json)"
+    assert (
+        result.output.strip()
+        == f"error: CityLearn schema not found: {missing} (pass the path of a dataset's schema.json)"
+    )
     assert not out.exists()
 
 
@@ -77,7 +80,7 @@ def test_config_show_prints_the_resolved_yaml():
 def test_config_show_doc_explains_each_key():
     result = run("config", "show", "--doc")
     assert result.exit_code == 0
-    line = next(l for l in result.output.splitlines() if l.startswith("sac.batch_size "))
+    line = next(row for row in result.output.splitlines() if row.startswith("sac.batch_size "))
     assert "Minibatch size of each gradient step." in line and "[int (>=1)]" in line
 
 

@@ -108,3 +108,13 @@ def test_every_default_key_is_documented():
     defaults = set(leaves(yaml.safe_load(DEFAULT_CONFIG.read_text())))
     assert defaults == {path for path, _, _ in rows}
     assert defaults <= documented
+
+
+@pytest.mark.parametrize("override, message", [
+    ("schedule.budget=8hours", "config key 'schedule.budget': it expects a duration like 10h, 90m or 1h30m"),
+    ("schedule.finish_by='25:00'", "config key 'schedule.finish_by': it expects a local time HH:MM such as 07:00"),
+])
+def test_the_night_s_budget_and_finish_time_are_checked_with_the_config(override, message):
+    with pytest.raises(ConfigError) as error:
+        load_config(overrides=[override])
+    assert message in str(error.value)

@@ -100,4 +100,6 @@ def test_gpu_switches_set_the_torch_flags():
     from trainer.device import apply_gpu_flags
 
     flags = apply_gpu_flags(load(overrides=["gpu.tf32=false", "gpu.cudnn_benchmark=true"]).gpu, "cuda")
-    assert flags["applied"] and torch.backends.cuda.matmul.allow_tf32 is False and torch.backends.cudnn.benchmark is True
+    assert (
+        flags["applied"] and torch.backends.cuda.matmul.allow_tf32 is False and torch.backends.cudnn.benchmark is True
+    )

@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from trainer.agents import build_model
 from trainer.cli import cli
 from trainer.config import load_config
 from trainer.controllers import PolicyController, UncontrolledBaseline
 from trainer.env import make_sb3_env
-from trainer.imitation import demonstrations, warm_start
+from trainer.learn.agents import build_model
+from trainer.learn.imitation import demonstrations, warm_start
 from trainer.metrics import run_episode
 
 from .conftest import tiny_overrides
@@ -49,8 +49,20 @@ def test_a_warm_started_policy_cuts_co2_and_serves_every_car(site_schema, cfg, a
 
 def test_a_fresh_stage_records_its_warm_start(tmp_path):
     overrides = tiny_overrides("warm_start.epochs=2", "schedule.eval_days=1")
-    result = CliRunner().invoke(cli, ["train", "a2c", "--timesteps", "64", "--out", str(tmp_path / "run"), "--device", "cpu",
-                                      *[a for o in overrides for a in ("--set", o)]])
+    result = CliRunner().invoke(
+        cli,
+        [
+            "train",
+            "a2c",
+            "--timesteps",
+            "64",
+            "--out",
+            str(tmp_path / "run"),
+            "--device",
+            "cpu",
+            *[a for o in overrides for a in ("--set", o)],
+        ],
+    )
     assert result.exit_code == 0, result.output
     metrics = json.loads((tmp_path / "run" / "a2c" / "metrics.json").read_text())
     assert metrics["warm_start"]["epochs"] == 2 and metrics["warm_start"]["steps"] == 8759

@@ -28,7 +28,12 @@ QUICK = "schedule.quick_timesteps={sac: 120, ppo: 128, a2c: 100}"
 def env() -> dict[str, str]:
     # The launcher bootstraps the venv running these tests (up to date: no reinstall).
     venv = Path(sys.executable).parent.parent
-    return {**os.environ, "PVBESS_VENV": str(venv), "PATH": f"{venv / 'bin'}:{os.environ['PATH']}", "PYTHONUNBUFFERED": "1"}
+    return {
+        **os.environ,
+        "PVBESS_VENV": str(venv),
+        "PATH": f"{venv / 'bin'}:{os.environ['PATH']}",
+        "PYTHONUNBUFFERED": "1",
+    }
 
 
 def tiny(tmp_path, *extra: str) -> list[str]:
@@ -119,7 +124,9 @@ def test_a_failing_doctor_check_stops_the_launch(tmp_path):
     proc = launch("--quick", "--no-monitor", "--", "--set", f"output.root={blocker}/runs")
     assert proc.returncode == 1
     assert "FAIL  disk" in proc.stdout
-    assert proc.stderr.strip().endswith("error: launch stopped: a doctor check failed; fix it as shown above and launch again")
+    assert proc.stderr.strip().endswith(
+        "error: launch stopped: a doctor check failed; fix it as shown above and launch again"
+    )
     assert not (blocker.parent / "runs").exists()
 
 
@@ -153,7 +160,12 @@ def test_powershell_scripts_parse_without_errors(name):
     tree = _ps_tree(name)
     assert _errors(tree.root_node) == []
     text = (LAUNCHERS / name).read_text()
-    for habit in ("[CmdletBinding()]", "Set-StrictMode -Version Latest", "$ErrorActionPreference = 'Stop'", ".SYNOPSIS"):
+    for habit in (
+        "[CmdletBinding()]",
+        "Set-StrictMode -Version Latest",
+        "$ErrorActionPreference = 'Stop'",
+        ".SYNOPSIS",
+    ):
         assert habit in text, habit
 
 
@@ -222,8 +234,11 @@ def test_container_entrypoint_runs_outside_a_container(tmp_path):
 
 def test_healthcheck_follows_the_monitor_heartbeat(tmp_path):
     def check() -> int:
-        return subprocess.run([sys.executable, "-m", "monitor.healthcheck", "--outputs", str(tmp_path), "--max-age", "60"],
-                              cwd=ROOT, capture_output=True).returncode
+        return subprocess.run(
+            [sys.executable, "-m", "monitor.healthcheck", "--outputs", str(tmp_path), "--max-age", "60"],
+            cwd=ROOT,
+            capture_output=True,
+        ).returncode
 
     assert check() == 1  # no monitor yet
     beat = tmp_path / "run" / "monitor.jsonl"
@@ -238,8 +253,11 @@ def test_healthcheck_follows_the_monitor_heartbeat(tmp_path):
 
 
 def test_systemd_units_are_written_with_the_night(tmp_path):
-    result = CliRunner().invoke(cli, ["schedule", "install", "--at", "22:00", "--finish-by", "07:00", "--agents", "sac,ppo",
-                                      "--unit-dir", str(tmp_path)])
+    result = CliRunner().invoke(
+        cli,
+        ["schedule", "install", "--at", "22:00", "--finish-by", "07:00", "--agents", "sac,ppo", "--unit-dir",
+         str(tmp_path)],
+    )
     assert result.exit_code == 0, result.output
     service = (tmp_path / "pvbess-trainer.service").read_text()
     timer = (tmp_path / "pvbess-trainer.timer").read_text()
@@ -250,8 +268,9 @@ def test_systemd_units_are_written_with_the_night(tmp_path):
 
 
 def test_dry_run_prints_and_writes_nothing(tmp_path):
-    result = CliRunner().invoke(cli, ["schedule", "install", "--at", "21:30", "--budget", "9h", "--unit-dir", str(tmp_path),
-                                      "--dry-run"])
+    result = CliRunner().invoke(
+        cli, ["schedule", "install", "--at", "21:30", "--budget", "9h", "--unit-dir", str(tmp_path), "--dry-run"]
+    )
     assert result.exit_code == 0
     assert "OnCalendar=*-*-* 21:30:00" in result.output and "(dry run: nothing written)" in result.output
     assert list(tmp_path.iterdir()) == []

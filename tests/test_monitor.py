@@ -134,7 +134,8 @@ def test_healthy_gpu_fills_every_field(tmp_path):
     assert gpu["name"] == "NVIDIA GeForce RTX 4060 Laptop GPU" and gpu["error"] is None
     assert (gpu["utilization_gpu_pct"], gpu["memory_used_bytes"], gpu["temperature_c"]) == (97.0, 3 * 2**30, 64)
     assert (gpu["power_w"], gpu["power_limit_w"]) == pytest.approx((80.5, 115.0))
-    assert (gpu["clock_sm_mhz"], gpu["clock_mem_mhz"], gpu["pcie_rx_kbps"], gpu["pcie_tx_kbps"]) == (2505, 8001, 1200, 300)
+    assert (gpu["clock_sm_mhz"], gpu["clock_mem_mhz"], gpu["pcie_rx_kbps"], gpu["pcie_tx_kbps"]) == (2505, 8001, 1200,
+                                                                                                     300)
     assert gpu["throttle_reasons"] == ["sw_power_cap"]
     assert gpu["processes"] == [{"pid": 4242, "used_memory_bytes": 2 * 2**30}]
     assert record["host"]["ram_total_bytes"] > 0 and record["gpu_error"] is None

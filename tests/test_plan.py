@@ -19,9 +19,9 @@ def test_plan_calls_out_sac_with_1024_updates_per_step(tmp_path):
                   "--set", "sac.gradient_steps=2048", "--set", "sac.train_freq=2")
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
-    stage = next(l for l in lines if " sac " in l)
+    stage = next(row for row in lines if " sac " in row)
     assert "train " in stage and "/50,000 steps" in stage
-    note = next(l for l in lines if l.strip().startswith("! sac:"))
+    note = next(row for row in lines if row.strip().startswith("! sac:"))
     assert "gradient_steps=2048 / train_freq=2 = 1024 gradient updates per environment step" in note
     assert "with gradient_steps=1, train_freq=1 it would do" in note
     cached = list((tmp_path / ".calibration").glob("*.json"))

@@ -21,8 +21,8 @@ from click.testing import CliRunner
 
 from trainer.checkpoint import CheckpointStore
 from trainer.cli import cli
+from trainer.learn.memory import is_out_of_memory
 from trainer.lock import RunLock
-from trainer.memory import is_out_of_memory
 
 from .conftest import tiny_overrides
 
@@ -45,7 +45,7 @@ def run_cli(*args: str):
 
 FAULT = textwrap.dedent("""
     import os, signal, sys
-    from trainer import callbacks
+    from trainer.learn import callbacks
     step, signals = int(os.environ["FAULT_STEP"]), [getattr(signal, s) for s in os.environ["FAULT_SIGNALS"].split(",")]
     original = callbacks.ProgressCallback._on_step
     fired = []
@@ -70,7 +70,9 @@ def trainer_with_fault(step: int, signals: str, *args: str) -> subprocess.Comple
     children = Path(args[args.index("--out") + 1]).parent / f"children-{step}.json"
     env = {**os.environ, "FAULT_STEP": str(step), "FAULT_SIGNALS": signals, "PYTHONUNBUFFERED": "1",
            "FAULT_CHILDREN": str(children)}
-    proc = subprocess.run([sys.executable, "-c", FAULT, *args], env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-c", FAULT, *args], env=env, cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
     proc.children = json.loads(children.read_text())  # type: ignore[attr-defined]
     return proc
 
@@ -90,7 +92,9 @@ def assert_no_worker_left(pids: list[int]) -> None:
 
 
 def trainer(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "trainer", *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "trainer", *args], cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
 
 
 @pytest.mark.slow
@@ -175,7 +179,7 @@ def test_failing_disk_keeps_earlier_checkpoints_and_training_goes_on(tmp_path, s
     import trainer.checkpoint as checkpoint_module
 
     run = tmp_path / "disk"
-    original = checkpoint_module._write_bytes
+    original = checkpoint_module.write_bytes_atomic
     calls = {"n": 0}
 
     def read_only_after_first(path, data):
@@ -185,7 +189,7 @@ def test_failing_disk_keeps_earlier_checkpoints_and_training_goes_on(tmp_path, s
         calls["n"] += 1
         return original(path, data)
 
-    monkeypatch.setattr(checkpoint_module, "_write_bytes", read_only_after_first)
+    monkeypatch.setattr(checkpoint_module, "write_bytes_atomic", read_only_after_first)
     if os.geteuid() != 0:
         # A real read-only folder: the first checkpoint is written, then the folder is locked.
         def lock_after_first(path, data):
@@ -194,9 +198,20 @@ def test_failing_disk_keeps_earlier_checkpoints_and_training_goes_on(tmp_path, s
                 os.chmod(path.parent.parent, 0o555)
             return result
 
-        monkeypatch.setattr(checkpoint_module, "_write_bytes", lock_after_first)
-    result = run_cli("train", "a2c", "--timesteps", "400", "--out", str(run), "--schema", str(site_schema),
-                     "--device", "cpu", *sets("a2c.checkpoint_freq_steps=100", "a2c.n_steps=10"))  # rollouts end on 100s
+        monkeypatch.setattr(checkpoint_module, "write_bytes_atomic", lock_after_first)
+    result = run_cli(
+        "train",
+        "a2c",
+        "--timesteps",
+        "400",
+        "--out",
+        str(run),
+        "--schema",
+        str(site_schema),
+        "--device",
+        "cpu",
+        *sets("a2c.checkpoint_freq_steps=100", "a2c.n_steps=10"),
+    )  # rollouts end on 100s
     os.chmod(run / "a2c" / "checkpoints", 0o755)
     assert result.exit_code == 0, result.output
     metrics = json.loads((run / "results.json").read_text())["a2c"]
@@ -241,16 +256,25 @@ def test_a_second_trainer_on_the_same_run_is_refused(tmp_path, site_schema):
 # ------------------------------------------------------------------ out of memory
 
 
-@pytest.mark.parametrize("exc, expected", [
-    (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), True),
-    (MemoryError(), True),
-    (RuntimeError("CUDA error: out of memory"), True),
-    (RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"), True),
-    (RuntimeError("cuDNN error: CUDNN_STATUS_ALLOC_FAILED"), True),
-    (RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory: you tried to allocate 8 GB"), True),
-    (RuntimeError("mat1 and mat2 shapes cannot be multiplied (4x3 and 5x6)"), False),
-    (ValueError("out of memory"), False),
-])
+@pytest.mark.parametrize(
+    "exc, expected",
+    [
+        (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), True),
+        (MemoryError(), True),
+        (RuntimeError("CUDA error: out of memory"), True),
+        (RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"), True),
+        (RuntimeError("cuDNN error: CUDNN_STATUS_ALLOC_FAILED"), True),
+        (
+            RuntimeError(
+                "[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: "
+                "can't allocate memory: you tried to allocate 8 GB"
+            ),
+            True,
+        ),
+        (RuntimeError("mat1 and mat2 shapes cannot be multiplied (4x3 and 5x6)"), False),
+        (ValueError("out of memory"), False),
+    ],
+)
 def test_out_of_memory_is_classified(exc, expected):
     assert is_out_of_memory(exc) is expected
 
@@ -263,7 +287,7 @@ def test_numpy_allocation_failure_is_out_of_memory():
 
 def _sac_train_raising(monkeypatch, exc_factory, times: int):
     """Fail SAC's update itself, which runs inside the environment step when learning while stepping."""
-    from trainer.fast_sac import FastSAC
+    from trainer.learn.fast_sac import FastSAC
 
     original = FastSAC._train_now
     state = {"left": times}
@@ -319,8 +343,8 @@ def test_replay_buffer_that_cannot_fit_in_ram_is_refused(tmp_path, site_schema):
 
 def test_huge_batch_is_backed_off_before_training(tmp_path, site_schema):
     run = tmp_path / "huge"
-    result = run_cli("train", "sac", "--timesteps", "60", "--out", str(run), "--schema", str(site_schema),
-                     "--device", "cpu", *sets("sac.batch_size=1073741824", "sac.learning_starts=59"))  # one gradient step
+    result = run_cli("train", "sac", "--timesteps", "60", "--out", str(run), "--schema", str(site_schema), "--device",
+                     "cpu", *sets("sac.batch_size=1073741824", "sac.learning_starts=59"))  # one gradient step
     assert result.exit_code == 0, result.output
     steps = [(e["old"], e["new"]) for e in events(run) if e["event"] == "out of memory: batch size backed off"]
     assert steps[0] == (2**30, 2**29) and all(new == old // 2 for old, new in steps)
@@ -333,7 +357,7 @@ def test_huge_batch_is_backed_off_before_training(tmp_path, site_schema):
 
 
 def _sac_train_poisoning(monkeypatch, times: int):
-    from trainer.fast_sac import FastSAC
+    from trainer.learn.fast_sac import FastSAC
 
     original = FastSAC._train_now
     state = {"left": times}

@@ -15,13 +15,44 @@ from trainer.run_dir import RunDir
 def _results() -> dict:
     """The quick night that once crowned a2c: a2c and ppo cut CO2 by never charging a car."""
     results = {
-        "baseline": {"co2_kg": 38_600.0, "co2_kg_per_year": 38_600.0, "ev_departure_soc_met_pct": 100.0, "ev_unmet_kwh": 0.0},
-        "rbc": {"co2_kg": 35_200.0, "co2_kg_per_year": 35_200.0, "ev_departure_soc_met_pct": 100.0, "ev_unmet_kwh": 0.0},
-        "optimum": {"co2_kg": 29_650.0, "co2_kg_per_year": 29_650.0, "ev_departure_soc_met_pct": 100.0,
-                    "ev_unmet_kwh": 0.0, "lp_co2_kg": 29_600.0, "lp_co2_kg_per_year": 29_600.0},
-        "sac": {"co2_kg": 34_000.0, "co2_kg_per_year": 34_000.0, "ev_departure_soc_met_pct": 99.1, "ev_unmet_kwh": 12.0},
-        "ppo": {"co2_kg": 28_100.0, "co2_kg_per_year": 28_100.0, "ev_departure_soc_met_pct": 0.0, "ev_unmet_kwh": 30_600.0},
-        "a2c": {"co2_kg": 28_000.0, "co2_kg_per_year": 28_000.0, "ev_departure_soc_met_pct": 0.0, "ev_unmet_kwh": 30_600.0},
+        "baseline": {
+            "co2_kg": 38_600.0,
+            "co2_kg_per_year": 38_600.0,
+            "ev_departure_soc_met_pct": 100.0,
+            "ev_unmet_kwh": 0.0,
+        },
+        "rbc": {
+            "co2_kg": 35_200.0,
+            "co2_kg_per_year": 35_200.0,
+            "ev_departure_soc_met_pct": 100.0,
+            "ev_unmet_kwh": 0.0,
+        },
+        "optimum": {
+            "co2_kg": 29_650.0,
+            "co2_kg_per_year": 29_650.0,
+            "ev_departure_soc_met_pct": 100.0,
+            "ev_unmet_kwh": 0.0,
+            "lp_co2_kg": 29_600.0,
+            "lp_co2_kg_per_year": 29_600.0,
+        },
+        "sac": {
+            "co2_kg": 34_000.0,
+            "co2_kg_per_year": 34_000.0,
+            "ev_departure_soc_met_pct": 99.1,
+            "ev_unmet_kwh": 12.0,
+        },
+        "ppo": {
+            "co2_kg": 28_100.0,
+            "co2_kg_per_year": 28_100.0,
+            "ev_departure_soc_met_pct": 0.0,
+            "ev_unmet_kwh": 30_600.0,
+        },
+        "a2c": {
+            "co2_kg": 28_000.0,
+            "co2_kg_per_year": 28_000.0,
+            "ev_departure_soc_met_pct": 0.0,
+            "ev_unmet_kwh": 30_600.0,
+        },
     }
     compare_to_baseline(results)
     return results

@@ -13,10 +13,10 @@ import torch
 from stable_baselines3.common.callbacks import BaseCallback
 
 from trainer.config import load_config
+from trainer.learn.trainer import StageTrainer, TrainingInterrupted
 from trainer.run_dir import RunDir
+from trainer.session import RunContext
 from trainer.signals import STOP
-from trainer.stages import RunContext
-from trainer.training import StageTrainer, TrainingInterrupted
 
 from .conftest import tiny_overrides
 

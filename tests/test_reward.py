@@ -143,7 +143,10 @@ def test_the_storage_credit_telescopes_to_the_change_in_stored_energy(site_schem
     assert difference == pytest.approx(credit._previous[0] - first[0], rel=1e-9, abs=1e-12)
     battery = shaped.unwrapped.buildings[0].electrical_storage
     t = shaped.unwrapped.time_step - 1
-    evs = sum(float(c.connected_electric_vehicle.battery.soc[t]) * float(c.connected_electric_vehicle.battery.capacity)
-              for c in shaped.unwrapped.buildings[0].electric_vehicle_chargers if c.connected_electric_vehicle is not None)
+    evs = sum(
+        float(c.connected_electric_vehicle.battery.soc[t]) * float(c.connected_electric_vehicle.battery.capacity)
+        for c in shaped.unwrapped.buildings[0].electric_vehicle_chargers
+        if c.connected_electric_vehicle is not None
+    )
     stored = float(battery.soc[t]) * float(battery.capacity) + evs
     assert credit._previous[0] == pytest.approx(2 * credit.values[0] * stored)

@@ -31,8 +31,8 @@ def test_timed_quick_schedule_writes_results_and_a_complete_report(tmp_path):
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
-    assert lines[0].startswith("plan (") and any(" sac " in l and "train 150/150 steps" in l for l in lines[1:8])
-    table = lines[lines.index(next(l for l in lines if l.startswith("agent "))):]
+    assert lines[0].startswith("plan (") and any(" sac " in row and "train 150/150 steps" in row for row in lines[1:8])
+    table = lines[lines.index(next(row for row in lines if row.startswith("agent "))):]
     assert [line.split()[0] for line in table[2:8]] == ["baseline", "rbc", "optimum", "sac", "ppo", "a2c"]
     results = json.loads((out / "results.json").read_text())
     assert [results[a]["timesteps"] for a in ("sac", "ppo", "a2c")] == [150, 128, 96]
@@ -59,10 +59,16 @@ def test_stop_mid_sac_then_resume_finishes_by_the_same_deadline(tmp_path):
     assert stopped.returncode == 143, stopped.stderr[-3000:]
     assert f"resume with: trainer schedule --resume {out}" in stopped.stderr.strip().splitlines()[-1]
     before = json.loads((out / "schedule.json").read_text())
-    assert [s["status"] for s in before["stages"]] == ["done", "done", "done", "running", "pending", "pending", "pending"]
+    assert [s["status"] for s in before["stages"]] == ["done", "done", "done", "running", "pending", "pending",
+                                                       "pending"]
 
-    resumed = subprocess.run([sys.executable, "-m", "trainer", "schedule", "--resume", str(out), "--quick", "--device", "cpu"],
-                             cwd=ROOT, capture_output=True, text=True, timeout=600)
+    resumed = subprocess.run(
+        [sys.executable, "-m", "trainer", "schedule", "--resume", str(out), "--quick", "--device", "cpu"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     after = json.loads((out / "schedule.json").read_text())
     assert after["deadline"] == before["deadline"]

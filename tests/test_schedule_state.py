@@ -8,8 +8,8 @@ from datetime import datetime, timedelta
 import pytest
 
 from trainer.errors import UsageError
-from trainer.schedule import DONE, FAILED, PENDING, RUNNING, SKIPPED, ScheduleState, plan, run
-from trainer.timing import StageSpec, allocate, parse_duration, resolve_finish_by
+from trainer.night.budget import StageSpec, allocate, parse_duration, resolve_finish_by
+from trainer.night.state import DONE, FAILED, PENDING, RUNNING, SKIPPED, ScheduleState, plan, run
 
 START = datetime(2026, 11, 22, 22, 0, 0)
 # Targets far beyond an hour's training, so timed runs end by their slots.
@@ -36,7 +36,9 @@ class FakeRunner:
 
     def spec(self, record):
         if record.kind == "train":
-            return StageSpec(record.name, "train", EVAL_S, WEIGHTS[record.name], record.timesteps_target, SPEEDS[record.name])
+            return StageSpec(
+                record.name, "train", EVAL_S, WEIGHTS[record.name], record.timesteps_target, SPEEDS[record.name]
+            )
         return StageSpec(record.name, record.kind, REPORT_S if record.kind == "report" else EVAL_S)
 
     def _maybe_fail(self, name):
@@ -87,7 +89,9 @@ def new_state(tmp_path, deadline: datetime | None, clock: Clock, runner) -> Sche
 # ------------------------------------------------------------------ time math
 
 
-@pytest.mark.parametrize("text, seconds", [("10h", 36000), ("90m", 5400), ("1h30m", 5400), ("8m", 480), ("45s", 45), ("2.5h", 9000)])
+@pytest.mark.parametrize(
+    "text, seconds", [("10h", 36000), ("90m", 5400), ("1h30m", 5400), ("8m", 480), ("45s", 45), ("2.5h", 9000)]
+)
 def test_parse_duration(text, seconds):
     assert parse_duration(text) == seconds
 

@@ -9,17 +9,19 @@ import torch
 from citylearn.wrappers import NormalizedObservationWrapper, StableBaselines3Wrapper
 from stable_baselines3 import SAC
 
-from trainer.agents import MAX_AUTO_ENVS, training_envs
 from trainer.config import load_config
 from trainer.env import CentralAgentArrays, make_citylearn_env
 from trainer.errors import ConfigError
-from trainer.fast_sac import FastSAC
+from trainer.learn.agents import MAX_AUTO_ENVS, training_envs
+from trainer.learn.fast_sac import FastSAC
 
 
 def _same_observations(cfg, schema, steps: int) -> float:
     """Step the product's wrapper and CityLearn's side by side with the same actions; worst difference."""
     ours = CentralAgentArrays(make_citylearn_env(cfg, schema, "eval", 0, eval_days=30))
-    theirs = StableBaselines3Wrapper(NormalizedObservationWrapper(make_citylearn_env(cfg, schema, "eval", 0, eval_days=30)))
+    theirs = StableBaselines3Wrapper(
+        NormalizedObservationWrapper(make_citylearn_env(cfg, schema, "eval", 0, eval_days=30))
+    )
     assert ours.observation_space == theirs.observation_space
     a, _ = ours.reset()
     b, _ = theirs.reset()
@@ -148,7 +150,7 @@ def test_configured_environments_must_divide_the_rollout():
 def test_torch_threads_follow_the_agent_unless_set(default_cfg, monkeypatch):
     from trainer.device import cpu_threads_for
 
-    monkeypatch.setattr("trainer.env.cpu_cores", lambda: 6)
+    monkeypatch.setattr("trainer.device.cpu_cores", lambda: 6)
     assert default_cfg.gpu.cpu_threads == 0
     assert [cpu_threads_for(default_cfg, a) for a in ("sac", "ppo", "a2c")] == [1, 1, 1]  # workers beside each
     alone = load_config(overrides=["sac.learn_while_stepping=false"])

@@ -12,8 +12,8 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
-from trainer.agents import fit_rollout, load_model
 from trainer.cli import cli
+from trainer.learn.agents import fit_rollout, load_model
 from trainer.metrics import METRIC_KEYS
 
 from .conftest import tiny_overrides
@@ -26,8 +26,8 @@ def sets(*overrides: str) -> list[str]:
 @pytest.mark.parametrize("agent, steps", [("sac", 200), ("ppo", 256), ("a2c", 200)])
 def test_tiny_training_run(agent, steps, tmp_path, site_schema, monkeypatch):
     out = tmp_path / agent
-    args = ["train", agent, "--timesteps", str(steps), "--out", str(out), "--schema", str(site_schema), "--device", "cpu",
-            *sets(*tiny_overrides())]
+    args = ["train", agent, "--timesteps", str(steps), "--out", str(out), "--schema", str(site_schema), "--device",
+            "cpu", *sets(*tiny_overrides())]
     monkeypatch.setattr(sys, "argv", ["trainer", *args])  # what the console script would see
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 0, result.output
@@ -62,8 +62,11 @@ def test_ppo_rollout_is_shortened_to_fit_a_short_run():
 
 def test_evaluate_reproduces_a_runs_results(tmp_path, site_schema):
     out = tmp_path / "run"
-    trained = CliRunner().invoke(cli, ["train", "ppo", "--timesteps", "128", "--out", str(out), "--schema", str(site_schema),
-                                       "--device", "cpu", *sets(*tiny_overrides())])
+    trained = CliRunner().invoke(
+        cli,
+        ["train", "ppo", "--timesteps", "128", "--out", str(out), "--schema", str(site_schema), "--device", "cpu",
+         *sets(*tiny_overrides())],
+    )
     assert trained.exit_code == 0, trained.output
     before = json.loads((out / "results.json").read_text())
     result = CliRunner().invoke(cli, ["evaluate", str(out)])

@@ -26,11 +26,15 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from trainer import logs
+from trainer.files import fsync_dir, fsync_file, write_bytes_atomic
+
+if TYPE_CHECKING:
+    from stable_baselines3.common.base_class import BaseAlgorithm
 
 MANIFEST = "manifest.json"
 MODEL = "model.zip"
@@ -63,14 +67,10 @@ class Checkpoint:
             return pickle.load(handle)
 
 
-class CheckpointWriteError(OSError):
-    """A checkpoint could not be written; earlier checkpoints are untouched."""
-
-
 # ----------------------------------------------------------------------------- RNG
 
 
-def capture_rng(model) -> dict[str, Any]:
+def capture_rng(model: BaseAlgorithm) -> dict[str, Any]:
     import torch
 
     state: dict[str, Any] = {
@@ -86,7 +86,7 @@ def capture_rng(model) -> dict[str, Any]:
     return state
 
 
-def restore_rng(model, state: dict[str, Any]) -> None:
+def restore_rng(model: BaseAlgorithm, state: dict[str, Any]) -> None:
     import torch
 
     random.setstate(state["python"])
@@ -109,36 +109,9 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(path: Path) -> None:
-    if os.name == "nt":  # Windows cannot open a directory to fsync it
-        return
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _place(tmp: Path, final: Path) -> None:
-    _fsync_file(tmp)
+    fsync_file(tmp)
     os.replace(tmp, final)
-
-
-def _write_bytes(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".tmp-{path.name}")
-    with open(tmp, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
 
 
 class CheckpointStore:
@@ -149,7 +122,9 @@ class CheckpointStore:
         self.keep = keep
         self.failures = 0
 
-    def save(self, model, state: dict[str, Any], rng: dict[str, Any], with_replay_buffer: bool) -> Checkpoint | None:
+    def save(
+        self, model: BaseAlgorithm, state: dict[str, Any], rng: dict[str, Any], with_replay_buffer: bool
+    ) -> Checkpoint | None:
         """Write a checkpoint; on a disk error, log it, count it and return None (training goes on)."""
         step = int(state["step"])
         path = self.folder / f"{PREFIX}{step:010d}"
@@ -165,22 +140,33 @@ class CheckpointStore:
                 tmp_replay = path / f".tmp-{REPLAY}"  # SB3 adds ".pkl" to any other suffix
                 model.save_replay_buffer(str(tmp_replay))
                 _place(tmp_replay, path / REPLAY)
-            _write_bytes(path / RNG, pickle.dumps(rng))
-            _write_bytes(path / STATE, json.dumps(state, indent=2).encode())
+            write_bytes_atomic(path / RNG, pickle.dumps(rng))
+            write_bytes_atomic(path / STATE, json.dumps(state, indent=2).encode())
             files = sorted(p.name for p in path.iterdir() if not p.name.startswith("."))
-            manifest = {"step": step, "files": {n: {"bytes": (path / n).stat().st_size, "sha256": _sha256(path / n)} for n in files}}
-            _write_bytes(path / MANIFEST, json.dumps(manifest, indent=2).encode())
-            _fsync_dir(path)
-            _fsync_dir(self.folder)
+            manifest = {
+                "step": step,
+                "files": {n: {"bytes": (path / n).stat().st_size, "sha256": _sha256(path / n)} for n in files},
+            }
+            write_bytes_atomic(path / MANIFEST, json.dumps(manifest, indent=2).encode())
+            fsync_dir(path)
+            fsync_dir(self.folder)
         except OSError as exc:
             self.failures += 1
             free = _free_bytes(self.folder)
-            logs.get().error("checkpoint write failed", path=str(path), error=str(exc), free_bytes=free,
-                             failures=self.failures, hint="free disk space or make the run folder writable; training goes on")
+            logs.get().error(
+                "checkpoint write failed",
+                path=str(path),
+                error=str(exc),
+                free_bytes=free,
+                failures=self.failures,
+                hint="free disk space or make the run folder writable; training goes on",
+            )
             shutil.rmtree(path, ignore_errors=True)
             return None
         size = sum(f.stat().st_size for f in path.iterdir())
-        logs.get().info("checkpoint saved", step=step, path=str(path), seconds=round(time.perf_counter() - start, 3), bytes=size)
+        logs.get().info(
+            "checkpoint saved", step=step, path=str(path), seconds=round(time.perf_counter() - start, 3), bytes=size
+        )
         self._prune()
         return Checkpoint(path, state)
 

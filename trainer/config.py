@@ -2,9 +2,9 @@
 
 Every key has a type, a range where it has one, and a one-line description
 (``trainer config show --doc`` prints them). The models carry *no* defaults:
-every default value lives in ``configs/default.yaml`` and nowhere else.
+every default value lives in ``trainer/configs/default.yaml`` and nowhere else.
 
-Precedence, in one function (:func:`load_config`): ``configs/default.yaml`` →
+Precedence, in one function (:func:`load_config`): ``trainer/configs/default.yaml`` →
 each ``--config FILE`` left to right → each ``--set key.path=value``.
 """
 
@@ -14,19 +14,22 @@ import copy
 import difflib
 import hashlib
 import json
+from importlib import resources
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
-from trainer.errors import ConfigError
+from trainer.errors import ConfigError, UsageError
+from trainer.night.budget import parse_clock, parse_duration
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-CONFIG_DIR = REPO_ROOT / "configs"
+# Package data, so a wheel install finds it as well as a checkout does.
+CONFIG_DIR = Path(str(resources.files("trainer") / "configs"))
 DEFAULT_CONFIG = CONFIG_DIR / "default.yaml"
 
-AGENTS = ("sac", "ppo", "a2c")
+AgentName = Literal["sac", "ppo", "a2c"]
+AGENTS: tuple[AgentName, ...] = get_args(AgentName)
 # The references every agent is measured against, in the order the night evaluates them.
 REFERENCES = ("baseline", "rbc", "optimum")
 
@@ -74,14 +77,19 @@ class ScenarioConfig(Section):
     tariff_peak_per_kwh: float = doc("Time-of-use tariff, peak price per kWh (16:00-21:00).", ge=0)
     tariff_summer_peak_per_kwh: float = doc("Peak price per kWh in June-September.", ge=0)
     currency: str = doc("Currency symbol of the tariff, used in the report.", min_length=1, max_length=8)
-    train_episode_days: int = doc("Length of a training episode in days (evaluation always runs the full year).", ge=1, le=365)
+    train_episode_days: int = doc(
+        "Length of a training episode in days (evaluation always runs the full year).", ge=1, le=365
+    )
 
 
 class RewardConfig(Section):
     co2: float = doc("Weight of grid-import CO2 (kg, normalised by site scale x max intensity).", ge=0)
     cost: float = doc("Weight of import cost (normalised by site scale x max price).", ge=0)
-    ev: float = doc("Price of each kWh a car can no longer get by departure, as a multiple of the most that kWh "
-                    "can earn in the other terms (> 1 ranks serving cars above stranding them; docs/scenario.md).", ge=0)
+    ev: float = doc(
+        "Price of each kWh a car can no longer get by departure, as a multiple of the most that kWh "
+        "can earn in the other terms (> 1 ranks serving cars above stranding them; docs/scenario.md).",
+        ge=0,
+    )
     grid: float = doc("Weight of the squared grid import (peak shaving), per site scale.", ge=0)
     storage: float = doc("Potential-based shaping that credits stored energy at its mean value as it is stored "
                          "(0 = off; leaves the optimal policy unchanged; docs/scenario.md).", ge=0, le=10)
@@ -89,7 +97,7 @@ class RewardConfig(Section):
     solar: float = doc("Weight of exported PV that could have been self-consumed, per site scale.", ge=0)
 
     @model_validator(mode="after")
-    def _some_weight(self) -> "RewardConfig":
+    def _some_weight(self) -> RewardConfig:
         if self.co2 + self.cost + self.ev + self.grid + self.solar <= 0:
             raise ValueError("at least one reward weight must be positive")
         return self
@@ -104,8 +112,11 @@ class EvConfig(Section):
 
 
 class ObservationsConfig(Section):
-    carbon_ahead_hours: list[Annotated[int, Field(ge=1, le=168)]] = doc("Hours ahead of grid carbon intensity added to the agents' observations "
-                                        "(from the dataset: perfect forecasts); [] adds none.", max_length=48)
+    carbon_ahead_hours: list[Annotated[int, Field(ge=1, le=168)]] = doc(
+        "Hours ahead of grid carbon intensity added to the agents' observations "
+        "(from the dataset: perfect forecasts); [] adds none.",
+        max_length=48,
+    )
 
 
 class WarmStartConfig(Section):
@@ -142,7 +153,7 @@ class AgentConfig(Section):
     max_grad_norm: float = doc("Gradient clipping norm (PPO/A2C).", gt=0)
 
     @model_validator(mode="after")
-    def _one_length(self) -> "AgentConfig":
+    def _one_length(self) -> AgentConfig:
         if self.timesteps is None and self.episodes is None:
             raise ValueError("set one of timesteps or episodes")
         if self.timesteps is not None and self.episodes is not None:
@@ -169,13 +180,17 @@ class OnPolicyConfig(AgentConfig):
 
     n_steps: int = doc("Environment steps per rollout, summed over the parallel environments "
                        "(SB3's n_steps x n_envs); a multiple of n_envs.", ge=1)
-    n_envs: int = doc("Parallel environments (SubprocVecEnv); 0 = four per CPU core, a divisor of n_steps.", ge=0, le=256)
+    n_envs: int = doc(
+        "Parallel environments (SubprocVecEnv); 0 = four per CPU core, a divisor of n_steps.", ge=0, le=256
+    )
 
     @model_validator(mode="after")
-    def _whole_rollouts(self) -> "OnPolicyConfig":
+    def _whole_rollouts(self) -> OnPolicyConfig:
         if self.n_envs and self.n_steps % self.n_envs:
-            raise ValueError(f"n_steps ({self.n_steps}) must be a multiple of n_envs ({self.n_envs}); "
-                             f"set n_steps to {self.n_steps - self.n_steps % self.n_envs or self.n_envs} or n_envs to 0")
+            raise ValueError(
+                f"n_steps ({self.n_steps}) must be a multiple of n_envs ({self.n_envs}); "
+                f"set n_steps to {self.n_steps - self.n_steps % self.n_envs or self.n_envs} or n_envs to 0"
+            )
         return self
 
 
@@ -193,30 +208,52 @@ class A2cConfig(OnPolicyConfig):
 
 
 class ScheduleConfig(Section):
-    agents: list[Literal["sac", "ppo", "a2c"]] = doc("Agents trained by `trainer schedule`, in order.", min_length=1)
-    weights: dict[Literal["sac", "ppo", "a2c"], float] = doc(
+    agents: list[AgentName] = doc("Agents trained by `trainer schedule`, in order.", min_length=1)
+    weights: dict[AgentName, float] = doc(
         "Share of the night's training time per agent (targets are each agent's timesteps).")
     budget: str | None = doc("Default time budget, e.g. 10h or 90m (overridden by --budget/--finish-by).")
     finish_by: str | None = doc("Default local finish time HH:MM (overridden by --budget/--finish-by).")
     curve_every_steps: int = doc("Evaluate the policy for the learning curve every this many steps.", ge=1)
     curve_eval_days: int = doc("Days simulated by each learning-curve evaluation.", ge=1, le=365)
-    quick_timesteps: dict[Literal["sac", "ppo", "a2c"], int] = doc(
+    quick_timesteps: dict[AgentName, int] = doc(
         "Timesteps per agent with --quick (a smoke run of the whole schedule)."
     )
     eval_days: int | None = doc("Evaluation length in days from the dataset's start; null = the whole period.", ge=1)
 
+    @field_validator("budget", "finish_by")
+    @classmethod
+    def _a_duration_or_clock_time(cls, value: str | None, info: ValidationInfo) -> str | None:
+        parse = parse_duration if info.field_name == "budget" else parse_clock
+        if value is not None:
+            _as_value_error(parse, value, "it")
+        return value
+
     @model_validator(mode="after")
-    def _budget_or_deadline(self) -> "ScheduleConfig":
+    def _budget_or_deadline(self) -> ScheduleConfig:
         if self.budget is not None and self.finish_by is not None:
             raise ValueError(f"set only one of budget ({self.budget!r}) or finish_by ({self.finish_by!r})")
         return self
 
 
+def _as_value_error(parse: Any, value: str, option: str) -> None:
+    """The night's own parsers, as a config check (pydantic reports ValueErrors with the key)."""
+    try:
+        parse(value, option)
+    except UsageError as exc:
+        raise ValueError(str(exc)) from None
+
+
 class ReliabilityConfig(Section):
-    keep_checkpoints: int = doc("Checkpoints kept per stage (older ones are pruned once a new one is complete).", ge=1, le=100)
+    keep_checkpoints: int = doc(
+        "Checkpoints kept per stage (older ones are pruned once a new one is complete).", ge=1, le=100
+    )
     min_batch_size: int = doc("Out-of-memory backoff halves the batch down to this floor, then stops.", ge=1)
-    batch_memory_fraction: float = doc("Share of free memory a training batch may use before it is backed off up front.", gt=0, le=1)
-    nonfinite_lr_factor: float = doc("A NaN/inf loss or parameter rolls back and multiplies the learning rate by this.", gt=0, lt=1)
+    batch_memory_fraction: float = doc(
+        "Share of free memory a training batch may use before it is backed off up front.", gt=0, le=1
+    )
+    nonfinite_lr_factor: float = doc(
+        "A NaN/inf loss or parameter rolls back and multiplies the learning rate by this.", gt=0, lt=1
+    )
     nonfinite_retries: int = doc("Rollbacks for non-finite values before the stage stops.", ge=0)
 
 
@@ -345,10 +382,14 @@ def _format_error(error: dict[str, Any]) -> str:
         choices = sorted(parent.model_fields) if parent else []
         close = difflib.get_close_matches(str(loc[-1]), choices, n=1)
         prefix = ".".join(str(p) for p in loc[:-1])
-        hint = f"did you mean '{prefix + '.' if prefix else ''}{close[0]}'?" if close else f"valid keys: {', '.join(choices)}"
+        hint = (
+            f"did you mean '{prefix + '.' if prefix else ''}{close[0]}'?"
+            if close
+            else f"valid keys: {', '.join(choices)}"
+        )
         return f"unknown config key '{path}': {hint}"
     if kind == "missing":
-        return f"missing config key '{path}': add it (see configs/default.yaml for its meaning)"
+        return f"missing config key '{path}': add it (see trainer/configs/default.yaml for its meaning)"
     where = f"config key '{path}'" if path else "config"
     message = error["msg"].removeprefix("Value error, ")
     message = message[0].lower() + message[1:]

@@ -17,12 +17,15 @@ CityLearn's own units and convert.
 from __future__ import annotations
 
 import math
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from trainer.env import ActionScale, action_slices
 from trainer.ev_service import Session, connected_sessions
+
+if TYPE_CHECKING:
+    from citylearn.citylearn import CityLearnEnv
 
 # An EV whose slack (hours left minus hours needed at full power) falls below this is
 # charged at full power: 1.5 h covers the rounding of hourly steps.
@@ -34,14 +37,14 @@ LOW_CARBON_QUANTILE = 0.40
 class Controller(Protocol):
     name: str
 
-    def act(self, obs: np.ndarray, env) -> np.ndarray:
+    def act(self, obs: np.ndarray, env: CityLearnEnv) -> np.ndarray:
         """The action for the current step in the agents' [-1, 1] space; ``env`` is the unwrapped CityLearnEnv."""
 
 
 class UncontrolledBaseline:
     name = "baseline"
 
-    def act(self, obs: np.ndarray, env) -> np.ndarray:
+    def act(self, obs: np.ndarray, env: CityLearnEnv) -> np.ndarray:
         actions = []
         for _, names in action_slices(env):
             actions.extend(1.0 if n.startswith("electric_vehicle_storage") else 0.0 for n in names)
@@ -65,7 +68,7 @@ class RuleBasedController:
             )
         return self._thresholds[i]
 
-    def act(self, obs: np.ndarray, env) -> np.ndarray:
+    def act(self, obs: np.ndarray, env: CityLearnEnv) -> np.ndarray:
         t = env.time_step
         actions: list[float] = []
         sessions = connected_sessions(env)
@@ -109,7 +112,13 @@ class RuleBasedController:
                 elif carbon >= high_carbon or price > median_price:
                     battery_action = -min(max(load + ev_load - pv, 0.0) / nominal, 1.0)
             for name in names:
-                actions.append(ev_actions.get(name, 0.0) if name in ev_actions else battery_action if name == "electrical_storage" else 0.0)
+                actions.append(
+                    ev_actions.get(name, 0.0)
+                    if name in ev_actions
+                    else battery_action
+                    if name == "electrical_storage"
+                    else 0.0
+                )
         return ActionScale.of(env).to_agent(actions)
 
 
@@ -130,7 +139,7 @@ class PolicyController:
         self.name = name
         self.model = model
 
-    def act(self, obs: np.ndarray, env) -> np.ndarray:
+    def act(self, obs: np.ndarray, env: CityLearnEnv) -> np.ndarray:
         action, _ = self.model.predict(obs, deterministic=True)
         return action
 

@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
+import os
+
 from trainer import logs
 from trainer.config import Config, GpuConfig
 from trainer.errors import UsageError
+
+
+def cpu_cores() -> int:
+    """Cores this process may run on (the affinity mask where the OS has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # Windows and macOS
+        return os.cpu_count() or 1
 
 
 def resolve_device(requested: str) -> str:
@@ -31,7 +41,6 @@ def cpu_threads_for(cfg: Config, agent: str) -> int:
     """
     if cfg.gpu.cpu_threads:
         return cfg.gpu.cpu_threads
-    from trainer.env import cpu_cores
 
     return cpu_cores() if agent == "sac" and not cfg.sac.learn_while_stepping else 1
 
@@ -52,7 +61,9 @@ def apply_gpu_flags(gpu: GpuConfig, device: str) -> dict[str, object]:
     if gpu.cpu_threads:
         torch.set_num_threads(gpu.cpu_threads)  # 0: each stage sets its own (apply_cpu_threads)
     if device != "cuda":
-        log.info("gpu flags not applied", device=device, reason="not a CUDA device", cpu_threads=torch.get_num_threads())
+        log.info(
+            "gpu flags not applied", device=device, reason="not a CUDA device", cpu_threads=torch.get_num_threads()
+        )
         return {"applied": False, "device": device, "cpu_threads": torch.get_num_threads()}
     torch.backends.cuda.matmul.allow_tf32 = gpu.tf32
     torch.backends.cudnn.allow_tf32 = gpu.tf32

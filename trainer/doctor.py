@@ -3,17 +3,24 @@ and says how to fix it."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Callable
+
+from packaging.requirements import Requirement
+
+from monitor.nvml import Nvml, NvmlUnavailable
+from trainer.config import AGENTS, Config
+from trainer.env import make_sb3_env, resolve_dataset
+from trainer.errors import TrainerError
+from trainer.learn.memory import GIB, Shapes, available_bytes, batch_bytes, host_available_bytes, replay_buffer_bytes
+from trainer.session import site_schema
 
 PASS, WARN, FAIL = "pass", "warn", "fail"
-GIB = 1024**3
 DISK_WARN_BYTES = 5 * GIB
 DISK_FAIL_BYTES = 500 * 1024**2
 
@@ -35,8 +42,6 @@ def check_python() -> Check:
 
 
 def check_packages() -> Check:
-    from packaging.requirements import Requirement
-
     problems = []
     for text in metadata.requires("pvbess-trainer") or []:
         requirement = Requirement(text)
@@ -50,7 +55,9 @@ def check_packages() -> Check:
         if requirement.specifier and not requirement.specifier.contains(installed, prereleases=True):
             problems.append(f"{requirement.name} {installed} (needs {requirement.specifier})")
     if problems:
-        return Check("packages", FAIL, "; ".join(problems), "reinstall: .venv/bin/pip install -e . (or rerun the launcher)")
+        return Check(
+            "packages", FAIL, "; ".join(problems), "reinstall: .venv/bin/pip install -e . (or rerun the launcher)"
+        )
     return Check("packages", PASS, f"citylearn {metadata.version('citylearn')}, stable-baselines3 "
                                    f"{metadata.version('stable-baselines3')}, torch {metadata.version('torch')}")
 
@@ -62,15 +69,26 @@ def check_torch_cuda(require_gpu: bool) -> list[Check]:
     checks = [Check("torch", PASS, f"torch {torch.__version__}, {build}")]
     if not torch.cuda.is_available():
         why = "this torch has no CUDA" if not torch.version.cuda else "no NVIDIA GPU or driver visible"
-        fix = ("install a CUDA build of torch (set PVBESS_TORCH for the launcher) and an NVIDIA driver"
-               if not torch.version.cuda else "check the driver (nvidia-smi) and that the GPU is passed through (--gpus all)")
-        checks.append(Check("cuda", FAIL if require_gpu else WARN, f"CUDA not available: {why}; training runs on the CPU", fix))
+        fix = (
+            "install a CUDA build of torch (set PVBESS_TORCH for the launcher) and an NVIDIA driver"
+            if not torch.version.cuda
+            else "check the driver (nvidia-smi) and that the GPU is passed through (--gpus all)"
+        )
+        checks.append(
+            Check("cuda", FAIL if require_gpu else WARN, f"CUDA not available: {why}; training runs on the CPU", fix)
+        )
         return checks
     props = torch.cuda.get_device_properties(0)
     major, minor = torch.cuda.get_device_capability(0)
     free, total = torch.cuda.mem_get_info(0)
-    checks.append(Check("gpu", PASS, f"{props.name}, compute capability {major}.{minor}, "
-                                     f"{free / GIB:.1f} of {total / GIB:.1f} GiB free, cuDNN {torch.backends.cudnn.version()}"))
+    checks.append(
+        Check(
+            "gpu",
+            PASS,
+            f"{props.name}, compute capability {major}.{minor}, "
+            f"{free / GIB:.1f} of {total / GIB:.1f} GiB free, cuDNN {torch.backends.cudnn.version()}",
+        )
+    )
     return checks
 
 
@@ -79,16 +97,28 @@ def check_gpu_switches(cfg) -> list[Check]:
 
     checks = []
     if cfg.gpu.tf32 and torch.cuda.is_available() and torch.cuda.get_device_capability(0)[0] < 8:
-        checks.append(Check("tf32", WARN, "gpu.tf32 is on but this GPU (compute capability < 8.0) has no TF32: it does nothing",
-                            "set gpu.tf32: false, or use the t4-16gb profile"))
+        checks.append(
+            Check(
+                "tf32",
+                WARN,
+                "gpu.tf32 is on but this GPU (compute capability < 8.0) has no TF32: it does nothing",
+                "set gpu.tf32: false, or use the t4-16gb profile",
+            )
+        )
     if cfg.gpu.mixed_precision:
-        checks.append(Check("mixed precision", WARN, "gpu.mixed_precision has no effect: SB3's learners run in float32 and "
-                            "these networks are too small to gain from autocast (docs/gpu.md)", "set gpu.mixed_precision: false"))
+        checks.append(
+            Check(
+                "mixed precision",
+                WARN,
+                "gpu.mixed_precision has no effect: SB3's learners run in float32 and "
+                "these networks are too small to gain from autocast (docs/gpu.md)",
+                "set gpu.mixed_precision: false",
+            )
+        )
     return checks
 
 
 def check_memory(cfg, shapes, device: str) -> list[Check]:
-    from trainer.memory import available_bytes, batch_bytes, host_available_bytes, replay_buffer_bytes
 
     checks = []
     need, have = replay_buffer_bytes(shapes, cfg.sac.buffer_size), host_available_bytes()
@@ -97,7 +127,7 @@ def check_memory(cfg, shapes, device: str) -> list[Check]:
                         "" if status == PASS else "lower sac.buffer_size"))
     budget = available_bytes(device) * cfg.reliability.batch_memory_fraction
     worst = max((batch_bytes(a, getattr(cfg.agent(a), "batch_size", getattr(cfg.agent(a), "n_steps", 1)), shapes), a)
-                for a in ("sac", "ppo", "a2c"))
+                for a in AGENTS)
     where = "GPU" if device == "cuda" else "host"
     status = PASS if worst[0] <= budget else WARN
     checks.append(Check(f"{where} memory", status, f"largest batch ({worst[1]}) needs ~{worst[0] / GIB:.2f} GiB of "
@@ -114,29 +144,32 @@ def check_disk(root: Path) -> Check:
         with tempfile.NamedTemporaryFile(dir=root):
             pass
     except OSError as exc:
-        return Check("disk", FAIL, f"cannot write to {root}: {exc.strerror or exc}", "set output.root to a writable folder")
+        return Check(
+            "disk", FAIL, f"cannot write to {root}: {exc.strerror or exc}", "set output.root to a writable folder"
+        )
     status = PASS if free >= DISK_WARN_BYTES else WARN if free >= DISK_FAIL_BYTES else FAIL
-    return Check("disk", status, f"{free / GIB:.1f} GiB free in {root}",
-                 "" if status == PASS else "free disk space: each SAC checkpoint holds its replay buffer (~45 MB by default)")
+    return Check(
+        "disk",
+        status,
+        f"{free / GIB:.1f} GiB free in {root}",
+        "" if status == PASS else "free disk space: each SAC checkpoint holds its replay buffer (~45 MB by default)",
+    )
 
 
 def check_nvml() -> Check:
-    from monitor.nvml import Nvml, NvmlUnavailable
-
     nvml = Nvml()
     try:
         gpus = nvml.gpus()
         return Check("nvml", PASS, f"the monitor sees {len(gpus)} GPU(s), driver {nvml.driver_version()}")
     except NvmlUnavailable as exc:
-        return Check("nvml", WARN, f"the GPU monitor will record host metrics only: {exc}", "install the NVIDIA driver for GPU metrics")
+        return Check("nvml", WARN, f"the GPU monitor will record host metrics only: {exc}",
+                     "install the NVIDIA driver for GPU metrics")
     finally:
         nvml.shutdown()
 
 
-def run_checks(load: Callable[[], object], schema: str | None, dataset: str | None, require_gpu: bool) -> list[Check]:
+def run_checks(load: Callable[[], Config], schema: str | None, dataset: str | None, require_gpu: bool) -> list[Check]:
     """Every check; a config or dataset that fails stops only the checks that need it."""
-    from trainer.errors import TrainerError
-
     checks = [check_python(), check_packages(), *check_torch_cuda(require_gpu), check_nvml()]
     try:
         cfg = load()
@@ -159,14 +192,8 @@ def run_checks(load: Callable[[], object], schema: str | None, dataset: str | No
     return checks
 
 
-def _dataset_shapes(cfg, schema: str | None, dataset: str | None):
-    from trainer.env import make_sb3_env, resolve_dataset
-    from trainer.memory import Shapes
-    from trainer.scenario import build_site
-
-    source = resolve_dataset(schema, dataset)
-    with tempfile.TemporaryDirectory() as tmp:
-        path = source.schema if source else build_site(cfg.scenario, Path(tmp) / "site")
+def _dataset_shapes(cfg: Config, schema: str | None, dataset: str | None) -> Shapes:
+    with site_schema(cfg, resolve_dataset(schema, dataset)) as path:
         env = make_sb3_env(cfg, path, "train", cfg.seed)
         try:
             return Shapes(env.observation_space.shape[0], env.action_space.shape[0], tuple(cfg.sac.net_arch))
@@ -191,6 +218,3 @@ def format_table(checks: list[Check]) -> str:
 def as_json(checks: list[Check]) -> list[dict]:
     return [asdict(c) for c in checks]
 
-
-def environment_summary() -> dict[str, str]:
-    return {"python": sys.version.split()[0], "cpus": str(os.cpu_count())}

@@ -8,20 +8,26 @@ purpose; :func:`make_sb3_env` adds the wrappers stable-baselines3 needs.
 from __future__ import annotations
 
 import functools
+import json
 import multiprocessing
 import os
 import signal
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import gymnasium
 import numpy as np
 
+from trainer import logs
 from trainer.config import Config
 from trainer.errors import DatasetError
 from trainer.ev_service import EvServiceGuard
-from trainer.reward import MultiObjectiveReward, SiteScale
+
+if TYPE_CHECKING:
+    from citylearn.citylearn import CityLearnEnv
+
+    from trainer.reward import SiteScale
 
 LOCAL_DATASETS_ENV = "CITYLEARN_LOCAL_DATASETS_PATH"
 Purpose = Literal["train", "eval"]
@@ -78,8 +84,7 @@ def _episode_kwargs(cfg: Config, purpose: Purpose, n_steps: int, eval_days: int 
             "episode_time_steps": window, "random_episode_split": False, "rolling_episode_split": False}
 
 
-def _schema_length(schema: Path) -> int:
-    import json
+def schema_length(schema: Path) -> int:
 
     data = json.loads(schema.read_text(encoding="utf-8"))
     return int(data.get("simulation_end_time_step", 8759)) - int(data.get("simulation_start_time_step", 0)) + 1
@@ -87,9 +92,12 @@ def _schema_length(schema: Path) -> int:
 
 def make_citylearn_env(cfg: Config, schema: Path, purpose: Purpose, seed: int, eval_days: int | None = None):
     """A central-agent CityLearnEnv with the multi-objective reward."""
+    # Lazy: CityLearn (and the reward, which subclasses its RewardFunction) take seconds to import.
     from citylearn.citylearn import CityLearnEnv
 
-    kwargs = _episode_kwargs(cfg, purpose, _schema_length(schema), eval_days)
+    from trainer.reward import MultiObjectiveReward
+
+    kwargs = _episode_kwargs(cfg, purpose, schema_length(schema), eval_days)
     try:
         env = CityLearnEnv(
             str(schema),
@@ -110,8 +118,9 @@ def make_citylearn_env(cfg: Config, schema: Path, purpose: Purpose, seed: int, e
     return env
 
 
-def site_scales(env) -> list[SiteScale]:
+def site_scales(env: CityLearnEnv) -> list[SiteScale]:
     """Per-building reward normalisers from the dataset (see trainer.reward)."""
+    from trainer.reward import SiteScale  # lazy: imports CityLearn
     scales = []
     for b in env.buildings:
         sim = b.energy_simulation
@@ -142,7 +151,7 @@ class ActionScale:
     high: np.ndarray
 
     @classmethod
-    def of(cls, env) -> "ActionScale":
+    def of(cls, env: CityLearnEnv) -> ActionScale:
         space = env.action_space[0]
         return cls(np.asarray(space.low, dtype=float), np.asarray(space.high, dtype=float))
 
@@ -176,8 +185,13 @@ class CentralAgentArrays(gymnasium.Wrapper):
     environment's seed and the episode index, which checkpoints record (:meth:`set_next_episode`).
     """
 
-    def __init__(self, env, guard: EvServiceGuard | None = None, carbon_ahead_hours: tuple[int, ...] = ()):
-        from citylearn.wrappers import NormalizedObservationWrapper, StableBaselines3Wrapper
+    def __init__(
+        self, env: CityLearnEnv, guard: EvServiceGuard | None = None, carbon_ahead_hours: tuple[int, ...] = ()
+    ):
+        from citylearn.wrappers import (
+            NormalizedObservationWrapper,
+            StableBaselines3Wrapper,
+        )
 
         super().__init__(env)
         space = StableBaselines3Wrapper(NormalizedObservationWrapper(env)).observation_space
@@ -185,8 +199,10 @@ class CentralAgentArrays(gymnasium.Wrapper):
         if len(self.carbon_ahead):
             # Grid carbon intensity h hours ahead, min-max normalised as CityLearn normalises the
             # current one: CityLearn has no forecast of it, and when to charge depends on what comes next.
-            space = gymnasium.spaces.Box(np.concatenate([space.low, np.zeros(len(self.carbon_ahead))]).astype(np.float32),
-                                         np.concatenate([space.high, np.ones(len(self.carbon_ahead))]).astype(np.float32))
+            space = gymnasium.spaces.Box(
+                np.concatenate([space.low, np.zeros(len(self.carbon_ahead))]).astype(np.float32),
+                np.concatenate([space.high, np.ones(len(self.carbon_ahead))]).astype(np.float32),
+            )
         self.observation_space = space
         self.scale = ActionScale.of(env)
         self.action_space = self.scale.agent_space
@@ -230,7 +246,7 @@ class CentralAgentArrays(gymnasium.Wrapper):
 class _NormalisationPlan:
     """Index arrays that turn the central agent's raw observation list into normalised values."""
 
-    def __init__(self, env):
+    def __init__(self, env: CityLearnEnv):
         periodic = env.buildings[0].get_periodic_observation_metadata()
         shared, seen = set(env.shared_observations), set()
         source, period, low, high = [], [], [], []
@@ -293,14 +309,6 @@ def _training_env(cfg: Config, schema: Path, seed: int, index: int):
     return make_sb3_env(cfg, schema, "train", seed + index * ENV_SEED_STRIDE)
 
 
-def cpu_cores() -> int:
-    """Cores this process may run on (the affinity mask where the OS has one)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # Windows and macOS
-        return os.cpu_count() or 1
-
-
 def make_training_vec_env(cfg: Config, schema: Path, seed: int, n_envs: int, subprocesses: bool):
     """``n_envs`` training environments, stepped in worker processes when ``subprocesses``.
 
@@ -309,7 +317,6 @@ def make_training_vec_env(cfg: Config, schema: Path, seed: int, n_envs: int, sub
     """
     from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
 
-    from trainer import logs
 
     factories = [functools.partial(_training_env, cfg, schema, seed, i) for i in range(n_envs)]
     if subprocesses:
@@ -318,13 +325,13 @@ def make_training_vec_env(cfg: Config, schema: Path, seed: int, n_envs: int, sub
             multiprocessing.set_forkserver_preload(WORKER_PRELOAD)
         try:
             return SubprocVecEnv(factories)
-        except Exception as exc:  # noqa: BLE001 - any failure to start workers has the same remedy
+        except Exception as exc:  # any failure to start workers has the same remedy
             logs.get().warning("parallel environments could not start: stepping them in this process",
                                error=f"{type(exc).__name__}: {exc}", n_envs=n_envs, fallback="DummyVecEnv")
     return DummyVecEnv(factories)
 
 
-def action_slices(env) -> list[tuple[int, list[str]]]:
+def action_slices(env: CityLearnEnv) -> list[tuple[int, list[str]]]:
     """(offset, action names) for each building in the central agent's flat action vector."""
     out, offset = [], 0
     for b in env.buildings:

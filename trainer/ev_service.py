@@ -41,7 +41,7 @@ class _Curve:
     y: tuple[float, ...]
 
     @classmethod
-    def of(cls, array: Any) -> "_Curve":
+    def of(cls, array: Any) -> _Curve:
         x, y = np.asarray(array, dtype=float)
         return cls(tuple(float(v) for v in x), tuple(float(v) for v in y))
 
@@ -70,7 +70,7 @@ class ChargingPath:
     hours: float
 
     @classmethod
-    def of(cls, charger: Any, battery: Any) -> "ChargingPath":
+    def of(cls, charger: Any, battery: Any) -> ChargingPath:
         curve = charger.charge_efficiency_curve
         return cls(
             max_power_kw=float(charger.max_charging_power),

@@ -13,21 +13,31 @@ scripts and the container entrypoint only bootstrap Python and call it).
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import TextIO
 
-from trainer.run_dir import RunDir
+from monitor.summary import format_summary, read_records, summarise
+from trainer.config import AGENTS, Config, MonitorConfig
+from trainer.doctor import FAIL, format_table, run_checks
+from trainer.errors import TrainerError, UsageError
+from trainer.files import read_json
+from trainer.metrics import format_table as results_table
+from trainer.night.budget import deadline
+from trainer.run_dir import RunDir, default_run_dir
+from trainer.session import LATEST, newest_run
 
-AGENT_CHOICES = ("all", "sac", "ppo", "a2c", "baseline")
+AGENT_CHOICES = ("all", *AGENTS, "baseline")
 MONITOR_STOP_TIMEOUT_S = 10
-EXIT_DOCTOR_FAILED = 3
 
 
 @dataclass
@@ -72,25 +82,24 @@ def trainer_command(options: LaunchOptions, run_dir: Path) -> list[str]:
     return cmd + list(options.extra)
 
 
-def choose_run_dir(options: LaunchOptions, output_root: Path, scenario: str, seed: int) -> Path:
-    from datetime import datetime
-
-    if options.resume not in (None, "latest"):
+def choose_run_dir(options: LaunchOptions, cfg: Config) -> Path:
+    """The run folder: the one to resume, or a new one named as every run is (output.run_name)."""
+    if options.resume not in (None, LATEST):
         return Path(options.resume)
-    if options.resume == "latest":
-        found = sorted((p for p in output_root.glob("*") if (p / "config.yaml").is_file()), key=lambda p: p.stat().st_mtime)
-        if not found:
-            from trainer.errors import UsageError
-
-            raise UsageError(f"--resume: no run folder under {output_root} to resume; pass --resume RUN_DIR")
-        return found[-1]
+    if options.resume == LATEST:
+        found = newest_run(Path(cfg.output.root))
+        if found is None:
+            raise UsageError(f"--resume: no run folder under {cfg.output.root} to resume; pass --resume RUN_DIR")
+        return found
     command = "schedule" if options.agent == "all" else options.agent
-    return output_root / f"{scenario}__launch-{command}__{seed}__{datetime.now():%Y%m%d-%H%M%S}"
+    return default_run_dir(cfg, f"launch-{command}").root
 
 
 class Launch:
-    def __init__(self, options: LaunchOptions, run_dir: Path, gpu_present: bool, out: TextIO = sys.stdout):
+    def __init__(self, options: LaunchOptions, run_dir: Path, gpu_present: bool, out: TextIO = sys.stdout,
+                 monitor_settings: MonitorConfig | None = None):
         self.options = options
+        self.monitor_settings = monitor_settings
         self.run = RunDir(run_dir)
         self.gpu_present = gpu_present
         self.out = out
@@ -142,8 +151,10 @@ class Launch:
 
     def start_monitor(self) -> None:
         cmd = [sys.executable, "-m", "monitor", "--out", str(self.run.monitor), "--watch-pid", str(self.trainer.pid)]
-        for config in self.options.configs:  # the user's `monitor` thresholds and interval
-            cmd += ["--config", config]
+        if self.monitor_settings is not None:  # the user's `monitor` section: the monitor reads no trainer config
+            for key, value in self.monitor_settings.model_dump().items():
+                flag = "interval" if key == "interval_s" else key
+                cmd += [f"--{flag.replace('_', '-')}", str(value)]
         self.monitor = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self._log, start_new_session=True)
         (self.run.root / "monitor.pid").write_text(str(self.monitor.pid))
         self.say(f"[launch] GPU monitor: {self.run.monitor} (PID {self.monitor.pid})")
@@ -170,12 +181,10 @@ class Launch:
         return code if code >= 0 else 128 - code  # killed by a signal: the shell's convention
 
     def live_status(self) -> None:
-        import json
-
         if not self.run.monitor.is_file():
             return
         lines = self.run.monitor.read_text(encoding="utf-8").splitlines()
-        sample = next((json.loads(l) for l in reversed(lines) if '"kind":"sample"' in l), None)
+        sample = next((json.loads(line) for line in reversed(lines) if '"kind":"sample"' in line), None)
         if sample is None:
             return
         for gpu in sample["gpus"]:
@@ -200,22 +209,28 @@ class Launch:
         (self.run.root / "monitor.pid").unlink(missing_ok=True)
 
     def after(self, code: int) -> None:
-        from trainer.metrics import format_table
-        from trainer.run_dir import read_json
-
         if self.run.monitor.is_file():
-            from monitor.summary import format_summary, read_records, summarise
-
             self.say("[launch] GPU status after the run:\n" + format_summary(summarise(read_records(self.run.monitor))))
         if self.run.results_json.is_file():
-            self.say("[launch] results:\n" + format_table(read_json(self.run.results_json)))
+            self.say("[launch] results:\n" + results_table(read_json(self.run.results_json)))
         self.say(f"[launch] trainer exited with {code}")
 
 
-def doctor_gate(load, out: TextIO) -> bool:
+def doctor_gate(load: Callable[[], Config], out: TextIO) -> bool:
     """Run the doctor; print it; False when a check fails."""
-    from trainer.doctor import FAIL, format_table, run_checks
-
     checks = run_checks(load, None, None, require_gpu=False)
     out.write(format_table(checks) + "\n")
     return not any(c.status == FAIL for c in checks)
+
+
+def start(options: LaunchOptions, load: Callable[[], Config]) -> int:
+    """`trainer launch`: check the times, the doctor, then run the night under the launcher; its exit code."""
+    import torch  # heavy: only a launch needs to know whether CUDA is there
+
+    deadline(options.budget, options.finish_by, datetime.now())  # a bad --budget fails before the doctor runs
+    if not doctor_gate(load, sys.stdout):
+        raise TrainerError("launch stopped: a doctor check failed; fix it as shown above and launch again")
+    cfg = load()
+    launch = Launch(options, choose_run_dir(options, cfg), gpu_present=torch.cuda.is_available(),
+                    monitor_settings=cfg.monitor)
+    return launch.run_all()

@@ -28,7 +28,7 @@ class RunLock:
         self.run_dir = run_dir
         self._lock = FileLock(str(run_dir / LOCK_FILE), timeout=0)
 
-    def acquire(self) -> "RunLock":
+    def acquire(self) -> RunLock:
         try:
             self._lock.acquire()
         except Timeout:

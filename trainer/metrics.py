@@ -30,12 +30,16 @@ from __future__ import annotations
 import math
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
 from trainer.controllers import Controller
+
+if TYPE_CHECKING:
+    import gymnasium
+    from citylearn.citylearn import CityLearnEnv
 
 EV_SOC_TOLERANCE = 0.01
 CITYLEARN_EV_TOLERANCE = 0.05  # citylearn.internal.kpi's default ev_departure_service_tolerance
@@ -65,7 +69,7 @@ def _finite(value: float) -> float | None:
     return None if value is None or not math.isfinite(float(value)) else float(value)
 
 
-def run_episode(controller: Controller, sb3_env, timeseries_path: Path | None = None) -> dict[str, Any]:
+def run_episode(controller: Controller, sb3_env: gymnasium.Env, timeseries_path: Path | None = None) -> dict[str, Any]:
     """Run ``controller`` over the evaluation env's whole episode and compute the metrics."""
     env = sb3_env.unwrapped
     obs, _ = sb3_env.reset()
@@ -80,9 +84,15 @@ def run_episode(controller: Controller, sb3_env, timeseries_path: Path | None = 
         for b in env.buildings:
             for charger in b.electric_vehicle_chargers or []:
                 sim = charger.charger_simulation
-                if t < len(sim.electric_vehicle_charger_state) and sim.electric_vehicle_charger_state[t] == 1 \
-                        and sim.electric_vehicle_departure_time[t] == 0 and charger.connected_electric_vehicle is not None:
-                    leaving.append((charger.connected_electric_vehicle, float(sim.electric_vehicle_required_soc_departure[t])))
+                if (
+                    t < len(sim.electric_vehicle_charger_state)
+                    and sim.electric_vehicle_charger_state[t] == 1
+                    and sim.electric_vehicle_departure_time[t] == 0
+                    and charger.connected_electric_vehicle is not None
+                ):
+                    leaving.append(
+                        (charger.connected_electric_vehicle, float(sim.electric_vehicle_required_soc_departure[t]))
+                    )
         action = controller.act(obs, env)
         obs, _, terminated, truncated, _ = sb3_env.step(action)
         steps += 1
@@ -100,7 +110,7 @@ def run_episode(controller: Controller, sb3_env, timeseries_path: Path | None = 
     return metrics
 
 
-def _district(env, steps: int) -> dict[str, np.ndarray]:
+def _district(env: CityLearnEnv, steps: int) -> dict[str, np.ndarray]:
     b0 = env.buildings[0]
     net = np.sum([np.asarray(b.net_electricity_consumption[:steps], dtype=float) for b in env.buildings], axis=0)
     pv = np.sum([-np.asarray(b.solar_generation[:steps], dtype=float) for b in env.buildings], axis=0)
@@ -112,7 +122,7 @@ def _district(env, steps: int) -> dict[str, np.ndarray]:
     }
 
 
-def summarise(env, steps: int, departures_met: list[bool]) -> dict[str, Any]:
+def summarise(env: CityLearnEnv, steps: int, departures_met: list[bool]) -> dict[str, Any]:
     d = _district(env, steps)
     hours_per_step = env.seconds_per_time_step / 3600
     imports = np.clip(d["net"], 0, None)
@@ -139,7 +149,7 @@ def summarise(env, steps: int, departures_met: list[bool]) -> dict[str, Any]:
     }
 
 
-def _citylearn_ev_success(env) -> float | None:
+def _citylearn_ev_success(env: CityLearnEnv) -> float | None:
     """CityLearn's evaluate_v2 district departure success rate, in % (its 5 % SoC tolerance).
 
     ``evaluate_v2`` computes some 390 KPIs (12 s after a year of the built-in site, as long as the
@@ -150,14 +160,16 @@ def _citylearn_ev_success(env) -> float | None:
         per_building = [env._kpi_service._compute_ev_metrics(b) for b in env.buildings]
     except AttributeError:  # another CityLearn: the full, slow way
         kpis = env.evaluate_v2()
-        rows = kpis[(kpis["level"] == "district") & (kpis["cost_function"] == "district_ev_performance_departure_success_ratio")]
+        rows = kpis[
+            (kpis["level"] == "district") & (kpis["cost_function"] == "district_ev_performance_departure_success_ratio")
+        ]
         value = _finite(rows["value"].iloc[0]) if len(rows) else None
         return None if value is None else 100 * value
     total = sum(m["departures_total"] for m in per_building)
     return 100 * sum(m["departures_met"] for m in per_building) / total if total else None
 
 
-def timeseries(env, steps: int) -> pd.DataFrame:
+def timeseries(env: CityLearnEnv, steps: int) -> pd.DataFrame:
     """Per-step site series for the report's representative week."""
     d = _district(env, steps)
     battery_soc = np.mean([np.asarray(b.electrical_storage.soc[:steps], dtype=float) for b in env.buildings], axis=0)

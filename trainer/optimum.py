@@ -36,8 +36,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from scipy import sparse
-from scipy.optimize import linprog
 
 from trainer.env import ActionScale, action_slices
 
@@ -119,7 +117,9 @@ def _unsupported(env: Any) -> str | None:
     for building in env.buildings:
         name = building.name
         if type(building).__name__ != "Building":
-            return f"{name} is a {type(building).__name__} (a thermal dynamics model), which a linear program cannot hold"
+            return (
+                f"{name} is a {type(building).__name__} (a thermal dynamics model), which a linear program cannot hold"
+            )
         for storage in ("cooling_storage", "heating_storage", "dhw_storage"):
             device = getattr(building, storage, None)
             if device is not None and float(getattr(device, "capacity", 0.0) or 0.0) > 0:
@@ -130,7 +130,9 @@ def _unsupported(env: Any) -> str | None:
             if np.any(values > 0):
                 return (f"{name} has {demand.replace('_', ' ')} served by CityLearn's heat-pump models "
                         "(outside the optimum's model)")
-        extra = [a for a in building.active_actions if a not in SUPPORTED_ACTIONS and not a.startswith(EV_ACTION_PREFIX)]
+        extra = [
+            a for a in building.active_actions if a not in SUPPORTED_ACTIONS and not a.startswith(EV_ACTION_PREFIX)
+        ]
         if extra:
             return f"{name} has actions the optimum does not model: {', '.join(extra)}"
     return None
@@ -169,8 +171,11 @@ def _sessions(env: Any, b: int, building: Any, steps: int, margin_soc: float) ->
                 continue
             battery = ev.battery
             capacity = float(battery.capacity)
-            charger_eff = (max(np.asarray(charger.charge_efficiency_curve)[1]) if charger.charge_efficiency_curve is not None
-                           else float(charger.efficiency))
+            charger_eff = (
+                max(np.asarray(charger.charge_efficiency_curve)[1])
+                if charger.charge_efficiency_curve is not None
+                else float(charger.efficiency)
+            )
             stored_per_grid = charger_eff * math.sqrt(max(np.asarray(battery.power_efficiency_curve)[1]))
             battery_kwh = float(battery.nominal_power) * max(np.asarray(battery.capacity_power_curve)[1]) * hours
             max_grid = min(float(charger.max_charging_power) * hours, battery_kwh / charger_eff)
@@ -200,9 +205,15 @@ def site_model(env: Any, margin_soc: float) -> SiteModel:
         sim = building.energy_simulation
         fixed += np.asarray(sim.non_shiftable_load[:steps], dtype=float)
         if building.pv is not None:
-            fixed -= np.asarray(building.pv.get_generation(np.asarray(sim.solar_generation[:steps], dtype=float)), dtype=float)
+            fixed -= np.asarray(
+                building.pv.get_generation(np.asarray(sim.solar_generation[:steps], dtype=float)), dtype=float
+            )
         storage = building.electrical_storage
-        if storage is not None and float(storage.capacity or 0.0) > 0 and "electrical_storage" in building.active_actions:
+        if (
+            storage is not None
+            and float(storage.capacity or 0.0) > 0
+            and "electrical_storage" in building.active_actions
+        ):
             power_fraction = max(np.asarray(storage.capacity_power_curve)[1])
             batteries.append(BatteryModel(
                 building=b, capacity_kwh=float(storage.capacity),
@@ -251,7 +262,7 @@ def solve(model: SiteModel) -> Solution:
         add(ub_rows, ub_cols, ub_vals, row, [(imp[t], -1.0)])
         ub_rhs.append(-model.fixed_net_kwh[t])
         row += 1
-    for (charge, discharge, _), battery in zip(bat, model.batteries):
+    for charge, discharge, _ in bat:
         ub_rows += list(range(T)) * 2
         ub_cols += list(charge) + list(discharge)
         ub_vals += [1.0] * T + [-1.0] * T
@@ -287,6 +298,9 @@ def solve(model: SiteModel) -> Solution:
         add(ub_rows, ub_cols, ub_vals, row, [(c, session.stored_per_grid_kwh) for c in cols])
         ub_rhs.append(session.room_kwh)
         row += 1
+
+    from scipy import sparse  # lazy: half a second to import, only the optimum needs it
+    from scipy.optimize import linprog
 
     a_ub = sparse.csr_matrix((ub_vals, (ub_rows, ub_cols)), shape=(row, n))
     a_eq = sparse.csr_matrix((eq_vals, (eq_rows, eq_cols)), shape=(eq, n)) if eq else None

@@ -1,4 +1,4 @@
-"""Device profiles: config overlays for the hardware users have (configs/profiles/)."""
+"""Device profiles: config overlays for the hardware users have (trainer/configs/profiles/)."""
 
 from __future__ import annotations
 

@@ -10,12 +10,16 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from monitor.summary import format_summary, read_records, summarise
 from trainer.config import AGENTS
-from trainer.run_dir import RunDir, read_json, write_text_atomic
+from trainer.files import read_json, write_text_atomic
+from trainer.run_dir import RunDir
 
 COLOURS = {"baseline": "#7f7f7f", "rbc": "#bcbd22", "optimum": "#9467bd", "sac": "#1f77b4", "ppo": "#ff7f0e",
            "a2c": "#2ca02c"}
-DEFAULT_TARGET_MET_PCT = 98.0  # configs/default.yaml's ev.target_met_pct, for run folders made before it existed
+DEFAULT_TARGET_MET_PCT = (
+    98.0  # trainer/configs/default.yaml's ev.target_met_pct, for run folders made before it existed
+)
 PLOTS = ("co2_by_agent.png", "learning_curves.png", "representative_week.png", "timeline.png")
 
 
@@ -97,7 +101,9 @@ def plot_co2(results: dict[str, dict[str, Any]], path: Path, target_pct: float =
     if ax.get_legend_handles_labels()[0]:
         ax.legend(loc="upper center", ncol=2, fontsize=8)
     met = [results[n].get("ev_departure_soc_met_pct") for n in names]
-    ev_bars = ev_ax.bar(names, [m if m is not None else 0 for m in met], color=[COLOURS.get(n, "#333333") for n in names])
+    ev_bars = ev_ax.bar(
+        names, [m if m is not None else 0 for m in met], color=[COLOURS.get(n, "#333333") for n in names]
+    )
     for bar, name, value in zip(ev_bars, names, met):
         unmet = results[name].get("ev_unmet_kwh")
         text = "no EVs" if value is None else f"{value:.0f}%" + (f"\n{_energy(unmet)} unmet" if unmet else "")
@@ -123,7 +129,9 @@ def plot_learning_curves(run: RunDir, agents: list[str], path: Path) -> None:
         progress = progress_frame(folder)
         if {"time/total_timesteps", "rollout/ep_rew_mean"} <= set(progress.columns):
             rows = progress.dropna(subset=["rollout/ep_rew_mean"])
-            top.plot(rows["time/total_timesteps"], rows["rollout/ep_rew_mean"], label=agent, color=COLOURS[agent], marker=".")
+            top.plot(
+                rows["time/total_timesteps"], rows["rollout/ep_rew_mean"], label=agent, color=COLOURS[agent], marker="."
+            )
         curve_path = folder / "eval_curve.csv"
         if curve_path.is_file():
             curve = pd.read_csv(curve_path).sort_values("step")
@@ -155,7 +163,9 @@ def representative_week(base: pd.DataFrame) -> slice:
     return slice(week * hours, (week + 1) * hours)
 
 
-def plot_week(run: RunDir, results: dict[str, dict[str, Any]], path: Path, target_pct: float = DEFAULT_TARGET_MET_PCT) -> str | None:
+def plot_week(
+    run: RunDir, results: dict[str, dict[str, Any]], path: Path, target_pct: float = DEFAULT_TARGET_MET_PCT
+) -> str | None:
     plt = _pyplot()
     best = best_agent(results, target_pct) or ("rbc" if "rbc" in results else None)
     base_path = run.agent("baseline").timeseries
@@ -167,7 +177,12 @@ def plot_week(run: RunDir, results: dict[str, dict[str, Any]], path: Path, targe
     if best and run.agent(best).timeseries.is_file():
         series[best] = pd.read_csv(run.agent(best).timeseries).iloc[window]
     fig, axes = plt.subplots(4, 1, figsize=(9, 8), sharex=True)
-    panels = [("net_kwh", "grid import kW"), ("pv_kwh", "PV kW"), ("battery_soc", "battery SoC"), ("ev_charging_kwh", "EV charging kW")]
+    panels = [
+        ("net_kwh", "grid import kW"),
+        ("pv_kwh", "PV kW"),
+        ("battery_soc", "battery SoC"),
+        ("ev_charging_kwh", "EV charging kW"),
+    ]
     for ax, (column, label) in zip(axes, panels):
         for name, frame in series.items():
             values = frame[column].clip(lower=0) if column == "net_kwh" else frame[column]
@@ -268,9 +283,11 @@ def _table(results: dict[str, dict[str, Any]]) -> list[str]:
             f"| {name} | {_fmt(co2, ',.0f')} | {_pct(m.get('co2_vs_baseline_pct'), '+.1f')} | {_pct(vs_rbc, '+.1f')} | "
             f"{_pct(m.get('co2_share_of_optimum_pct'), '.0f')} | {_pct(m.get('ev_departure_soc_met_pct'), '.1f')} | "
             f"{_fmt(m.get('ev_unmet_kwh'), ',.0f')} | {_pct(m.get('citylearn_ev_departure_success_pct'), '.1f')} | "
-            f"{_fmt(m.get('cost'), ',.0f')} | {_fmt(m.get('peak_kw'), '.1f')} | {_pct(m.get('pv_self_consumption_pct'), '.1f')} | "
+            f"{_fmt(m.get('cost'), ',.0f')} | {_fmt(m.get('peak_kw'), '.1f')} | "
+            f"{_pct(m.get('pv_self_consumption_pct'), '.1f')} | "
             f"{_fmt(m.get('timesteps'), ',')} | {_fmt(m.get('steps_per_s'), '.0f')} | "
-            f"{'–' if not wall else f'{wall / 60:.1f} min'} |")
+            f"{'–' if not wall else f'{wall / 60:.1f} min'} |"
+        )
     return lines
 
 
@@ -294,8 +311,11 @@ def _headline(results: dict[str, dict[str, Any]], target_pct: float) -> list[str
                      "EV departures (`ev.target_met_pct`).")
     short = [n for n, m in results.items() if n in AGENTS and not serves_cars(m, target_pct)]
     if short:
-        lines += ["", f"Not recommended: {', '.join(short)} met fewer than {target_pct:g}% of EV departures (see the EV "
-                  "columns); part of their CO2 saving is energy not delivered to cars, not energy saved."]
+        lines += [
+            "",
+            f"Not recommended: {', '.join(short)} met fewer than {target_pct:g}% of EV departures (see the EV "
+            "columns); part of their CO2 saving is energy not delivered to cars, not energy saved.",
+        ]
     skipped = results.get("optimum", {}).get("skipped")
     if skipped:
         lines += ["", f"The optimum was not computed: {skipped}."]
@@ -336,10 +356,23 @@ def write_report(run: RunDir) -> Path:
         for stage in skipped:
             lines.append(f"- {stage['name']} skipped: {stage['error']}")
     lines += ["", "## Results", "", *_table(results), "", *NOTES, ""]
-    lines += ["![CO2 per agent](plots/co2_by_agent.png)", "", "## Learning", "",
-              "![Learning curves](plots/learning_curves.png)", "", "## A representative week", "",
-              f"Grid import, PV, battery state of charge and EV charging: baseline (dashed) against {best_shown or 'the baseline'}.",
-              "", "![Representative week](plots/representative_week.png)", "", "## The night", ""]
+    lines += [
+        "![CO2 per agent](plots/co2_by_agent.png)",
+        "",
+        "## Learning",
+        "",
+        "![Learning curves](plots/learning_curves.png)",
+        "",
+        "## A representative week",
+        "",
+        "Grid import, PV, battery state of charge and EV charging: baseline (dashed) against "
+        f"{best_shown or 'the baseline'}.",
+        "",
+        "![Representative week](plots/representative_week.png)",
+        "",
+        "## The night",
+        "",
+    ]
     if schedule:
         lines += ["| stage | status | planned | actual | steps |", "| --- | --- | --- | --- | ---: |"]
         for s in schedule["stages"]:
@@ -348,11 +381,18 @@ def write_report(run: RunDir) -> Path:
         lines.append("")
     lines += ["![Timeline](plots/timeline.png)", ""]
     if run.monitor.is_file():
-        from monitor.summary import format_summary, read_records, summarise
-
         records = read_records(run.monitor)
         plot_monitor(records, run.plots / "gpu.png")
-        lines += ["## The machine", "", "```", format_summary(summarise(records)), "```", "", "![GPU](plots/gpu.png)", ""]
+        lines += [
+            "## The machine",
+            "",
+            "```",
+            format_summary(summarise(records)),
+            "```",
+            "",
+            "![GPU](plots/gpu.png)",
+            "",
+        ]
     lines += ["Metric definitions: `trainer/metrics.py`; the run's config: `config.yaml`.", ""]
     write_text_atomic(run.report, "\n".join(lines))
     return run.report

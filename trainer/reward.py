@@ -33,8 +33,9 @@ term's slope is at most 2 / scale_kw) times the grid kWh it takes (``1 / efficie
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 from citylearn.reward_function import RewardFunction

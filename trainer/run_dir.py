@@ -3,18 +3,16 @@
     outputs/<run>/
         config.yaml        resolved config          command.txt   exact command line
         versions.json      Python, packages, device  site/         the generated dataset (built-in site)
+        run.json           its dataset (trainer.session.RunRecord)
         logs/trainer.jsonl structlog JSON lines      results.json  results.csv
         <agent>/           model.zip, metrics.json, progress.csv, eval_timeseries.csv, checkpoints/
 """
 
 from __future__ import annotations
 
-import json
-import os
 import platform
 import shlex
 import sys
-import tempfile
 from dataclasses import dataclass
 from datetime import datetime
 from importlib import metadata
@@ -25,6 +23,7 @@ import yaml
 
 from trainer.config import Config
 from trainer.errors import UsageError
+from trainer.files import write_json_atomic, write_text_atomic
 
 PACKAGES = ("pvbess-trainer", "citylearn", "stable-baselines3", "torch", "gymnasium", "numpy", "pvlib", "pydantic")
 
@@ -70,11 +69,12 @@ class RunDir:
     report = property(lambda self: self.root / "report.md")
     plots = property(lambda self: self.root / "plots")
     monitor = property(lambda self: self.root / "monitor.jsonl")
+    record = property(lambda self: self.root / "run.json")
 
     def agent(self, name: str) -> AgentDir:
         return AgentDir(self.root / name)
 
-    def create(self, cfg: Config, argv: list[str], device: str, resuming: bool = False) -> "RunDir":
+    def create(self, cfg: Config, argv: list[str], device: str, resuming: bool = False) -> RunDir:
         """Make the folder and record how the run was made, so it can be repeated.
 
         A resumed run keeps its history: its command line is appended to command.txt.
@@ -106,26 +106,3 @@ def versions(device: str) -> dict[str, Any]:
         except metadata.PackageNotFoundError:
             packages[name] = None
     return {"python": sys.version.split()[0], "platform": platform.platform(), "device": device, "packages": packages}
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write via a temporary file in the same folder, fsync, then rename: never a half file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=False, allow_nan=False) + "\n")
-
-
-def read_json(path: Path) -> Any:
-    return json.loads(path.read_text(encoding="utf-8"))

@@ -144,7 +144,9 @@ def generate_series(cfg: ScenarioConfig) -> SiteSeries:
     anomaly = np.repeat(2.0 * _ar1(rng, n_days, 0.8), 24)
     temperature = seasonal + swing * diurnal + anomaly + 0.4 * rng.standard_normal(HOURS_PER_YEAR)
     # Humidity from a seasonal dew point (Magnus formula), so it falls as the day warms.
-    dew_point = np.minimum(8.0 - 4.0 * np.cos(2 * np.pi * (doy - 200) / 365) + rng.normal(0, 1.5, HOURS_PER_YEAR), temperature)
+    dew_point = np.minimum(
+        8.0 - 4.0 * np.cos(2 * np.pi * (doy - 200) / 365) + rng.normal(0, 1.5, HOURS_PER_YEAR), temperature
+    )
     magnus = lambda t: np.exp(17.625 * t / (243.04 + t))  # noqa: E731
     humidity = np.clip(100 * magnus(dew_point) / magnus(temperature), 5, 100)
 

@@ -1,7 +1,8 @@
 """SAC with stable-baselines3's losses and updates, and less work per gradient step.
 
 Measured on a 2-core CPU (docs/benchmarks.md), SB3's ``SAC.train`` spends about half of each
-gradient step in matrix products and much of the rest in work the result does not need. :class:`FastSAC` keeps the algorithm, the networks, the optimisers and SB3's save format (a
+gradient step in matrix products and much of the rest in work the result does not need.
+:class:`FastSAC` keeps the algorithm, the networks, the optimisers and SB3's save format (a
 FastSAC ``model.zip`` loads with ``stable_baselines3.SAC.load``) and removes that work:
 
 - the actor's loss no longer back-propagates into the critics' weights: SB3 computes those
@@ -47,7 +48,9 @@ class FastSAC(SAC):
         # SB3 switches the policy between train and eval mode around every step, walking every
         # module (about 1 ms a step). The mode only changes dropout and batch norm, which an
         # MlpPolicy does not have; where a policy does, the switch is kept.
-        if not any(isinstance(m, (torch.nn.Dropout, torch.nn.modules.batchnorm._BatchNorm)) for m in self.policy.modules()):
+        if not any(
+            isinstance(m, (torch.nn.Dropout, torch.nn.modules.batchnorm._BatchNorm)) for m in self.policy.modules()
+        ):
             self.policy.set_training_mode = _unchanged_mode
 
     def _excluded_save_params(self) -> list[str]:
@@ -164,7 +167,7 @@ class TrainWhileStepping(VecEnvWrapper):
         super().__init__(venv)
         self.model: FastSAC | None = None
 
-    def attach(self, model: "FastSAC") -> None:
+    def attach(self, model: FastSAC) -> None:
         self.model = model
         model.defer_training = True
 

@@ -7,22 +7,27 @@ line is wrapped in `flock -n`, and the run folder's own lock refuses a second tr
 from __future__ import annotations
 
 import shlex
+from datetime import datetime
 from pathlib import Path
 
-from trainer.timing import _CLOCK
 from trainer.errors import UsageError
+from trainer.night.budget import deadline, parse_clock
+from trainer.session import parse_agents
 
 UNIT = "pvbess-trainer"
 
 
+# The checkout whose launcher the units and the crontab line start.
+CHECKOUT = Path(__file__).resolve().parents[2]
+
+
 def check_time(text: str, option: str) -> tuple[int, int]:
-    match = _CLOCK.match(text or "")
-    if not match or int(match.group(1)) > 23 or int(match.group(2)) > 59:
-        raise UsageError(f"{option} expects a local time HH:MM such as 22:00, got {text!r}")
-    return int(match.group(1)), int(match.group(2))
+    return parse_clock(text, option, example="22:00")
 
 
-def launch_args(finish_by: str | None, budget: str | None, agents: str | None, configs: list[str], profile: str | None) -> list[str]:
+def launch_args(
+    finish_by: str | None, budget: str | None, agents: str | None, configs: list[str], profile: str | None
+) -> list[str]:
     args = ["all"]
     if finish_by:
         args += ["--finish-by", finish_by]
@@ -79,3 +84,29 @@ def enable_instructions(unit_dir: Path) -> str:
             f"remove:  systemctl --user disable --now {UNIT}.timer && rm {unit_dir / (UNIT + '.service')} "
             f"{unit_dir / (UNIT + '.timer')}\n"
             "(to run while logged out: loginctl enable-linger $USER)")
+
+
+def install_night(at: str, finish_by: str | None, budget: str | None, agents: str | None, configs: list[str],
+                  profile: str | None, cron: bool, unit_dir: Path | None, dry_run: bool) -> str:
+    """`trainer schedule install`: write the systemd units (or print the crontab line); what to tell the user."""
+    check_time(at, "--at")
+    deadline(budget, finish_by, datetime.now())  # a bad --budget or --finish-by fails before anything is written
+    if bool(finish_by) == bool(budget):
+        raise UsageError("pass exactly one of --finish-by or --budget, so the night ends in time for the morning")
+    if agents:
+        parse_agents(agents)
+    args = launch_args(finish_by, budget, agents, configs, profile)
+    if cron:
+        return (crontab_line(CHECKOUT, at, args) + "\n\nadd it with: (crontab -l 2>/dev/null; echo '<the line above>') "
+                "| crontab -   remove it with: crontab -e")
+    target = unit_dir or Path.home() / ".config" / "systemd" / "user"
+    lines = []
+    for name, text in systemd_units(CHECKOUT, at, args).items():
+        if dry_run:
+            lines.append(f"# {target / name}\n{text}")
+        else:
+            target.mkdir(parents=True, exist_ok=True)
+            (target / name).write_text(text, encoding="utf-8")
+            lines.append(f"wrote {target / name}")
+    lines.append(("(dry run: nothing written)\n" if dry_run else "") + enable_instructions(target))
+    return "\n".join(lines)

@@ -1,61 +1,34 @@
-"""The stages of a run, each ``prepare → train → evaluate → save``.
+"""What one stage of a run does: evaluate a reference, or train an agent, save it and evaluate it.
 
-The CLI composes these: ``trainer train`` runs the baseline and one agent, ``trainer
-schedule`` runs baseline → rbc → each agent; both write results.json as they go, so
-whatever finished is kept.
+``trainer baseline`` runs the references, ``trainer train`` the baseline and one agent,
+``trainer schedule`` every stage through the night's runner; each writes results.json as it
+goes, so whatever finished is kept.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
 from trainer import logs
-from trainer.agents import load_model
-from trainer.config import AGENTS, REFERENCES, Config
+from trainer.config import AGENTS, REFERENCES
 from trainer.controllers import REFERENCE_CONTROLLERS, PolicyController
-from trainer.env import DatasetSource, _schema_length, make_sb3_env
-from trainer.metrics import HOURS_PER_YEAR, METRIC_KEYS, compare_to_baseline, format_table, run_episode
+from trainer.env import make_sb3_env
+from trainer.files import read_json, write_json_atomic, write_text_atomic
+from trainer.learn.agents import load_model
+from trainer.learn.trainer import StageTrainer
+from trainer.metrics import HOURS_PER_YEAR, METRIC_KEYS, compare_to_baseline, run_episode
 from trainer.optimum import OptimumReplay, OptimumUnavailable, site_model, solve
-from trainer.run_dir import AgentDir, RunDir, read_json, write_json_atomic, write_text_atomic
-from trainer.scenario import build_site
+from trainer.run_dir import AgentDir, RunDir
+from trainer.session import RunContext, training_timesteps
 
+if TYPE_CHECKING:
+    from stable_baselines3.common.base_class import BaseAlgorithm
 
-@dataclass(frozen=True)
-class RunContext:
-    """What every stage of one run shares."""
-
-    cfg: Config
-    run: RunDir
-    schema: Path
-    device: str
-
-    @property
-    def seed(self) -> int:
-        return self.cfg.seed
-
-
-def prepare_dataset(cfg: Config, run: RunDir, source: DatasetSource | None) -> Path:
-    """The run's schema: the given dataset, or the built-in site generated into the run folder."""
-    if source is not None:
-        logs.get().info("dataset", schema=str(source.schema), label=source.label)
-        return source.schema
-    start = time.perf_counter()
-    schema = build_site(cfg.scenario, run.site)
-    logs.get().info("built-in site generated", schema=str(schema), seconds=round(time.perf_counter() - start, 2))
-    return schema
-
-
-def training_timesteps(cfg: Config, agent: str, schema: Path) -> int:
-    section = cfg.agent(agent)
-    if section.timesteps is not None:
-        return section.timesteps
-    episode = min(cfg.scenario.train_episode_days * 24, _schema_length(schema))
-    return int(section.episodes) * episode
+    from trainer.config import AgentConfig
+    from trainer.session import RunContext
 
 
 def _eval_env(ctx: RunContext):
@@ -116,9 +89,9 @@ def _evaluate_optimum(ctx: RunContext, folder: AgentDir) -> dict[str, Any]:
 def train_agent(ctx: RunContext, agent: str, timesteps: int, resume: bool = False, force: bool = False,
                 callbacks: list | None = None, time_limit_s: float | None = None) -> dict[str, Any]:
     """Train one SB3 agent (resuming from its checkpoints if asked), save it, evaluate it."""
-    from stable_baselines3.common.utils import set_random_seed
-
-    from trainer.training import StageTrainer
+    from stable_baselines3.common.utils import (
+        set_random_seed,  # lazy: SB3 imports torch
+    )
 
     folder = ctx.run.agent(agent)
     folder.root.mkdir(parents=True, exist_ok=True)
@@ -143,14 +116,14 @@ def train_agent(ctx: RunContext, agent: str, timesteps: int, resume: bool = Fals
              steps_per_s=round(model.num_timesteps / wall, 1) if wall > 0 else None)
     metrics = evaluate_model(ctx, agent, model)
     metrics.update(timesteps=int(model.num_timesteps), train_wall_s=round(wall, 2),
-                   steps_per_s=round(model.num_timesteps / wall, 2) if wall > 0 else None, **trainer.summary(model),
+                   steps_per_s=round(model.num_timesteps / wall, 2) if wall > 0 else None, **trainer.summary(),
                    ended_by="time slot" if trainer.timed_out else "target",
                    checkpoint=str(trainer.last_checkpoint.path) if trainer.last_checkpoint else None)
     write_json_atomic(folder.metrics, metrics)
     return metrics
 
 
-def evaluate_model(ctx: RunContext, agent: str, model=None) -> dict[str, Any]:
+def evaluate_model(ctx: RunContext, agent: str, model: BaseAlgorithm | None = None) -> dict[str, Any]:
     folder = ctx.run.agent(agent)
     if model is None:
         model = load_model(agent, folder.model, device=ctx.device)
@@ -180,10 +153,33 @@ def record_results(run: RunDir, new: dict[str, dict[str, Any]]) -> dict[str, dic
     return results
 
 
-def results_table(results: dict[str, dict[str, Any]]) -> str:
-    return format_table(results)
-
-
-def _summary(section) -> dict[str, Any]:
+def _summary(section: AgentConfig) -> dict[str, Any]:
     keys = ("batch_size", "n_steps", "learning_rate", "buffer_size", "gradient_steps", "train_freq")
     return {k: getattr(section, k) for k in keys if hasattr(section, k)}
+
+
+def run_references(ctx: RunContext) -> dict[str, dict[str, Any]]:
+    """``trainer baseline``: every reference, recorded."""
+    return record_results(ctx.run, {name: evaluate_reference(ctx, name) for name in REFERENCES})
+
+
+def train_with_baseline(ctx: RunContext, agent: str, resume: bool, force: bool) -> dict[str, dict[str, Any]]:
+    """``trainer train``: the baseline (unless the run has it already), then the agent, recorded."""
+    done = read_json(ctx.run.results_json) if ctx.run.results_json.is_file() else {}
+    if "baseline" not in done:
+        record_results(ctx.run, {"baseline": evaluate_reference(ctx, "baseline")})
+    steps = training_timesteps(ctx.cfg, agent, ctx.schema)
+    return record_results(ctx.run, {agent: train_agent(ctx, agent, steps, resume=resume, force=force)})
+
+
+def reevaluate(ctx: RunContext) -> dict[str, dict[str, Any]]:
+    """``trainer evaluate``: the references and every saved model again; training figures are kept."""
+    new = {name: evaluate_reference(ctx, name) for name in REFERENCES}
+    for agent in AGENTS:
+        folder = ctx.run.agent(agent)
+        if folder.model.is_file():
+            previous = read_json(folder.metrics) if folder.metrics.is_file() else {}
+            metrics = evaluate_model(ctx, agent)
+            metrics.update({k: previous.get(k) for k in ("timesteps", "train_wall_s", "steps_per_s")})
+            new[agent] = metrics
+    return record_results(ctx.run, new)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Literal
+from enum import StrEnum
 
 from trainer.errors import UsageError
 
@@ -13,27 +13,50 @@ _DURATION = re.compile(r"^\s*(?:(\d+(?:\.\d+)?)\s*h)?\s*(?:(\d+(?:\.\d+)?)\s*m)?
 _CLOCK = re.compile(r"^\s*(\d{1,2}):(\d{2})\s*$")
 
 
-def parse_duration(text: str) -> float:
-    """'10h', '90m', '1h30m', '45s', '8m' → seconds."""
+def parse_duration(text: str, option: str = "--budget") -> float:
+    """'10h', '90m', '1h30m', '45s', '8m' → seconds; ``option`` names what the user typed in the error."""
     match = _DURATION.match(text or "")
     if not match or not any(match.groups()):
-        raise UsageError(f"--budget expects a duration like 10h, 90m or 1h30m, got {text!r}")
+        raise UsageError(f"{option} expects a duration like 10h, 90m or 1h30m, got {text!r}")
     hours, minutes, seconds = (float(g) if g else 0.0 for g in match.groups())
     total = hours * 3600 + minutes * 60 + seconds
     if total <= 0:
-        raise UsageError(f"--budget expects a duration like 10h, 90m or 1h30m, got {text!r} (it must be positive)")
+        raise UsageError(f"{option} expects a duration like 10h, 90m or 1h30m, got {text!r} (it must be positive)")
     return total
+
+
+def parse_clock(text: str, option: str, example: str = "07:00") -> tuple[int, int]:
+    """'07:00' → (7, 0); ``option`` and ``example`` name what the user typed in the error."""
+    match = _CLOCK.match(text or "")
+    if not match or int(match.group(1)) > 23 or int(match.group(2)) > 59:
+        raise UsageError(f"{option} expects a local time HH:MM such as {example}, got {text!r}")
+    return int(match.group(1)), int(match.group(2))
 
 
 def resolve_finish_by(text: str, now: datetime) -> datetime:
     """'07:00' → the next 07:00 in local time after ``now`` (a time already past means tomorrow)."""
-    match = _CLOCK.match(text or "")
-    if not match or int(match.group(1)) > 23 or int(match.group(2)) > 59:
-        raise UsageError(f"--finish-by expects a local time HH:MM such as 07:00, got {text!r}")
-    target = now.replace(hour=int(match.group(1)), minute=int(match.group(2)), second=0, microsecond=0)
+    hour, minute = parse_clock(text, "--finish-by")
+    target = now.replace(hour=hour, minute=minute, second=0, microsecond=0)
     if target <= now:
         target += timedelta(days=1)
     return target
+
+
+def deadline(budget: str | None, finish_by: str | None, now: datetime) -> datetime | None:
+    """The night's deadline from a budget or a finish-by time; None = untimed."""
+    if budget and finish_by:
+        raise UsageError("pass either --budget or --finish-by, not both")
+    if budget:
+        return now + timedelta(seconds=parse_duration(budget))
+    if finish_by:
+        return resolve_finish_by(finish_by, now)
+    return None
+
+
+class StageKind(StrEnum):
+    EVAL = "eval"      # evaluate a reference
+    TRAIN = "train"    # train an agent, then evaluate it
+    REPORT = "report"  # write the morning report
 
 
 @dataclass(frozen=True)
@@ -41,7 +64,7 @@ class StageSpec:
     """What the planner knows of one stage."""
 
     name: str
-    kind: Literal["eval", "train", "report"]
+    kind: StageKind
     fixed_s: float                  # evaluation (after training, for train stages) or report time
     weight: float = 0.0             # share of the training time
     target_steps: int = 0
@@ -49,7 +72,7 @@ class StageSpec:
 
     @property
     def needed_train_s(self) -> float:
-        if self.kind != "train" or self.target_steps <= 0:
+        if self.kind != StageKind.TRAIN or self.target_steps <= 0:
             return 0.0
         return self.target_steps / self.steps_per_s if self.steps_per_s > 0 else float("inf")
 
@@ -66,7 +89,7 @@ def allocate(stages: list[StageSpec], available_s: float | None) -> list[float]:
         return needs
     alloc = [0.0] * len(stages)
     remaining = max(available_s - sum(s.fixed_s for s in stages), 0.0)
-    active = [i for i, s in enumerate(stages) if s.kind == "train" and needs[i] > 0]
+    active = [i for i, s in enumerate(stages) if s.kind == StageKind.TRAIN and needs[i] > 0]
     while active and remaining > 0:
         total_weight = sum(stages[i].weight for i in active)
         if total_weight <= 0:
@@ -101,7 +124,13 @@ def timeline(stages: list[StageSpec], start: datetime, available_s: float | None
     out, clock = [], start
     for spec, train_s in zip(stages, alloc):
         duration = (train_s if train_s != float("inf") else 0.0) + spec.fixed_s
-        steps = spec.target_steps if spec.kind == "train" and train_s >= spec.needed_train_s else int(train_s * spec.steps_per_s)
-        out.append(PlannedStage(spec.name, clock, clock + timedelta(seconds=duration), train_s, steps, spec.target_steps))
+        steps = (
+            spec.target_steps
+            if spec.kind == StageKind.TRAIN and train_s >= spec.needed_train_s
+            else int(train_s * spec.steps_per_s)
+        )
+        out.append(
+            PlannedStage(spec.name, clock, clock + timedelta(seconds=duration), train_s, steps, spec.target_steps)
+        )
         clock = clock + timedelta(seconds=duration)
     return out

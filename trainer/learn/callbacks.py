@@ -1,4 +1,4 @@
-"""SB3 callbacks: a progress bar with steps/s and ETA (checkpoints: trainer.training.Guard).
+"""SB3 callbacks: a progress bar with steps/s and ETA (checkpoints: trainer.learn.trainer.Guard).
 
 Counts environment steps across all parallel environments (``num_timesteps``), not callback calls.
 """
@@ -6,9 +6,18 @@ Counts environment steps across all parallel environments (``num_timesteps``), n
 from __future__ import annotations
 
 import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
 from stable_baselines3.common.callbacks import BaseCallback
 
 from trainer import logs
+from trainer.controllers import PolicyController
+from trainer.env import make_sb3_env
+from trainer.metrics import run_episode
+
+if TYPE_CHECKING:
+    from trainer.session import RunContext
 
 PROGRESS_LOG_FRACTION = 0.1
 
@@ -61,7 +70,7 @@ class EvalCurve(BaseCallback):
     numbers (deterministic actions, its own environment), so it leaves resumes exact.
     """
 
-    def __init__(self, ctx, agent: str, path):
+    def __init__(self, ctx: RunContext, agent: str, path: Path):
         super().__init__()
         self.ctx = ctx
         self.agent = agent
@@ -80,10 +89,6 @@ class EvalCurve(BaseCallback):
         self.evaluate()
 
     def evaluate(self) -> None:
-        from trainer.controllers import PolicyController
-        from trainer.env import make_sb3_env
-        from trainer.metrics import run_episode
-
         if self._env is None:
             self._env = make_sb3_env(self.ctx.cfg, self.ctx.schema, "eval", self.ctx.seed,
                                      eval_days=self.ctx.cfg.schedule.curve_eval_days)

@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any
+import importlib.util
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+from trainer import device
 from trainer.config import A2cConfig, AgentConfig, Config, OnPolicyConfig, PpoConfig, SacConfig
+
+if TYPE_CHECKING:
+    import gymnasium
+    from stable_baselines3.common.base_class import BaseAlgorithm
+    from stable_baselines3.common.vec_env import VecEnv
 
 ENVS_PER_CORE = 4
 MAX_AUTO_ENVS = 32  # each worker holds its own copy of the site (30-100 MB of its own)
@@ -14,7 +22,7 @@ def algorithm(name: str):
     """The class that trains ``name``: SB3's PPO and A2C, and FastSAC (SB3's SAC, leaner; same save format)."""
     from stable_baselines3 import A2C, PPO
 
-    from trainer.fast_sac import FastSAC
+    from trainer.learn.fast_sac import FastSAC
 
     return {"sac": FastSAC, "ppo": PPO, "a2c": A2C}[name]
 
@@ -33,9 +41,8 @@ def training_envs(section: AgentConfig, cores: int | None = None) -> int:
         return 1
     if section.n_envs:
         return section.n_envs
-    from trainer.env import cpu_cores
 
-    limit = max(min(ENVS_PER_CORE * (cores or cpu_cores()), MAX_AUTO_ENVS, section.n_steps), 1)
+    limit = max(min(ENVS_PER_CORE * (cores or device.cpu_cores()), MAX_AUTO_ENVS, section.n_steps), 1)
     return max(d for d in range(1, limit + 1) if section.n_steps % d == 0)
 
 
@@ -70,15 +77,40 @@ def fit_rollout(params: dict[str, Any], timesteps: int, n_envs: int = 1) -> dict
     return fitted
 
 
-def build_model(cfg: Config, name: str, env, device: str, seed: int, timesteps: int):
+def build_model(cfg: Config, name: str, env: VecEnv | gymnasium.Env, device: str, seed: int,
+                timesteps: int) -> BaseAlgorithm:
     n_envs = getattr(env, "num_envs", 1)
     params = fit_rollout(hyperparameters(cfg.agent(name), n_envs), timesteps, n_envs)
     if name == "sac":
-        from trainer.fast_sac import fast_optimizer_kwargs
+        from trainer.learn.fast_sac import fast_optimizer_kwargs
 
         params["policy_kwargs"]["optimizer_kwargs"] = fast_optimizer_kwargs(device)
     return algorithm(name)("MlpPolicy", env, seed=seed, device=device, verbose=0, **params)
 
 
-def load_model(name: str, path, device: str = "cpu"):
+def load_model(name: str, path: Path, device: str = "cpu") -> BaseAlgorithm:
     return algorithm(name).load(str(path), device=device)
+
+
+def apply_sizes(model: BaseAlgorithm, batch_size: int | None, n_steps: int | None, learning_rate: float) -> None:
+    """Set a model's batch, rollout and learning rate (after a back-off, a rollback or a resume)."""
+    if batch_size is not None and hasattr(model, "batch_size"):
+        model.batch_size = batch_size
+    if n_steps is not None and getattr(model, "n_steps", None) != n_steps:
+        model.n_steps = n_steps
+        model.rollout_buffer = model.rollout_buffer_class(
+            model.n_steps, model.observation_space, model.action_space, device=model.device,
+            gamma=model.gamma, gae_lambda=model.gae_lambda, n_envs=model.n_envs, **model.rollout_buffer_kwargs)
+    if model.learning_rate != learning_rate:
+        model.learning_rate = learning_rate
+        model._setup_lr_schedule()
+
+
+def sb3_logger(cfg: Config, folder: Path):
+    """SB3's logger for a stage: progress.csv, and TensorBoard where the optional extra is installed."""
+    from stable_baselines3.common.logger import configure  # heavy: SB3 imports torch
+
+    formats = ["csv"]
+    if cfg.output.tensorboard and importlib.util.find_spec("tensorboard") is not None:
+        formats.append("tensorboard")  # optional extra: pvbess-trainer[tensorboard]
+    return configure(str(folder), formats)

@@ -9,16 +9,27 @@ on; a stop signal leaves the interrupted stage ``running`` for ``--resume`` to c
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
+from enum import StrEnum
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 from trainer import logs
-from trainer.run_dir import read_json, write_json_atomic
-from trainer.timing import StageSpec, allocate, timeline
+from trainer.files import read_json, write_json_atomic
+from trainer.night.budget import StageKind, StageSpec, allocate, timeline
 
-PENDING, RUNNING, DONE, FAILED, SKIPPED = "pending", "running", "done", "failed", "skipped"
+
+class Status(StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"    # also a stage a stop signal interrupted: --resume continues it
+    DONE = "done"
+    FAILED = "failed"
+    SKIPPED = "skipped"    # no time left in the night for it
+
+
+PENDING, RUNNING, DONE, FAILED, SKIPPED = Status
 FINISHED = (DONE, FAILED, SKIPPED)
 # A training slot too short to be worth a model: the stage is skipped rather than run for nothing.
 MIN_TRAIN_STEPS = 100
@@ -27,8 +38,8 @@ MIN_TRAIN_STEPS = 100
 @dataclass
 class StageRecord:
     name: str
-    kind: str  # "eval", "train" or "report"
-    status: str = PENDING
+    kind: StageKind
+    status: Status = Status.PENDING
     planned_start: str | None = None
     planned_end: str | None = None
     actual_start: str | None = None
@@ -54,17 +65,25 @@ class ScheduleState:
         write_json_atomic(self.path, data)
 
     @classmethod
-    def load(cls, path: Path) -> "ScheduleState":
+    def load(cls, path: Path) -> ScheduleState:
         data = read_json(path)
-        stages = [StageRecord(**s) for s in data.pop("stages")]
+        stages = [StageRecord(**{**s, "kind": StageKind(s["kind"]), "status": Status(s["status"])})
+                  for s in data.pop("stages")]
         return cls(path=path, stages=stages, **data)
 
     @classmethod
-    def new(cls, path: Path, names: list[tuple[str, str, int]], now: datetime, deadline: datetime | None) -> "ScheduleState":
+    def new(
+        cls, path: Path, names: list[tuple[str, StageKind, int]], now: datetime, deadline: datetime | None
+    ) -> ScheduleState:
         budget = (deadline - now).total_seconds() if deadline else None
-        stages = [StageRecord(name, kind, timesteps_target=target) for name, kind, target in names]
-        return cls(path, now.isoformat(timespec="seconds"), deadline.isoformat(timespec="seconds") if deadline else None,
-                   budget, stages)
+        stages = [StageRecord(name, StageKind(kind), timesteps_target=target) for name, kind, target in names]
+        return cls(
+            path,
+            now.isoformat(timespec="seconds"),
+            deadline.isoformat(timespec="seconds") if deadline else None,
+            budget,
+            stages,
+        )
 
     def deadline_dt(self) -> datetime | None:
         return datetime.fromisoformat(self.deadline) if self.deadline else None
@@ -113,9 +132,11 @@ def run(state: ScheduleState, runner: StageRunner, clock: Callable[[], datetime]
             slot += max(slack, 0.0)
         spec = open_specs[0]
         record.status = RUNNING
-        record.actual_start = record.actual_start if resume and record.actual_start else now.isoformat(timespec="seconds")
-        record.time_limit_s = None if deadline is None or record.kind != "train" else round(slot, 1)
-        if record.kind == "train" and deadline is not None and \
+        record.actual_start = (
+            record.actual_start if resume and record.actual_start else now.isoformat(timespec="seconds")
+        )
+        record.time_limit_s = None if deadline is None or record.kind != StageKind.TRAIN else round(slot, 1)
+        if record.kind == StageKind.TRAIN and deadline is not None and \
                 slot * spec.steps_per_s < min(MIN_TRAIN_STEPS, record.timesteps_target):
             _finish(state, record, SKIPPED, clock, error=f"no time left for training: {slot:.0f} s in the plan "
                                                           f"(~{slot * spec.steps_per_s:.0f} steps) before the deadline")
@@ -125,9 +146,9 @@ def run(state: ScheduleState, runner: StageRunner, clock: Callable[[], datetime]
         log.info("stage started", stage=record.name, kind=record.kind, resume=resume, time_limit_s=record.time_limit_s,
                  planned_end=record.planned_end)
         try:
-            if record.kind == "eval":
+            if record.kind == StageKind.EVAL:
                 result = runner.run_eval(record.name)
-            elif record.kind == "train":
+            elif record.kind == StageKind.TRAIN:
                 result = runner.run_train(record.name, record.timesteps_target, record.time_limit_s, resume)
             else:
                 result = runner.run_report()
@@ -135,20 +156,25 @@ def run(state: ScheduleState, runner: StageRunner, clock: Callable[[], datetime]
             raise
         except KeyboardInterrupt:
             raise
-        except Exception as exc:  # noqa: BLE001 - a failed stage must not end the night
+        except Exception as exc:  # a failed stage must not end the night
             _finish(state, record, FAILED, clock, error=f"{type(exc).__name__}: {exc}".splitlines()[0][:500])
             log.error("stage failed", stage=record.name, error=record.error)
             continue
         record.timesteps_done = int(result.get("timesteps") or 0)
         record.checkpoint = result.get("checkpoint")
-        record.results = {k: result.get(k) for k in ("co2_kg_per_year", "co2_vs_baseline_pct", "timesteps", "steps_per_s")
-                          if k in result} or None
+        record.results = {
+            k: result.get(k)
+            for k in ("co2_kg_per_year", "co2_vs_baseline_pct", "timesteps", "steps_per_s")
+            if k in result
+        } or None
         _finish(state, record, DONE, clock)
         log.info("stage done", stage=record.name, seconds=_seconds(record))
     return state
 
 
-def _finish(state: ScheduleState, record: StageRecord, status: str, clock: Callable[[], datetime], error: str | None = None) -> None:
+def _finish(
+    state: ScheduleState, record: StageRecord, status: Status, clock: Callable[[], datetime], error: str | None = None
+) -> None:
     record.status = status
     record.error = error
     record.actual_end = clock().isoformat(timespec="seconds")

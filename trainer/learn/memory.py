@@ -6,25 +6,24 @@ allocation failures that arrive as plain RuntimeErrors. Anything else is not OOM
 
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass
 
+import psutil
+
 FLOAT_BYTES = 4
+GIB = 1024**3
 # Messages of allocation failures raised as RuntimeError by torch's CUDA, cuBLAS, cuDNN and CPU allocators.
-OOM_MESSAGES = (
-    "cuda out of memory",
-    "out of memory",
-    "cublas_status_alloc_failed",
-    "cudnn_status_alloc_failed",
-    "cudnn_status_not_enough_workspace",
-    "can't allocate memory",
-    "failed to allocate memory",
-)
+OOM_MESSAGES = ("cuda out of memory", "out of memory", "cublas_status_alloc_failed", "cudnn_status_alloc_failed",
+                "cudnn_status_not_enough_workspace", "can't allocate memory", "failed to allocate memory")
 
 
 def is_out_of_memory(exc: BaseException) -> bool:
     import torch
 
-    typed = tuple(t for t in (getattr(torch, "OutOfMemoryError", None), getattr(torch.cuda, "OutOfMemoryError", None)) if t)
+    typed = tuple(
+        t for t in (getattr(torch, "OutOfMemoryError", None), getattr(torch.cuda, "OutOfMemoryError", None)) if t
+    )
     if isinstance(exc, typed) or isinstance(exc, MemoryError):  # NumPy's _ArrayMemoryError is a MemoryError
         return True
     if isinstance(exc, RuntimeError):
@@ -35,7 +34,6 @@ def is_out_of_memory(exc: BaseException) -> bool:
 
 def free_memory(device: str) -> None:
     """Give back what a failed step held (called outside the except block, so its frames are gone)."""
-    import gc
 
     gc.collect()
     if device == "cuda":
@@ -50,19 +48,16 @@ def available_bytes(device: str) -> int:
         import torch
 
         return int(torch.cuda.mem_get_info()[0])
-    import psutil
 
     return int(psutil.virtual_memory().available)
 
 
 def host_available_bytes() -> int:
-    import psutil
 
     return int(psutil.virtual_memory().available)
 
 
 def memory_figures(device: str) -> dict[str, int]:
-    import psutil
 
     figures = {"host_available_bytes": int(psutil.virtual_memory().available)}
     if device == "cuda":
@@ -99,3 +94,15 @@ def batch_bytes(agent: str, batch: int, shapes: Shapes) -> int:
     critic = shapes.obs + shapes.act + hidden + 1
     networks = actor + (4 * critic if agent == "sac" else critic)
     return batch * (sample + 3 * networks) * FLOAT_BYTES
+
+
+@dataclass(frozen=True)
+class BatchBackoff:
+    """The out-of-memory policy: halve the batch (or, without one, the rollout), never below ``floor``."""
+
+    floor: int
+
+    def next(self, size: int) -> tuple[int, bool]:
+        """The size to try next, and whether it changed (False: already at the floor; the stage fails)."""
+        new = size // 2
+        return (new, True) if new >= self.floor else (size, False)

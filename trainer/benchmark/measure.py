@@ -1,0 +1,328 @@
+"""The benchmark's parent: plan the trials, run each in its own process, summarise and format.
+
+Pairs run interleaved (plain, product, plain, product...) and the ratio is taken of the medians,
+so a noisy machine still gives a fair ratio.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from trainer.config import Config
+from trainer.device import cpu_cores, resolve_device
+from trainer.env import DatasetSource
+from trainer.learn.agents import ENVS_PER_CORE
+from trainer.session import site_schema
+
+
+class TrialKind(StrEnum):
+    ENV_PLAIN = "env_plain"          # CityLearn's quickstart environment, random actions
+    ENV_PRODUCT = "env_product"      # the product's environment, random actions
+    PLAIN = "plain"                  # an agent trained by SB3's own loop
+    PRODUCT = "product"              # an agent trained by the night's StageTrainer
+    SWEEP = "sweep"                  # the product's environments at n_envs in parallel
+    LEARN_PLAIN = "learn_plain"      # --learning: CO2 after training with SB3's own loop
+    LEARN_PRODUCT = "learn_product"  # --learning: CO2 after training with the product
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How much each measurement runs: defaults fit the whole benchmark in about 5 minutes on 2 cores."""
+
+    env_steps: int = 600
+    onpolicy_steps: int = 2000
+    onpolicy_rollout: int | None = None  # None: the config's n_steps
+    sac_steps: int = 400
+    sac_learning_starts: int = 100
+    sac_updates: int = 50
+    repeats: int = 2
+    sweep: tuple[int, ...] | None = None  # None: 1, 2, 4 ... up to the automatic choice's 4 per core
+
+    @classmethod
+    def quick(cls) -> Sizes:
+        """A smoke run for CI: every figure produced, none of them meaningful."""
+        return cls(env_steps=60, onpolicy_steps=64, onpolicy_rollout=32, sac_steps=60, sac_learning_starts=30,
+                   sac_updates=5, repeats=1, sweep=(1, 2))
+
+
+@dataclass
+class Trial:
+    """One measurement, run in its own process by :func:`run_trial`."""
+
+    kind: TrialKind
+    agent: str | None = None
+    n_envs: int = 1
+    seed: int = 0  # which config: the learning check varies it
+    result: dict[str, Any] = field(default_factory=dict)
+
+
+def _bench_config(cfg: Config, sizes: Sizes) -> Config:
+    """The config both sides train with: learning starts early and nothing periodic intervenes."""
+    data = cfg.to_dict()
+    data["sac"]["learning_starts"] = min(cfg.sac.learning_starts, sizes.sac_learning_starts)
+    for agent in ("ppo", "a2c"):
+        if sizes.onpolicy_rollout is not None:
+            data[agent]["n_steps"] = sizes.onpolicy_rollout
+            data[agent]["n_envs"] = 0
+        if agent == "ppo":
+            data[agent]["batch_size"] = min(cfg.ppo.batch_size, data[agent]["n_steps"])
+    data["schedule"]["curve_every_steps"] = 10**9  # learning-curve evaluations are not training
+    data["output"]["tensorboard"] = False
+    return Config.model_validate(data)
+
+
+def measure(trial: Trial, config_path: Path, schema: Path, device: str, sizes: Sizes) -> dict[str, Any]:
+    """Run one trial in a fresh interpreter; its last stdout line is the JSON result."""
+    spec = json.dumps({"trial": asdict(trial), "config": str(config_path), "schema": str(schema),
+                       "device": device, "sizes": asdict(sizes)})
+    started = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "trainer.benchmark.trial", spec], capture_output=True, text=True,
+                          env={**os.environ, "CITYLEARN_OFFLINE": "1"})
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"error": f"{trial.kind} {trial.agent or ''} failed (exit {proc.returncode}): {tail}"}
+    result = json.loads(lines[-1])
+    result["wall_s"] = round(time.perf_counter() - started, 1)
+    return result
+
+
+def plan_trials(agents: list[str], sizes: Sizes, cores: int) -> list[Trial]:
+    """The interleaved order: env plain/product, then each agent's plain/product pairs, then the sweep."""
+    trials: list[Trial] = []
+    for _ in range(sizes.repeats):
+        trials += [Trial(TrialKind.ENV_PLAIN), Trial(TrialKind.ENV_PRODUCT)]
+        for agent in agents:
+            trials += [Trial(TrialKind.PLAIN, agent), Trial(TrialKind.PRODUCT, agent)]
+    for n in sizes.sweep or _sweep(cores):
+        trials.append(Trial(TrialKind.SWEEP, n_envs=n))
+    return trials
+
+
+def _sweep(cores: int) -> tuple[int, ...]:
+
+    counts, n = [], 1
+    while n <= ENVS_PER_CORE * cores:
+        counts.append(n)
+        n *= 2
+    return tuple(counts)
+
+
+def machine() -> dict[str, Any]:
+    """Cores, CPU model, GPU and versions: the figures mean nothing without them."""
+    import torch
+
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    return {"cores": cpu_cores(), "cpu": cpu, "gpu": gpu, "python": platform.python_version(),
+            "torch": torch.__version__, "platform": platform.platform()}
+
+
+def summarise(trials: list[Trial]) -> dict[str, Any]:
+    """Medians per (kind, agent), ratios product/plain and peak memory."""
+
+    def figures(kind: TrialKind | str, agent: str | None, key: str) -> list[float]:
+        return [t.result[key] for t in trials if t.kind == kind and t.agent == agent
+                and isinstance(t.result.get(key), (int, float))]
+
+    def median(values: list[float]) -> float | None:
+        return round(statistics.median(values), 2) if values else None
+
+    out: dict[str, Any] = {
+        "env": {},
+        "agents": {},
+        "sweep": {},
+        "errors": [t.result["error"] for t in trials if "error" in t.result],
+    }
+    plain_env, product_env = (
+        median(figures(TrialKind.ENV_PLAIN, None, "steps_per_s")),
+        median(figures(TrialKind.ENV_PRODUCT, None, "steps_per_s")),
+    )
+    out["env"] = {
+        "plain_steps_per_s": plain_env,
+        "product_steps_per_s": product_env,
+        "ratio": _ratio(product_env, plain_env),
+    }
+    for agent in sorted({t.agent for t in trials if t.agent}):
+        row: dict[str, Any] = {}
+        for side in ("plain", "product"):
+            row[f"{side}_steps_per_s"] = median(figures(side, agent, "steps_per_s"))
+            row[f"{side}_peak_rss_mb"] = median(figures(side, agent, "peak_rss_mb"))
+            row[f"{side}_tree_pss_mb"] = median(figures(side, agent, "tree_pss_mb"))
+            if agent == "sac":
+                row[f"{side}_updates_per_s"] = median(figures(side, agent, "updates_per_s"))
+        row["product_n_envs"] = next(
+            (
+                t.result.get("n_envs")
+                for t in trials
+                if t.kind == TrialKind.PRODUCT and t.agent == agent and "n_envs" in t.result
+            ),
+            None,
+        )
+        row["ratio"] = _ratio(row["product_steps_per_s"], row["plain_steps_per_s"])
+        row["rss_ratio"] = _ratio(row["product_peak_rss_mb"], row["plain_peak_rss_mb"])
+        row["pss_ratio"] = _ratio(row["product_tree_pss_mb"], row["plain_tree_pss_mb"])
+        if agent == "sac":
+            row["updates_ratio"] = _ratio(row["product_updates_per_s"], row["plain_updates_per_s"])
+        row["samples"] = len(figures(TrialKind.PRODUCT, agent, "steps_per_s"))
+        out["agents"][agent] = row
+    for t in trials:
+        if t.kind == TrialKind.SWEEP and "steps_per_s" in t.result:
+            out["sweep"][str(t.n_envs)] = round(t.result["steps_per_s"], 1)
+    return out
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 2) if a and b else None
+
+
+def _run_trials(trials: list[Trial], configs: dict[int, Config], schema: Path, device: str, sizes: Sizes,
+                progress) -> None:
+    """Each trial in its own process with the config of its seed (key 0 when seeds do not vary)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = {}
+        for seed, cfg in configs.items():
+            paths[seed] = Path(tmp) / f"config-{seed}.json"
+            paths[seed].write_text(json.dumps(cfg.to_dict()), encoding="utf-8")
+        for i, trial in enumerate(trials, 1):
+            trial.result = measure(trial, paths[trial.seed], schema, device, sizes)
+            if progress is not None:
+                progress(i, len(trials), trial)
+
+
+def run_benchmark(cfg: Config, schema: Path, device: str, agents: list[str], sizes: Sizes,
+                  progress=None) -> dict[str, Any]:
+    """Every trial in its own process, interleaved; returns machine, sizes, raw trials and summary."""
+    info = machine()
+    started = time.perf_counter()
+    trials = plan_trials(agents, sizes, info["cores"])
+    _run_trials(trials, {0: _bench_config(cfg, sizes)}, schema, device, sizes, progress)
+    return {
+        "machine": info,
+        "device": device,
+        "sizes": asdict(sizes),
+        "seconds": round(time.perf_counter() - started, 1),
+        "summary": summarise(trials),
+        "trials": [asdict(t) for t in trials],
+    }
+
+
+def run_learning_check(cfg: Config, schema: Path, device: str, agents: list[str], seeds: list[int],
+                       progress=None) -> dict[str, Any]:
+    """CO2 kg/year of each agent trained by the plain SB3 loop and by the product: same seed, same
+    timesteps (each agent's ``timesteps``), same environment and reward, same evaluation."""
+    info = machine()
+    started = time.perf_counter()
+    trials = [
+        Trial(kind, agent, seed=seed)
+        for seed in seeds
+        for agent in agents
+        for kind in (TrialKind.LEARN_PLAIN, TrialKind.LEARN_PRODUCT)
+    ]
+    configs = {seed: Config.model_validate({**cfg.to_dict(), "seed": seed}) for seed in seeds}
+    _run_trials(trials, configs, schema, device, Sizes(), progress)
+    rows: dict[str, Any] = {}
+    for agent in agents:
+        row = {side: [t.result.get("co2_kg_per_year") for t in trials if t.agent == agent and t.kind == f"learn_{side}"]
+               for side in ("plain", "product")}
+        row["timesteps"] = next(
+            (t.result["timesteps"] for t in trials if t.agent == agent and "timesteps" in t.result), None
+        )
+        rows[agent] = row
+    return {"machine": info, "device": device, "seeds": seeds, "seconds": round(time.perf_counter() - started, 1),
+            "agents": rows, "errors": [t.result["error"] for t in trials if "error" in t.result],
+            "trials": [asdict(t) for t in trials]}
+
+
+def format_learning(report: dict[str, Any]) -> str:
+    """CO2 per seed for both sides, with mean and spread: is the difference within the seeds' noise?"""
+    lines = [f"{'agent':6} {'steps':>7} {'side':8} " + " ".join(f"{'seed ' + str(s):>10}" for s in report["seeds"])
+             + f" {'mean':>10} {'stdev':>8}"]
+    for agent, row in report["agents"].items():
+        for side in ("plain", "product"):
+            values = [v for v in row[side] if isinstance(v, (int, float))]
+            mean = statistics.mean(values) if values else None
+            spread = statistics.stdev(values) if len(values) > 1 else None
+            cells = " ".join(f"{v:>10,.0f}" if isinstance(v, (int, float)) else f"{'-':>10}" for v in row[side])
+            lines.append(
+                f"{agent:6} {row['timesteps'] or 0:>7,} {side:8} {cells} "
+                f"{'-' if mean is None else f'{mean:,.0f}':>10} {'-' if spread is None else f'{spread:,.0f}':>8}"
+            )
+    lines += [f"error: {e}" for e in report["errors"]]
+    return "\n".join(lines)
+
+
+def format_report(report: dict[str, Any]) -> str:
+    """The table a person reads: each figure for the plain recipe and the product, and their ratio."""
+    m, s = report["machine"], report["summary"]
+    lines = [
+        f"machine: {m['cpu']}, {m['cores']} cores, GPU {m['gpu'] or 'none'}; device {report['device']}; "
+        f"torch {m['torch']}; {report['sizes']['repeats']} interleaved repeats, medians; {report['seconds']:.0f} s",
+        "",
+        f"{'measure':34} {'plain':>10} {'product':>10} {'ratio':>7}",
+    ]
+
+    def row(label: str, a, b, r) -> None:
+        fmt = lambda v: "-" if v is None else f"{v:,.1f}"  # noqa: E731
+        lines.append(f"{label:34} {fmt(a):>10} {fmt(b):>10} {('-' if r is None else f'{r:.2f}x'):>7}")
+
+    row("environment steps/s", s["env"]["plain_steps_per_s"], s["env"]["product_steps_per_s"], s["env"]["ratio"])
+    for agent, a in s["agents"].items():
+        envs = f" ({a['product_n_envs']} envs)" if a.get("product_n_envs", 1) and a.get("product_n_envs", 1) > 1 else ""
+        row(f"{agent} training steps/s{envs}", a["plain_steps_per_s"], a["product_steps_per_s"], a["ratio"])
+        if agent == "sac":
+            row("sac gradient updates/s", a["plain_updates_per_s"], a["product_updates_per_s"], a["updates_ratio"])
+        row(f"{agent} peak RSS MB (trainer process)", a["plain_peak_rss_mb"], a["product_peak_rss_mb"], a["rss_ratio"])
+        row(f"{agent} memory MB, all processes (PSS)", a["plain_tree_pss_mb"], a["product_tree_pss_mb"], a["pss_ratio"])
+    if s["sweep"]:
+        lines += ["", "environment steps/s by parallel environments (product env, random actions):",
+                  "  " + "   ".join(f"{n}: {v:,.0f}" for n, v in s["sweep"].items())]
+    for error in s["errors"]:
+        lines.append(f"error: {error}")
+    return "\n".join(lines)
+
+
+
+def progress_line(i: int, total: int, trial: Trial) -> str:
+    """One line per finished trial, for the console while the benchmark runs."""
+    figure, co2 = trial.result.get("steps_per_s"), trial.result.get("co2_kg_per_year")
+    shown = trial.result.get("error") or (f"{figure:,.1f} steps/s" if figure is not None else "") or (
+        f"seed {trial.seed}: {co2:,.0f} kg CO2/year" if co2 is not None else "")
+    envs = f"x{trial.n_envs}" if trial.kind == TrialKind.SWEEP else ""
+    return " ".join(part for part in (f"[{i}/{total}]", str(trial.kind), trial.agent or "", envs, shown) if part)
+
+
+def run_command(cfg: Config, source: DatasetSource | None, agents: list[str], quick: bool, repeats: int | None,
+                learning: bool, seeds: list[int], progress: Callable[[int, int, Trial], None] | None = None,
+                ) -> tuple[dict[str, Any], str, bool]:
+    """`trainer benchmark`: the report, its table, and whether any trial failed."""
+    sizes = Sizes.quick() if quick else Sizes()
+    if repeats:
+        sizes = replace(sizes, repeats=repeats)
+    device = resolve_device(cfg.gpu.device)
+    with site_schema(cfg, source) as schema:
+        if learning:
+            report = run_learning_check(cfg, schema, device, agents, seeds, progress)
+            return report, format_learning(report), bool(report["errors"])
+        report = run_benchmark(cfg, schema, device, agents, sizes, progress)
+        return report, format_report(report), bool(report["summary"]["errors"])

@@ -1,0 +1,250 @@
+"""One benchmark measurement, run in a fresh Python process (``python -m trainer.benchmark.trial SPEC``).
+
+Each trial times one side (the plain SB3 recipe or the product) in a process of its own, so peak
+RSS belongs to it alone and nothing warmed up by one side helps the other.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import gymnasium
+import numpy as np
+import psutil
+from stable_baselines3.common.callbacks import BaseCallback
+
+from trainer import logs
+from trainer.benchmark.measure import Sizes, Trial, TrialKind
+from trainer.config import Config
+from trainer.controllers import PolicyController
+from trainer.device import apply_gpu_flags
+from trainer.env import make_citylearn_env, make_sb3_env, make_training_vec_env
+from trainer.learn.agents import hyperparameters
+from trainer.metrics import run_episode
+from trainer.night.stages import RunContext, training_timesteps
+from trainer.run_dir import RunDir
+
+if TYPE_CHECKING:
+    from stable_baselines3.common.base_class import BaseAlgorithm
+    from stable_baselines3.common.vec_env import VecEnv
+
+
+def _peak_rss_mb() -> dict[str, float | None]:
+    """Peak resident memory of this process (Linux and macOS; Windows has no getrusage)."""
+    try:
+        import resource  # POSIX only
+    except ImportError:
+        return {"peak_rss_mb": None}
+    scale = 1 / 1024 if sys.platform != "darwin" else 1 / 1024 / 1024  # ru_maxrss: KiB on Linux, bytes on macOS
+    return {"peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale, 1)}
+
+
+def _tree_pss_mb() -> float | None:
+    """Proportional memory of this process and its workers: pages they share (the forkserver's
+    preloaded modules) counted once, which RSS, counting them in every process, does not."""
+
+    try:
+        procs = [psutil.Process(), *psutil.Process().children(recursive=True)]
+        total = 0
+        for proc in procs:
+            info = proc.memory_full_info()
+            total += getattr(info, "pss", info.uss)  # PSS on Linux; USS elsewhere
+    except (psutil.Error, OSError):
+        return None
+    return round(total / 2**20, 1)
+
+
+class _Stopwatch(BaseCallback):
+    """Times environment steps from ``start_at`` to the end of training, and the memory there."""
+
+    def __init__(self, start_at: int):
+        super().__init__()
+        self.start_at = start_at
+        self.t0: float | None = None
+        self.t1: float | None = None
+        self.n0 = self.n1 = 0
+        self.tree_pss_mb: float | None = None
+
+    def _on_step(self) -> bool:
+        if self.t0 is None and self.num_timesteps >= self.start_at:
+            self.t0, self.n0 = time.perf_counter(), self.num_timesteps
+        return True
+
+    def _on_training_end(self) -> None:
+        self.t1, self.n1 = time.perf_counter(), self.num_timesteps
+        self.tree_pss_mb = _tree_pss_mb()  # the workers are still running here
+
+    def rate(self) -> float:
+        if self.t0 is None or self.t1 is None or self.n1 <= self.n0:
+            return float("nan")
+        return (self.n1 - self.n0) / (self.t1 - self.t0)
+
+
+def _warmup(agent: str, cfg: Config) -> int:
+    """Steps before the stopwatch starts: SAC's collection without updates, one step otherwise."""
+    return cfg.sac.learning_starts + 1 if agent == "sac" else 1
+
+
+def _steps(agent: str, sizes: Sizes) -> int:
+    return sizes.sac_steps if agent == "sac" else sizes.onpolicy_steps
+
+
+def _env_rate(env: gymnasium.Env, steps: int) -> float:
+    env.reset()
+    start = time.perf_counter()
+    for _ in range(steps):
+        _, _, terminated, truncated, _ = env.step(env.action_space.sample())
+        if terminated or truncated:
+            env.reset()
+    return steps / (time.perf_counter() - start)
+
+
+def _plain_env(schema: Path):
+    from citylearn.citylearn import CityLearnEnv
+    from citylearn.wrappers import NormalizedObservationWrapper, StableBaselines3Wrapper
+
+    return StableBaselines3Wrapper(NormalizedObservationWrapper(CityLearnEnv(str(schema), central_agent=True)))
+
+
+def _update_rate(model: BaseAlgorithm, batch_size: int, updates: int) -> float:
+    model.train(gradient_steps=2, batch_size=batch_size)  # warm-up
+    start = time.perf_counter()
+    model.train(gradient_steps=updates, batch_size=batch_size)
+    return updates / (time.perf_counter() - start)
+
+
+def run_trial(trial: Trial, cfg: Config, schema: Path, device: str, sizes: Sizes) -> dict[str, Any]:
+    """Measure one trial in this process (called in a fresh child by :func:`measure`)."""
+
+    if trial.kind == TrialKind.ENV_PLAIN:
+        env = _plain_env(schema)
+        return {"steps_per_s": _env_rate(env, sizes.env_steps)}
+    if trial.kind == TrialKind.ENV_PRODUCT:
+        return {"steps_per_s": _env_rate(make_sb3_env(cfg, schema, "train", cfg.seed), sizes.env_steps)}
+    if trial.kind in (TrialKind.LEARN_PLAIN, TrialKind.LEARN_PRODUCT):
+        return _learn_and_evaluate(trial, cfg, schema, device)
+    if trial.kind == TrialKind.SWEEP:
+        return {
+            "steps_per_s": _vec_env_rate(
+                make_training_vec_env(cfg, schema, cfg.seed, trial.n_envs, trial.n_envs > 1), sizes.env_steps
+            )
+        }
+    agent = trial.agent
+    assert agent is not None
+    stopwatch = _Stopwatch(_warmup(agent, cfg))
+    if trial.kind == TrialKind.PLAIN:
+        model, n_envs = _train_plain(agent, _plain_env(schema), cfg, device, _steps(agent, sizes), stopwatch), 1
+    else:
+        model, n_envs = _train_product(agent, cfg, schema, device, _steps(agent, sizes), stopwatch)
+    out: dict[str, Any] = {"steps_per_s": stopwatch.rate(), "n_envs": n_envs, "torch_threads": _threads(),
+                           "tree_pss_mb": stopwatch.tree_pss_mb}
+    if agent == "sac":
+        if hasattr(model, "defer_training"):
+            model.defer_training = False  # time the update itself, not its deferral
+        out["updates_per_s"] = _update_rate(model, cfg.sac.batch_size, sizes.sac_updates)
+    return out
+
+
+def _train_plain(agent: str, env: gymnasium.Env, cfg: Config, device: str, steps: int,
+                 callback: BaseCallback | None = None) -> BaseAlgorithm:
+    """The plain recipe: SB3's own class on one environment, torch's default threads."""
+    from stable_baselines3 import A2C, PPO, SAC
+
+
+    algo = {"sac": SAC, "ppo": PPO, "a2c": A2C}[agent]
+    model = algo("MlpPolicy", env, seed=cfg.seed, device=device, verbose=0, **hyperparameters(cfg.agent(agent)))
+    model.learn(steps, callback=callback)
+    return model
+
+
+def _train_product(agent: str, cfg: Config, schema: Path, device: str, steps: int,
+                   callback: BaseCallback | None = None) -> tuple[BaseAlgorithm, int]:
+    """The product: a night's StageTrainer (in a throw-away run folder). Returns (model, n_envs)."""
+    from trainer.learn.trainer import StageTrainer
+
+    apply_gpu_flags(cfg.gpu, device)
+    with tempfile.TemporaryDirectory() as tmp:
+        trainer = StageTrainer(RunContext(cfg, RunDir(Path(tmp)), schema, device), agent, steps,
+                               callbacks=[callback] if callback else None)
+        try:
+            return trainer.train(), trainer.n_envs
+        finally:
+            trainer.close()
+
+
+class _IgnoreResetSeed(gymnasium.Wrapper):
+    """The one fix the plain loop needs to learn at all: CityLearn adopts SB3's reset seed as the seed
+    of its episode windows, so every episode would be the same fortnight (see trainer.env)."""
+
+    def reset(self, *, seed=None, options=None):
+        return self.env.reset(options=options)
+
+
+def _learn_and_evaluate(trial: Trial, cfg: Config, schema: Path, device: str) -> dict[str, Any]:
+    """Train ``trial.agent`` for its timesteps with one side, then CO2 kg/year over the evaluation period."""
+    from citylearn.wrappers import NormalizedObservationWrapper, StableBaselines3Wrapper
+
+
+    agent = trial.agent
+    assert agent is not None
+    steps = training_timesteps(cfg, agent, schema)
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        if trial.kind == TrialKind.LEARN_PLAIN:
+            # The same environment, reward and episode windows as the product; SB3's own loop.
+            env = _IgnoreResetSeed(StableBaselines3Wrapper(NormalizedObservationWrapper(
+                make_citylearn_env(cfg, schema, "train", cfg.seed))))
+            model = _train_plain(agent, env, cfg, device, steps)
+        else:
+            model, _ = _train_product(agent, cfg, schema, device, steps)
+        train_s = time.perf_counter() - started
+        eval_env = make_sb3_env(cfg, schema, "eval", cfg.seed, eval_days=cfg.schedule.eval_days)
+        try:
+            metrics = run_episode(PolicyController(agent, model), eval_env, Path(tmp) / "timeseries.csv")
+        finally:
+            eval_env.close()
+    return {"co2_kg_per_year": metrics["co2_kg_per_year"], "timesteps": int(model.num_timesteps),
+            "ev_departure_soc_met_pct": metrics.get("ev_departure_soc_met_pct"),  # CO2 can fall by not charging
+            "train_s": round(train_s, 1), "seed": cfg.seed}
+
+
+def _vec_env_rate(env: VecEnv, steps: int) -> float:
+
+    try:
+        env.reset()
+        actions = np.stack([env.action_space.sample() for _ in range(env.num_envs)])
+        rounds = max(steps // env.num_envs, 1)
+        start = time.perf_counter()
+        for _ in range(rounds):
+            env.step(actions)
+        return rounds * env.num_envs / (time.perf_counter() - start)
+    finally:
+        env.close()
+
+
+def _threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
+def _child_main(spec_json: str) -> None:
+
+    spec = json.loads(spec_json)
+    logs.configure()  # to stderr, which the parent keeps for an error's last line
+    cfg = Config.model_validate(json.loads(Path(spec["config"]).read_text(encoding="utf-8")))
+    sizes = Sizes(**{**spec["sizes"], "sweep": tuple(spec["sizes"]["sweep"]) if spec["sizes"]["sweep"] else None})
+    trial = Trial(**{k: v for k, v in spec["trial"].items() if k != "result"})
+    trial.kind = TrialKind(trial.kind)
+    result = run_trial(trial, cfg, Path(spec["schema"]), spec["device"], sizes)
+    result.update(_peak_rss_mb())
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":  # a child of measure(); the guard also keeps SubprocVecEnv's forkserver safe
+    _child_main(sys.argv[1])

@@ -1,0 +1,129 @@
+"""The CLI's shared parts: options declared once for every command that takes them, and the edge
+where errors become one line and an exit code (``trainer.cli`` holds the commands themselves)."""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from trainer import logs
+from trainer.errors import TrainerError
+from trainer.learn.recovery import StageFailed, TrainingInterrupted
+from trainer.session import LATEST, RunContext
+
+EXIT_INTERRUPTED = 130
+
+
+class State:
+    """What the error handler at the edge needs to say: --debug, the run's log and how to resume it."""
+
+    debug = False
+    log_file: Path | None = None
+    resume_hint: str | None = None
+
+    @classmethod
+    def opened(cls, ctx: RunContext, command: str) -> None:
+        cls.log_file = ctx.run.log_file
+        cls.resume_hint = f"trainer {command} --resume {ctx.run.root}"
+
+
+def _fail(message: str, code: int) -> None:
+    where = f" (log: {State.log_file})" if State.log_file else ""
+    click.echo(f"error: {message}{where}", err=True)
+    sys.exit(code)
+
+
+def handle_errors(fn: Callable) -> Callable:
+    """One clear line instead of a traceback (unless --debug), with the log path and how to resume."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except TrainerError as exc:
+            if State.debug:
+                raise
+            resumable = isinstance(exc, (TrainingInterrupted, StageFailed)) and State.resume_hint
+            _fail(str(exc) + (f"; resume with: {State.resume_hint}" if resumable else ""), exc.exit_code)
+        except KeyboardInterrupt:
+            _fail("interrupted", EXIT_INTERRUPTED)
+        except Exception as exc:  # the edge of the program: report, don't crash
+            logs.get().exception("unexpected failure")
+            if State.debug:
+                raise
+            _fail(f"unexpected {type(exc).__name__}: {exc} (rerun with --debug for the traceback)", 1)
+
+    return wrapper
+
+
+def _debug(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    if value:
+        State.debug = True
+        logs.configure(verbose=True)
+
+
+def start_invocation(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    """The group's --debug: a fresh state for this invocation (tests invoke the CLI many times in one process)."""
+    State.debug, State.log_file, State.resume_hint = value, None, None
+    logs.configure(verbose=value)
+
+
+def options(*decorators: Callable) -> Callable:
+    """Several option decorators as one, applied top to bottom as written."""
+    return lambda fn: functools.reduce(lambda f, d: d(f), reversed(decorators), fn)
+
+
+debug_option = click.option("--debug", is_flag=True, expose_value=False, is_eager=True, callback=_debug,
+                            help="Show full tracebacks and debug logs.")
+
+
+def command(group: click.Group, *args: Any, **kwargs: Any) -> Callable:
+    """A command of ``group`` with --debug and the error handling at the edge."""
+    return options(group.command(*args, **kwargs), debug_option, handle_errors)
+
+
+config_file_option = click.option("--config", "config_files", multiple=True, type=click.Path(dir_okay=False),
+                                  help="YAML file merged over trainer/configs/default.yaml (repeatable, in order).")
+profile_option = click.option("--profile", default=None, metavar="auto|NAME",
+                              help="Device profile (auto: picked from the detected GPU), applied before --config.")
+config_options = options(
+    config_file_option,
+    click.option("--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE",
+                 help="Override one config key (repeatable), e.g. --set sac.batch_size=128."),
+    profile_option)
+dataset_options = options(
+    click.option(
+        "--schema",
+        type=click.Path(),
+        default=None,
+        help="Path of any CityLearn schema.json (or its folder) instead of the built-in site.",
+    ),
+    click.option(
+        "--dataset", default=None, help="A CityLearn dataset name, found under $CITYLEARN_LOCAL_DATASETS_PATH."
+    ),
+)
+device_option = click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default=None,
+                             help="Torch device (default: gpu.device from the config).")
+run_options = options(
+    config_options, dataset_options, device_option,
+    click.option("--out", type=click.Path(file_okay=False), default=None,
+                 help="Run folder (default: outputs/<scenario>__<command>__<seed>__<time>)."),
+    click.option("--seed", type=click.IntRange(min=0), default=None, help="Global seed (default: config seed)."))
+agents_option = click.option("--agents", default=None, help="Comma-separated subset of agents, e.g. sac,ppo.")
+time_options = options(
+    click.option("--budget", default=None, metavar="DURATION", help="Time for the whole night, e.g. 10h, 90m, 1h30m."),
+    click.option("--finish-by", "finish_by", default=None, metavar="HH:MM",
+                 help="Local time the night must end by (a time already past means tomorrow)."))
+quick_option = click.option("--quick", is_flag=True,
+                            help="A small budget per agent (schedule.quick_timesteps): a smoke run of the night.")
+resume_option = click.option("--resume", is_flag=False, flag_value=LATEST, default=None, metavar="[RUN_DIR]",
+                             help="Continue a run folder (default: --out, else the newest run).")
+force_option = click.option("--force", is_flag=True, help="Resume even though the config changed since the checkpoint.")
+json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of the table.")
+run_dir_argument = click.argument("run_dir", type=click.Path(file_okay=False))
+night_options = options(run_options, quick_option, agents_option, time_options, resume_option, force_option)

@@ -1,0 +1,65 @@
+"""The callback that checkpoints at rollout boundaries and stops training on a signal or at the time limit."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Protocol
+
+from stable_baselines3.common.callbacks import BaseCallback
+
+from trainer.learn.recovery import check_finite
+from trainer.learn.state import Boundary, EpisodeTracker, StopReason
+from trainer.signals import STOP
+
+
+class Checkpointer(Protocol):
+    last_checkpoint_step: int
+
+    def save_checkpoint(self, model: Any, boundary: Boundary) -> None: ...
+
+
+class CheckpointGuard(BaseCallback):
+    """Checkpoints every ``every_steps`` at rollout starts, checks for non-finite values, honours stops.
+
+    Rollout starts are where parameters, optimizers, buffers, counters and RNG states agree
+    (docs/reliability.md). ``stopped_by`` says why training ended early, if it did.
+    """
+
+    def __init__(self, owner: Checkpointer, tracker: EpisodeTracker, every_steps: int, time_limit_at: float | None):
+        super().__init__()
+        self.owner = owner
+        self.tracker = tracker
+        self.every_steps = every_steps
+        self.time_limit_at = time_limit_at
+        self.boundary: Boundary | None = None
+        self.stopped_by: StopReason | None = None
+        self._started = False
+
+    def _on_training_start(self) -> None:
+        self._started = False
+        self.tracker.read()  # learn() has just reset the environments
+
+    def _on_rollout_start(self) -> None:
+        if self._started:
+            check_finite(self.model)
+        self._started = True
+        due = self.num_timesteps - self.owner.last_checkpoint_step >= self.every_steps
+        if due and hasattr(self.model, "run_pending_training"):
+            self.model.run_pending_training()  # the checkpoint holds the update SB3 would have made by now
+        self.boundary = self.tracker.boundary(self.model)
+        if due:
+            self.owner.save_checkpoint(self.model, self.boundary)
+
+    def _on_step(self) -> bool:
+        dones = self.locals.get("dones")
+        if dones is not None:
+            self.tracker.count(dones)
+        time_up = self.time_limit_at is not None and time.monotonic() >= self.time_limit_at
+        if not (STOP.requested or time_up):
+            return True
+        # Nothing has been learned since the rollout began, so that boundary is consistent (SAC
+        # learning while stepping has applied the update due at the boundary: docs/reliability.md).
+        if self.boundary is not None and self.boundary.step > self.owner.last_checkpoint_step:
+            self.owner.save_checkpoint(self.model, self.boundary)
+        self.stopped_by = StopReason.SIGNAL if STOP.requested else StopReason.TIME_UP
+        return False

@@ -1,0 +1,56 @@
+"""Checks made before a stage writes anything: a config changed since the checkpoint, RAM for the replay buffer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from trainer import logs
+from trainer.checkpoint import CheckpointStore
+from trainer.config import Config
+from trainer.env import make_sb3_env
+from trainer.errors import UsageError
+from trainer.learn.memory import GIB, Shapes, host_available_bytes, replay_buffer_bytes
+
+
+def config_diff(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
+    """Key paths whose values differ, with both values."""
+    diffs = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        path = f"{prefix}{key}"
+        if isinstance(a, dict) and isinstance(b, dict):
+            diffs.extend(config_diff(a, b, f"{path}."))
+        elif a != b:
+            diffs.append(f"{path} ({a!r} -> {b!r})")
+    return diffs
+
+
+def check_resume_config(run_dir: Path, agent: str, cfg: Config, force: bool) -> None:
+    """Refuse, before anything is written, to resume with a config that differs from the checkpoint's."""
+    checkpoint = CheckpointStore(run_dir / agent / "checkpoints", keep=1).latest()
+    if checkpoint is None or checkpoint.state.get("config_digest") == cfg.digest():
+        return
+    diffs = config_diff(checkpoint.state.get("config", {}), cfg.to_dict())
+    if force:
+        logs.get().warning("config changed since the checkpoint; resuming anyway (--force)", agent=agent, changes=diffs)
+        return
+    raise UsageError(f"the config changed since the checkpoint at step {checkpoint.step}: {'; '.join(diffs)}; "
+                     "resume with the same config, or pass --force to resume with the new one")
+
+
+def check_memory(cfg: Config, schema: Path, agent: str) -> None:
+    """Refuse, before the night starts, a replay buffer that cannot fit in RAM."""
+    if agent != "sac":
+        return
+    env = make_sb3_env(cfg, schema, "train", cfg.seed)
+    try:
+        shapes = Shapes(env.observation_space.shape[0], env.action_space.shape[0], tuple(cfg.sac.net_arch))
+    finally:
+        env.close()
+    need, have = replay_buffer_bytes(shapes, cfg.sac.buffer_size), host_available_bytes()
+    if need > have:
+        per = replay_buffer_bytes(shapes, 1)
+        raise UsageError(
+            f"sac.buffer_size={cfg.sac.buffer_size:,} needs {need / GIB:.1f} GiB of RAM for the replay buffer "
+            f"but {have / GIB:.1f} GiB is available; set sac.buffer_size to at most {int(have * 0.8 // per):,}")

@@ -1,0 +1,245 @@
+"""Training one agent so that a night survives crashes, kills, out-of-memory and Ctrl+C.
+
+The loop, in one place (:meth:`StageTrainer.train`):
+
+1. preflight: refuse a replay buffer that cannot fit in RAM; back off a batch that cannot
+   fit in free memory before trying it;
+2. start fresh, or resume from the newest valid checkpoint (config checked);
+3. ``model.learn``; on out-of-memory or a non-finite loss, leave the except block, free
+   memory, restore the last checkpoint, halve the batch (or lower the learning rate) and go on;
+4. a stop signal saves a checkpoint at the last consistent point and ends the stage.
+
+Checkpoints are taken at rollout starts, after the learner's update: there the parameters,
+optimizers, replay buffer, counters and RNG states agree with each other. See
+docs/reliability.md for what each promise means and the test that backs it.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trainer import logs
+from trainer.checkpoint import Checkpoint, CheckpointStore, restore_rng
+from trainer.config import Config
+from trainer.device import apply_cpu_threads
+from trainer.env import make_training_vec_env
+from trainer.learn.agents import (
+    algorithm,
+    apply_sizes,
+    build_model,
+    fit_rollout,
+    hyperparameters,
+    sb3_logger,
+    training_envs,
+)
+from trainer.learn.imitation import warm_start
+from trainer.learn.memory import Shapes, free_memory, is_out_of_memory
+from trainer.learn.preflight import check_memory, check_resume_config
+from trainer.learn.recovery import Failure, NonFinite, NonFiniteError, OutOfMemory, Recovery, TrainingInterrupted
+from trainer.learn.state import Boundary, EpisodeTracker, Sizes, StopReason, TrainingState
+from trainer.run_dir import AgentDir
+from trainer.signals import STOP
+
+if TYPE_CHECKING:
+    from stable_baselines3.common.base_class import BaseAlgorithm
+    from stable_baselines3.common.vec_env import VecEnv
+
+    from trainer.session import RunContext
+
+
+class StageTrainer:
+    """Train one agent to ``target`` environment steps in one run folder."""
+
+    def __init__(self, ctx: RunContext, agent: str, target: int, callbacks: list | None = None,
+                 time_limit_s: float | None = None):
+        self.ctx, self.cfg, self.agent, self.target = ctx, ctx.cfg, agent, target
+        self.section = self.cfg.agent(agent)
+        self.rel = self.cfg.reliability
+        self.folder = ctx.run.agent(agent)
+        self.store = CheckpointStore(self.folder.checkpoints, self.rel.keep_checkpoints)
+        self.n_envs = training_envs(self.section)
+        params = fit_rollout(hyperparameters(self.section, self.n_envs), target, self.n_envs)
+        self.sizes = Sizes(params.get("batch_size"), params.get("n_steps"), float(self.section.learning_rate))
+        if self.sizes.n_steps is not None and self.sizes.n_steps * self.n_envs != self.section.n_steps:
+            logs.get().warning("rollout shortened to fit the run", agent=agent,
+                               n_steps=self.sizes.n_steps * self.n_envs, configured=self.section.n_steps)
+        self.recovery = Recovery(agent, ctx.device, self.rel, self.sizes)
+        self.last_checkpoint_step = 0
+        self.last_checkpoint: Checkpoint | None = None
+        self.stopped_by: StopReason | None = None
+        self.time_limit_at = None if time_limit_s is None else time.monotonic() + time_limit_s
+        self.extra_callbacks = callbacks or []
+        self.log = logs.get().bind(agent=agent)
+        self.env: VecEnv | None = None
+        self.episodes: EpisodeTracker | None = None
+        self.warm_start: dict[str, Any] | None = None
+        self._sb3_logger = None
+
+    @property
+    def timed_out(self) -> bool:
+        return self.stopped_by is StopReason.TIME_UP
+
+    def train(self, resume: bool = False, force: bool = False) -> BaseAlgorithm:
+        """Train to the target; returns the model. Raises TrainingInterrupted on a stop signal."""
+        self.log.info("torch threads", cpu_threads=apply_cpu_threads(self.cfg, self.agent))
+        self.env = training_env(self.cfg, self.ctx.schema, self.agent, self.n_envs)
+        self.episodes = EpisodeTracker(self.env)
+        check_memory(self.cfg, self.ctx.schema, self.agent)  # again: memory may have gone since the night began
+        self.recovery.fit_batch(Shapes(self.env.observation_space.shape[0], self.env.action_space.shape[0],
+                                       tuple(self.section.net_arch)))
+        checkpoint = self.store.latest() if resume else None
+        if resume and checkpoint is None:
+            self.log.warning("no valid checkpoint to resume from", folder=str(self.folder.checkpoints),
+                             action="starting fresh")
+        if checkpoint is not None:
+            check_resume_config(self.ctx.run.root, self.agent, self.cfg, force)
+            keep_previous_progress(self.folder, checkpoint.step)
+            model = self._load(checkpoint, adopt_state=True)
+            self.log.info("resuming", step=checkpoint.step, checkpoint=str(checkpoint.path), target=self.target)
+        else:
+            model = self._fresh_model()
+        fresh = checkpoint is None
+        while True:
+            failure: Failure
+            try:
+                self._learn(model, reset=fresh)
+                break
+            except NonFiniteError as exc:
+                failure = NonFinite(str(exc))
+            except Exception as exc:  # classified here; anything but out-of-memory is re-raised
+                if not is_out_of_memory(exc):
+                    raise
+                failure = OutOfMemory(f"{type(exc).__name__}: {str(exc)[:300]}")
+            # Outside the except block: the failed step's frames and tensors can now be freed.
+            step = model.num_timesteps
+            model = None
+            free_memory(self.ctx.device)
+            model, fresh = self._recover(failure, step)
+        if self.stopped_by is StopReason.SIGNAL:
+            raise TrainingInterrupted(STOP.name, STOP.exit_code, self.last_checkpoint_step,
+                                      self.last_checkpoint.path if self.last_checkpoint else None)
+        if self.timed_out:
+            model.num_timesteps = self.last_checkpoint_step  # steps after the boundary were not learned from
+        elif model.num_timesteps > self.last_checkpoint_step:
+            self.save_checkpoint(model, self.episodes.boundary(model, True))
+        return model
+
+    def close(self) -> None:
+        if self.env is not None:
+            self.env.close()
+
+    def save_checkpoint(self, model: BaseAlgorithm, boundary: Boundary) -> None:
+        state = TrainingState(
+            agent=self.agent, step=boundary.step, target=self.target, episode_indices=boundary.episode_indices,
+            at_episode_starts=boundary.at_episode_starts, n_envs=self.n_envs, batch_size=self.sizes.batch_size,
+            n_steps=self.sizes.n_steps, learning_rate=self.sizes.learning_rate,
+            nonfinite_rollbacks=self.sizes.nonfinite_rollbacks, backoffs=self.sizes.backoffs,
+            checkpoint_write_failures=self.store.failures, config_digest=self.cfg.digest(), config=self.cfg.to_dict())
+        saved = self.store.save(
+            model, state.to_dict(), boundary.rng, with_replay_buffer=hasattr(model, "replay_buffer")
+        )
+        self.last_checkpoint_step = boundary.step
+        if saved is not None:
+            self.last_checkpoint = saved
+
+    def summary(self) -> dict[str, Any]:
+        return {"checkpoint_write_failures": self.store.failures, "oom_backoffs": len(self.sizes.backoffs),
+                "nonfinite_rollbacks": self.sizes.nonfinite_rollbacks, "final_batch_size": self.sizes.batch_size,
+                "final_n_steps": self.sizes.n_steps, "final_learning_rate": self.sizes.learning_rate,
+                "warm_start": self.warm_start}
+
+    # ------------------------------------------------------------------ models
+
+    def _learn(self, model: BaseAlgorithm, reset: bool) -> None:
+        remaining = self.target - model.num_timesteps
+        if remaining <= 0:
+            return
+        # Lazy: these subclass SB3's callbacks, and SB3 (with torch) takes seconds to import.
+        from trainer.learn.callbacks import EvalCurve, ProgressCallback
+        from trainer.learn.guard import CheckpointGuard
+
+        guard = CheckpointGuard(self, self.episodes, self.section.checkpoint_freq_steps, self.time_limit_at)
+        curve = EvalCurve(self.ctx, self.agent, self.folder.root / "eval_curve.csv")
+        callbacks = [ProgressCallback(self.agent, self.target), guard, curve, *self.extra_callbacks]
+        try:
+            model.learn(total_timesteps=remaining, callback=callbacks, log_interval=self.section.log_interval,
+                        reset_num_timesteps=reset)
+        finally:
+            self.stopped_by = guard.stopped_by
+        if self.timed_out:
+            self.log.info("time slot used up", step=self.last_checkpoint_step, target=self.target)
+
+    def _ready(self, model: BaseAlgorithm) -> BaseAlgorithm:
+        """One SB3 logger per stage (another would truncate progress.csv), the current sizes, the stepping worker."""
+        if self._sb3_logger is None:
+            self._sb3_logger = sb3_logger(self.cfg, self.folder.root)
+        model.set_logger(self._sb3_logger)
+        apply_sizes(model, self.sizes.batch_size, self.sizes.n_steps, self.sizes.learning_rate)
+        from trainer.learn.fast_sac import TrainWhileStepping  # lazy: SB3 and torch
+
+        if isinstance(self.env, TrainWhileStepping):
+            self.env.attach(model)
+        return model
+
+    def _fresh_model(self) -> BaseAlgorithm:
+        model = build_model(self.cfg, self.agent, self.env, self.ctx.device, self.cfg.seed, self.target)
+        self.warm_start = warm_start(self.cfg, self.ctx.schema, self.agent, model)
+        self.last_checkpoint_step = 0
+        return self._ready(model)
+
+    def _load(self, checkpoint: Checkpoint, adopt_state: bool) -> BaseAlgorithm:
+        model = algorithm(self.agent).load(str(checkpoint.model), env=self.env, device=self.ctx.device)
+        if checkpoint.replay_buffer is not None:
+            model.load_replay_buffer(str(checkpoint.replay_buffer))
+        state = TrainingState.from_dict(checkpoint.state)
+        model.num_timesteps = state.step
+        if adopt_state:  # a resumed stage goes on with the sizes its checkpoint trained with
+            if not self.sizes.adopt(state, self.n_envs):
+                self.log.warning("parallel environments changed since the checkpoint: rollout from the config",
+                                 checkpoint_n_envs=state.n_envs, n_envs=self.n_envs)
+            self.store.failures = state.checkpoint_write_failures
+        restore_rng(model, checkpoint.rng())  # load() re-seeded every generator from the model's seed
+        self.episodes.set_next(state, self.n_envs)
+        self.last_checkpoint_step = checkpoint.step
+        self.last_checkpoint = checkpoint
+        return self._ready(model)
+
+    # ------------------------------------------------------------------ failures
+
+    def _recover(self, failure: Failure, step: int) -> tuple[BaseAlgorithm, bool]:
+        if isinstance(failure, OutOfMemory):
+            self.recovery.back_off(step, failure.detail, self._last_path(), in_training=True)
+        else:
+            self.recovery.lower_learning_rate(step, failure.detail, self._last_path())
+        checkpoint = self.store.latest()
+        if checkpoint is None:
+            self.log.info("no checkpoint yet: restarting the stage", step=step)
+            return self._fresh_model(), True
+        return self._load(checkpoint, adopt_state=False), False
+
+    def _last_path(self) -> str:
+        return str(self.last_checkpoint.path) if self.last_checkpoint else "(none saved yet)"
+
+
+def training_env(cfg: Config, schema: Path, agent: str, n_envs: int) -> VecEnv:
+    """The training environments: parallel for PPO and A2C, in a worker for SAC learning while stepping."""
+    from stable_baselines3.common.vec_env import (
+        SubprocVecEnv,  # lazy: SB3 imports torch
+    )
+
+    from trainer.learn.fast_sac import TrainWhileStepping
+
+    overlap = agent == "sac" and cfg.sac.learn_while_stepping
+    env = make_training_vec_env(cfg, schema, cfg.seed, n_envs, subprocesses=n_envs > 1 or overlap)
+    workers = isinstance(env, SubprocVecEnv)
+    logs.get().info("training environments", agent=agent, n_envs=n_envs, workers=workers,
+                    learn_while_stepping=overlap and workers)
+    return TrainWhileStepping(env) if overlap and workers else env
+
+
+def keep_previous_progress(folder: AgentDir, step: int) -> None:
+    """SB3's CSV logger truncates progress.csv: keep the curve of the run before a resume."""
+    if step > 0 and folder.progress.is_file():
+        folder.progress.rename(folder.root / f"progress.before-{step:010d}.csv")

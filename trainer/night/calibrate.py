@@ -1,0 +1,151 @@
+"""This machine's speeds with this config, measured once and cached.
+
+A short calibration measures the evaluation environment's speed, PPO's and A2C's training
+speed over one short rollout, and SAC's speed from its environment step and its
+gradient-update time measured apart (so a config with 1,024 updates per step is costed
+without being run). Results are cached per machine and config under
+``<output.root>/.calibration/``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import socket
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from trainer import logs
+from trainer.config import AGENTS, Config
+from trainer.controllers import UncontrolledBaseline
+from trainer.device import apply_cpu_threads
+from trainer.env import make_sb3_env, make_training_vec_env
+from trainer.learn.agents import build_model, training_envs
+
+if TYPE_CHECKING:
+    from stable_baselines3.common.base_class import BaseAlgorithm
+
+CALIBRATION_STEPS = 300
+SAC_UPDATES_MEASURED = 30
+
+
+@dataclass
+class Speeds:
+    """Measured on this machine, device and config."""
+
+    eval_steps_per_s: float
+    train_steps_per_s: dict[str, float]
+    sac_env_steps_per_s: float | None = None
+    sac_update_s: float | None = None
+    measured_at: str = ""
+    machine: str = ""
+
+
+def _cache_key(cfg: Config, schema: Path, device: str) -> str:
+    relevant = {k: cfg.to_dict()[k] for k in ("scenario", *AGENTS, "reward", "seed", "gpu")}
+    relevant["eval_days"] = cfg.schedule.eval_days
+    machine = f"{socket.gethostname()}|{platform.machine()}|{os.cpu_count()}|{device}"
+    # The built-in site is the same wherever it was generated: key it by its config, not its path.
+    builtin = "pvbess_site" in json.loads(schema.read_text(encoding="utf-8"))
+    blob = json.dumps(
+        {"m": machine, "c": relevant, "s": "builtin" if builtin else str(schema)}, sort_keys=True
+    ).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def calibrate(cfg: Config, schema: Path, device: str, agents: list[str], refresh: bool = False) -> Speeds:
+    """Speeds for this machine and config, from the cache when it has them."""
+    cache = Path(cfg.output.root) / ".calibration" / f"{_cache_key(cfg, schema, device)}.json"
+    if cache.is_file() and not refresh:
+        speeds = Speeds(**json.loads(cache.read_text()))
+        if all(a in speeds.train_steps_per_s for a in agents):
+            logs.get().info("calibration from cache", path=str(cache))
+            return speeds
+    log = logs.get()
+    log.info("calibrating", agents=agents, steps=CALIBRATION_STEPS, device=device)
+    speeds = Speeds(eval_steps_per_s=_eval_speed(cfg, schema), train_steps_per_s={},
+                    measured_at=datetime.now().isoformat(timespec="seconds"),
+                    machine=f"{socket.gethostname()} ({os.cpu_count()} CPUs, {device})")
+    for agent in agents:
+        apply_cpu_threads(cfg, agent)  # as the stage will
+        if agent == "sac":
+            env_rate, update_s = _sac_speed(cfg, schema, device)
+            speeds.sac_env_steps_per_s, speeds.sac_update_s = env_rate, update_s
+            update = update_s * cfg.sac.gradient_steps / cfg.sac.train_freq
+            # Learning while stepping hides the environment's step behind the update, but not the
+            # action choice and the bookkeeping around it: count half of the step, to be safe.
+            per_step = update + (0.5 if cfg.sac.learn_while_stepping else 1.0) / env_rate
+            speeds.train_steps_per_s["sac"] = 1 / per_step
+        else:
+            speeds.train_steps_per_s[agent] = _onpolicy_speed(cfg, schema, device, agent)
+        log.info("calibrated", agent=agent, steps_per_s=round(speeds.train_steps_per_s[agent], 2))
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    cache.write_text(json.dumps(asdict(speeds), indent=2))
+    return speeds
+
+
+def _eval_speed(cfg: Config, schema: Path) -> float:
+    env = make_sb3_env(cfg, schema, "eval", cfg.seed, eval_days=max(CALIBRATION_STEPS // 24 + 1, 1))
+    controller = UncontrolledBaseline()
+    try:
+        obs, _ = env.reset()
+        start, steps, done = time.perf_counter(), 0, False
+        while not done and steps < CALIBRATION_STEPS:
+            obs, _, terminated, truncated, _ = env.step(controller.act(obs, env.unwrapped))
+            steps += 1
+            done = terminated or truncated
+        return steps / (time.perf_counter() - start)
+    finally:
+        env.close()
+
+
+def _quiet(model: BaseAlgorithm, folder: str) -> BaseAlgorithm:
+    from stable_baselines3.common.logger import configure
+
+    model.set_logger(configure(folder, []))
+    return model
+
+
+def _onpolicy_speed(cfg: Config, schema: Path, device: str, agent: str) -> float:
+    # At least one whole rollout, so the update's cost is in the figure (at most 1,000 steps).
+    steps = min(max(CALIBRATION_STEPS, cfg.agent(agent).n_steps), 1000)
+    n_envs = training_envs(cfg.agent(agent))
+    env = make_training_vec_env(cfg, schema, cfg.seed, n_envs, subprocesses=n_envs > 1)  # as the night will
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            model = _quiet(build_model(cfg, agent, env, device, cfg.seed, steps), tmp)
+            start = time.perf_counter()
+            model.learn(steps)
+            return model.num_timesteps / (time.perf_counter() - start)
+    finally:
+        env.close()
+
+
+def _sac_speed(cfg: Config, schema: Path, device: str) -> tuple[float, float]:
+    """(environment steps/s without updates, seconds per gradient update at the configured batch)."""
+    env = make_sb3_env(cfg, schema, "train", cfg.seed)
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            calibration_cfg = cfg.model_copy(deep=True)
+            calibration_cfg.sac.learning_starts = CALIBRATION_STEPS + 1  # collect only
+            calibration_cfg.sac.buffer_size = min(cfg.sac.buffer_size, CALIBRATION_STEPS * 2)
+            model = _quiet(build_model(calibration_cfg, "sac", env, device, cfg.seed, CALIBRATION_STEPS), tmp)
+            start = time.perf_counter()
+            model.learn(CALIBRATION_STEPS)
+            env_rate = model.num_timesteps / (time.perf_counter() - start)
+            batch = min(cfg.sac.batch_size, 1 << 16)  # a batch backed off before training is never larger
+            model.train(gradient_steps=2, batch_size=batch)  # warm-up
+            start = time.perf_counter()
+            model.train(gradient_steps=SAC_UPDATES_MEASURED, batch_size=batch)
+            update_s = (time.perf_counter() - start) / SAC_UPDATES_MEASURED
+            return env_rate, update_s
+    finally:
+        env.close()
+
+

@@ -1,0 +1,112 @@
+"""The night's plan: a timeline from measured speeds (``calibrate``), and configs that cannot fit."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from pathlib import Path
+
+from trainer.config import REFERENCES, Config
+from trainer.device import apply_gpu_flags, resolve_device
+from trainer.env import DatasetSource, schema_length
+from trainer.night.budget import PlannedStage, StageKind, StageSpec, timeline
+from trainer.night.calibrate import Speeds, calibrate
+from trainer.session import site_schema, training_targets
+
+REPORT_S = 20.0
+OPTIMUM_SOLVE_S = 10.0  # a year of the built-in site solves in ~1-2 s on 2 cores; padded for larger sites
+# Estimates are padded so the night ends by the deadline even when a stage runs a little slow.
+SAFETY = 1.15
+
+
+def stage_specs(
+    cfg: Config, schema: Path, speeds: Speeds, agents: list[str], targets: dict[str, int]
+) -> dict[str, StageSpec]:
+    """What the planner knows of each stage (evaluation times padded by SAFETY)."""
+    eval_steps = schema_length(schema) - 1 if cfg.schedule.eval_days is None else min(
+        cfg.schedule.eval_days * 24, schema_length(schema)) - 1
+    eval_s = eval_steps / speeds.eval_steps_per_s * SAFETY
+    # A trained policy adds its forward pass to every evaluation step.
+    policy_eval_s = eval_s * 1.25
+    # The optimum solves a linear program (about a second for a year of one building) before its replay.
+    specs = {
+        "baseline": StageSpec("baseline", StageKind.EVAL, eval_s),
+        "rbc": StageSpec("rbc", StageKind.EVAL, eval_s * 1.1),
+        "optimum": StageSpec("optimum", StageKind.EVAL, eval_s * 1.1 + OPTIMUM_SOLVE_S),
+        "report": StageSpec("report", StageKind.REPORT, REPORT_S),
+    }
+    for agent in agents:
+        specs[agent] = StageSpec(agent, StageKind.TRAIN, policy_eval_s, float(cfg.schedule.weights.get(agent, 1.0)),
+                                 targets[agent], speeds.train_steps_per_s[agent] / SAFETY)
+    return specs
+
+
+def fit_warnings(cfg: Config, speeds: Speeds, planned: list[PlannedStage]) -> list[str]:
+    """Stages that cannot reach their target in their slot, with the numbers and what would fit."""
+    notes = []
+    for stage in planned:
+        if stage.target_steps <= 0 or stage.planned_steps >= stage.target_steps:
+            continue
+        agent = stage.name
+        rate = speeds.train_steps_per_s[agent]
+        note = (
+            f"{agent}: {human_duration(stage.train_s)} at ~{rate:.3g} steps/s reaches ~{stage.planned_steps:,} of its "
+            f"{stage.target_steps:,} timesteps"
+        )
+        if agent == "sac" and speeds.sac_update_s is not None and cfg.sac.gradient_steps / cfg.sac.train_freq > 1:
+            updates = cfg.sac.gradient_steps / cfg.sac.train_freq
+            cost = updates * speeds.sac_update_s
+            note += (
+                f"; gradient_steps={cfg.sac.gradient_steps} / train_freq={cfg.sac.train_freq} = {updates:g} gradient "
+                f"updates per environment step at ~{speeds.sac_update_s * 1000:.1f} ms each = {cost:.2f} s per step"
+            )
+            fit_rate = 1 / (1 / speeds.sac_env_steps_per_s + speeds.sac_update_s)
+            note += (f"; with gradient_steps=1, train_freq=1 it would do ~{fit_rate:.0f} steps/s, "
+                     f"~{int(fit_rate * stage.train_s):,} steps in the same slot")
+        else:
+            note += f"; to finish, set {agent}.timesteps to {stage.planned_steps:,} or give the night more time"
+        notes.append(note)
+    return notes
+
+
+def human_duration(seconds: float) -> str:
+    if seconds >= 3600:
+        return f"{seconds / 3600:.1f} h"
+    if seconds >= 60:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds:.0f} s"
+
+
+def render(planned: list[PlannedStage], deadline: datetime | None, notes: list[str], speeds: Speeds) -> str:
+    lines = [f"plan ({speeds.machine}; speeds measured {speeds.measured_at})"]
+    for stage in planned:
+        what = f"train {stage.planned_steps:,}/{stage.target_steps:,} steps + evaluate" if stage.target_steps else (
+            "write the report" if stage.name == "report" else "evaluate")
+        lines.append(f"  {stage.start:%a %H:%M}  {stage.name:<8} {what:<40} done {stage.end:%H:%M}")
+    if deadline is not None:
+        end = planned[-1].end if planned else datetime.now()
+        lines.append(f"  deadline {deadline:%a %H:%M}; planned end {end:%a %H:%M}")
+    for note in notes:
+        lines.append(f"  ! {note}")
+    return "\n".join(lines)
+
+
+def build_plan(cfg: Config, schema: Path, speeds: Speeds, agents: list[str], targets: dict[str, int],
+               start: datetime, deadline: datetime | None) -> tuple[list[PlannedStage], list[str]]:
+    specs = stage_specs(cfg, schema, speeds, agents, targets)
+    order = [*REFERENCES, *agents, "report"]
+    available = (deadline - start).total_seconds() if deadline else None
+    planned = timeline([specs[n] for n in order], start, available)
+    return planned, fit_warnings(cfg, speeds, planned)
+
+
+
+def plan_text(cfg: Config, source: DatasetSource | None, agents: list[str], quick: bool, deadline: datetime | None,
+              refresh: bool = False) -> str:
+    """``trainer plan``: calibrate (or read the cache) with the night's threads and flags, and render the plan."""
+    device = resolve_device(cfg.gpu.device)
+    apply_gpu_flags(cfg.gpu, device)
+    with site_schema(cfg, source) as schema:
+        speeds = calibrate(cfg, schema, device, agents, refresh=refresh)
+        targets = training_targets(cfg, agents, quick, schema)
+        planned, notes = build_plan(cfg, schema, speeds, agents, targets, datetime.now(), deadline)
+    return render(planned, deadline, notes, speeds)

@@ -1,0 +1,252 @@
+"""From command-line arguments to a ready run: the config, the run folder, its lock, log and record.
+
+Every command that runs something goes through here: :func:`resolve_config` (defaults, a
+device profile, ``--config`` files, ``--set``), :func:`open_run` (create or resume a run
+folder, lock it, log to it, record how it was made) and :func:`night_deadline`. What a
+resume needs to know about a run (its dataset) is kept in the run folder's ``run.json``.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from pathlib import Path
+
+from trainer import logs, profiles
+from trainer.config import AGENTS, Config, load_config
+from trainer.device import apply_gpu_flags, resolve_device
+from trainer.env import DatasetSource, resolve_dataset, schema_length
+from trainer.errors import UsageError
+from trainer.files import read_json, write_json_atomic
+from trainer.lock import RunLock
+from trainer.night import budget
+from trainer.run_dir import RunDir, default_run_dir
+from trainer.scenario import build_site
+
+LATEST = "latest"  # --resume without a folder: --out, else the newest run
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """What every stage of one run shares."""
+
+    cfg: Config
+    run: RunDir
+    schema: Path
+    device: str
+
+    @property
+    def seed(self) -> int:
+        return self.cfg.seed
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """``run.json``: what resuming or re-evaluating a run needs that its config does not say."""
+
+    schema: str | None  # a CityLearn dataset's schema.json; None: the built-in site, generated into site/
+    label: str | None
+
+    def save(self, run: RunDir) -> None:
+        write_json_atomic(run.record, asdict(self))
+
+    @classmethod
+    def load(cls, run: RunDir) -> RunRecord:
+        if run.record.is_file():
+            return cls(**read_json(run.record))
+        if (run.site / "schema.json").is_file():
+            return cls(None, None)
+        raise UsageError(f"{run.root}: cannot tell which dataset this run used (no {run.record.name} and no site/ "
+                         "folder); pass --schema or --dataset")
+
+    def source(self) -> DatasetSource | None:
+        return resolve_dataset(self.schema, None) if self.schema else None
+
+
+# ------------------------------------------------------------------------------ config
+
+
+def resolve_config(config_files: Sequence[str | Path] = (), overrides: Sequence[str] = (), *, seed: int | None = None,
+                   device: str | None = None, profile: str | None = None) -> Config:
+    """Defaults, then the device profile, each config file and each override (``seed``/``device`` last)."""
+    extra = list(overrides)
+    if seed is not None:
+        extra.append(f"seed={seed}")
+    if device is not None:
+        extra.append(f"gpu.device={device}")
+    overlay, note = profiles.resolve(profile)
+    if note:
+        logs.get().info("device profile", profile=note)
+    return load_config(list(config_files), extra, profile=overlay)
+
+
+def resolve_for_resume(resume: str | None, out: str | None, marker: str, config_files: Sequence[str],
+                       overrides: Sequence[str], **kw) -> tuple[Config, str | None]:
+    """The config and run folder; on resume the run's own config.yaml (which already holds its profile's values)
+    is the base, under the new --config files and --set overrides."""
+    if resume is None:
+        return resolve_config(config_files, overrides, **kw), out
+    run_dir = resume_dir(resolve_config(config_files, overrides, **kw), resume, out, marker)
+    cfg = resolve_config([run_dir / "config.yaml", *config_files], overrides, **{**kw, "profile": None})
+    return cfg, str(run_dir)
+
+
+def newest_run(root: Path, marker: str = "config.yaml") -> Path | None:
+    """The most recently changed run folder under ``root`` that holds ``marker``."""
+    found = sorted((p for p in root.glob("*") if (p / marker).exists()), key=lambda p: p.stat().st_mtime)
+    return found[-1] if found else None
+
+
+
+def resume_dir(cfg: Config, value: str, out: str | None, marker: str) -> Path:
+    """The run folder to resume: given, --out, or the newest under output.root holding ``marker``."""
+    if value != LATEST:
+        path = Path(value)
+    elif out:
+        path = Path(out)
+    else:
+        root = Path(cfg.output.root)
+        path = newest_run(root, marker)
+        if path is None:
+            raise UsageError(
+                f"--resume: no run folder under {root} has {marker}; pass the run folder: --resume RUN_DIR"
+            )
+    if not (path / "config.yaml").is_file():
+        raise UsageError(f"--resume: {path} is not a run folder (no config.yaml); "
+                         "pass a folder made by trainer train or schedule")
+    return path
+
+
+def night_deadline(cfg: Config, budget_text: str | None, finish_by: str | None,
+                   now: datetime | None = None) -> datetime | None:
+    """The night's deadline from --budget or --finish-by, else from the config; None = untimed."""
+    if not budget_text and not finish_by:
+        budget_text, finish_by = cfg.schedule.budget, cfg.schedule.finish_by
+    return budget.deadline(budget_text, finish_by, now or datetime.now())
+
+
+# ------------------------------------------------------------------------------ arguments
+
+
+def parse_agents(text: str) -> list[str]:
+    chosen = [a.strip().lower() for a in text.split(",") if a.strip()]
+    unknown = [a for a in chosen if a not in AGENTS]
+    if unknown or not chosen:
+        raise UsageError(f"--agents expects a comma-separated subset of {', '.join(AGENTS)}, got {text!r}")
+    return chosen
+
+
+def parse_seeds(text: str) -> list[int]:
+    try:
+        seeds = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        seeds = []
+    if not seeds or min(seeds) < 0:
+        raise UsageError(f"--seeds expects comma-separated non-negative integers, got {text!r}")
+    return seeds
+
+
+def length_overrides(agents: Sequence[str], timesteps: int | None, episodes: int | None) -> list[str]:
+    """``--set`` overrides for --timesteps or --episodes."""
+    if timesteps is not None and episodes is not None:
+        raise UsageError("pass either --timesteps or --episodes, not both")
+    extra = []
+    for agent in agents:
+        if timesteps is not None:
+            extra += [f"{agent}.timesteps={timesteps}", f"{agent}.episodes=null"]
+        if episodes is not None:
+            extra += [f"{agent}.episodes={episodes}", f"{agent}.timesteps=null"]
+    return extra
+
+
+def training_timesteps(cfg: Config, agent: str, schema: Path) -> int:
+    section = cfg.agent(agent)
+    if section.timesteps is not None:
+        return section.timesteps
+    episode = min(cfg.scenario.train_episode_days * 24, schema_length(schema))
+    return int(section.episodes) * episode
+
+
+def training_targets(cfg: Config, agents: Sequence[str], quick: bool, schema: Path) -> dict[str, int]:
+    return {a: cfg.schedule.quick_timesteps.get(a, 1000) if quick else training_timesteps(cfg, a, schema)
+            for a in agents}
+
+
+# ------------------------------------------------------------------------------ run folders
+
+
+def prepare_dataset(cfg: Config, run: RunDir, source: DatasetSource | None) -> Path:
+    """The run's schema: the given dataset, or the built-in site generated into the run folder."""
+    if source is not None:
+        logs.get().info("dataset", schema=str(source.schema), label=source.label)
+        return source.schema
+    start = time.perf_counter()
+    schema = build_site(cfg.scenario, run.site)
+    logs.get().info("built-in site generated", schema=str(schema), seconds=round(time.perf_counter() - start, 2))
+    return schema
+
+
+def _create(run: RunDir) -> RunLock:
+    try:
+        run.root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"cannot create run folder {run.root}: {exc.strerror} (choose another --out)") from None
+    return RunLock(run.root).acquire()  # before anything in the folder is rewritten
+
+
+@contextmanager
+def site_schema(cfg: Config, source: DatasetSource | None) -> Iterator[Path]:
+    """The dataset's schema, or the built-in site generated into a temporary folder (plan, benchmark, doctor)."""
+    if source is not None:
+        yield source.schema
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        yield build_site(cfg.scenario, Path(tmp) / "site")
+
+
+@contextmanager
+def open_run(cfg: Config, command: str, out: str | Path | None, schema: str | None = None, dataset: str | None = None,
+             resuming: bool = False) -> Iterator[RunContext]:
+    """Create (or, resuming, reopen) a run folder, hold its lock, log to it and record how it was made."""
+    previous = RunRecord.load(RunDir(Path(out))) if resuming and not schema and not dataset else None
+    source = previous.source() if previous else resolve_dataset(schema, dataset)  # before anything is written
+    device = resolve_device(cfg.gpu.device)
+    run = (
+        RunDir(Path(out)) if out else default_run_dir(cfg, command.replace(" ", "-"), source.label if source else None)
+    )
+    lock = _create(run)
+    try:
+        run.create(cfg, ["trainer", *sys.argv[1:]], device, resuming=resuming)
+        logs.configure(run.log_file)
+        logs.get().info("run resumed" if resuming else "run started", run=str(run.root), command=command, device=device)
+        RunRecord(str(source.schema) if source else None, source.label if source else None).save(run)
+        apply_gpu_flags(cfg.gpu, device)
+        if resuming and source is None and (run.site / "schema.json").is_file():
+            yield RunContext(cfg, run, run.site / "schema.json", device)
+        else:
+            yield RunContext(cfg, run, prepare_dataset(cfg, run, source), device)
+    finally:
+        lock.release()
+
+
+@contextmanager
+def reopen_run(run_dir: str | Path, device: str) -> Iterator[RunContext]:
+    """An existing run folder, locked and logged to, with its own config and dataset (re-evaluation)."""
+    run = RunDir(Path(run_dir))
+    if not run.config.is_file():
+        raise UsageError(f"not a run folder: {run_dir} has no config.yaml (pass a folder made by trainer train or "
+                         "schedule)")
+    cfg = load_config([run.config])
+    source = RunRecord.load(run).source()
+    lock = RunLock(run.root).acquire()
+    try:
+        logs.configure(run.log_file)
+        schema = source.schema if source else run.site / "schema.json"
+        yield RunContext(cfg, run, schema, resolve_device(device))
+    finally:
+        lock.release()
