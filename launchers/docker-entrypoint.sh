@@ -5,12 +5,8 @@ set -euo pipefail
 shopt -s inherit_errexit
 
 main() {
-  local args=()
-  if (($#)) && [[ "$1" =~ ^(all|sac|ppo|a2c|baseline)$ ]]; then
-    args=(--agent "$1")
-    shift
-  fi
-  exec trainer launch --container "${args[@]}" "$@"
+  # The agent (a word anywhere among the options) is read by `trainer launch` itself.
+  exec trainer launch --container "$@"
 }
 
 main "$@"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up .venv (if needed) and launch the night: doctor, GPU monitor, trainer, summary.
 #   ./launchers/launch.sh --quick          a small budget: a smoke run of the whole night
-#   ./launchers/launch.sh [all|sac|ppo|a2c|baseline] [--config F] [--profile P]
+#   ./launchers/launch.sh [all|sac|ppo|a2c|baseline] [--config F] [--profile P]   (agent anywhere)
 #       [--budget D | --finish-by HH:MM] [--resume [RUN_DIR]] [--monitor | --no-monitor]
 #       [--quick] [-- extra trainer options]
 # Everything past bootstrapping is `trainer launch` (trainer/launch.py).
@@ -12,15 +12,11 @@ shopt -s inherit_errexit
 source "$(dirname "${BASH_SOURCE[0]}")/_bootstrap.sh"
 
 main() {
-  local args=()
-  if (($#)) && [[ "$1" =~ ^(all|sac|ppo|a2c|baseline)$ ]]; then
-    args=(--agent "$1")
-    shift
-  fi
   ensure_venv ""
   cd "${PVBESS_ROOT}"
-  # exec: SIGINT/SIGTERM reach the launcher, which forwards them to the trainer.
-  exec "${PVBESS_VENV}/bin/trainer" launch "${args[@]}" "$@"
+  # exec: SIGINT/SIGTERM reach the launcher, which forwards them to the trainer. The agent
+  # (a word before or after the options) and --help are handled there too.
+  exec "${PVBESS_VENV}/bin/trainer" launch "$@"
 }
 
 main "$@"

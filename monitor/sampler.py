@@ -28,6 +28,10 @@ class Thresholds:
     memory_high_pct: float
 
 
+# The first sample's CPU figure covers this long (a reading straight after priming says 0 % or 100 %).
+CPU_WINDOW_S = 1.0
+
+
 @dataclass
 class Monitor:
     out: Path
@@ -74,13 +78,21 @@ class Monitor:
         )
 
     def _watched_rss(self) -> int | None:
+        """Resident memory of the watched process and all its children (the trainer's environment workers)."""
         if self.watch_pid is None:
             return None
-
         try:
-            return int(psutil.Process(self.watch_pid).memory_info().rss)
+            root = psutil.Process(self.watch_pid)
+            tree = [root, *root.children(recursive=True)]
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             return None
+        total = 0
+        for proc in tree:
+            try:
+                total += int(proc.memory_info().rss)
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue  # a worker that just ended
+        return total
 
     def warnings(self, record: Record) -> list[str]:
         """Threshold crossings in this sample (low utilisation only once it has lasted the window)."""
@@ -152,7 +164,8 @@ class Monitor:
     def run(
         self, once: bool = False, max_samples: int | None = None, sleep: Callable[[float], None] = time.sleep
     ) -> int:
-        psutil.cpu_percent(interval=None)  # the first reading is meaningless; prime it
+        psutil.cpu_percent(interval=None)  # CPU use is measured between two readings: prime it...
+        sleep(min(self.interval_s, CPU_WINDOW_S))  # ...and let the first sample cover a real interval
         signal.signal(signal.SIGTERM, self._on_term) if _main_thread() else None
         start, taken = self.clock(), 0
         while not self._stop:

@@ -106,3 +106,12 @@ def test_evaluate_refuses_a_folder_that_is_not_a_run(tmp_path):
     assert result.output.strip() == (
         f"error: not a run folder: {tmp_path} has no config.yaml (pass a folder made by trainer train or schedule)"
     )
+
+
+def test_config_doc_shows_the_allowed_values_and_the_current_value():
+    result = run("config", "show", "--doc", "--set", "gpu.device=cpu")
+    lines = {row.split()[0]: row for row in result.output.splitlines()}
+    assert lines["gpu.device"].endswith('[one of auto|cpu|cuda]  = "cpu"')
+    assert lines["schedule.budget"].endswith("[str or null]  = null")
+    assert lines["schedule.agents"].endswith('[list of sac|ppo|a2c]  = ["sac", "ppo", "a2c"]')
+    assert "Literal" not in result.output and "Union" not in result.output

@@ -118,3 +118,11 @@ def test_the_night_s_budget_and_finish_time_are_checked_with_the_config(override
     with pytest.raises(ConfigError) as error:
         load_config(overrides=[override])
     assert message in str(error.value)
+
+
+def test_a_quick_night_evaluates_its_short_window_unless_a_shorter_one_is_set():
+    from trainer.session import quick_night
+
+    assert quick_night(load_config()).schedule.eval_days == 28
+    assert quick_night(load_config(overrides=["schedule.eval_days=3"])).schedule.eval_days == 3
+    assert load_config().schedule.eval_days is None  # a full night still evaluates the whole period

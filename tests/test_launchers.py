@@ -14,6 +14,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+import yaml
 from click.testing import CliRunner
 
 from trainer.cli import cli
@@ -64,7 +65,8 @@ def test_launch_quick_runs_the_whole_night(tmp_path):
     assert list(json.loads((run / "results.json").read_text())) == ["baseline", "rbc", "optimum", "sac", "ppo", "a2c"]
     log = (run / "logs" / "launcher.log").read_text()
     assert "[launch] trainer: -m trainer schedule --quick --out" in log
-    assert "[launch] results:" in log and "[launch] trainer exited with 0" in log
+    assert "[launch] trainer exited with 0" in log
+    assert sum(line.startswith("agent ") for line in log.splitlines()) == 1  # the results table, printed once
     assert (run / "report.md").is_file() and not (run / "monitor.jsonl").exists()
 
 
@@ -133,6 +135,25 @@ def test_a_failing_doctor_check_stops_the_launch(tmp_path):
 def test_unknown_launcher_option_is_a_usage_error():
     proc = launch("--frobnicate")
     assert proc.returncode == 2 and "No such option '--frobnicate'" in proc.stderr
+
+
+def test_the_agent_goes_anywhere_and_a_wrong_one_stops_before_the_doctor(tmp_path):
+    from trainer.launch import split_agent
+
+    assert split_agent(None, ("ppo",)) == ("ppo", ())  # launch.sh --quick ppo
+    assert split_agent(None, ("a2c", "--seed", "3")) == ("a2c", ("--seed", "3"))  # launch.sh a2c --quick -- --seed 3
+    assert split_agent("sac", ()) == ("sac", ())
+    assert split_agent(None, ("--seed", "3")) == ("all", ("--seed", "3"))
+    proc = launch("--quick", "ppp", "--", "--set", f"output.root={tmp_path / 'runs'}")
+    assert proc.returncode == 2 and "checks:" not in proc.stdout
+    assert proc.stderr.strip().endswith("error: launch: unknown agent 'ppp'; expected one of all, sac, ppo, a2c, "
+                                        "baseline (launch.sh [AGENT] [OPTIONS] [-- TRAINER_OPTIONS...])")
+    assert not (tmp_path / "runs").exists()
+
+
+def test_launch_help_shows_the_launcher_s_syntax():
+    proc = launch("--help")
+    assert proc.returncode == 0 and "launch.sh [AGENT] [OPTIONS] [-- TRAINER_OPTIONS...]" in proc.stdout
 
 
 # ------------------------------------------------------------------ PowerShell
@@ -205,7 +226,7 @@ def test_dockerfile_follows_the_rules():
     from dockerfile_parse import DockerfileParser
 
     parser = DockerfileParser(path=str(ROOT / "Dockerfile"))
-    assert parser.baseimage == "nvidia/cuda:11.8.0-cudnn8-runtime-ubuntu22.04"
+    assert parser.baseimage == "ubuntu:22.04"  # the cu118 torch wheels bring CUDA and cuDNN themselves
     instructions = [(i["instruction"], i["value"]) for i in parser.structure]
     assert not any("latest" in value for kind, value in instructions if kind == "FROM")
     users = [value for kind, value in instructions if kind == "USER"]
@@ -213,14 +234,25 @@ def test_dockerfile_follows_the_rules():
     entrypoint = next(value for kind, value in instructions if kind == "ENTRYPOINT")
     assert json.loads(entrypoint) == ["/usr/bin/tini", "--", "/app/launchers/docker-entrypoint.sh"]
     runs = " ".join(value for kind, value in instructions if kind == "RUN")
-    assert "torch==2.7.1" in runs and "--index-url https://download.pytorch.org/whl/cu118" in runs
+    assert '"torch==${TORCH}"' in runs and '--index-url "${TORCH_INDEX}"' in runs
+    args = dict(value.split("=", 1) for kind, value in instructions if kind == "ARG")
+    assert args == {"TORCH_INDEX": "https://download.pytorch.org/whl/cu118", "TORCH": "2.7.1", "TORCHVISION": "0.22.1"}
+    assert "-c constraints.txt" in runs and "HOME=/tmp" in parser.content  # pinned; any --user can write
     assert "NVIDIA_DRIVER_CAPABILITIES=compute,utility" in parser.content
-    assert any(kind == "HEALTHCHECK" and "monitor.healthcheck" in value for kind, value in instructions)
+    assert any(kind == "HEALTHCHECK" and "trainer.healthcheck" in value for kind, value in instructions)
     assert any(kind == "VOLUME" and "/app/outputs" in value for kind, value in instructions)
     copies = [value for kind, value in instructions if kind == "COPY"]
     assert copies[0].startswith("pyproject.toml")  # dependencies before code
     ignored = (ROOT / ".dockerignore").read_text().split()
     assert {".venv", "outputs", ".git"} <= set(ignored)
+
+
+def test_compose_runs_the_night_as_documented():
+    service = yaml.safe_load((ROOT / "compose.yaml").read_text())["services"]["trainer"]
+    assert service["user"] == "${UID:-1000}:${GID:-1000}" and service["volumes"] == ["./outputs:/app/outputs"]
+    assert (service["stop_grace_period"], service["shm_size"]) == ("2m", "1gb")
+    device = service["deploy"]["resources"]["reservations"]["devices"][0]
+    assert device["driver"] == "nvidia" and "gpu" in device["capabilities"]
 
 
 @pytest.mark.slow
@@ -232,21 +264,19 @@ def test_container_entrypoint_runs_outside_a_container(tmp_path):
     assert list(json.loads((only_run(tmp_path) / "results.json").read_text())) == ["baseline", "rbc", "optimum", "a2c"]
 
 
-def test_healthcheck_follows_the_monitor_heartbeat(tmp_path):
+def test_healthcheck_follows_the_trainer_s_heartbeat_not_the_monitor_s(tmp_path):
     def check() -> int:
-        return subprocess.run(
-            [sys.executable, "-m", "monitor.healthcheck", "--outputs", str(tmp_path), "--max-age", "60"],
-            cwd=ROOT,
-            capture_output=True,
-        ).returncode
+        return subprocess.run([sys.executable, "-m", "trainer.healthcheck", "--outputs", str(tmp_path),
+                               "--max-age", "60"], cwd=ROOT, capture_output=True).returncode
 
-    assert check() == 1  # no monitor yet
-    beat = tmp_path / "run" / "monitor.jsonl"
-    beat.parent.mkdir()
+    assert check() == 1  # no run yet
+    beat = tmp_path / "run" / "logs" / "trainer.jsonl"
+    beat.parent.mkdir(parents=True)
     beat.write_text("{}\n")
-    assert check() == 0
+    assert check() == 0  # a CPU night: no monitor, still healthy
     os.utime(beat, (time.time() - 600, time.time() - 600))
-    assert check() == 1
+    (tmp_path / "run" / "monitor.jsonl").write_text("{}\n")
+    assert check() == 1  # a hung trainer beside a live monitor
 
 
 # ------------------------------------------------------------------ scheduled nights
@@ -291,3 +321,14 @@ def test_crontab_line_is_wrapped_in_flock():
 def test_install_refuses_bad_times(args, message):
     result = CliRunner().invoke(cli, ["schedule", "install", *args, "--dry-run"])
     assert result.exit_code == 2 and message in result.output
+
+
+def test_windows_gets_a_process_group_and_ctrl_break_instead_of_a_killing_sigint():
+    from trainer.launch import forward_stop, own_process_group
+
+    assert own_process_group(windows=False) == {"start_new_session": True}
+    assert own_process_group(windows=True) == {"creationflags": 0x200}  # CREATE_NEW_PROCESS_GROUP
+    sent = []
+    forward_stop(4242, signal.SIGINT, windows=True, kill=lambda pid, sig: sent.append((pid, sig)))
+    forward_stop(4242, signal.SIGTERM, windows=False, kill=lambda pid, sig: sent.append((pid, sig)))
+    assert sent == [(4242, 1), (4242, signal.SIGTERM)]  # CTRL_BREAK_EVENT is 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -205,9 +206,33 @@ def test_the_loop_subtracts_the_query_time(tmp_path):
 
     monitor, _ = make_monitor(tmp_path, SlowFake(), clock=clock)
     monitor.run(max_samples=3, sleep=clock.sleep)
-    assert clock.slept == [pytest.approx(3.0), pytest.approx(3.0)]
+    # One second for the first sample's CPU figure, then each interval less the query's 2 s.
+    assert clock.slept == [pytest.approx(1.0), pytest.approx(3.0), pytest.approx(3.0)]
     times = [r["unix_time"] for r in lines(tmp_path / "monitor.jsonl")]
     assert [b - a for a, b in zip(times, times[1:])] == [pytest.approx(5.0), pytest.approx(5.0)]
+
+
+def test_the_first_sample_s_cpu_figure_covers_a_real_interval(tmp_path):
+    clock = Clock()
+    clock.slept = []
+    monitor, _ = make_monitor(tmp_path, FakeNvml(), clock=clock)
+    monitor.run(once=True, sleep=clock.sleep)
+    assert clock.slept == [1.0]  # psutil primed, then a second before the --once sample
+
+
+def test_watched_memory_counts_the_workers_too(tmp_path):
+    import psutil
+
+    worker = subprocess.Popen([sys.executable, "-c", "import sys, time; x = b\"x\" * (200 * 2**20); "
+                               "print('ready', flush=True); time.sleep(600)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert worker.stdout.readline().strip() == "ready"  # its 200 MB are resident now
+        monitor, _ = make_monitor(tmp_path, FakeNvml(), watch_pid=os.getpid())
+        own = psutil.Process().memory_info().rss
+        assert monitor.sample()["host"]["watched_rss_bytes"] >= own + 150 * 2**20
+    finally:
+        worker.kill()
+        worker.wait()
 
 
 def test_watch_pid_exits_when_the_process_has_ended(tmp_path):

@@ -97,3 +97,36 @@ def test_when_no_agent_serves_the_cars_the_report_says_so(tmp_path):
     report = write_report(_run(tmp_path, results)).read_text()
     assert "**No agent is worth deploying from this run**" in report
     assert "Best agent" not in report
+
+
+def test_a_run_without_a_night_or_curves_leaves_those_out(tmp_path):
+    run = _run(tmp_path, _results())  # a `trainer train`/`baseline` folder: no schedule.json, no eval_curve.csv
+    report = write_report(run).read_text()
+    assert "## The night" not in report and "timeline.png" not in report
+    assert "## Learning" not in report and "learning_curves.png" not in report
+    assert sorted(p.name for p in run.plots.iterdir()) == ["co2_by_agent.png"]
+
+
+def test_the_learning_curve_s_references_use_the_curve_s_window(tmp_path):
+    import pandas as pd
+
+    from trainer.report import window_co2_t_per_year
+
+    hours = 24 * 10
+    series = pd.DataFrame({"net_kwh": [10.0] * 24 * 7 + [-5.0] + [100.0] * (hours - 24 * 7 - 1),
+                           "carbon_kg_per_kwh": [0.5] * hours})
+    path = tmp_path / "eval_timeseries.csv"
+    series.to_csv(path, index=False)
+    # The first 7 days: 10 kW at 0.5 kg/kWh = 5 kg/h, 8,760 h a year: 43.8 t; the later hours do not count.
+    assert window_co2_t_per_year(path, 24 * 7) == pytest.approx(43.8)
+    assert window_co2_t_per_year(path, 24 * 30) is None  # the evaluation was shorter than the window
+
+
+def test_a_short_evaluation_is_stated_with_the_table():
+    from trainer.metrics import evaluation_window, format_table
+
+    quick = {"baseline": {"co2_kg_per_year": 1.0, "eval_hours": 28 * 24 - 1}}
+    stated = "evaluated on the first 28 days of the dataset; CO2 per year is scaled from them"
+    assert evaluation_window(quick) == stated
+    assert format_table(quick).endswith(f"({stated})")
+    assert evaluation_window({"baseline": {"eval_hours": 8759}}) is None

@@ -5,6 +5,7 @@ usage or config). Options shared by commands are declared once, below.
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from pathlib import Path
@@ -22,7 +23,7 @@ from trainer.doctor import as_json as checks_as_json
 from trainer.env import resolve_dataset
 from trainer.errors import TrainerError, UsageError
 from trainer.files import read_json
-from trainer.launch import AGENT_CHOICES, LaunchOptions, start
+from trainer.launch import AGENT_CHOICES, LaunchOptions, split_agent, start
 from trainer.learn.preflight import check_memory, check_resume_config
 from trainer.metrics import format_table as results_table
 from trainer.night import install, plan, runner, stages
@@ -59,10 +60,11 @@ def config_show(config_files: tuple[str, ...], overrides: tuple[str, ...], profi
     if not doc:
         click.echo(yaml.safe_dump(cfg.to_dict(), sort_keys=False), nl=False)
         return
-    rows = describe()
+    rows, values = describe(), cfg.to_dict()
     width = max(len(r[0]) for r in rows)
     for path, type_name, text in rows:
-        click.echo(f"{path.ljust(width)}  {text}  [{type_name}]")
+        current = functools.reduce(lambda d, k: d[k], path.split("."), values)
+        click.echo(f"{path.ljust(width)}  {text}  [{type_name}]  = {json.dumps(current)}")
 
 
 @cli.group()
@@ -133,6 +135,7 @@ def schedule(click_ctx: click.Context, config_files: tuple[str, ...], overrides:
         return
     cfg, out = session.resolve_for_resume(resume, out, "results.json", config_files, overrides, seed=seed,
                                           device=device, profile=profile)
+    cfg = session.quick_night(cfg) if quick else cfg
     chosen = session.parse_agents(agents) if agents else list(cfg.schedule.agents)
     deadline = session.night_deadline(cfg, budget, finish_by)
     for agent in chosen if resume is not None else ():
@@ -171,7 +174,7 @@ def schedule_install(at: str, budget: str | None, finish_by: str | None, agents:
 
 
 @command(cli)
-@click.option("--agent", type=click.Choice(AGENT_CHOICES), default="all", help="What to run.")
+@click.option("--agent", type=click.Choice(AGENT_CHOICES), default=None, help="What to run (or AGENT anywhere).")
 @opts.config_file_option
 @opts.profile_option
 @opts.time_options
@@ -181,14 +184,18 @@ def schedule_install(at: str, budget: str | None, finish_by: str | None, agents:
 @click.option("--live-status", type=click.FloatRange(min=1), default=None, metavar="SECONDS",
               help="Print the GPU status every SECONDS (needs the monitor).")
 @click.option("--container", is_flag=True, help="Running as the container's entrypoint (outputs in /app/outputs).")
-@click.argument("extra", nargs=-1, type=click.UNPROCESSED)
-def launch(agent: str, config_files: tuple[str, ...], profile: str | None, budget: str | None, finish_by: str | None,
-           resume: str | None, monitor: bool | None, quick: bool, live_status: float | None, container: bool,
-           extra: tuple[str, ...]) -> None:
+@click.argument("extra", nargs=-1, type=click.UNPROCESSED, metavar="[AGENT] [-- TRAINER_OPTIONS...]")
+def launch(agent: str | None, config_files: tuple[str, ...], profile: str | None, budget: str | None,
+           finish_by: str | None, resume: str | None, monitor: bool | None, quick: bool, live_status: float | None,
+           container: bool, extra: tuple[str, ...]) -> None:
     """What the launchers run: doctor, monitor sidecar, the trainer, and the morning's summary.
 
-    Options after `--` go to the trainer, e.g. `trainer launch --agent a2c -- --seed 3`.
+    \b
+    launch.sh [AGENT] [OPTIONS] [-- TRAINER_OPTIONS...]
+    AGENT: all (default), sac, ppo, a2c or baseline, before or after the options.
+    Options after `--` go to the trainer, e.g. `launch.sh a2c --quick -- --seed 3`.
     """
+    agent, extra = split_agent(agent, extra)
     overrides = [extra[i + 1] for i, a in enumerate(extra[:-1]) if a == "--set"]
     chosen = LaunchOptions(agent, list(config_files), profile, budget, finish_by, resume, monitor, quick, live_status,
                            list(extra))
@@ -208,6 +215,7 @@ def plan_command(config_files: tuple[str, ...], overrides: tuple[str, ...], prof
                  finish_by: str | None, refresh: bool) -> None:
     """Print the night's timeline from measured speed, and what cannot fit."""
     cfg = session.resolve_config(config_files, overrides, device=device, profile=profile)
+    cfg = session.quick_night(cfg) if quick else cfg
     chosen = session.parse_agents(agents) if agents else list(cfg.schedule.agents)
     deadline = session.night_deadline(cfg, budget, finish_by)
     click.echo(plan.plan_text(cfg, resolve_dataset(schema, dataset), chosen, quick, deadline, refresh))

@@ -11,10 +11,12 @@ from typing import Any
 
 import click
 
-from trainer import logs
+from trainer import logs, profiles
 from trainer.errors import TrainerError
 from trainer.learn.recovery import StageFailed, TrainingInterrupted
-from trainer.session import LATEST, RunContext
+from trainer.run_dir import RunDir
+from trainer.session import LATEST, RunContext, has_progress
+from trainer.signals import Stopped
 
 EXIT_INTERRUPTED = 130
 
@@ -24,12 +26,20 @@ class State:
 
     debug = False
     log_file: Path | None = None
-    resume_hint: str | None = None
+    run: RunDir | None = None
+    command = ""
 
     @classmethod
     def opened(cls, ctx: RunContext, command: str) -> None:
-        cls.log_file = ctx.run.log_file
-        cls.resume_hint = f"trainer {command} --resume {ctx.run.root}"
+        cls.log_file, cls.run, cls.command = ctx.run.log_file, ctx.run, command
+
+    @classmethod
+    def resume_hint(cls, exc: TrainerError) -> str:
+        """How to go on, only where the run holds something to go on from (a checkpoint, a finished stage)."""
+        stopped = isinstance(exc, (TrainingInterrupted, StageFailed, Stopped))
+        if stopped and cls.run is not None and has_progress(cls.run):
+            return f"; resume with: trainer {cls.command} --resume {cls.run.root}"
+        return ""
 
 
 def _fail(message: str, code: int) -> None:
@@ -48,8 +58,7 @@ def handle_errors(fn: Callable) -> Callable:
         except TrainerError as exc:
             if State.debug:
                 raise
-            resumable = isinstance(exc, (TrainingInterrupted, StageFailed)) and State.resume_hint
-            _fail(str(exc) + (f"; resume with: {State.resume_hint}" if resumable else ""), exc.exit_code)
+            _fail(str(exc) + State.resume_hint(exc), exc.exit_code)
         except KeyboardInterrupt:
             _fail("interrupted", EXIT_INTERRUPTED)
         except Exception as exc:  # the edge of the program: report, don't crash
@@ -69,7 +78,7 @@ def _debug(ctx: click.Context, param: click.Parameter, value: bool) -> None:
 
 def start_invocation(ctx: click.Context, param: click.Parameter, value: bool) -> None:
     """The group's --debug: a fresh state for this invocation (tests invoke the CLI many times in one process)."""
-    State.debug, State.log_file, State.resume_hint = value, None, None
+    State.debug, State.log_file, State.run = value, None, None
     logs.configure(verbose=value)
 
 
@@ -89,8 +98,8 @@ def command(group: click.Group, *args: Any, **kwargs: Any) -> Callable:
 
 config_file_option = click.option("--config", "config_files", multiple=True, type=click.Path(dir_okay=False),
                                   help="YAML file merged over trainer/configs/default.yaml (repeatable, in order).")
-profile_option = click.option("--profile", default=None, metavar="auto|NAME",
-                              help="Device profile (auto: picked from the detected GPU), applied before --config.")
+profile_option = click.option("--profile", type=click.Choice([profiles.AUTO, *profiles.available()]), default=None,
+                              help="Device profile (auto: picked by the GPU's name), applied before --config.")
 config_options = options(
     config_file_option,
     click.option("--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE",

@@ -16,11 +16,13 @@ import hashlib
 import json
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args
+from types import UnionType
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
+from trainer import logs
 from trainer.errors import ConfigError, UsageError
 from trainer.night.budget import parse_clock, parse_duration
 
@@ -130,7 +132,6 @@ class WarmStartConfig(Section):
 
 class GpuConfig(Section):
     device: Literal["auto", "cpu", "cuda"] = doc("Torch device: auto picks cuda when available.")
-    mixed_precision: bool = doc("Autocast the learner to bf16/fp16 on CUDA (see docs/benchmarks.md for its effect).")
     cudnn_benchmark: bool = doc("torch.backends.cudnn.benchmark on CUDA.")
     tf32: bool = doc("Allow TF32 matmuls and convolutions on CUDA (Ampere or newer).")
     deterministic: bool = doc("torch.use_deterministic_algorithms on CUDA (slower, reproducible).")
@@ -150,7 +151,6 @@ class AgentConfig(Section):
     checkpoint_freq_steps: int = doc("Save a checkpoint every this many environment steps.", ge=1)
     log_interval: int = doc("SB3 log interval (episodes for SAC, rollouts for PPO/A2C).", ge=1)
     ent_coef: float | Literal["auto"] = doc("Entropy coefficient ('auto' for SAC's learned temperature).")
-    max_grad_norm: float = doc("Gradient clipping norm (PPO/A2C).", gt=0)
 
     @model_validator(mode="after")
     def _one_length(self) -> AgentConfig:
@@ -180,6 +180,7 @@ class OnPolicyConfig(AgentConfig):
 
     n_steps: int = doc("Environment steps per rollout, summed over the parallel environments "
                        "(SB3's n_steps x n_envs); a multiple of n_envs.", ge=1)
+    max_grad_norm: float = doc("Gradient clipping norm.", gt=0)
     n_envs: int = doc(
         "Parallel environments (SubprocVecEnv); 0 = four per CPU core, a divisor of n_steps.", ge=0, le=256
     )
@@ -219,6 +220,8 @@ class ScheduleConfig(Section):
         "Timesteps per agent with --quick (a smoke run of the whole schedule)."
     )
     eval_days: int | None = doc("Evaluation length in days from the dataset's start; null = the whole period.", ge=1)
+    quick_eval_days: int = doc("Evaluation length in days with --quick (at most eval_days), so a smoke run is quick.",
+                               ge=1)
 
     @field_validator("budget", "finish_by")
     @classmethod
@@ -406,6 +409,20 @@ def validate(data: dict[str, Any]) -> Config:
         raise ConfigError("; ".join(messages)) from None
 
 
+# Keys that did nothing and were removed: configs and run folders that still hold them keep loading.
+RETIRED = {
+    ("gpu", "mixed_precision"): "it had no effect (SB3's learners run in float32)",
+    ("sac", "max_grad_norm"): "SAC does not clip gradients",
+}
+
+
+def _drop_retired(data: dict[str, Any]) -> None:
+    for (section, key), why in RETIRED.items():
+        if isinstance(data.get(section), dict) and key in data[section]:
+            del data[section][key]
+            logs.get().warning("config key retired and ignored", key=f"{section}.{key}", reason=why)
+
+
 def load_config(
     files: tuple[str | Path, ...] | list[str | Path] = (),
     overrides: tuple[str, ...] | list[str] = (),
@@ -420,7 +437,24 @@ def load_config(
     for text in overrides:
         keys, value = parse_override(text)
         _set_path(data, keys, value)
+    _drop_retired(data)
     return validate(data)
+
+
+def type_text(annotation: Any, nested: bool = False) -> str:
+    """A field's type as a person reads it: the allowed values of a Literal, 'or null' for optional keys."""
+    origin, args = get_origin(annotation), get_args(annotation)
+    if origin is Literal:
+        return ("" if nested else "one of ") + "|".join(str(a) for a in args)
+    if origin in (Union, UnionType):
+        return " or ".join("null" if a is type(None) else type_text(a, nested=True) for a in args)
+    if origin is list:
+        return f"list of {type_text(args[0], nested=True)}"
+    if origin is dict:
+        return f"map of {type_text(args[0], nested=True)} to {type_text(args[1], nested=True)}"
+    if origin is Annotated:
+        return type_text(args[0], nested)
+    return getattr(annotation, "__name__", str(annotation))
 
 
 def describe(model: type[BaseModel] = Config, prefix: str = "") -> list[tuple[str, str, str]]:
@@ -432,12 +466,12 @@ def describe(model: type[BaseModel] = Config, prefix: str = "") -> list[tuple[st
         if isinstance(annotation, type) and issubclass(annotation, BaseModel):
             rows.extend(describe(annotation, prefix=f"{path}."))
             continue
-        type_name = getattr(annotation, "__name__", None) or str(annotation).replace("typing.", "")
         bounds = [
             f"{sym}{getattr(m, attr)}"
             for m in field.metadata
             for attr, sym in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<"))
             if getattr(m, attr, None) is not None
         ]
-        rows.append((path, type_name + (f" ({', '.join(bounds)})" if bounds else ""), field.description or ""))
+        type_name = type_text(annotation) + (f" ({', '.join(bounds)})" if bounds else "")
+        rows.append((path, type_name, field.description or ""))
     return rows

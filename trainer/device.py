@@ -72,11 +72,6 @@ def apply_gpu_flags(gpu: GpuConfig, device: str) -> dict[str, object]:
     flags = {
         "applied": True, "device": device, "gpu_name": torch.cuda.get_device_name(0),
         "tf32": gpu.tf32, "cudnn_benchmark": gpu.cudnn_benchmark, "deterministic": gpu.deterministic,
-        "mixed_precision": False,
     }
     log.info("gpu flags applied", **flags)
-    if gpu.mixed_precision:
-        # Said out loud rather than a flag that silently does nothing (docs/gpu.md).
-        log.warning("gpu.mixed_precision has no effect", reason="SB3's learners run in float32 and these networks "
-                    "are too small to gain from autocast; measured in docs/benchmarks.md when a GPU is available")
     return flags

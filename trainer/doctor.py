@@ -14,9 +14,11 @@ from pathlib import Path
 from packaging.requirements import Requirement
 
 from monitor.nvml import Nvml, NvmlUnavailable
+from trainer import profiles
 from trainer.config import AGENTS, Config
 from trainer.env import make_sb3_env, resolve_dataset
 from trainer.errors import TrainerError
+from trainer.learn.agents import TENSORBOARD_FIX, tensorboard_installed
 from trainer.learn.memory import GIB, Shapes, available_bytes, batch_bytes, host_available_bytes, replay_buffer_bytes
 from trainer.session import site_schema
 
@@ -105,16 +107,6 @@ def check_gpu_switches(cfg) -> list[Check]:
                 "set gpu.tf32: false, or use the t4-16gb profile",
             )
         )
-    if cfg.gpu.mixed_precision:
-        checks.append(
-            Check(
-                "mixed precision",
-                WARN,
-                "gpu.mixed_precision has no effect: SB3's learners run in float32 and "
-                "these networks are too small to gain from autocast (docs/gpu.md)",
-                "set gpu.mixed_precision: false",
-            )
-        )
     return checks
 
 
@@ -156,6 +148,20 @@ def check_disk(root: Path) -> Check:
     )
 
 
+def check_tensorboard(cfg: Config) -> Check:
+    if not cfg.output.tensorboard:
+        return Check("tensorboard", PASS, "off (output.tensorboard: false): curves in progress.csv only")
+    if tensorboard_installed():
+        return Check("tensorboard", PASS, "curves written for TensorBoard beside progress.csv")
+    return Check("tensorboard", WARN, "output.tensorboard is on but the tensorboard package is not installed: "
+                 "curves go to progress.csv only", TENSORBOARD_FIX)
+
+
+def check_profile() -> Check:
+    name, why = profiles.detect()
+    return Check("profile", PASS, f"--profile auto picks {name} ({why})")
+
+
 def check_nvml() -> Check:
     nvml = Nvml()
     try:
@@ -170,14 +176,14 @@ def check_nvml() -> Check:
 
 def run_checks(load: Callable[[], Config], schema: str | None, dataset: str | None, require_gpu: bool) -> list[Check]:
     """Every check; a config or dataset that fails stops only the checks that need it."""
-    checks = [check_python(), check_packages(), *check_torch_cuda(require_gpu), check_nvml()]
+    checks = [check_python(), check_packages(), *check_torch_cuda(require_gpu), check_nvml(), check_profile()]
     try:
         cfg = load()
         checks.append(Check("config", PASS, "valid"))
     except TrainerError as exc:
         checks.append(Check("config", FAIL, str(exc), "fix the key named (trainer config show --doc)"))
         return checks
-    checks += check_gpu_switches(cfg)
+    checks += [*check_gpu_switches(cfg), check_tensorboard(cfg)]
     checks.append(check_disk(Path(cfg.output.root)))
     try:
         shapes = _dataset_shapes(cfg, schema, dataset)

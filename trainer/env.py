@@ -23,6 +23,7 @@ from trainer import logs
 from trainer.config import Config
 from trainer.errors import DatasetError
 from trainer.ev_service import EvServiceGuard
+from trainer.signals import STOP, Stopped
 
 if TYPE_CHECKING:
     from citylearn.citylearn import CityLearnEnv
@@ -57,17 +58,25 @@ def resolve_dataset(schema: str | None, dataset: str | None) -> DatasetSource | 
             raise DatasetError(f"CityLearn schema not found: {path} (pass the path of a dataset's schema.json)")
         return DatasetSource(path.resolve(), path.parent.name, builtin=False)
     if dataset:
-        root = os.environ.get(LOCAL_DATASETS_ENV)
-        candidates = [Path(root) / dataset / "schema.json"] if root else []
-        for candidate in candidates:
-            if candidate.is_file():
-                return DatasetSource(candidate.resolve(), dataset, builtin=False)
-        where = f"{LOCAL_DATASETS_ENV}={root}" if root else f"{LOCAL_DATASETS_ENV} is not set"
-        raise DatasetError(
-            f"CityLearn dataset '{dataset}' is not available offline ({where}): set {LOCAL_DATASETS_ENV} "
-            f"to a folder holding {dataset}/schema.json, or pass --schema PATH"
-        )
+        return DatasetSource(find_dataset(dataset), dataset, builtin=False)
     return None
+
+
+def find_dataset(name: str) -> Path:
+    """A dataset name resolved as CityLearn 3.0.2 resolves it: its cache, then every folder of
+    $CITYLEARN_LOCAL_DATASETS_PATH (a path list), then its own data folders; offline, never downloaded."""
+    from citylearn.data import DataSet, OfflineDataError  # lazy: CityLearn takes seconds to import
+
+    datasets = DataSet(offline=True)
+    try:
+        return Path(datasets.get_dataset(name)).resolve()
+    except OfflineDataError:
+        roots = ", ".join(datasets.local_datasets_directories) or "no local dataset folder"
+        raise DatasetError(
+            f"CityLearn dataset '{name}' is not available offline (looked in CityLearn's cache and in {roots}): set "
+            f"{LOCAL_DATASETS_ENV} to folders (separated by '{os.pathsep}') holding {name}/schema.json, "
+            "or pass --schema PATH"
+        ) from None
 
 
 def _episode_kwargs(cfg: Config, purpose: Purpose, n_steps: int, eval_days: int | None) -> dict:
@@ -317,14 +326,17 @@ def make_training_vec_env(cfg: Config, schema: Path, seed: int, n_envs: int, sub
     """
     from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
 
-
     factories = [functools.partial(_training_env, cfg, schema, seed, i) for i in range(n_envs)]
     if subprocesses:
         if "forkserver" in multiprocessing.get_all_start_methods():  # SB3's choice where it exists (not Windows)
             # Workers fork from a server that has imported these once (about 5 s each otherwise).
             multiprocessing.set_forkserver_preload(WORKER_PRELOAD)
+        logs.get().info("starting environment workers", n_envs=n_envs)  # ~20 s: say so, not silence
         try:
-            return SubprocVecEnv(factories)
+            with STOP.interruptible("the start of the environment workers"):
+                return SubprocVecEnv(factories)
+        except Stopped:
+            raise
         except Exception as exc:  # any failure to start workers has the same remedy
             logs.get().warning("parallel environments could not start: stepping them in this process",
                                error=f"{type(exc).__name__}: {exc}", n_envs=n_envs, fallback="DummyVecEnv")

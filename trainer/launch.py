@@ -7,8 +7,8 @@ scripts and the container entrypoint only bootstrap Python and call it).
 3. start the GPU monitor sidecar beside it, watching the trainer's PID (by default when a
    GPU is present, always with ``--monitor``);
 4. forward SIGINT and SIGTERM to the trainer and wait for its checkpoint;
-5. whatever happens, stop the monitor; print the GPU summary and the results table; exit
-   with the trainer's exit code.
+5. whatever happens, stop the monitor; print the GPU summary (and the results so far, when the
+   trainer did not finish to print them itself); exit with the trainer's exit code.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from monitor.summary import format_summary, read_records, summarise
 from trainer.config import AGENTS, Config, MonitorConfig
@@ -54,6 +54,37 @@ class LaunchOptions:
     quick: bool = False
     live_status_s: float | None = None
     extra: list[str] = field(default_factory=list)
+
+
+WINDOWS = os.name == "nt"
+
+
+def own_process_group(windows: bool = WINDOWS) -> dict[str, Any]:
+    """Popen arguments that give a child its own process group, so a terminal's Ctrl+C reaches it once, through us.
+    POSIX: a new session. Windows: a new process group, which can then be sent CTRL_BREAK_EVENT."""
+    if windows:
+        return {"creationflags": getattr(subprocess, "CREATE_NEW_PROCESS_GROUP", 0x200)}
+    return {"start_new_session": True}
+
+
+def forward_stop(pid: int, signum: int, windows: bool = WINDOWS, kill: Callable[[int, int], None] = os.kill) -> None:
+    """Ask the trainer to checkpoint and stop. On Windows os.kill(pid, SIGINT) would end it outright, with no
+    checkpoint: CTRL_BREAK_EVENT reaches its process group instead, and the trainer handles SIGBREAK."""
+    kill(pid, getattr(signal, "CTRL_BREAK_EVENT", 1) if windows else signum)
+
+
+def split_agent(option: str | None, extra: tuple[str, ...]) -> tuple[str, tuple[str, ...]]:
+    """The agent, given as --agent or as a word anywhere among the launcher's options (`launch.sh --quick ppo`),
+    and the trainer's options (those after `--`)."""
+    words = [w for w in extra[:1] if not w.startswith("-")]
+    if not words:
+        return option or "all", extra
+    if words[0] not in AGENT_CHOICES:
+        raise UsageError(f"launch: unknown agent {words[0]!r}; expected one of {', '.join(AGENT_CHOICES)} "
+                         "(launch.sh [AGENT] [OPTIONS] [-- TRAINER_OPTIONS...])")
+    if option is not None and option != words[0]:
+        raise UsageError(f"launch: two agents given, --agent {option} and {words[0]}; pass one")
+    return words[0], extra[1:]
 
 
 def trainer_command(options: LaunchOptions, run_dir: Path) -> list[str]:
@@ -142,7 +173,7 @@ class Launch:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         # Its own session: a terminal's Ctrl+C reaches the trainer once, forwarded by us, not twice.
         self.trainer = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-                                        env=env, start_new_session=True)
+                                        env=env, **own_process_group())
         threading.Thread(target=self._tee, args=(self.trainer.stdout,), daemon=True).start()
 
     def _tee(self, stream) -> None:
@@ -155,7 +186,7 @@ class Launch:
             for key, value in self.monitor_settings.model_dump().items():
                 flag = "interval" if key == "interval_s" else key
                 cmd += [f"--{flag.replace('_', '-')}", str(value)]
-        self.monitor = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self._log, start_new_session=True)
+        self.monitor = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self._log, **own_process_group())
         (self.run.root / "monitor.pid").write_text(str(self.monitor.pid))
         self.say(f"[launch] GPU monitor: {self.run.monitor} (PID {self.monitor.pid})")
 
@@ -165,7 +196,7 @@ class Launch:
             name = signal.Signals(signum).name
             self.say(f"[launch] {name}: forwarded to the trainer; waiting for its checkpoint"
                      if self._signals == 1 else f"[launch] {name} again: the trainer aborts")
-            os.kill(self.trainer.pid, signum)
+            forward_stop(self.trainer.pid, signum)
 
     def wait(self) -> int:
         last_status = time.monotonic()
@@ -211,8 +242,8 @@ class Launch:
     def after(self, code: int) -> None:
         if self.run.monitor.is_file():
             self.say("[launch] GPU status after the run:\n" + format_summary(summarise(read_records(self.run.monitor))))
-        if self.run.results_json.is_file():
-            self.say("[launch] results:\n" + results_table(read_json(self.run.results_json)))
+        if code != 0 and self.run.results_json.is_file():  # a trainer that finished has printed them
+            self.say("[launch] results so far:\n" + results_table(read_json(self.run.results_json)))
         self.say(f"[launch] trainer exited with {code}")
 
 

@@ -4,15 +4,30 @@ from __future__ import annotations
 
 import logging
 import sys
+from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import structlog
 
 _SHARED = [
     structlog.contextvars.merge_contextvars,
     structlog.stdlib.add_log_level,
-    structlog.processors.TimeStamper(fmt="iso", utc=False),
+    structlog.stdlib.add_logger_name,
 ]
+
+
+def _timestamp_with_offset(logger: Any, method: str, event: dict[str, Any]) -> dict[str, Any]:
+    """The log file's time: local, with its UTC offset, so a night read elsewhere still says when."""
+    event["timestamp"] = datetime.now().astimezone().isoformat(timespec="milliseconds")
+    return event
+
+
+def _console_fields(logger: Any, method: str, event: dict[str, Any]) -> dict[str, Any]:
+    """The console's time: HH:MM:SS; the logger's name is for the file."""
+    event.pop("logger", None)
+    event["timestamp"] = datetime.now().strftime("%H:%M:%S")
+    return event
 
 
 def configure(log_file: Path | None = None, verbose: bool = False) -> None:
@@ -28,8 +43,8 @@ def configure(log_file: Path | None = None, verbose: bool = False) -> None:
     console.setLevel(logging.DEBUG if verbose else logging.INFO)
     console.setFormatter(structlog.stdlib.ProcessorFormatter(
         foreign_pre_chain=_SHARED,
-        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta,
-                    structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty(), pad_event=28)],
+        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, _console_fields,
+                    structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty(), pad_event=24)],
     ))
     console._pvbess = True  # type: ignore[attr-defined]
     root.addHandler(console)
@@ -40,7 +55,7 @@ def configure(log_file: Path | None = None, verbose: bool = False) -> None:
         file_handler.setLevel(logging.DEBUG)
         file_handler.setFormatter(structlog.stdlib.ProcessorFormatter(
             foreign_pre_chain=_SHARED,
-            processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+            processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, _timestamp_with_offset,
                         structlog.processors.format_exc_info, structlog.processors.JSONRenderer()],
         ))
         file_handler._pvbess = True  # type: ignore[attr-defined]

@@ -36,6 +36,8 @@ import numpy as np
 import pandas as pd
 
 from trainer.controllers import Controller
+from trainer.progress import Progress
+from trainer.signals import STOP
 
 if TYPE_CHECKING:
     import gymnasium
@@ -69,16 +71,20 @@ def _finite(value: float) -> float | None:
     return None if value is None or not math.isfinite(float(value)) else float(value)
 
 
-def run_episode(controller: Controller, sb3_env: gymnasium.Env, timeseries_path: Path | None = None) -> dict[str, Any]:
-    """Run ``controller`` over the evaluation env's whole episode and compute the metrics."""
+def run_episode(controller: Controller, sb3_env: gymnasium.Env, timeseries_path: Path | None = None,
+                label: str | None = None) -> dict[str, Any]:
+    """Run ``controller`` over the evaluation env's whole episode and compute the metrics; with a ``label``, show
+    the evaluation's progress (a stage's evaluation; the learning curve's short ones stay quiet)."""
     env = sb3_env.unwrapped
     obs, _ = sb3_env.reset()
+    progress = Progress("evaluation progress", env.time_steps, every=0.25, agent=label) if label else None
     departures_met: list[bool] = []
     unmet_kwh = 0.0
     done = False
     steps = 0
     start = time.perf_counter()
     while not done:
+        STOP.check("an evaluation")
         t = env.time_step
         leaving = []
         for b in env.buildings:
@@ -101,10 +107,15 @@ def run_episode(controller: Controller, sb3_env: gymnasium.Env, timeseries_path:
             departures_met.append(soc >= required - EV_SOC_TOLERANCE)
             unmet_kwh += max(required - soc, 0.0) * float(ev.battery.capacity)
         done = terminated or truncated
+        if progress is not None:
+            progress.update(steps)
+    if progress is not None:
+        progress.close()
     wall = time.perf_counter() - start
     metrics = summarise(env, steps, departures_met)
     metrics["ev_unmet_kwh"] = unmet_kwh if departures_met else None
     metrics["eval_wall_s"] = round(wall, 2)
+    metrics["eval_hours"] = steps
     if timeseries_path is not None:
         timeseries(env, steps).to_csv(timeseries_path, index=False, float_format="%.4f")
     return metrics
@@ -173,12 +184,17 @@ def timeseries(env: CityLearnEnv, steps: int) -> pd.DataFrame:
     """Per-step site series for the report's representative week."""
     d = _district(env, steps)
     battery_soc = np.mean([np.asarray(b.electrical_storage.soc[:steps], dtype=float) for b in env.buildings], axis=0)
-    ev = np.zeros(steps)
+    ev, connected = np.zeros(steps), np.zeros(steps)
     for b in env.buildings:
         for charger in b.electric_vehicle_chargers or []:
             ev += np.asarray(charger.electricity_consumption[:steps], dtype=float)
-    return pd.DataFrame({"step": np.arange(steps), "net_kwh": d["net"], "pv_kwh": d["pv"], "battery_soc": battery_soc,
-                         "ev_charging_kwh": ev, "carbon_kg_per_kwh": d["carbon"], "price_per_kwh": d["price"]})
+            state = np.asarray(charger.charger_simulation.electric_vehicle_charger_state[:steps], dtype=float)
+            connected += np.nan_to_num(state) == 1
+    sim = env.buildings[0].energy_simulation
+    calendar = {name: np.asarray(getattr(sim, name)[:steps], dtype=int) for name in ("month", "day_type", "hour")}
+    return pd.DataFrame({"step": np.arange(steps), **calendar, "net_kwh": d["net"], "pv_kwh": d["pv"],
+                         "battery_soc": battery_soc, "ev_charging_kwh": ev, "ev_connected": connected,
+                         "carbon_kg_per_kwh": d["carbon"], "price_per_kwh": d["price"]})
 
 
 def compare_to_baseline(results: dict[str, dict[str, Any]]) -> None:
@@ -197,6 +213,15 @@ def compare_to_baseline(results: dict[str, dict[str, Any]]) -> None:
                                                if best_cut and best_cut > 0 and co2 is not None else None)
 
 
+def evaluation_window(results: dict[str, dict[str, Any]]) -> str | None:
+    """A line saying what was evaluated, where it is not a whole year (a --quick night, or eval_days)."""
+    hours = {m.get("eval_hours") for m in results.values() if m.get("eval_hours")}
+    if not hours or max(hours) >= HOURS_PER_YEAR - 24:
+        return None
+    days = ", ".join(f"{h / 24:.0f}" for h in sorted(hours))  # an evaluation steps all but its last hour
+    return f"evaluated on the first {days} days of the dataset; CO2 per year is scaled from them"
+
+
 def format_table(results: dict[str, dict[str, Any]]) -> str:
     header = ["agent"] + [label for _, label, _ in TABLE_COLUMNS]
     rows = [header]
@@ -209,4 +234,5 @@ def format_table(results: dict[str, dict[str, Any]]) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    window = evaluation_window(results)
+    return "\n".join([*lines, f"({window})"] if window else lines)

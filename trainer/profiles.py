@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from trainer.config import CONFIG_DIR
@@ -15,24 +16,38 @@ def available() -> list[str]:
     return sorted(p.stem for p in PROFILE_DIR.glob("*.yaml"))
 
 
+# The GPU's own name decides first; memory only for a card no pattern knows.
+BY_NAME = (
+    (re.compile(r"\b(H100|H200|H800|GH200|B100|B200|A100)\b", re.I), "h100-80gb"),
+    (re.compile(r"RTX (50[89]0|4090|3090)|RTX A6000|\bL40", re.I), "rtx5090-32gb"),
+    (re.compile(r"\b(T4|V100|P100)\b", re.I), "t4-16gb"),
+    (re.compile(r"RTX (40[5-8]0|30[5-8]0|20[6-8]0)|Laptop", re.I), "rtx4060-laptop-8gb"),
+)
+
+
+def choose(name: str, total_bytes: int, compute_major: int) -> tuple[str, str]:
+    """(profile, why) for a GPU: by its name, else by its memory (in GB, as cards are sold) and architecture."""
+    for pattern, profile in BY_NAME:
+        if pattern.search(name):
+            return profile, f"{name}: matched by name"
+    gb = round(total_bytes / 1e9)
+    if gb >= 40:
+        profile = "h100-80gb"
+    elif gb >= 20:
+        profile = "rtx5090-32gb"
+    else:
+        profile = "t4-16gb" if compute_major < 8 else "rtx4060-laptop-8gb"
+    return profile, f"{name} ({gb} GB, compute capability {compute_major}.x): matched by memory"
+
+
 def detect() -> tuple[str, str]:
-    """(profile, why) from the visible device and its memory."""
-    import torch
+    """(profile, why) from the visible device."""
+    import torch  # heavy: only `--profile auto` needs it
 
     if not torch.cuda.is_available():
         return "cpu", "no CUDA device"
     props = torch.cuda.get_device_properties(0)
-    gib = props.total_memory / 1024**3
-    major, _ = torch.cuda.get_device_capability(0)
-    if gib < 12:
-        name = "rtx4060-laptop-8gb"
-    elif gib < 24:
-        name = "t4-16gb" if major < 8 else "rtx4060-laptop-8gb"
-    elif gib < 48:
-        name = "rtx5090-32gb"
-    else:
-        name = "h100-80gb"
-    return name, f"{props.name} with {gib:.0f} GiB"
+    return choose(props.name, props.total_memory, props.major)
 
 
 def resolve(name: str | None) -> tuple[Path | None, str | None]:

@@ -13,6 +13,7 @@ import yaml
 from monitor.summary import format_summary, read_records, summarise
 from trainer.config import AGENTS
 from trainer.files import read_json, write_text_atomic
+from trainer.metrics import HOURS_PER_YEAR, evaluation_window
 from trainer.run_dir import RunDir
 
 COLOURS = {"baseline": "#7f7f7f", "rbc": "#bcbd22", "optimum": "#9467bd", "sac": "#1f77b4", "ppo": "#ff7f0e",
@@ -57,20 +58,10 @@ def target_met_pct(run: RunDir) -> float:
     return float((data.get("ev") or {}).get("target_met_pct", DEFAULT_TARGET_MET_PCT))
 
 
-def progress_frame(folder: Path) -> pd.DataFrame:
-    """SB3's progress.csv, with the parts kept from before each resume, in step order."""
-    parts = sorted(folder.glob("progress.before-*.csv")) + [folder / "progress.csv"]
-    frames = []
-    for part in parts:
-        if part.is_file() and part.stat().st_size > 0:
-            try:
-                frames.append(pd.read_csv(part))
-            except pd.errors.EmptyDataError:
-                continue
-    if not frames:
-        return pd.DataFrame()
-    frame = pd.concat(frames, ignore_index=True)
-    return frame.sort_values("time/total_timesteps") if "time/total_timesteps" in frame else frame
+def curve_days(run: RunDir) -> int:
+    """The run's schedule.curve_eval_days: the window each learning-curve evaluation covers."""
+    data = yaml.safe_load(run.config.read_text(encoding="utf-8")) or {} if run.config.is_file() else {}
+    return int((data.get("schedule") or {}).get("curve_eval_days", 7))
 
 
 def plot_co2(results: dict[str, dict[str, Any]], path: Path, target_pct: float = DEFAULT_TARGET_MET_PCT) -> None:
@@ -121,35 +112,46 @@ def _energy(kwh: float) -> str:
     return f"{kwh / 1000:,.1f} MWh" if kwh >= 1000 else f"{kwh:,.0f} kWh"
 
 
-def plot_learning_curves(run: RunDir, agents: list[str], path: Path) -> None:
+def window_co2_t_per_year(timeseries: Path, hours: int) -> float | None:
+    """A reference's CO2 over the first ``hours`` of its evaluation, scaled to a year (the curve's measure)."""
+    if not timeseries.is_file():
+        return None
+    frame = pd.read_csv(timeseries).iloc[:hours]
+    if len(frame) < hours:
+        return None
+    co2 = (frame["net_kwh"].clip(lower=0) * frame["carbon_kg_per_kwh"]).sum()
+    return float(co2) * HOURS_PER_YEAR / hours / 1000
+
+
+def plot_learning_curves(run: RunDir, agents: list[str], path: Path, curve_days: int) -> bool:
+    """Each agent's evaluations during training: CO2 on the curve's window with the references on the same
+    window, and EV departures met. False (and no file) when no agent has a point yet."""
+    curves = {a: pd.read_csv(run.agent(a).root / "eval_curve.csv").sort_values("step") for a in agents
+              if (run.agent(a).root / "eval_curve.csv").is_file()}
+    if not curves:
+        return False
     plt = _pyplot()
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6.5), sharex=True)
-    for agent in agents:
-        folder = run.agent(agent).root
-        progress = progress_frame(folder)
-        if {"time/total_timesteps", "rollout/ep_rew_mean"} <= set(progress.columns):
-            rows = progress.dropna(subset=["rollout/ep_rew_mean"])
-            top.plot(
-                rows["time/total_timesteps"], rows["rollout/ep_rew_mean"], label=agent, color=COLOURS[agent], marker="."
-            )
-        curve_path = folder / "eval_curve.csv"
-        if curve_path.is_file():
-            curve = pd.read_csv(curve_path).sort_values("step")
-            bottom.plot(curve["step"], curve["co2_kg_per_year"] / 1000, label=agent, color=COLOURS[agent], marker="o")
-    top.set_ylabel("episode reward (mean)")
-    top.set_title("Learning curves")
-    bottom.set_ylabel("evaluation CO2, t/yr")
-    bottom.set_xlabel("environment steps")
-    for ax in (top, bottom):
+    fig, (co2_ax, ev_ax) = plt.subplots(2, 1, figsize=(8, 6), sharex=True, gridspec_kw={"height_ratios": [3, 1.4]})
+    for agent, curve in curves.items():
+        co2_ax.plot(curve["step"], curve["co2_kg_per_year"] / 1000, label=agent, color=COLOURS[agent], marker="o")
+        ev_ax.plot(curve["step"], curve["ev_departure_soc_met_pct"], color=COLOURS[agent], marker="o")
+    for name in ("baseline", "rbc"):
+        reference = window_co2_t_per_year(run.agent(name).timeseries, curve_days * 24)
+        if reference is not None:
+            co2_ax.axhline(reference, color=COLOURS[name], linestyle="--", linewidth=1.2, label=name)
+    co2_ax.set_ylabel("CO2, t/yr")
+    co2_ax.set_title(f"Learning curves: each evaluation covers the first {curve_days} days, scaled to a year\n"
+                     "(the table's figures cover the whole evaluation period)", fontsize=10)
+    co2_ax.legend(loc="best", fontsize=8)
+    ev_ax.set_ylabel("EV departures\nmet %")
+    ev_ax.set_ylim(0, 105)
+    ev_ax.set_xlabel("environment steps")
+    for ax in (co2_ax, ev_ax):
         ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(loc="best", fontsize=8)
-        else:
-            ax.text(0.5, 0.5, "no points yet (the run was shorter than one episode or one curve interval)",
-                    transform=ax.transAxes, ha="center", va="center", fontsize=8, color="#666666")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+    return True
 
 
 def representative_week(base: pd.DataFrame) -> slice:
@@ -163,26 +165,27 @@ def representative_week(base: pd.DataFrame) -> slice:
     return slice(week * hours, (week + 1) * hours)
 
 
+DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun", "Holiday")
+MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
+
+
 def plot_week(
     run: RunDir, results: dict[str, dict[str, Any]], path: Path, target_pct: float = DEFAULT_TARGET_MET_PCT
 ) -> str | None:
-    plt = _pyplot()
-    best = best_agent(results, target_pct) or ("rbc" if "rbc" in results else None)
+    """Grid import, battery and EV charging over the median week: baseline, rbc and the recommended agent."""
+    best = best_agent(results, target_pct)
     base_path = run.agent("baseline").timeseries
     if not base_path.is_file():
         return None
     base = pd.read_csv(base_path)
     window = representative_week(base)
     series = {"baseline": base.iloc[window]}
-    if best and run.agent(best).timeseries.is_file():
-        series[best] = pd.read_csv(run.agent(best).timeseries).iloc[window]
-    fig, axes = plt.subplots(4, 1, figsize=(9, 8), sharex=True)
-    panels = [
-        ("net_kwh", "grid import kW"),
-        ("pv_kwh", "PV kW"),
-        ("battery_soc", "battery SoC"),
-        ("ev_charging_kwh", "EV charging kW"),
-    ]
+    for name in ("rbc", best):
+        if name and run.agent(name).timeseries.is_file():
+            series[name] = pd.read_csv(run.agent(name).timeseries).iloc[window]
+    plt = _pyplot()
+    fig, axes = plt.subplots(3, 1, figsize=(9, 7.5), sharex=True)
+    panels = [("net_kwh", "grid import kW"), ("battery_soc", "battery SoC"), ("ev_charging_kwh", "EV charging kW")]
     for ax, (column, label) in zip(axes, panels):
         for name, frame in series.items():
             values = frame[column].clip(lower=0) if column == "net_kwh" else frame[column]
@@ -190,13 +193,21 @@ def plot_week(
                     linestyle="--" if name == "baseline" else "-", linewidth=1.2)
         ax.set_ylabel(label, fontsize=9)
         ax.grid(alpha=0.3)
+    week = series["baseline"]
+    if "ev_connected" in week:  # when cars are there to charge
+        cars = axes[2].twinx()
+        cars.fill_between(week["step"], week["ev_connected"], step="mid", color="#999999", alpha=0.15, label="cars")
+        cars.set_ylabel("cars connected", fontsize=8, color="#777777")
+    if {"day_type", "month", "hour"} <= set(week.columns):
+        midnights = week[week["hour"] == 1]
+        axes[-1].set_xticks(midnights["step"], [f"{DAYS[int(d) - 1]}\n{MONTHS[int(m) - 1]}" for d, m in
+                                                zip(midnights["day_type"], midnights["month"])], fontsize=8)
     axes[0].legend(loc="upper right", fontsize=8)
-    axes[0].set_title(f"A representative week: baseline against {best or 'baseline'}")
-    axes[-1].set_xlabel("hour of the evaluation period")
+    axes[0].set_title("A representative week (the median week of baseline imports)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
-    return best
+    return best or "rbc"
 
 
 def plot_timeline(schedule: dict[str, Any] | None, path: Path) -> None:
@@ -235,27 +246,49 @@ def plot_timeline(schedule: dict[str, Any] | None, path: Path) -> None:
     plt.close(fig)
 
 
-def plot_monitor(records: list[dict[str, Any]], path: Path) -> None:
-    """GPU utilisation and memory over the night, from the monitor's samples."""
+def plot_monitor(records: list[dict[str, Any]], path: Path, schedule: dict[str, Any] | None = None) -> None:
+    """GPU utilisation and memory over the night (host CPU and memory on a night without a GPU), with the
+    stages marked on the time axis so a reader sees which stage left the device idle."""
     plt = _pyplot()
     samples = [r for r in records if r.get("kind") == "sample"]
-    fig, (util_ax, mem_ax) = plt.subplots(2, 1, figsize=(9, 4.5), sharex=True)
+    fig, (use_ax, mem_ax) = plt.subplots(2, 1, figsize=(9, 4.8), sharex=True)
     start = samples[0]["unix_time"] if samples else 0.0
+    span_s = samples[-1]["unix_time"] - start if samples else 0.0
+    unit_s, unit = (3600, "hours") if span_s >= 2 * 3600 else (60, "minutes")  # a quick night reads in minutes
+    hours = [(r["unix_time"] - start) / unit_s for r in samples]
     indices = sorted({g["index"] for r in samples for g in r["gpus"]})
     for index in indices:
-        points = [((r["unix_time"] - start) / 3600, g) for r in samples for g in r["gpus"] if g["index"] == index]
-        hours = [t for t, _ in points]
-        util_ax.plot(hours, [g["utilization_gpu_pct"] for _, g in points], label=f"GPU {index}")
-        mem_ax.plot(hours, [(g["memory_used_bytes"] or 0) / 2**30 if g["memory_used_bytes"] is not None else None
-                            for _, g in points], label=f"GPU {index}")
-    if not indices:
-        util_ax.text(0.5, 0.5, "no GPU data: " + str(next((r["gpu_error"] for r in samples if r.get("gpu_error")), "")),
-                     transform=util_ax.transAxes, ha="center", va="center", fontsize=8)
-    util_ax.set_ylabel("utilisation %")
-    mem_ax.set_ylabel("memory GiB")
-    mem_ax.set_xlabel("hours since the monitor started")
-    util_ax.set_title("GPU over the night")
-    for ax in (util_ax, mem_ax):
+        points = [((r["unix_time"] - start) / unit_s, g) for r in samples for g in r["gpus"] if g["index"] == index]
+        use_ax.plot([t for t, _ in points], [g["utilization_gpu_pct"] for _, g in points], label=f"GPU {index}")
+        mem_ax.plot([t for t, _ in points], [None if g["memory_used_bytes"] is None else g["memory_used_bytes"] / 2**30
+                                             for _, g in points], label=f"GPU {index}")
+    if indices:
+        use_ax.set_ylabel("GPU utilisation %")
+        mem_ax.set_ylabel("GPU memory GiB")
+        title = "GPU over the night"
+    else:
+        use_ax.plot(hours, [r["host"]["cpu_pct"] for r in samples], color="#2171b5")
+        mem_ax.plot(hours, [r["host"]["ram_used_bytes"] / 2**30 for r in samples], color="#2171b5", label="host")
+        watched = [(t, r["host"]["watched_rss_bytes"] / 2**30) for t, r in zip(hours, samples)
+                   if r["host"].get("watched_rss_bytes")]
+        if watched:
+            mem_ax.plot(*zip(*watched), color="#ff7f0e", label="trainer and workers (RSS: shared pages per process)")
+            mem_ax.legend(loc="upper left", fontsize=7)
+        use_ax.set_ylabel("host CPU %")
+        use_ax.set_ylim(0, 105)
+        mem_ax.set_ylabel("host memory GiB")
+        title = "The host over the night (no GPU: " + str(next((r["gpu_error"] for r in samples if r.get("gpu_error")),
+                                                               "none found")) + ")"
+    for stage in (schedule or {}).get("stages", []):
+        if stage.get("actual_start") and samples:
+            begin = (datetime.fromisoformat(stage["actual_start"]).timestamp() - start) / unit_s
+            for ax in (use_ax, mem_ax):
+                ax.axvline(begin, color="#999999", linewidth=0.8, linestyle=":")
+            use_ax.annotate(stage["name"], (begin, 1.0), xycoords=("data", "axes fraction"), fontsize=7, rotation=90,
+                            va="top", ha="right", color="#555555")
+    use_ax.set_title(title, fontsize=10)
+    mem_ax.set_xlabel(f"{unit} since the monitor started (dotted: a stage starts)")
+    for ax in (use_ax, mem_ax):
         ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -341,9 +374,10 @@ def write_report(run: RunDir) -> Path:
     agents = [a for a in AGENTS if run.agent(a).root.is_dir()]
     target_pct = target_met_pct(run)
     plot_co2(results, run.plots / "co2_by_agent.png", target_pct)
-    plot_learning_curves(run, agents, run.plots / "learning_curves.png")
+    curves = plot_learning_curves(run, agents, run.plots / "learning_curves.png", curve_days(run))
     best_shown = plot_week(run, results, run.plots / "representative_week.png", target_pct)
-    plot_timeline(schedule, run.plots / "timeline.png")
+    if schedule:
+        plot_timeline(schedule, run.plots / "timeline.png")
 
     lines = [f"# Night report: {run.root.name}", "", *_headline(results, target_pct)]
     if schedule:
@@ -355,34 +389,26 @@ def write_report(run: RunDir) -> Path:
             lines.append(f"- **{stage['name']} failed**: {stage['error']}")
         for stage in skipped:
             lines.append(f"- {stage['name']} skipped: {stage['error']}")
-    lines += ["", "## Results", "", *_table(results), "", *NOTES, ""]
-    lines += [
-        "![CO2 per agent](plots/co2_by_agent.png)",
-        "",
-        "## Learning",
-        "",
-        "![Learning curves](plots/learning_curves.png)",
-        "",
-        "## A representative week",
-        "",
-        "Grid import, PV, battery state of charge and EV charging: baseline (dashed) against "
-        f"{best_shown or 'the baseline'}.",
-        "",
-        "![Representative week](plots/representative_week.png)",
-        "",
-        "## The night",
-        "",
-    ]
+    window = evaluation_window(results)
+    lines += ["", "## Results", "", *([f"*{window[0].upper()}{window[1:]}.*", ""] if window else []), *_table(results),
+              "", *NOTES, ""]
+    lines += ["![CO2 per agent](plots/co2_by_agent.png)", ""]
+    if curves:
+        lines += ["## Learning", "", "![Learning curves](plots/learning_curves.png)", ""]
+    if best_shown:
+        lines += ["## A representative week", "", "Grid import, battery state of charge and EV charging (cars "
+                  f"connected shaded): baseline (dashed), rbc and {best_shown}.", "",
+                  "![Representative week](plots/representative_week.png)", ""]
     if schedule:
-        lines += ["| stage | status | planned | actual | steps |", "| --- | --- | --- | --- | ---: |"]
+        lines += ["## The night", "", "| stage | status | planned | actual | steps |",
+                  "| --- | --- | --- | --- | ---: |"]
         for s in schedule["stages"]:
             lines.append(f"| {s['name']} | {s['status']} | {_hm(s['planned_start'])}–{_hm(s['planned_end'])} | "
                          f"{_hm(s['actual_start'])}–{_hm(s['actual_end'])} | {s['timesteps_done'] or '–'} |")
-        lines.append("")
-    lines += ["![Timeline](plots/timeline.png)", ""]
+        lines += ["", "![Timeline](plots/timeline.png)", ""]
     if run.monitor.is_file():
         records = read_records(run.monitor)
-        plot_monitor(records, run.plots / "gpu.png")
+        plot_monitor(records, run.plots / "gpu.png", schedule)
         lines += [
             "## The machine",
             "",

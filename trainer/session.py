@@ -25,6 +25,7 @@ from trainer.errors import UsageError
 from trainer.files import read_json, write_json_atomic
 from trainer.lock import RunLock
 from trainer.night import budget
+from trainer.progress import live_console
 from trainer.run_dir import RunDir, default_run_dir
 from trainer.scenario import build_site
 
@@ -172,6 +173,12 @@ def training_timesteps(cfg: Config, agent: str, schema: Path) -> int:
     return int(section.episodes) * episode
 
 
+def quick_night(cfg: Config) -> Config:
+    """The config of a --quick night: its evaluations cover schedule.quick_eval_days, not the whole period."""
+    days = min(cfg.schedule.quick_eval_days, cfg.schedule.eval_days or cfg.schedule.quick_eval_days)
+    return cfg.model_copy(update={"schedule": cfg.schedule.model_copy(update={"eval_days": days})})
+
+
 def training_targets(cfg: Config, agents: Sequence[str], quick: bool, schema: Path) -> dict[str, int]:
     return {a: cfg.schedule.quick_timesteps.get(a, 1000) if quick else training_timesteps(cfg, a, schema)
             for a in agents}
@@ -209,6 +216,15 @@ def site_schema(cfg: Config, source: DatasetSource | None) -> Iterator[Path]:
         yield build_site(cfg.scenario, Path(tmp) / "site")
 
 
+def has_progress(run: RunDir) -> bool:
+    """Whether a resume would start from something: a complete checkpoint, or a finished stage of the night."""
+    if any(run.root.glob("*/checkpoints/step_*/manifest.json")):
+        return True
+    if run.schedule.is_file():
+        return any(s.get("status") == "done" for s in read_json(run.schedule).get("stages", []))
+    return False
+
+
 @contextmanager
 def open_run(cfg: Config, command: str, out: str | Path | None, schema: str | None = None, dataset: str | None = None,
              resuming: bool = False) -> Iterator[RunContext]:
@@ -216,20 +232,21 @@ def open_run(cfg: Config, command: str, out: str | Path | None, schema: str | No
     previous = RunRecord.load(RunDir(Path(out))) if resuming and not schema and not dataset else None
     source = previous.source() if previous else resolve_dataset(schema, dataset)  # before anything is written
     device = resolve_device(cfg.gpu.device)
-    run = (
-        RunDir(Path(out)) if out else default_run_dir(cfg, command.replace(" ", "-"), source.label if source else None)
-    )
+    label = source.label if source else None
+    run = RunDir(Path(out)) if out else default_run_dir(cfg, command.replace(" ", "-"), label)
     lock = _create(run)
     try:
         run.create(cfg, ["trainer", *sys.argv[1:]], device, resuming=resuming)
         logs.configure(run.log_file)
         logs.get().info("run resumed" if resuming else "run started", run=str(run.root), command=command, device=device)
-        RunRecord(str(source.schema) if source else None, source.label if source else None).save(run)
+        RunRecord(str(source.schema) if source else None, label).save(run)
         apply_gpu_flags(cfg.gpu, device)
         if resuming and source is None and (run.site / "schema.json").is_file():
-            yield RunContext(cfg, run, run.site / "schema.json", device)
+            schema = run.site / "schema.json"
         else:
-            yield RunContext(cfg, run, prepare_dataset(cfg, run, source), device)
+            schema = prepare_dataset(cfg, run, source)
+        with live_console():
+            yield RunContext(cfg, run, schema, device)
     finally:
         lock.release()
 

@@ -1,5 +1,9 @@
-"""Ctrl+C and `docker stop`: the first SIGINT/SIGTERM asks the stage to save and stop;
-a second SIGINT aborts at once.
+"""Ctrl+C and `docker stop`: the first SIGINT/SIGTERM asks the stage to stop at its next safe
+point (a training stage saves a checkpoint first); a second SIGINT aborts at once.
+
+Training checks the request at every step; evaluation, calibration, the warm start and worker
+start-up call :meth:`StopRequest.check` between steps, so a stop is honoured within seconds
+wherever the night is.
 """
 
 from __future__ import annotations
@@ -10,13 +14,48 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from trainer import logs
+from trainer.errors import TrainerError
+
+
+class Stopped(TrainerError):
+    """A stop signal outside training: nothing was being learned, so there is no checkpoint to save."""
+
+    def __init__(self, signal_name: str, exit_code: int, where: str):
+        self.exit_code = exit_code
+        super().__init__(f"stopped by {signal_name} during {where} (nothing to checkpoint there)")
 
 
 class StopRequest:
-    """Set by the signal handler, read by the training loop at its next step."""
+    """Set by the signal handler, read by the training loop at its next step and by :meth:`check`."""
 
     def __init__(self) -> None:
         self.signum: int | None = None
+        self.training = False  # a checkpoint will be saved before stopping
+        self.interrupting: str | None = None  # raise at once: a long wait with nothing to save (worker start-up)
+
+    def check(self, where: str) -> None:
+        """Raise :class:`Stopped` if a stop was requested. Inside training (a learning-curve evaluation)
+        it does nothing: the training loop's guard saves a checkpoint and stops at the next step."""
+        if self.requested and not self.training:
+            raise Stopped(self.name, self.exit_code, where)
+
+    @contextmanager
+    def interruptible(self, where: str) -> Iterator[None]:
+        """A stop signal raises :class:`Stopped` at once inside this block (it holds nothing to save)."""
+        self.check(where)
+        self.interrupting = where
+        try:
+            yield
+        finally:
+            self.interrupting = None
+
+    @contextmanager
+    def while_training(self) -> Iterator[None]:
+        self.training = True
+        try:
+            yield
+        finally:
+            self.training = False
 
     @property
     def requested(self) -> bool:
@@ -40,18 +79,23 @@ def _handler(signum, frame) -> None:
             raise KeyboardInterrupt  # second Ctrl+C: abort now
         return
     STOP.signum = signum
+    if STOP.interrupting:
+        raise Stopped(STOP.name, STOP.exit_code, STOP.interrupting)
+    action = "saving a checkpoint, then stopping" if STOP.training else "stopping; this stage has nothing to checkpoint"
     logs.get().warning("stop requested", signal=signal.Signals(signum).name,
-                       action="saving a checkpoint, then stopping (Ctrl+C again aborts at once)")
+                       action=f"{action} (Ctrl+C again aborts at once)")
 
 
 @contextmanager
 def handle_stop_signals() -> Iterator[StopRequest]:
     """Install the handlers for the duration of a run (main thread only)."""
-    STOP.signum = None
+    STOP.signum, STOP.training, STOP.interrupting = None, False, None
     if threading.current_thread() is not threading.main_thread():
         yield STOP
         return
-    previous = {s: signal.signal(s, _handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    # SIGBREAK: what the Windows launcher sends (CTRL_BREAK_EVENT), since SIGINT there would kill at once.
+    stops = [signal.SIGINT, signal.SIGTERM, *([signal.SIGBREAK] if hasattr(signal, "SIGBREAK") else [])]
+    previous = {s: signal.signal(s, _handler) for s in stops}
     try:
         yield STOP
     finally:

@@ -124,7 +124,6 @@ def machine() -> dict[str, Any]:
     """Cores, CPU model, GPU and versions: the figures mean nothing without them."""
     import torch
 
-
     cpu = platform.processor() or platform.machine()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():

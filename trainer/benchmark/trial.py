@@ -155,7 +155,6 @@ def _train_plain(agent: str, env: gymnasium.Env, cfg: Config, device: str, steps
     """The plain recipe: SB3's own class on one environment, torch's default threads."""
     from stable_baselines3 import A2C, PPO, SAC
 
-
     algo = {"sac": SAC, "ppo": PPO, "a2c": A2C}[agent]
     model = algo("MlpPolicy", env, seed=cfg.seed, device=device, verbose=0, **hyperparameters(cfg.agent(agent)))
     model.learn(steps, callback=callback)
@@ -188,7 +187,6 @@ class _IgnoreResetSeed(gymnasium.Wrapper):
 def _learn_and_evaluate(trial: Trial, cfg: Config, schema: Path, device: str) -> dict[str, Any]:
     """Train ``trial.agent`` for its timesteps with one side, then CO2 kg/year over the evaluation period."""
     from citylearn.wrappers import NormalizedObservationWrapper, StableBaselines3Wrapper
-
 
     agent = trial.agent
     assert agent is not None

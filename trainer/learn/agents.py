@@ -6,7 +6,7 @@ import importlib.util
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trainer import device
+from trainer import device, logs
 from trainer.config import A2cConfig, AgentConfig, Config, OnPolicyConfig, PpoConfig, SacConfig
 
 if TYPE_CHECKING:
@@ -111,6 +111,16 @@ def sb3_logger(cfg: Config, folder: Path):
     from stable_baselines3.common.logger import configure  # heavy: SB3 imports torch
 
     formats = ["csv"]
-    if cfg.output.tensorboard and importlib.util.find_spec("tensorboard") is not None:
-        formats.append("tensorboard")  # optional extra: pvbess-trainer[tensorboard]
+    if cfg.output.tensorboard and tensorboard_installed():
+        formats.append("tensorboard")
+    elif cfg.output.tensorboard:
+        logs.get().warning("TensorBoard curves are off: the tensorboard package is not installed",
+                           fix=TENSORBOARD_FIX)
     return configure(str(folder), formats)
+
+
+TENSORBOARD_FIX = "pip install 'pvbess-trainer[tensorboard]' (or set output.tensorboard: false)"
+
+
+def tensorboard_installed() -> bool:
+    return importlib.util.find_spec("tensorboard") is not None

@@ -1,4 +1,4 @@
-"""SB3 callbacks: a progress bar with steps/s and ETA (checkpoints: trainer.learn.trainer.Guard).
+"""SB3 callbacks: progress with steps/s and ETA, and the learning curve (checkpoints: trainer.learn.guard).
 
 Counts environment steps across all parallel environments (``num_timesteps``), not callback calls.
 """
@@ -11,55 +11,34 @@ from typing import TYPE_CHECKING
 
 from stable_baselines3.common.callbacks import BaseCallback
 
-from trainer import logs
 from trainer.controllers import PolicyController
 from trainer.env import make_sb3_env
 from trainer.metrics import run_episode
+from trainer.progress import Progress
 
 if TYPE_CHECKING:
     from trainer.session import RunContext
 
-PROGRESS_LOG_FRACTION = 0.1
-
-
 class ProgressCallback(BaseCallback):
-    """A tqdm bar on a terminal; on a pipe, a structured log event every 10% instead."""
+    """Training progress: a bar on a terminal, a line every 10% (and every minute) on a pipe."""
 
     def __init__(self, agent: str, total: int):
         super().__init__()
         self.agent = agent
         self.total = total
-        self._bar = None
-        self._start = 0.0
-        self._start_steps = 0
-        self._next_log = 0
+        self._progress: Progress | None = None
 
     def _on_training_start(self) -> None:
-        from tqdm import tqdm
-
-        self._start = time.perf_counter()
-        self._start_steps = self.num_timesteps
-        self._next_log = self.num_timesteps
-        self._bar = tqdm(total=self.total, initial=self.num_timesteps, desc=f"train {self.agent}", unit="step",
-                         dynamic_ncols=True, disable=None, leave=False)
+        self._progress = Progress("training progress", self.total, initial=self.num_timesteps, agent=self.agent)
 
     def _on_step(self) -> bool:
-        if self._bar is not None:
-            self._bar.update(self.num_timesteps - self._bar.n)
-        if self.num_timesteps >= self._next_log and self._next_log <= self.total:
-            elapsed = max(time.perf_counter() - self._start, 1e-9)
-            rate = (self.num_timesteps - self._start_steps) / elapsed
-            eta = max(self.total - self.num_timesteps, 0) / rate if rate > 0 else None
-            # With a live bar on the terminal the event goes to the JSON log only.
-            emit = logs.get().debug if self._bar is not None and not self._bar.disable else logs.get().info
-            emit("training progress", agent=self.agent, step=self.num_timesteps, total=self.total,
-                 steps_per_s=round(rate, 1), eta_s=round(eta) if eta is not None else None)
-            self._next_log += max(int(self.total * PROGRESS_LOG_FRACTION), 1)
+        if self._progress is not None:
+            self._progress.update(self.num_timesteps)
         return True
 
     def _on_training_end(self) -> None:
-        if self._bar is not None:
-            self._bar.close()
+        if self._progress is not None:
+            self._progress.close()
 
 
 class EvalCurve(BaseCallback):

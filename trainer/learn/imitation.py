@@ -31,6 +31,7 @@ from trainer import logs
 from trainer.config import Config
 from trainer.env import make_sb3_env
 from trainer.optimum import OptimumReplay, OptimumUnavailable, site_model, solve
+from trainer.signals import STOP
 
 
 @dataclass(frozen=True)
@@ -106,6 +107,7 @@ def imitate(model: Any, demos: Demonstrations, epochs: int, learning_rate: float
     policy.set_training_mode(True)
     errors = (float("nan"), float("nan"))
     for _ in range(epochs):
+        STOP.check("the warm start")
         order = torch.randperm(len(observations), generator=generator).to(device)
         actor_total = critic_total = 0.0
         for start in range(0, len(order), batch_size):

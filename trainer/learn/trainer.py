@@ -163,9 +163,11 @@ class StageTrainer:
         guard = CheckpointGuard(self, self.episodes, self.section.checkpoint_freq_steps, self.time_limit_at)
         curve = EvalCurve(self.ctx, self.agent, self.folder.root / "eval_curve.csv")
         callbacks = [ProgressCallback(self.agent, self.target), guard, curve, *self.extra_callbacks]
+        STOP.check(f"{self.agent}'s start-up")  # the workers and the warm start took a while
         try:
-            model.learn(total_timesteps=remaining, callback=callbacks, log_interval=self.section.log_interval,
-                        reset_num_timesteps=reset)
+            with STOP.while_training():
+                model.learn(total_timesteps=remaining, callback=callbacks, log_interval=self.section.log_interval,
+                            reset_num_timesteps=reset)
         finally:
             self.stopped_by = guard.stopped_by
         if self.timed_out:

@@ -27,6 +27,7 @@ from trainer.controllers import UncontrolledBaseline
 from trainer.device import apply_cpu_threads
 from trainer.env import make_sb3_env, make_training_vec_env
 from trainer.learn.agents import build_model, training_envs
+from trainer.signals import STOP
 
 if TYPE_CHECKING:
     from stable_baselines3.common.base_class import BaseAlgorithm
@@ -73,6 +74,7 @@ def calibrate(cfg: Config, schema: Path, device: str, agents: list[str], refresh
                     measured_at=datetime.now().isoformat(timespec="seconds"),
                     machine=f"{socket.gethostname()} ({os.cpu_count()} CPUs, {device})")
     for agent in agents:
+        STOP.check("calibration")
         apply_cpu_threads(cfg, agent)  # as the stage will
         if agent == "sac":
             env_rate, update_s = _sac_speed(cfg, schema, device)
@@ -97,6 +99,7 @@ def _eval_speed(cfg: Config, schema: Path) -> float:
         obs, _ = env.reset()
         start, steps, done = time.perf_counter(), 0, False
         while not done and steps < CALIBRATION_STEPS:
+            STOP.check("calibration")
             obs, _, terminated, truncated, _ = env.step(controller.act(obs, env.unwrapped))
             steps += 1
             done = terminated or truncated

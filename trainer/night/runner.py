@@ -23,6 +23,7 @@ from trainer.night.stages import evaluate_reference, record_results, train_agent
 from trainer.night.state import FINISHED, ScheduleState, StageRecord, plan, run
 from trainer.report import write_report
 from trainer.session import RunContext
+from trainer.signals import Stopped
 
 
 class LocalRunner:
@@ -89,4 +90,4 @@ def run_night(ctx: RunContext, agents: list[str], targets: dict[str, int], deadl
     night = prepare(ctx, agents, targets, deadline, resume)
     say(night.plan_text + "\n")
     return run(night.state, LocalRunner(ctx, night.specs, force), datetime.now,
-               interrupt_types=(TrainingInterrupted,))
+               interrupt_types=(TrainingInterrupted, Stopped))

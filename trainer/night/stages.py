@@ -45,7 +45,7 @@ def evaluate_reference(ctx: RunContext, name: str) -> dict[str, Any]:
         return _evaluate_optimum(ctx, folder)
     env = _eval_env(ctx)
     try:
-        metrics = run_episode(REFERENCE_CONTROLLERS[name](), env, folder.timeseries)
+        metrics = run_episode(REFERENCE_CONTROLLERS[name](), env, folder.timeseries, label=name)
     finally:
         env.close()
     metrics.update(timesteps=0, train_wall_s=0.0, steps_per_s=None)
@@ -73,7 +73,7 @@ def _evaluate_optimum(ctx: RunContext, folder: AgentDir) -> dict[str, Any]:
              variables=solution.variables, constraints=solution.constraints)
     env = _eval_env(ctx)
     try:
-        metrics = run_episode(OptimumReplay(solution), env, folder.timeseries)
+        metrics = run_episode(OptimumReplay(solution), env, folder.timeseries, label="optimum")
     finally:
         env.close()
     hours = model.steps * model.hours
@@ -129,7 +129,7 @@ def evaluate_model(ctx: RunContext, agent: str, model: BaseAlgorithm | None = No
         model = load_model(agent, folder.model, device=ctx.device)
     env = _eval_env(ctx)
     try:
-        metrics = run_episode(PolicyController(agent, model), env, folder.timeseries)
+        metrics = run_episode(PolicyController(agent, model), env, folder.timeseries, label=agent)
     finally:
         env.close()
     logs.get().info("evaluated", agent=agent, co2_kg_per_year=round(metrics["co2_kg_per_year"], 1),

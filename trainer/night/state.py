@@ -143,8 +143,10 @@ def run(state: ScheduleState, runner: StageRunner, clock: Callable[[], datetime]
             log.warning("stage skipped", stage=record.name, reason=record.error)
             continue
         state.save()
-        log.info("stage started", stage=record.name, kind=record.kind, resume=resume, time_limit_s=record.time_limit_s,
-                 planned_end=record.planned_end)
+        # The night's live status: which stage of how many, and when this stage and the night should end.
+        log.info("stage started", stage=record.name, of=f"{index + 1}/{len(state.stages)}", kind=str(record.kind),
+                 resume=resume, time_limit_s=record.time_limit_s, ends=_clock(record.planned_end),
+                 night_ends=_clock(state.stages[-1].planned_end))
         try:
             if record.kind == StageKind.EVAL:
                 result = runner.run_eval(record.name)
@@ -179,6 +181,10 @@ def _finish(
     record.error = error
     record.actual_end = clock().isoformat(timespec="seconds")
     state.save()
+
+
+def _clock(iso: str | None) -> str | None:
+    return f"{datetime.fromisoformat(iso):%H:%M:%S}" if iso else None
 
 
 def _seconds(record: StageRecord) -> float | None:
