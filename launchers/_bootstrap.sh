@@ -48,12 +48,17 @@ ensure_venv() {
     log "creating ${PVBESS_VENV} with ${python}"
     "${python}" -m venv "${PVBESS_VENV}" || die "could not create ${PVBESS_VENV} (is the venv module installed? apt install python3.11-venv)"
   fi
-  log "installing dependencies (first run takes a few minutes)"
+  local started=${SECONDS}
+  log "installing dependencies (the first run takes a few minutes; pip's progress follows)"
+  log "step 1/2: ${PVBESS_TORCH}"
   # shellcheck disable=SC2086 # PVBESS_TORCH is a list of requirement specifiers
-  "${PVBESS_VENV}/bin/python" -m pip install --quiet --disable-pip-version-check ${PVBESS_TORCH} \
+  "${PVBESS_VENV}/bin/python" -m pip install --disable-pip-version-check --progress-bar on ${PVBESS_TORCH} \
+    | { grep -av '^Requirement already satisfied' || true; } >&2 \
     || die "could not install ${PVBESS_TORCH}; set PVBESS_TORCH to the torch you want"
-  "${PVBESS_VENV}/bin/python" -m pip install --quiet --disable-pip-version-check -e "${PVBESS_ROOT}${extras}" \
+  log "step 1/2 done after $((SECONDS - started)) s; step 2/2: pvbess-trainer${extras} and its dependencies"
+  "${PVBESS_VENV}/bin/python" -m pip install --disable-pip-version-check --progress-bar on \
+    -e "${PVBESS_ROOT}${extras}" | { grep -av '^Requirement already satisfied' || true; } >&2 \
     || die "could not install pvbess-trainer into ${PVBESS_VENV}"
   printf '%s\n%s\n' "$(install_stamp)" "${extras}" >"${stamp_file}"
-  log "environment ready"
+  log "environment ready after $((SECONDS - started)) s"
 }

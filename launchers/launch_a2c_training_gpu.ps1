@@ -5,12 +5,15 @@
 .EXAMPLE
     .\launchers\launch_a2c_training_gpu.ps1 -Monitor -Budget 2h
 #>
-[CmdletBinding()]
+[CmdletBinding(SupportsShouldProcess, DefaultParameterSetName = 'Untimed')]
 param(
     [string[]]$Config = @(),
-    [string]$Profile = '',
-    [string]$Budget = '',
-    [string]$FinishBy = '',
+    [Alias('Profile')]
+    [string]$DeviceProfile = '',
+    [Parameter(ParameterSetName = 'Budget', Mandatory = $true)]
+    [string]$Budget,
+    [Parameter(ParameterSetName = 'FinishBy', Mandatory = $true)]
+    [string]$FinishBy,
     [string]$Resume = '',
     [switch]$Monitor,
     [switch]$NoMonitor,

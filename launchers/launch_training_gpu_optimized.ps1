@@ -12,9 +12,10 @@
 .PARAMETER Agent
     all (the whole night), sac, ppo, a2c or baseline.
 .PARAMETER Config
-    Config files merged over configs\default.yaml, in order.
-.PARAMETER Profile
-    Device profile: auto, cpu, rtx4060-laptop-8gb, t4-16gb, rtx5090-32gb or h100-80gb.
+    Config files merged over trainer\configs\default.yaml, in order.
+.PARAMETER DeviceProfile
+    Device profile: auto, cpu, rtx4060-laptop-8gb, t4-16gb, rtx5090-32gb or h100-80gb
+    (-Profile also works; the parameter is not named $Profile, PowerShell's own variable).
 .PARAMETER Budget
     Time for the night, e.g. 10h or 90m.
 .PARAMETER FinishBy
@@ -28,7 +29,8 @@
 .PARAMETER Quick
     A small budget per agent: a smoke run of the whole night.
 .PARAMETER Schedule
-    Register a scheduled task that starts the night every day at this time (HH:MM).
+    Register a scheduled task that starts the night every day at this time (HH:MM), with the
+    same options; -WhatIf shows the task without registering it.
 .PARAMETER Extra
     Further trainer options, e.g. --set sac.batch_size=128.
 
@@ -39,18 +41,25 @@
 .EXAMPLE
     .\launchers\launch_training_gpu_optimized.ps1 -Schedule 22:00 -FinishBy 07:00
 #>
-[CmdletBinding()]
+[CmdletBinding(SupportsShouldProcess, DefaultParameterSetName = 'Untimed')]
 param(
     [ValidateSet('all', 'sac', 'ppo', 'a2c', 'baseline')]
     [string]$Agent = 'all',
     [string[]]$Config = @(),
-    [string]$Profile = '',
-    [string]$Budget = '',
-    [string]$FinishBy = '',
+    [Alias('Profile')]
+    [ValidateSet('', 'auto', 'cpu', 'rtx4060-laptop-8gb', 't4-16gb', 'rtx5090-32gb', 'h100-80gb')]
+    [string]$DeviceProfile = '',
+    [Parameter(ParameterSetName = 'Budget', Mandatory = $true)]
+    [ValidatePattern('^\s*(\d+(\.\d+)?h)?\s*(\d+(\.\d+)?m)?\s*(\d+(\.\d+)?s)?\s*$')]
+    [string]$Budget,
+    [Parameter(ParameterSetName = 'FinishBy', Mandatory = $true)]
+    [ValidatePattern('^([01]?\d|2[0-3]):[0-5]\d$')]
+    [string]$FinishBy,
     [string]$Resume = '',
     [switch]$Monitor,
     [switch]$NoMonitor,
     [switch]$Quick,
+    [ValidatePattern('^(|([01]?\d|2[0-3]):[0-5]\d)$')]
     [string]$Schedule = '',
     [Parameter(ValueFromRemainingArguments = $true)]
     [string[]]$Extra = @()
@@ -64,6 +73,13 @@ $Venv = Join-Path $Root '.venv'
 $Python = Join-Path $Venv 'Scripts\python.exe'
 $Trainer = Join-Path $Venv 'Scripts\trainer.exe'
 $TorchSpec = if ($env:PVBESS_TORCH) { $env:PVBESS_TORCH } else { 'torch==2.13.0 torchvision==0.28.0' }
+# PyPI's torch for Windows is CPU-only: with an NVIDIA GPU present, install the CUDA 12.8 build
+# (it runs every card from Turing to RTX 50xx), unless PVBESS_TORCH says otherwise.
+$TorchIndex = ''
+if (-not $env:PVBESS_TORCH -and (Get-CimInstance Win32_VideoController -ErrorAction SilentlyContinue |
+        Where-Object { $_.Name -match 'NVIDIA' })) {
+    $TorchIndex = 'https://download.pytorch.org/whl/cu128'
+}
 
 function Invoke-Native {
     param([string]$Exe, [string[]]$Arguments, [string]$What)
@@ -85,16 +101,27 @@ function Initialize-Venv {
         Write-Host '[pvbess] creating .venv with Python 3.11'
         Invoke-Native -Exe 'py' -Arguments @('-3.11', '-m', 'venv', $Venv) -What 'creating .venv (is Python 3.11 installed? winget install Python.Python.3.11)'
     }
-    Write-Host '[pvbess] installing dependencies (first run takes a few minutes)'
-    Invoke-Native -Exe $Python -Arguments (@('-m', 'pip', 'install', '--quiet') + $TorchSpec.Split(' ')) -What 'installing torch'
-    Invoke-Native -Exe $Python -Arguments @('-m', 'pip', 'install', '--quiet', '-e', $Root) -What 'installing pvbess-trainer'
+    $clock = [Diagnostics.Stopwatch]::StartNew()
+    Write-Host '[pvbess] installing dependencies (the first run takes a few minutes; pip''s progress follows)'
+    $torchArgs = @('-m', 'pip', 'install') + $TorchSpec.Split(' ')
+    if ($TorchIndex) {
+        Write-Host "[pvbess] step 1/2: $TorchSpec, the CUDA build from $TorchIndex (an NVIDIA GPU is present)"
+        $torchArgs += @('--index-url', $TorchIndex)
+    }
+    else {
+        Write-Host "[pvbess] step 1/2: $TorchSpec"
+    }
+    Invoke-Native -Exe $Python -Arguments $torchArgs -What 'installing torch (set PVBESS_TORCH to choose another build)'
+    Write-Host "[pvbess] step 1/2 done after $([int]$clock.Elapsed.TotalSeconds) s; step 2/2: pvbess-trainer"
+    Invoke-Native -Exe $Python -Arguments @('-m', 'pip', 'install', '-e', $Root) -What 'installing pvbess-trainer'
     Set-Content -Path $stampFile -Value $stamp
+    Write-Host "[pvbess] environment ready after $([int]$clock.Elapsed.TotalSeconds) s"
 }
 
 function Get-LaunchArguments {
     $launchArgs = @('launch', '--agent', $Agent)
     foreach ($file in $Config) { $launchArgs += @('--config', $file) }
-    if ($Profile) { $launchArgs += @('--profile', $Profile) }
+    if ($DeviceProfile) { $launchArgs += @('--profile', $DeviceProfile) }
     if ($Budget) { $launchArgs += @('--budget', $Budget) }
     if ($FinishBy) { $launchArgs += @('--finish-by', $FinishBy) }
     if ($Resume) { $launchArgs += @('--resume', $Resume) }
@@ -105,20 +132,41 @@ function Get-LaunchArguments {
     return $launchArgs
 }
 
+function ConvertTo-TaskArgument {
+    # One argument of the task's command line, quoted (paths such as C:\Users\Jane Doe\...).
+    param([string]$Value)
+    return '"' + ($Value -replace '"', '\"') + '"'
+}
+
+function Get-TaskArguments {
+    # The night the task starts: every option of this call, so the scheduled night is this one.
+    $taskArgs = @('-NoProfile', '-ExecutionPolicy', 'Bypass', '-File', (ConvertTo-TaskArgument $PSCommandPath),
+        '-Agent', $Agent)
+    if ($FinishBy) { $taskArgs += @('-FinishBy', $FinishBy) }
+    if ($Budget) { $taskArgs += @('-Budget', $Budget) }
+    if ($DeviceProfile) { $taskArgs += @('-DeviceProfile', $DeviceProfile) }
+    foreach ($file in $Config) { $taskArgs += @('-Config', (ConvertTo-TaskArgument (Resolve-Path $file).Path)) }
+    if ($Monitor) { $taskArgs += '-Monitor' }
+    if ($NoMonitor) { $taskArgs += '-NoMonitor' }
+    if ($Quick) { $taskArgs += '-Quick' }
+    foreach ($item in $Extra) { $taskArgs += (ConvertTo-TaskArgument $item) }
+    return ($taskArgs -join ' ')
+}
+
 function Register-Night {
     if (-not $FinishBy -and -not $Budget) {
         throw '-Schedule needs -FinishBy or -Budget, so the night ends in time for the morning'
     }
-    $taskArgs = @('-NoProfile', '-ExecutionPolicy', 'Bypass', '-File', $PSCommandPath, '-Agent', $Agent)
-    if ($FinishBy) { $taskArgs += @('-FinishBy', $FinishBy) }
-    if ($Budget) { $taskArgs += @('-Budget', $Budget) }
-    if ($Profile) { $taskArgs += @('-Profile', $Profile) }
-    $action = New-ScheduledTaskAction -Execute 'powershell.exe' -Argument ($taskArgs -join ' ') -WorkingDirectory $Root
+    $action = New-ScheduledTaskAction -Execute 'powershell.exe' -Argument (Get-TaskArguments) -WorkingDirectory $Root
     $trigger = New-ScheduledTaskTrigger -Daily -At $Schedule
-    $settings = New-ScheduledTaskSettingsSet -MultipleInstances IgnoreNew -WakeToRun -StartWhenAvailable
-    Register-ScheduledTask -TaskName 'pvbess-trainer' -Action $action -Trigger $trigger -Settings $settings -Force | Out-Null
-    Write-Host "[pvbess] scheduled: every day at $Schedule (task 'pvbess-trainer')"
-    Write-Host "[pvbess] remove it with: Unregister-ScheduledTask -TaskName pvbess-trainer -Confirm:`$false"
+    # A laptop night must start and keep going on battery; Windows' defaults would skip it.
+    $settings = New-ScheduledTaskSettingsSet -MultipleInstances IgnoreNew -WakeToRun -StartWhenAvailable `
+        -AllowStartIfOnBatteries -DontStopIfGoingOnBatteries
+    if ($PSCmdlet.ShouldProcess("task 'pvbess-trainer': powershell.exe $(Get-TaskArguments)", "Register daily at $Schedule")) {
+        Register-ScheduledTask -TaskName 'pvbess-trainer' -Action $action -Trigger $trigger -Settings $settings -Force | Out-Null
+        Write-Host "[pvbess] scheduled: every day at $Schedule (task 'pvbess-trainer')"
+        Write-Host "[pvbess] remove it with: Unregister-ScheduledTask -TaskName pvbess-trainer -Confirm:`$false"
+    }
 }
 
 function Stop-LeftoverMonitor {
@@ -134,11 +182,11 @@ function Stop-LeftoverMonitor {
 if ($Monitor -and $NoMonitor) {
     throw 'pass either -Monitor or -NoMonitor, not both'
 }
-Initialize-Venv
 if ($Schedule) {
-    Register-Night
+    Register-Night  # the task sets up .venv when it first runs
     exit 0
 }
+Initialize-Venv
 $exitCode = 0
 try {
     & $Trainer @(Get-LaunchArguments)

@@ -64,7 +64,7 @@ def test_launch_quick_runs_the_whole_night(tmp_path):
     run = only_run(tmp_path)
     assert list(json.loads((run / "results.json").read_text())) == ["baseline", "rbc", "optimum", "sac", "ppo", "a2c"]
     log = (run / "logs" / "launcher.log").read_text()
-    assert "[launch] trainer: -m trainer schedule --quick --out" in log
+    assert "[launch] trainer: -m trainer night --quick --out" in log
     assert "[launch] trainer exited with 0" in log
     assert sum(line.startswith("agent ") for line in log.splitlines()) == 1  # the results table, printed once
     assert (run / "report.md").is_file() and not (run / "monitor.jsonl").exists()
@@ -182,7 +182,7 @@ def test_powershell_scripts_parse_without_errors(name):
     assert _errors(tree.root_node) == []
     text = (LAUNCHERS / name).read_text()
     for habit in (
-        "[CmdletBinding()]",
+        "[CmdletBinding(",
         "Set-StrictMode -Version Latest",
         "$ErrorActionPreference = 'Stop'",
         ".SYNOPSIS",
@@ -190,7 +190,7 @@ def test_powershell_scripts_parse_without_errors(name):
         assert habit in text, habit
 
 
-PS_TO_LAUNCH = {"Config": "--config", "Profile": "--profile", "Budget": "--budget", "FinishBy": "--finish-by",
+PS_TO_LAUNCH = {"Config": "--config", "DeviceProfile": "--profile", "Budget": "--budget", "FinishBy": "--finish-by",
                 "Resume": "--resume", "Monitor": "--monitor", "NoMonitor": "--no-monitor", "Quick": "--quick"}
 
 
@@ -212,8 +212,28 @@ def test_powershell_and_bash_offer_the_same_options_and_call_the_same_command():
     assert "-Agent 'a2c' @PSBoundParameters" in a2c
 
 
+def test_powershell_parameters_are_checked_before_anything_runs():
+    text = (LAUNCHERS / "launch_training_gpu_optimized.ps1").read_text()
+    assert "[Alias('Profile')]" in text and "[string]$Profile" not in text  # $PROFILE is PowerShell's own
+    assert "[Parameter(ParameterSetName = 'Budget', Mandatory = $true)]" in text
+    assert "[Parameter(ParameterSetName = 'FinishBy', Mandatory = $true)]" in text  # one or the other
+    patterns = re.findall(r"\[ValidatePattern\('(.+?)'\)\]\s*\[string\]\$(\w+)", text)
+    checks = {name: re.compile(pattern) for pattern, name in patterns}
+    assert set(checks) == {"Budget", "FinishBy", "Schedule"}
+    assert all(checks["Budget"].match(v) for v in ("10h", "90m", "1h30m", "45s"))
+    assert not checks["Budget"].match("banana") and not checks["FinishBy"].match("25:00")
+    assert checks["FinishBy"].match("07:00") and checks["Schedule"].match("22:00") and checks["Schedule"].match("")
+    assert "SupportsShouldProcess" in text and "$PSCmdlet.ShouldProcess(" in text  # -Schedule -WhatIf
+    assert "$TorchIndex = 'https://download.pytorch.org/whl/cu128'" in text and "Win32_VideoController" in text
+
+
 def test_powershell_schedule_registers_a_non_overlapping_task():
     text = (LAUNCHERS / "launch_training_gpu_optimized.ps1").read_text()
+    task = text[text.index("function Get-TaskArguments"):text.index("function Register-Night")]
+    assert "(ConvertTo-TaskArgument $PSCommandPath)" in task  # a path with spaces stays one argument
+    for carried in ("-Config", "-Quick", "-Monitor", "-NoMonitor", "-DeviceProfile", "$Extra"):
+        assert carried in task, carried  # the scheduled night is the one asked for
+    assert "-AllowStartIfOnBatteries" in text and "-DontStopIfGoingOnBatteries" in text
     assert "Register-ScheduledTask" in text and "-MultipleInstances IgnoreNew" in text and "-WakeToRun" in text
     assert "try {" in text and "finally {" in text and "Stop-LeftoverMonitor" in text
     assert text.count("$LASTEXITCODE") >= 3

@@ -57,7 +57,8 @@ def test_stop_mid_sac_then_resume_finishes_by_the_same_deadline(tmp_path):
     out = tmp_path / "night"
     stopped = trainer_with_fault(120, "SIGTERM", *night_args(out))
     assert stopped.returncode == 143, stopped.stderr[-3000:]
-    assert f"resume with: trainer schedule --resume {out}" in stopped.stderr.strip().splitlines()[-1]
+    assert f"resume with: trainer night --resume {out}" in stopped.stderr.strip().splitlines()[-1]
+    assert "note: `trainer schedule` runs the night now; its name is `trainer night`" in stopped.stderr
     before = json.loads((out / "schedule.json").read_text())
     assert [s["status"] for s in before["stages"]] == ["done", "done", "done", "running", "pending", "pending",
                                                        "pending"]

@@ -9,6 +9,7 @@ import functools
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 import yaml
@@ -16,7 +17,7 @@ import yaml
 from monitor.summary import format_summary, read_records, summarise
 from trainer import benchmark, logs, session
 from trainer import cli_shared as opts
-from trainer.cli_shared import State, command, handle_errors, options
+from trainer.cli_shared import State, command, options
 from trainer.config import AGENTS, describe
 from trainer.doctor import FAIL, format_table, run_checks
 from trainer.doctor import as_json as checks_as_json
@@ -119,20 +120,15 @@ def train(agent: str, config_files: tuple[str, ...], overrides: tuple[str, ...],
         _print_results(results, ctx.run)
 
 
-@cli.group(invoke_without_command=True)
-@options(opts.night_options, opts.debug_option)
-@click.pass_context
-@handle_errors
-def schedule(click_ctx: click.Context, config_files: tuple[str, ...], overrides: tuple[str, ...], profile: str | None,
-             schema: str | None, dataset: str | None, device: str | None, out: str | None, seed: int | None,
-             quick: bool, agents: str | None, budget: str | None, finish_by: str | None, resume: str | None,
-             force: bool) -> None:
-    """The night: baseline → rbc → optimum → each agent → report, within --budget or by --finish-by.
+@command(cli)
+@opts.night_options
+def night(config_files: tuple[str, ...], overrides: tuple[str, ...], profile: str | None, schema: str | None,
+          dataset: str | None, device: str | None, out: str | None, seed: int | None, quick: bool, agents: str | None,
+          budget: str | None, finish_by: str | None, resume: str | None, force: bool) -> None:
+    """Run the night now: baseline → rbc → optimum → each agent → report, within --budget or by --finish-by.
 
-    `trainer schedule install` sets it up to start every night instead.
+    `trainer schedule install` starts it every night instead.
     """
-    if click_ctx.invoked_subcommand is not None:
-        return
     cfg, out = session.resolve_for_resume(resume, out, "results.json", config_files, overrides, seed=seed,
                                           device=device, profile=profile)
     cfg = session.quick_night(cfg) if quick else cfg
@@ -141,7 +137,7 @@ def schedule(click_ctx: click.Context, config_files: tuple[str, ...], overrides:
     for agent in chosen if resume is not None else ():
         check_resume_config(Path(out), agent, cfg, force)
     with session.open_run(cfg, "schedule", out, schema, dataset, resuming=resume is not None) as ctx:
-        State.opened(ctx, "schedule")
+        State.opened(ctx, "night")
         for agent in chosen:
             check_memory(cfg, ctx.schema, agent)
         targets = session.training_targets(cfg, chosen, quick, ctx.schema)
@@ -153,6 +149,20 @@ def schedule(click_ctx: click.Context, config_files: tuple[str, ...], overrides:
             failures = "; ".join(f"{s.name} ({s.error})" for s in state.failed())
             raise TrainerError(f"{len(state.failed())} stage(s) failed: {failures}; the others finished, "
                                f"see {ctx.run.report}")
+
+
+@cli.group(invoke_without_command=True)
+@options(opts.night_options, opts.debug_option)
+@click.pass_context
+def schedule(click_ctx: click.Context, **night_options: Any) -> None:
+    """Schedule the night: `trainer schedule install` starts it every night.
+
+    Without a subcommand this runs the night now, as it always did; its own name is `trainer night`.
+    """
+    if click_ctx.invoked_subcommand is None:
+        click.echo("note: `trainer schedule` runs the night now; its name is `trainer night` "
+                   "(`trainer schedule install` starts it every night)", err=True)
+        click_ctx.invoke(night, **night_options)
 
 
 @command(schedule, "install")

@@ -209,7 +209,7 @@ class A2cConfig(OnPolicyConfig):
 
 
 class ScheduleConfig(Section):
-    agents: list[AgentName] = doc("Agents trained by `trainer schedule`, in order.", min_length=1)
+    agents: list[AgentName] = doc("Agents trained by `trainer night`, in order.", min_length=1)
     weights: dict[AgentName, float] = doc(
         "Share of the night's training time per agent (targets are each agent's timesteps).")
     budget: str | None = doc("Default time budget, e.g. 10h or 90m (overridden by --budget/--finish-by).")

@@ -93,7 +93,7 @@ def trainer_command(options: LaunchOptions, run_dir: Path) -> list[str]:
     if options.agent == "baseline":
         cmd += ["baseline"]
     else:
-        cmd += ["schedule"]
+        cmd += ["night"]
         if options.agent != "all":
             cmd += ["--agents", options.agent]
         if options.quick:

@@ -1,4 +1,4 @@
-"""`trainer schedule`: the night, from the plan to the report, in this process.
+"""`trainer night`: the night, from the plan to the report, in this process.
 
 Wires the schedule's state machine (``state``) to the real stages (``stages``), the measured
 plan (``calibrate``, ``plan``) and the report. :class:`LocalRunner` is the first implementation

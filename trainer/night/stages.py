@@ -1,7 +1,7 @@
 """What one stage of a run does: evaluate a reference, or train an agent, save it and evaluate it.
 
 ``trainer baseline`` runs the references, ``trainer train`` the baseline and one agent,
-``trainer schedule`` every stage through the night's runner; each writes results.json as it
+``trainer night`` every stage through the night's runner; each writes results.json as it
 goes, so whatever finished is kept.
 """
 
