@@ -27,18 +27,22 @@ def _option(name: str, kind: click.ParamType, text: str):
 @_option("interval", click.FloatRange(min=0.1), "Seconds between samples.")
 @click.option("--watch-pid", type=int, default=None, help="Exit when this process ends (e.g. the trainer).")
 @click.option("--once", is_flag=True, help="Write one record and exit.")
+@click.option("--activity", type=click.Path(dir_okay=False), default=None,
+              help="The trainer's activity file ({\"stage\", \"device\"}): no low-utilisation warning on CPU stages.")
 @_option("util_low_pct", click.FloatRange(0, 100), "Warn when GPU utilisation stays under this %...")
 @_option("util_low_window_s", click.FloatRange(min=0), "...for this many seconds.")
-@_option("temp_high_c", click.FloatRange(min=0, min_open=True), "Warn when GPU temperature is over this, degrees C.")
+@_option("temp_high_c", click.FloatRange(min=0, min_open=True),
+         "Warn over this temperature (degrees C) on GPUs that report no throttle reasons; others: when heat throttles.")
 @_option("memory_high_pct", click.FloatRange(0, 100, min_open=True), "Warn when GPU memory use is over this %.")
 @_option("max_bytes", click.IntRange(min=1024), "Rotate the records file past this size.")
 @_option("backups", click.IntRange(0, 100), "Rotated files kept (.1, .2, ...).")
-def main(out: str, interval: float, watch_pid: int | None, once: bool, util_low_pct: float, util_low_window_s: float,
-         temp_high_c: float, memory_high_pct: float, max_bytes: int, backups: int) -> None:
+def main(out: str, interval: float, watch_pid: int | None, once: bool, activity: str | None, util_low_pct: float,
+         util_low_window_s: float, temp_high_c: float, memory_high_pct: float, max_bytes: int, backups: int) -> None:
     """Poll NVML and the host; append one JSON object per line to --out.
 
     Without a GPU or driver it still writes host records, with "gpus": [] and the reason.
     """
     thresholds = Thresholds(util_low_pct, util_low_window_s, temp_high_c, memory_high_pct)
-    monitor = Monitor(Path(out), interval, thresholds, max_bytes=max_bytes, backups=backups, watch_pid=watch_pid)
+    monitor = Monitor(Path(out), interval, thresholds, max_bytes=max_bytes, backups=backups, watch_pid=watch_pid,
+                      activity=Path(activity) if activity else None)
     raise SystemExit(monitor.run(once=once))

@@ -21,6 +21,8 @@ THROTTLE_REASONS = {
 }
 # Reasons that mean the GPU is being held back (idle and sync boost are not).
 LIMITING = {"sw_power_cap", "hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown"}
+# Reasons that mean heat is the limit (hw_slowdown includes the driver's thermal protection).
+THERMAL = {"hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown"}
 
 
 class NvmlUnavailable(RuntimeError):

@@ -16,7 +16,7 @@ from typing import TextIO
 
 import psutil
 
-from monitor.nvml import Nvml, NvmlUnavailable
+from monitor.nvml import THERMAL, Nvml, NvmlUnavailable
 from monitor.records import GpuRecord, HostRecord, Record
 
 
@@ -40,6 +40,7 @@ class Monitor:
     max_bytes: int
     backups: int
     watch_pid: int | None = None
+    activity: Path | None = None  # the trainer's {"stage", "device"}: low-utilisation warnings only on GPU stages
     nvml: Nvml = field(default_factory=Nvml)
     clock: Callable[[], float] = time.time
     stderr: TextIO = sys.stderr
@@ -94,6 +95,16 @@ class Monitor:
                 continue  # a worker that just ended
         return total
 
+    def _gpu_stage(self) -> bool:
+        """Whether the running stage uses the GPU (the trainer's activity file says; without one, assume so).
+        A PPO or A2C stage on the CPU leaves the GPU idle by design: no low-utilisation warning then."""
+        if self.activity is None or not self.activity.is_file():
+            return True
+        try:
+            return json.loads(self.activity.read_text(encoding="utf-8")).get("device") != "cpu"
+        except (OSError, ValueError):
+            return True
+
     def warnings(self, record: Record) -> list[str]:
         """Threshold crossings in this sample (low utilisation only once it has lasted the window)."""
         t = self.thresholds
@@ -103,13 +114,17 @@ class Monitor:
             if gpu["error"]:
                 found.append(f"GPU {i}: {gpu['error']}")
                 continue
-            if gpu["temperature_c"] is not None and gpu["temperature_c"] > t.temp_high_c:
+            heat = sorted(set(gpu["throttle_reasons"] or ()) & THERMAL)
+            if heat:  # the driver's own word that heat is holding the GPU back
+                found.append(f"GPU {i} is throttled for heat ({', '.join(heat)}) at {gpu['temperature_c']} C")
+            elif gpu["throttle_reasons"] is None and gpu["temperature_c"] is not None \
+                    and gpu["temperature_c"] > t.temp_high_c:  # no throttle reasons on this GPU: the threshold
                 found.append(f"GPU {i} temperature {gpu['temperature_c']:.0f} C is over {t.temp_high_c:.0f} C")
             used, total = gpu["memory_used_bytes"], gpu["memory_total_bytes"]
             if used is not None and total and 100 * used / total > t.memory_high_pct:
                 found.append(f"GPU {i} memory {100 * used / total:.0f}% used is over {t.memory_high_pct:.0f}%")
             util = gpu["utilization_gpu_pct"]
-            if util is not None and util < t.util_low_pct:
+            if util is not None and util < t.util_low_pct and self._gpu_stage():
                 since = self._low_since.setdefault(i, record["unix_time"])
                 if record["unix_time"] - since >= t.util_low_window_s and i not in self._low_warned:
                     self._low_warned.add(i)

@@ -174,12 +174,36 @@ def test_no_driver_still_writes_host_records_and_exits_0(tmp_path):
 
 
 def test_thresholds_produce_warning_records_and_stderr_lines(tmp_path):
-    monitor, stderr = make_monitor(tmp_path, FakeNvml(temp=81, used=7.5 * 2**30))
+    monitor, stderr = make_monitor(tmp_path, FakeNvml(temp=81, used=7.5 * 2**30, throttle=0x40))
     monitor.step()
     warning = lines(tmp_path / "monitor.jsonl")[-1]
     assert warning["kind"] == "warning"
-    assert warning["warnings"] == ["GPU 0 temperature 81 C is over 75 C", "GPU 0 memory 94% used is over 90%"]
+    assert warning["warnings"] == ["GPU 0 is throttled for heat (hw_thermal_slowdown) at 81 C",
+                                   "GPU 0 memory 94% used is over 90%"]
     assert stderr.getvalue().count("[gpu-monitor] warning:") == 2
+
+
+def test_heat_is_judged_by_throttle_reasons_and_by_temperature_only_without_them(tmp_path):
+    hot_but_fine, _ = make_monitor(tmp_path / "a", FakeNvml(temp=81, throttle=0x4))  # power-capped, not thermal
+    assert hot_but_fine.warnings(hot_but_fine.sample()) == []
+    no_reasons, _ = make_monitor(tmp_path / "b", FakeNvml(temp=81, unsupported={"throttle"}))
+    assert no_reasons.warnings(no_reasons.sample()) == ["GPU 0 temperature 81 C is over 75 C"]
+
+
+def test_an_idle_gpu_during_a_cpu_stage_is_not_a_warning(tmp_path):
+    clock = Clock()
+    activity = tmp_path / "activity.json"
+    monitor, stderr = make_monitor(tmp_path, FakeNvml(util=3), clock=clock, activity=activity)
+    activity.write_text('{"stage": "ppo", "device": "cpu"}')
+    for _ in range(20):  # 100 s of an idle GPU while PPO trains on the CPU, as its profile says
+        monitor.step()
+        clock.t += 5
+    assert stderr.getvalue() == ""
+    activity.write_text('{"stage": "sac", "device": "cuda"}')
+    for _ in range(14):
+        monitor.step()
+        clock.t += 5
+    assert "GPU 0 utilisation under 50% for 60 s" in stderr.getvalue()
 
 
 def test_low_utilisation_warns_once_it_has_lasted_a_minute(tmp_path):
@@ -267,7 +291,7 @@ def test_summary_of_a_night(tmp_path):
     gpu = summary["gpus"][0]
     assert (gpu["mean_utilization_pct"], gpu["peak_utilization_pct"], gpu["peak_temperature_c"]) == (82.5, 100, 78)
     assert gpu["throttled_s"] == 10.0  # hw thermal + sw power cap samples; idle does not count
-    assert summary["warnings"] == ["GPU 0 temperature 78 C is over 75 C"]
+    assert summary["warnings"] == ["GPU 0 is throttled for heat (hw_thermal_slowdown) at 78 C"]
     assert summary["samples"] == 4 and summary["duration_s"] == 15.0
 
 

@@ -151,6 +151,9 @@ class AgentConfig(Section):
     checkpoint_freq_steps: int = doc("Save a checkpoint every this many environment steps.", ge=1)
     log_interval: int = doc("SB3 log interval (episodes for SAC, rollouts for PPO/A2C).", ge=1)
     ent_coef: float | Literal["auto"] = doc("Entropy coefficient ('auto' for SAC's learned temperature).")
+    device: Literal["auto", "cpu", "cuda"] | None = doc(
+        "Torch device of this agent; null = gpu.device (GPU profiles put PPO and A2C on the CPU, whose small "
+        "networks gain nothing from a GPU).")
 
     @model_validator(mode="after")
     def _one_length(self) -> AgentConfig:

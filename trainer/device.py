@@ -17,6 +17,11 @@ def cpu_cores() -> int:
         return os.cpu_count() or 1
 
 
+def agent_device(cfg: Config, agent: str) -> str:
+    """The device an agent trains on: its own `device` key, else gpu.device."""
+    return resolve_device(cfg.agent(agent).device or cfg.gpu.device)
+
+
 def resolve_device(requested: str) -> str:
     """'auto' → 'cuda' when torch sees a GPU, else 'cpu'; 'cuda' without one is a usage error."""
     import torch

@@ -181,7 +181,8 @@ class Launch:
             self.say(line.rstrip("\n"))
 
     def start_monitor(self) -> None:
-        cmd = [sys.executable, "-m", "monitor", "--out", str(self.run.monitor), "--watch-pid", str(self.trainer.pid)]
+        cmd = [sys.executable, "-m", "monitor", "--out", str(self.run.monitor), "--watch-pid", str(self.trainer.pid),
+               "--activity", str(self.run.activity)]
         if self.monitor_settings is not None:  # the user's `monitor` section: the monitor reads no trainer config
             for key, value in self.monitor_settings.model_dump().items():
                 flag = "interval" if key == "interval_s" else key

@@ -70,6 +70,7 @@ class RunDir:
     plots = property(lambda self: self.root / "plots")
     monitor = property(lambda self: self.root / "monitor.jsonl")
     record = property(lambda self: self.root / "run.json")
+    activity = property(lambda self: self.root / "activity.json")
 
     def agent(self, name: str) -> AgentDir:
         return AgentDir(self.root / name)

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from trainer import logs
 from trainer.checkpoint import Checkpoint, CheckpointStore, restore_rng
 from trainer.config import Config
-from trainer.device import apply_cpu_threads
+from trainer.device import agent_device, apply_cpu_threads
 from trainer.env import make_training_vec_env
 from trainer.learn.agents import (
     algorithm,
@@ -65,7 +65,8 @@ class StageTrainer:
         if self.sizes.n_steps is not None and self.sizes.n_steps * self.n_envs != self.section.n_steps:
             logs.get().warning("rollout shortened to fit the run", agent=agent,
                                n_steps=self.sizes.n_steps * self.n_envs, configured=self.section.n_steps)
-        self.recovery = Recovery(agent, ctx.device, self.rel, self.sizes)
+        self.device = agent_device(self.cfg, agent)
+        self.recovery = Recovery(agent, self.device, self.rel, self.sizes)
         self.last_checkpoint_step = 0
         self.last_checkpoint: Checkpoint | None = None
         self.stopped_by: StopReason | None = None
@@ -115,7 +116,7 @@ class StageTrainer:
             # Outside the except block: the failed step's frames and tensors can now be freed.
             step = model.num_timesteps
             model = None
-            free_memory(self.ctx.device)
+            free_memory(self.device)
             model, fresh = self._recover(failure, step)
         if self.stopped_by is StopReason.SIGNAL:
             raise TrainingInterrupted(STOP.name, STOP.exit_code, self.last_checkpoint_step,
@@ -186,13 +187,13 @@ class StageTrainer:
         return model
 
     def _fresh_model(self) -> BaseAlgorithm:
-        model = build_model(self.cfg, self.agent, self.env, self.ctx.device, self.cfg.seed, self.target)
+        model = build_model(self.cfg, self.agent, self.env, self.device, self.cfg.seed, self.target)
         self.warm_start = warm_start(self.cfg, self.ctx.schema, self.agent, model)
         self.last_checkpoint_step = 0
         return self._ready(model)
 
     def _load(self, checkpoint: Checkpoint, adopt_state: bool) -> BaseAlgorithm:
-        model = algorithm(self.agent).load(str(checkpoint.model), env=self.env, device=self.ctx.device)
+        model = algorithm(self.agent).load(str(checkpoint.model), env=self.env, device=self.device)
         if checkpoint.replay_buffer is not None:
             model.load_replay_buffer(str(checkpoint.replay_buffer))
         state = TrainingState.from_dict(checkpoint.state)

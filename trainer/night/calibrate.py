@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from trainer import logs
 from trainer.config import AGENTS, Config
 from trainer.controllers import UncontrolledBaseline
-from trainer.device import apply_cpu_threads
+from trainer.device import agent_device, apply_cpu_threads
 from trainer.env import make_sb3_env, make_training_vec_env
 from trainer.learn.agents import build_model, training_envs
 from trainer.signals import STOP
@@ -77,7 +77,7 @@ def calibrate(cfg: Config, schema: Path, device: str, agents: list[str], refresh
         STOP.check("calibration")
         apply_cpu_threads(cfg, agent)  # as the stage will
         if agent == "sac":
-            env_rate, update_s = _sac_speed(cfg, schema, device)
+            env_rate, update_s = _sac_speed(cfg, schema, agent_device(cfg, agent))
             speeds.sac_env_steps_per_s, speeds.sac_update_s = env_rate, update_s
             update = update_s * cfg.sac.gradient_steps / cfg.sac.train_freq
             # Learning while stepping hides the environment's step behind the update, but not the
@@ -85,7 +85,7 @@ def calibrate(cfg: Config, schema: Path, device: str, agents: list[str], refresh
             per_step = update + (0.5 if cfg.sac.learn_while_stepping else 1.0) / env_rate
             speeds.train_steps_per_s["sac"] = 1 / per_step
         else:
-            speeds.train_steps_per_s[agent] = _onpolicy_speed(cfg, schema, device, agent)
+            speeds.train_steps_per_s[agent] = _onpolicy_speed(cfg, schema, agent_device(cfg, agent), agent)
         log.info("calibrated", agent=agent, steps_per_s=round(speeds.train_steps_per_s[agent], 2))
     cache.parent.mkdir(parents=True, exist_ok=True)
     cache.write_text(json.dumps(asdict(speeds), indent=2))

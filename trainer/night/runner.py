@@ -15,6 +15,8 @@ from typing import Any
 
 from trainer import logs
 from trainer.config import REFERENCES
+from trainer.device import agent_device
+from trainer.files import write_json_atomic
 from trainer.learn.recovery import TrainingInterrupted
 from trainer.night.budget import StageKind, StageSpec
 from trainer.night.calibrate import calibrate
@@ -37,18 +39,26 @@ class LocalRunner:
     def spec(self, record: StageRecord) -> StageSpec:
         return self.specs[record.name]
 
+    def _doing(self, stage: str, device: str) -> None:
+        """Tell the GPU monitor (a separate process) what runs now, so it warns about an idle GPU only when a
+        stage uses it."""
+        write_json_atomic(self.ctx.run.activity, {"stage": stage, "device": device})
+
     def run_eval(self, name: str) -> dict[str, Any]:
+        self._doing(name, "cpu")
         metrics = evaluate_reference(self.ctx, name)
         record_results(self.ctx.run, {name: metrics})
         return metrics
 
     def run_train(self, agent: str, target: int, time_limit_s: float | None, resume: bool) -> dict[str, Any]:
+        self._doing(agent, agent_device(self.ctx.cfg, agent))
         resumable = resume and self.ctx.run.agent(agent).checkpoints.is_dir()
         metrics = train_agent(self.ctx, agent, target, resume=resumable, force=self.force, time_limit_s=time_limit_s)
         record_results(self.ctx.run, {agent: metrics})
         return metrics
 
     def run_report(self) -> dict[str, Any]:
+        self._doing("report", "cpu")
         return {"report": str(write_report(self.ctx.run))}
 
 

@@ -15,6 +15,7 @@ import pandas as pd
 from trainer import logs
 from trainer.config import AGENTS, REFERENCES
 from trainer.controllers import REFERENCE_CONTROLLERS, PolicyController
+from trainer.device import agent_device
 from trainer.env import make_sb3_env
 from trainer.files import read_json, write_json_atomic, write_text_atomic
 from trainer.learn.agents import load_model
@@ -98,7 +99,8 @@ def train_agent(ctx: RunContext, agent: str, timesteps: int, resume: bool = Fals
     log = logs.get().bind(agent=agent)
     set_random_seed(ctx.seed)
     trainer = StageTrainer(ctx, agent, timesteps, callbacks, time_limit_s=time_limit_s)
-    log.info("training", timesteps=timesteps, device=ctx.device, resume=resume, **_summary(ctx.cfg.agent(agent)))
+    log.info("training", timesteps=timesteps, device=agent_device(ctx.cfg, agent), resume=resume,
+             **_summary(ctx.cfg.agent(agent)))
     start = time.perf_counter()
     try:
         model = trainer.train(resume=resume, force=force)
@@ -126,7 +128,7 @@ def train_agent(ctx: RunContext, agent: str, timesteps: int, resume: bool = Fals
 def evaluate_model(ctx: RunContext, agent: str, model: BaseAlgorithm | None = None) -> dict[str, Any]:
     folder = ctx.run.agent(agent)
     if model is None:
-        model = load_model(agent, folder.model, device=ctx.device)
+        model = load_model(agent, folder.model, device=agent_device(ctx.cfg, agent))
     env = _eval_env(ctx)
     try:
         metrics = run_episode(PolicyController(agent, model), env, folder.timeseries, label=agent)
