@@ -45,4 +45,9 @@ def main(out: str, interval: float, watch_pid: int | None, once: bool, activity:
     thresholds = Thresholds(util_low_pct, util_low_window_s, temp_high_c, memory_high_pct)
     monitor = Monitor(Path(out), interval, thresholds, max_bytes=max_bytes, backups=backups, watch_pid=watch_pid,
                       activity=Path(activity) if activity else None)
-    raise SystemExit(monitor.run(once=once))
+    try:
+        code = monitor.run(once=once)
+    except OSError as exc:  # a read-only or full --out: one line, not a traceback
+        where = f" ({exc.filename})" if exc.filename and str(exc.filename) != out else ""
+        raise click.ClickException(f"cannot write {out}: {exc.strerror}{where}; choose a writable --out") from None
+    raise SystemExit(code)

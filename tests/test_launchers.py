@@ -326,17 +326,31 @@ def test_dry_run_prints_and_writes_nothing(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_crontab_line_is_wrapped_in_flock():
+def test_crontab_line_is_wrapped_in_flock(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))  # the user's own runtime folder, not /tmp
     result = CliRunner().invoke(cli, ["schedule", "install", "--at", "22:05", "--finish-by", "07:00", "--cron"])
     assert result.exit_code == 0
     line = result.output.splitlines()[0]
-    assert line.startswith(f"5 22 * * * cd {ROOT} && flock -n /tmp/pvbess-trainer.lock {LAUNCHERS / 'launch.sh'} all")
-    assert line.endswith(f">> {ROOT / 'outputs' / 'cron.log'} 2>&1")
+    assert line.startswith(f"5 22 * * * cd {ROOT} && mkdir -p {ROOT / 'outputs'} && "
+                           f"flock -n {tmp_path / 'pvbess-trainer.lock'} {LAUNCHERS / 'launch.sh'} all")
+    assert line.endswith(f">> {ROOT / 'outputs'}/cron.log 2>&1")
+
+
+def test_cron_and_systemd_escape_what_they_would_read_as_syntax():
+    from trainer.night.install import crontab_line, systemd_units
+
+    args = ["all", "--", "--set", "output.run_name=night_%Y_$HOME"]
+    assert "night_\\%Y_$HOME" in crontab_line(ROOT, "22:00", args)  # cron: % is a newline
+    assert "night_%%Y_$$HOME" in systemd_units(ROOT, "22:00", args)["pvbess-trainer.service"]
 
 
 @pytest.mark.parametrize("args, message", [
     (["--at", "25:00", "--finish-by", "07:00"], "--at expects a local time HH:MM such as 22:00, got '25:00'"),
     (["--at", "22:00"], "pass exactly one of --finish-by or --budget"),
+    (["--at", "22:00", "--budget", "banana"], "--budget expects a duration like 10h, 90m or 1h30m, got 'banana'"),
+    (["--at", "22:00", "--budget", "8h", "--profile", "nonexistent"], "'nonexistent' is not one of 'auto'"),
+    (["--at", "22:00", "--budget", "8h", "--agents", "sac\nrm -rf"], "--agents holds a control character"),
+    (["--at", "22:00", "--budget", "8h", "--config", "/no/such.yaml"], "config file not found: /no/such.yaml"),
 ])
 def test_install_refuses_bad_times(args, message):
     result = CliRunner().invoke(cli, ["schedule", "install", *args, "--dry-run"])

@@ -306,3 +306,13 @@ def test_python_m_monitor_once_writes_a_valid_record_without_a_gpu(tmp_path):
 
     if not torch.cuda.is_available():
         assert record["gpus"] == [] and record["gpu_error"]
+
+
+def test_an_unwritable_out_is_one_line_not_a_traceback(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    proc = subprocess.run([sys.executable, "-m", "monitor", "--once", "--out", str(blocker / "x.jsonl")], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"Error: cannot write {blocker / 'x.jsonl'}: ") and "choose a writable --out" in last

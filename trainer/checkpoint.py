@@ -3,8 +3,8 @@
 A checkpoint is a folder ``checkpoints/step_<N>/`` holding
 
 - ``model.zip``: the SB3 model with its optimizers (SB3's own format, loadable by SB3),
-- ``replay_buffer.pkl``: SAC's replay buffer,
-- ``rng.pkl``: Python, NumPy, torch, CUDA and action-space generator states,
+- ``replay_buffer.npz``: SAC's replay buffer, as plain arrays,
+- ``rng.json``: Python, NumPy, torch, CUDA and action-space generator states,
 - ``state.json``: step and episode counters, current batch and rollout sizes, learning
   rate, retry counters and the resolved config with its hash,
 - ``manifest.json``: size and SHA-256 of each file above, written last.
@@ -20,7 +20,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import pickle
 import random
 import shutil
 import time
@@ -31,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from trainer import logs
+from trainer.errors import UsageError
 from trainer.files import fsync_dir, fsync_file, write_bytes_atomic
 
 if TYPE_CHECKING:
@@ -38,8 +38,9 @@ if TYPE_CHECKING:
 
 MANIFEST = "manifest.json"
 MODEL = "model.zip"
-REPLAY = "replay_buffer.pkl"
-RNG = "rng.pkl"
+# No pickle in a checkpoint: loading a folder someone else wrote must not run their code.
+REPLAY = "replay_buffer.npz"
+RNG = "rng.json"
 STATE = "state.json"
 PREFIX = "step_"
 
@@ -63,39 +64,92 @@ class Checkpoint:
         return path if path.is_file() else None
 
     def rng(self) -> dict[str, Any]:
-        with open(self.path / RNG, "rb") as handle:
-            return pickle.load(handle)
+        return json.loads((self.path / RNG).read_text(encoding="utf-8"))
 
 
 # ----------------------------------------------------------------------------- RNG
 
 
 def capture_rng(model: BaseAlgorithm) -> dict[str, Any]:
-    import torch
+    """Every generator's state as plain JSON values (lists of integers), so it reloads without pickle."""
+    import torch  # heavy: only training needs it
 
+    version, words, gauss = random.getstate()
+    name, keys, pos, has_gauss, cached = np.random.get_state()
     state: dict[str, Any] = {
-        "python": random.getstate(),
-        "numpy": np.random.get_state(),
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+        "python": [version, list(words), gauss],
+        "numpy": [name, keys.tolist(), int(pos), int(has_gauss), float(cached)],
+        "torch": torch.get_rng_state().tolist(),
+        "cuda": [s.tolist() for s in torch.cuda.get_rng_state_all()] if torch.cuda.is_available() else None,
         "action_space": None,
     }
     generator = getattr(model.action_space, "_np_random", None)
     if generator is not None:
-        state["action_space"] = generator.bit_generator.state
+        state["action_space"] = generator.bit_generator.state  # a dict of strings and integers
     return state
 
 
 def restore_rng(model: BaseAlgorithm, state: dict[str, Any]) -> None:
     import torch
 
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
+    version, words, gauss = state["python"]
+    random.setstate((version, tuple(words), gauss))
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
     if state.get("cuda") is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        torch.cuda.set_rng_state_all([torch.tensor(s, dtype=torch.uint8) for s in state["cuda"]])
     if state.get("action_space") is not None:
         model.action_space.np_random.bit_generator.state = state["action_space"]
+
+
+# ----------------------------------------------------------------------------- the replay buffer
+
+REPLAY_ARRAYS = ("observations", "next_observations", "actions", "rewards", "dones", "timeouts")
+
+
+def save_replay(model: BaseAlgorithm, path: Path) -> None:
+    """SAC's replay buffer as plain arrays (npz), not SB3's pickle."""
+    buffer = model.replay_buffer
+    arrays = {name: getattr(buffer, name) for name in REPLAY_ARRAYS if getattr(buffer, name, None) is not None}
+    with open(path, "wb") as handle:
+        np.savez(handle, pos=np.asarray(buffer.pos), full=np.asarray(buffer.full), **arrays)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def load_replay(model: BaseAlgorithm, path: Path) -> None:
+    """Fill the model's replay buffer from :func:`save_replay`'s arrays; no object arrays are accepted."""
+    buffer = model.replay_buffer
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            for name in REPLAY_ARRAYS:
+                if name in data.files:
+                    current = getattr(buffer, name)
+                    if current.shape != data[name].shape:
+                        raise ValueError(f"{name} has shape {data[name].shape}, the buffer {current.shape}")
+                    setattr(buffer, name, data[name].astype(current.dtype, copy=True))
+            buffer.pos, buffer.full = int(data["pos"]), bool(data["full"])
+    except (ValueError, KeyError, OSError) as exc:  # object arrays (pickle) are refused, never loaded
+        raise UsageError(f"{path} is not a replay buffer this product wrote ({exc}); it was not loaded: delete "
+                         "that checkpoint folder to resume from the one before") from None
+
+
+# ----------------------------------------------------------------------------- ownership
+
+
+def check_owner(path: Path) -> None:
+    """Refuse a model file this user did not write: loading an SB3 model.zip can run code (cloudpickle).
+
+    A colleague's folder, a shared outputs/ or a downloaded run: inspect it, then take it over with
+    `chown -R $(id -u) RUN_DIR` to resume or evaluate it."""
+    if os.name != "posix" or not path.exists():
+        return
+    owner = path.stat().st_uid
+    if owner != os.getuid():
+        raise UsageError(f"{path} belongs to another user (uid {owner}); loading an SB3 model can run code, so "
+                         f"only your own files are loaded: if you trust it, take it over with chown -R {os.getuid()} "
+                         f"{path.parent}")
 
 
 # ----------------------------------------------------------------------------- files
@@ -137,10 +191,10 @@ class CheckpointStore:
             model.save(str(tmp_model))
             _place(tmp_model, path / MODEL)
             if with_replay_buffer:
-                tmp_replay = path / f".tmp-{REPLAY}"  # SB3 adds ".pkl" to any other suffix
-                model.save_replay_buffer(str(tmp_replay))
-                _place(tmp_replay, path / REPLAY)
-            write_bytes_atomic(path / RNG, pickle.dumps(rng))
+                tmp_replay = path / f".tmp-{REPLAY}"
+                save_replay(model, tmp_replay)
+                os.replace(tmp_replay, path / REPLAY)
+            write_bytes_atomic(path / RNG, json.dumps(rng).encode())
             write_bytes_atomic(path / STATE, json.dumps(state, indent=2).encode())
             files = sorted(p.name for p in path.iterdir() if not p.name.startswith("."))
             manifest = {
@@ -197,16 +251,26 @@ def verify(path: Path) -> str | None:
         return "incomplete (no manifest)"
     try:
         manifest = json.loads(manifest_path.read_text())
-    except (OSError, ValueError) as exc:
-        return f"unreadable manifest: {exc}"
-    for name, expected in manifest["files"].items():
+        files = {str(name): (int(e["bytes"]), str(e["sha256"])) for name, e in manifest["files"].items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:  # never raises: skip this one
+        return f"unreadable manifest: {type(exc).__name__}: {exc}"
+    if STATE not in files:
+        return f"the manifest lists no {STATE}"
+    if RNG not in files or any(name.endswith(".pkl") for name in files):
+        return f"written by an older version (pickle files, no {RNG}): it cannot be loaded safely"
+    for name, (size, digest) in files.items():
         file = path / name
-        if not file.is_file():
+        if "/" in name or "\\" in name or not file.is_file():
             return f"{name} is missing"
-        if file.stat().st_size != expected["bytes"]:
-            return f"{name} is truncated ({file.stat().st_size} of {expected['bytes']} bytes)"
-        if _sha256(file) != expected["sha256"]:
+        if file.stat().st_size != size:
+            return f"{name} is truncated ({file.stat().st_size} of {size} bytes)"
+        if _sha256(file) != digest:
             return f"{name} fails its checksum"
+    for name in (STATE, RNG):
+        try:
+            json.loads((path / name).read_text(encoding="utf-8"))
+        except ValueError as exc:
+            return f"{name} is not JSON: {exc}"
     return None
 
 

@@ -19,16 +19,16 @@ from trainer import benchmark, logs, session
 from trainer import cli_shared as opts
 from trainer.cli_shared import State, command, options
 from trainer.config import AGENTS, describe
+from trainer.datasets import resolve_dataset
 from trainer.doctor import FAIL, format_table, run_checks
 from trainer.doctor import as_json as checks_as_json
-from trainer.env import resolve_dataset
 from trainer.errors import TrainerError, UsageError
 from trainer.files import read_json
 from trainer.launch import AGENT_CHOICES, LaunchOptions, split_agent, start
 from trainer.learn.preflight import check_memory, check_resume_config
 from trainer.metrics import format_table as results_table
 from trainer.night import install, plan, runner, stages
-from trainer.report import write_report
+from trainer.report import report_run
 from trainer.run_dir import RunDir
 from trainer.scenario import build_site
 from trainer.signals import handle_stop_signals
@@ -111,7 +111,7 @@ def train(agent: str, config_files: tuple[str, ...], overrides: tuple[str, ...],
     cfg, out = session.resolve_for_resume(resume, out, f"{agent}/checkpoints", config_files, overrides, seed=seed,
                                           device=device, profile=profile)
     if resume is not None:
-        check_resume_config(Path(out), agent, cfg, force)
+        check_resume_config(Path(out), agent, cfg, force, require_checkpoint=True)
     with session.open_run(cfg, f"train {agent}", out, schema, dataset, resuming=resume is not None) as ctx:
         State.opened(ctx, f"train {agent}")
         check_memory(cfg, ctx.schema, agent)
@@ -236,13 +236,9 @@ def plan_command(config_files: tuple[str, ...], overrides: tuple[str, ...], prof
 @opts.dataset_options
 @opts.device_option
 @opts.agents_option
-@click.option(
-    "--repeats", type=click.IntRange(min=1, max=20), default=None, help="Interleaved pairs per agent (default 2)."
-)
+@click.option("--repeats", type=click.IntRange(1, 20), default=None, help="Interleaved pairs per agent (default 2).")
 @click.option("--quick", is_flag=True, help="A tiny run that only checks every figure is produced (CI).")
-@click.option(
-    "--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Also write the figures as JSON here."
-)
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Also write the figures as JSON here.")
 @click.option("--learning", is_flag=True,
               help="Instead of speed: CO2 of each agent trained by the plain SB3 loop and by the product, per seed.")
 @click.option("--seeds", default="0,1,2", show_default=True, help="Seeds of --learning.")
@@ -255,16 +251,10 @@ def benchmark_command(config_files: tuple[str, ...], overrides: tuple[str, ...],
     """
     cfg = session.resolve_config(config_files, overrides, device=device, profile=profile)
     chosen = session.parse_agents(agents or ",".join(AGENTS))
-    source = resolve_dataset(schema, dataset)
-    if json_path:
-        Path(json_path).parent.mkdir(parents=True, exist_ok=True)  # fail now, not after five minutes
-    report, text, failed = benchmark.run_command(cfg, source, chosen, quick, repeats, learning,
-                                                 session.parse_seeds(seeds) if learning else [],
-                                                 lambda *a: click.echo(benchmark.progress_line(*a), err=True))
+    text, failed = benchmark.run_command(cfg, resolve_dataset(schema, dataset), chosen, quick, repeats, learning,
+                                         session.parse_seeds(seeds) if learning else [], json_path,
+                                         lambda *a: click.echo(benchmark.progress_line(*a), err=True))
     click.echo(text)
-    if json_path:
-        Path(json_path).write_text(json.dumps(report, indent=2), encoding="utf-8")
-        click.echo(f"figures written to {json_path}")
     sys.exit(1 if failed else 0)
 
 
@@ -304,11 +294,7 @@ def monitor_summary(run_dir: str, as_json: bool) -> None:
 @opts.run_dir_argument
 def report_command(run_dir: str) -> None:
     """Write RUN_DIR/report.md and its plots from what the run folder holds."""
-    run = RunDir(Path(run_dir))
-    if not run.results_json.is_file():
-        raise UsageError(f"no results in {run_dir}: it has no results.json (pass a folder made by trainer train or "
-                         "schedule)")
-    click.echo(str(write_report(run)))
+    click.echo(str(report_run(Path(run_dir))))
 
 
 @command(cli)

@@ -61,6 +61,11 @@ def handle_errors(fn: Callable) -> Callable:
             _fail(str(exc) + State.resume_hint(exc), exc.exit_code)
         except KeyboardInterrupt:
             _fail("interrupted", EXIT_INTERRUPTED)
+        except OSError as exc:  # a full or read-only disk, a vanished file: the file and the fix, one line
+            logs.get().exception("file error")
+            if State.debug:
+                raise
+            _fail(f"{exc.filename or 'a file'}: {exc.strerror or exc} (free disk space, or make it writable)", 1)
         except Exception as exc:  # the edge of the program: report, don't crash
             logs.get().exception("unexpected failure")
             if State.debug:

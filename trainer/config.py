@@ -18,6 +18,7 @@ from importlib import resources
 from pathlib import Path
 from types import UnionType
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
@@ -39,7 +40,8 @@ REFERENCES = ("baseline", "rbc", "optimum")
 class Section(BaseModel):
     """A config section: unknown keys are errors, values are checked on assignment."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
+    # NaN and infinity can never train (a NaN entropy coefficient rolls back for ever): refused here.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False, allow_inf_nan=False)
 
 
 def doc(description: str, **constraints: Any) -> Any:
@@ -48,12 +50,22 @@ def doc(description: str, **constraints: Any) -> Any:
 
 
 class ScenarioConfig(Section):
-    name: str = doc("Name of the built-in site, used in run names and the report.", min_length=1)
+    name: str = doc("Name of the built-in site, used in run names and the report.", min_length=1,
+                    pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     location_name: str = doc("Human-readable location of the site.")
     latitude: float = doc("Site latitude in degrees north.", ge=-90, le=90)
     longitude: float = doc("Site longitude in degrees east.", ge=-180, le=180)
     altitude_m: float = doc("Site altitude above sea level in metres.", ge=-500, le=9000)
     timezone: str = doc("IANA time zone of the site's local clock (e.g. America/Los_Angeles).")
+
+    @field_validator("timezone")
+    @classmethod
+    def _known_timezone(cls, value: str) -> str:
+        try:
+            ZoneInfo(value)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError(f"unknown time zone {value!r}: use an IANA name such as America/Los_Angeles") from None
+        return value
     year: int = doc("Calendar year simulated (hourly, 8760 steps; Feb 29 dropped).", ge=2000, le=2100)
     seed: int = doc("Seed of the site generator: the same config gives the same bytes.", ge=0)
     pv_kwp: float = doc("PV array DC size in kWp.", ge=0, le=10000)
@@ -145,7 +157,8 @@ class AgentConfig(Section):
 
     learning_rate: float = doc("Optimizer learning rate.", gt=0, le=1)
     gamma: float = doc("Discount factor.", gt=0, le=1)
-    net_arch: list[int] = doc("Hidden layer sizes of the policy and value networks.", min_length=1)
+    net_arch: list[Annotated[int, Field(ge=1)]] = doc("Hidden layer sizes of the policy and value networks.",
+                                                      min_length=1)
     timesteps: int | None = doc("Training length in environment steps (or use episodes).", ge=1)
     episodes: int | None = doc("Training length in episodes of scenario.train_episode_days (or use timesteps).", ge=1)
     checkpoint_freq_steps: int = doc("Save a checkpoint every this many environment steps.", ge=1)
@@ -176,6 +189,17 @@ class SacConfig(AgentConfig):
     tau: float = doc("Target network soft-update coefficient.", gt=0, le=1)
     learn_while_stepping: bool = doc("Step the environment in a subprocess while the learner updates "
                                      "(the behaviour policy lags one update; docs/benchmarks.md).")
+
+    @model_validator(mode="after")
+    def _surely_a_mistake(self) -> SacConfig:
+        """What can train but surely was not meant: said with the key, not refused."""
+        if self.batch_size > self.buffer_size:
+            logs.get().warning("sac.batch_size is larger than sac.buffer_size: each batch samples the same "
+                               "transitions many times over", batch_size=self.batch_size, buffer_size=self.buffer_size)
+        if self.timesteps is not None and self.learning_starts >= self.timesteps:
+            logs.get().warning("sac.learning_starts is not below sac.timesteps: SAC will not take a single gradient "
+                               "step", learning_starts=self.learning_starts, timesteps=self.timesteps)
+        return self
 
 
 class OnPolicyConfig(AgentConfig):
@@ -275,12 +299,26 @@ class MonitorConfig(Section):
 
 class OutputConfig(Section):
     root: str = doc("Folder holding run folders (relative to the working directory).", min_length=1)
-    run_name: str = doc("Run folder name template: {scenario}, {command}, {seed}, {time}.", min_length=1)
+    run_name: str = doc("Run folder name template: {scenario}, {command}, {seed}, {time}; one folder name.",
+                        min_length=1)
+
+    @field_validator("run_name")
+    @classmethod
+    def _one_folder_name(cls, value: str) -> str:
+        try:
+            name = value.format(scenario="s", command="c", seed=0, time="t")
+        except (KeyError, IndexError, ValueError) as exc:
+            raise ValueError(f"unknown placeholder {exc} in {value!r}: use {{scenario}}, {{command}}, {{seed}}, "
+                             "{time}") from None
+        if "/" in name or "\\" in name or name in (".", "..") or name.startswith(".."):
+            raise ValueError(f"{value!r} must name one folder inside output.root (no '/', '\\' or '..')")
+        return value
     tensorboard: bool = doc("Also log TensorBoard events when the tensorboard extra is installed.")
 
 
 class Config(Section):
-    seed: int = doc("Global seed for Python, NumPy, torch and the environment.", ge=0)
+    # CityLearn seeds episode k of worker i with (seed + 1 + 7919 i)(k + 1), which NumPy needs below 2**32.
+    seed: int = doc("Global seed for Python, NumPy, torch and the environment.", ge=0, le=1_000_000)
     scenario: ScenarioConfig
     reward: RewardConfig
     ev: EvConfig
@@ -316,6 +354,11 @@ def read_yaml(path: Path) -> dict[str, Any]:
         raise ConfigError(f"config file not found: {path} (check the path given to --config)")
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start}); "
+                          "save the file as UTF-8") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror} (check its permissions)") from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
@@ -379,8 +422,13 @@ def _model_at(path: tuple[Any, ...]) -> type[BaseModel] | None:
     return model
 
 
+# Pydantic names the member of a union a value failed against ('ppo.ent_coef.float'): not a key.
+_UNION_MEMBERS = ("float", "int", "str", "bool", "none", "list", "dict")
+
+
 def _format_error(error: dict[str, Any]) -> str:
-    loc = tuple(p for p in error["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+    loc = tuple(p for p in error["loc"] if not (isinstance(p, str) and (
+        p.startswith(("function-", "literal[")) or p in _UNION_MEMBERS)))
     path = ".".join(str(p) for p in loc)
     kind = error["type"]
     if kind == "extra_forbidden":
@@ -408,8 +456,25 @@ def validate(data: dict[str, Any]) -> Config:
     try:
         return Config.model_validate(data)
     except ValidationError as exc:
-        messages = [_format_error(e) for e in exc.errors()]
-        raise ConfigError("; ".join(messages)) from None
+        messages = list(dict.fromkeys(_format_error(e) for e in exc.errors()))
+        raise ConfigError(_merge_alternatives(messages)) from None
+
+
+def _merge_alternatives(messages: list[str]) -> str:
+    """One line per key: a union's alternatives ('a finite number', "'auto'") joined with 'or'."""
+    by_key: dict[str, list[str]] = {}
+    for message in messages:
+        key, _, rest = message.partition(": ")
+        by_key.setdefault(key, []).append(rest)
+    parts = []
+    for key, rests in by_key.items():
+        if len(rests) == 1:
+            parts.append(f"{key}: {rests[0]}")
+            continue
+        got = rests[0].rpartition("; got ")[2]
+        wants = [r.rpartition("; got ")[0].removeprefix("input should be ") for r in rests]
+        parts.append(f"{key}: input should be {' or '.join(wants)}; got {got}")
+    return "; ".join(parts)
 
 
 # Keys that did nothing and were removed: configs and run folders that still hold them keep loading.

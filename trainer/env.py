@@ -30,53 +30,10 @@ if TYPE_CHECKING:
 
     from trainer.reward import SiteScale
 
-LOCAL_DATASETS_ENV = "CITYLEARN_LOCAL_DATASETS_PATH"
 Purpose = Literal["train", "eval"]
 
 # CityLearn reads these at import time; the product never downloads at run time.
 os.environ.setdefault("CITYLEARN_OFFLINE", "1")
-
-
-@dataclass(frozen=True)
-class DatasetSource:
-    """Where a run's dataset comes from: the built-in site, a schema path or a dataset name."""
-
-    schema: Path
-    label: str
-    builtin: bool
-
-
-def resolve_dataset(schema: str | None, dataset: str | None) -> DatasetSource | None:
-    """Check ``--schema``/``--dataset`` before anything runs; None means the built-in site."""
-    if schema and dataset:
-        raise DatasetError("pass either --schema or --dataset, not both")
-    if schema:
-        path = Path(schema).expanduser()
-        if path.is_dir():
-            path = path / "schema.json"
-        if not path.is_file():
-            raise DatasetError(f"CityLearn schema not found: {path} (pass the path of a dataset's schema.json)")
-        return DatasetSource(path.resolve(), path.parent.name, builtin=False)
-    if dataset:
-        return DatasetSource(find_dataset(dataset), dataset, builtin=False)
-    return None
-
-
-def find_dataset(name: str) -> Path:
-    """A dataset name resolved as CityLearn 3.0.2 resolves it: its cache, then every folder of
-    $CITYLEARN_LOCAL_DATASETS_PATH (a path list), then its own data folders; offline, never downloaded."""
-    from citylearn.data import DataSet, OfflineDataError  # lazy: CityLearn takes seconds to import
-
-    datasets = DataSet(offline=True)
-    try:
-        return Path(datasets.get_dataset(name)).resolve()
-    except OfflineDataError:
-        roots = ", ".join(datasets.local_datasets_directories) or "no local dataset folder"
-        raise DatasetError(
-            f"CityLearn dataset '{name}' is not available offline (looked in CityLearn's cache and in {roots}): set "
-            f"{LOCAL_DATASETS_ENV} to folders (separated by '{os.pathsep}') holding {name}/schema.json, "
-            "or pass --schema PATH"
-        ) from None
 
 
 def _episode_kwargs(cfg: Config, purpose: Purpose, n_steps: int, eval_days: int | None) -> dict:

@@ -7,6 +7,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from trainer.errors import TrainerError
+
 
 def write_bytes_atomic(path: Path, data: bytes) -> None:
     """Write to a temporary name in the same folder, fsync, then rename over ``path``.
@@ -35,8 +37,25 @@ def write_json_atomic(path: Path, data: Any) -> None:
     write_text_atomic(path, json.dumps(data, indent=2, sort_keys=False, allow_nan=False) + "\n")
 
 
+# What to do about a damaged state file, by its name.
+FIXES = {
+    "results.json": "rebuild it from the saved models with: trainer evaluate RUN_DIR",
+    "schedule.json": "move it away to plan the night again (finished agents keep their models and checkpoints)",
+    "run.json": "delete it and pass --schema or --dataset again",
+    "metrics.json": "rebuild it with: trainer evaluate RUN_DIR",
+}
+
+
+class DamagedFile(TrainerError):
+    """A state file that is not the JSON this product wrote (truncated, edited, or from a full disk)."""
+
+
 def read_json(path: Path) -> Any:
-    return json.loads(path.read_text(encoding="utf-8"))
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        fix = FIXES.get(path.name, "restore it from a backup or delete it")
+        raise DamagedFile(f"{path} is damaged ({type(exc).__name__}: {exc}); {fix}") from None
 
 
 def fsync_file(path: Path) -> None:

@@ -23,6 +23,13 @@ def _timestamp_with_offset(logger: Any, method: str, event: dict[str, Any]) -> d
     return event
 
 
+def _no_traceback(logger: Any, method: str, event: dict[str, Any]) -> dict[str, Any]:
+    """Tracebacks go to the log file; the console shows them only with --debug."""
+    event.pop("exc_info", None)
+    event.pop("exception", None)
+    return event
+
+
 def _console_fields(logger: Any, method: str, event: dict[str, Any]) -> dict[str, Any]:
     """The console's time: HH:MM:SS; the logger's name is for the file."""
     event.pop("logger", None)
@@ -38,12 +45,15 @@ def configure(log_file: Path | None = None, verbose: bool = False) -> None:
             root.removeHandler(handler)
             handler.close()
     root.setLevel(logging.DEBUG)
+    # A full disk or a closed stream must not turn a log line into a crash ("--- Logging error ---").
+    logging.raiseExceptions = False
 
     console = logging.StreamHandler(sys.stderr)
     console.setLevel(logging.DEBUG if verbose else logging.INFO)
     console.setFormatter(structlog.stdlib.ProcessorFormatter(
         foreign_pre_chain=_SHARED,
         processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, _console_fields,
+                    *([] if verbose else [_no_traceback]),
                     structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty(), pad_event=24)],
     ))
     console._pvbess = True  # type: ignore[attr-defined]

@@ -12,7 +12,9 @@ import yaml
 
 from monitor.summary import format_summary, read_records, summarise
 from trainer.config import AGENTS
+from trainer.errors import UsageError
 from trainer.files import read_json, write_text_atomic
+from trainer.lock import RunLock
 from trainer.metrics import HOURS_PER_YEAR, evaluation_window
 from trainer.run_dir import RunDir
 
@@ -426,3 +428,16 @@ def write_report(run: RunDir) -> Path:
 
 def _hm(text: str | None) -> str:
     return datetime.fromisoformat(text).strftime("%H:%M:%S") if text else "–"
+
+
+def report_run(run_dir: Path) -> Path:
+    """`trainer report`: the report of a finished (or stopped) run; refused while a trainer writes the folder."""
+    run = RunDir(run_dir)
+    if not run.results_json.is_file():
+        raise UsageError(f"no results in {run_dir}: it has no results.json (pass a folder made by trainer train or "
+                         "night)")
+    lock = RunLock(run.root).acquire()
+    try:
+        return write_report(run)
+    finally:
+        lock.release()

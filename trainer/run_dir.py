@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import platform
+import re
 import shlex
 import sys
 from dataclasses import dataclass
@@ -92,11 +93,17 @@ class RunDir:
 
 
 def default_run_dir(cfg: Config, command: str, label: str | None = None) -> RunDir:
+    """``output.root/<run_name>``: one folder inside the root, whatever the label (a dataset's name) holds."""
+    scenario = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(label).name if label else cfg.scenario.name).lstrip(".") or "run"
     name = cfg.output.run_name.format(
-        scenario=label or cfg.scenario.name, command=command, seed=cfg.seed,
-        time=datetime.now().strftime("%Y%m%d-%H%M%S"),
+        scenario=scenario, command=command, seed=cfg.seed, time=datetime.now().strftime("%Y%m%d-%H%M%S"),
     )
-    return RunDir(Path(cfg.output.root) / name)
+    root = Path(cfg.output.root)
+    folder = root / name
+    if folder.resolve().parent != root.resolve():
+        raise UsageError(f"run folder {folder} is not a folder directly inside output.root ({root}); "
+                         "check output.run_name")
+    return RunDir(folder)
 
 
 def versions(device: str) -> dict[str, Any]:

@@ -19,8 +19,9 @@ from pathlib import Path
 
 from trainer import logs, profiles
 from trainer.config import AGENTS, Config, load_config
+from trainer.datasets import DatasetSource, resolve_dataset
 from trainer.device import apply_gpu_flags, resolve_device
-from trainer.env import DatasetSource, resolve_dataset, schema_length
+from trainer.env import schema_length
 from trainer.errors import UsageError
 from trainer.files import read_json, write_json_atomic
 from trainer.lock import RunLock
@@ -201,9 +202,10 @@ def prepare_dataset(cfg: Config, run: RunDir, source: DatasetSource | None) -> P
 def _create(run: RunDir) -> RunLock:
     try:
         run.root.mkdir(parents=True, exist_ok=True)
+        return RunLock(run.root).acquire()  # before anything in the folder is rewritten
     except OSError as exc:
-        raise UsageError(f"cannot create run folder {run.root}: {exc.strerror} (choose another --out)") from None
-    return RunLock(run.root).acquire()  # before anything in the folder is rewritten
+        raise UsageError(f"cannot write in run folder {run.root}: {exc.strerror} (make it writable, or choose "
+                         "another --out)") from None
 
 
 @contextmanager

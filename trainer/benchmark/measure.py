@@ -21,8 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from trainer.config import Config
+from trainer.datasets import DatasetSource
 from trainer.device import cpu_cores, resolve_device
-from trainer.env import DatasetSource
+from trainer.files import write_json_atomic
 from trainer.learn.agents import ENVS_PER_CORE
 from trainer.session import site_schema
 
@@ -312,9 +313,21 @@ def progress_line(i: int, total: int, trial: Trial) -> str:
 
 
 def run_command(cfg: Config, source: DatasetSource | None, agents: list[str], quick: bool, repeats: int | None,
-                learning: bool, seeds: list[int], progress: Callable[[int, int, Trial], None] | None = None,
-                ) -> tuple[dict[str, Any], str, bool]:
-    """`trainer benchmark`: the report, its table, and whether any trial failed."""
+                learning: bool, seeds: list[int], json_path: str | None = None,
+                progress: Callable[[int, int, Trial], None] | None = None) -> tuple[str, bool]:
+    """`trainer benchmark`: its table (and the figures as JSON at ``json_path``), and whether any trial failed."""
+    if json_path:
+        Path(json_path).parent.mkdir(parents=True, exist_ok=True)  # fail now, not after five minutes
+    report, text, failed = _measure(cfg, source, agents, quick, repeats, learning, seeds, progress)
+    if json_path:
+        write_json_atomic(Path(json_path), report)
+        text += f"\nfigures written to {json_path}"
+    return text, failed
+
+
+def _measure(cfg: Config, source: DatasetSource | None, agents: list[str], quick: bool, repeats: int | None,
+             learning: bool, seeds: list[int], progress: Callable[[int, int, Trial], None] | None,
+             ) -> tuple[dict[str, Any], str, bool]:
     sizes = Sizes.quick() if quick else Sizes()
     if repeats:
         sizes = replace(sizes, repeats=repeats)

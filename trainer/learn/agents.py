@@ -116,7 +116,21 @@ def sb3_logger(cfg: Config, folder: Path):
     elif cfg.output.tensorboard:
         logs.get().warning("TensorBoard curves are off: the tensorboard package is not installed",
                            fix=TENSORBOARD_FIX)
-    return configure(str(folder), formats)
+    logger = configure(str(folder), formats)
+    for output in logger.output_formats:  # a full disk costs a progress row, not the stage
+        output.write = _never_raises(output.write, folder)
+    return logger
+
+
+def _never_raises(write: Any, folder: Path) -> Any:
+    def safe_write(*args: Any, **kwargs: Any) -> None:
+        try:
+            write(*args, **kwargs)
+        except OSError as exc:
+            logs.get().warning("training curve not written", folder=str(folder), error=exc.strerror,
+                               hint="free disk space; training goes on")
+
+    return safe_write
 
 
 TENSORBOARD_FIX = "pip install 'pvbess-trainer[tensorboard]' (or set output.tensorboard: false)"

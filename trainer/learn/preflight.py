@@ -7,7 +7,7 @@ from typing import Any
 
 from trainer import logs
 from trainer.checkpoint import CheckpointStore
-from trainer.config import Config
+from trainer.config import AGENTS, Config
 from trainer.env import make_sb3_env
 from trainer.errors import UsageError
 from trainer.learn.memory import GIB, Shapes, host_available_bytes, replay_buffer_bytes
@@ -26,12 +26,34 @@ def config_diff(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> l
     return diffs
 
 
-def check_resume_config(run_dir: Path, agent: str, cfg: Config, force: bool) -> None:
-    """Refuse, before anything is written, to resume with a config that differs from the checkpoint's."""
+# Sections a resumed agent's training does not depend on (another agent's, the night's timing, output).
+NOT_TRAINING = ("schedule", "monitor", "output")
+
+
+def training_view(config: dict[str, Any], agent: str) -> dict[str, Any]:
+    """The part of a config an agent's checkpoint depends on: its own section and the shared ones. Its length
+    (timesteps, episodes) is left out, so a finished run can be extended."""
+    others = set(AGENTS) - {agent}
+    view = {k: v for k, v in config.items() if k not in others and k not in NOT_TRAINING}
+    if isinstance(view.get(agent), dict):
+        view[agent] = {k: v for k, v in view[agent].items() if k not in ("timesteps", "episodes")}
+    return view
+
+
+def check_resume_config(run_dir: Path, agent: str, cfg: Config, force: bool, require_checkpoint: bool = False) -> None:
+    """Refuse, before anything is written, to resume with a config that differs from the checkpoint's in what
+    this agent's training depends on; with ``require_checkpoint``, to resume an agent the folder never trained."""
     checkpoint = CheckpointStore(run_dir / agent / "checkpoints", keep=1).latest()
-    if checkpoint is None or checkpoint.state.get("config_digest") == cfg.digest():
+    if checkpoint is None:
+        if require_checkpoint:
+            trained = [a for a in AGENTS if any((run_dir / a / "checkpoints").glob("step_*/manifest.json"))]
+            holds = f"it holds {', '.join(trained)}'s" if trained else "it holds none"
+            raise UsageError(f"--resume: {run_dir} has no {agent} checkpoint to resume ({holds}); resume the agent it "
+                             f"trained, or train {agent} in a new folder")
         return
-    diffs = config_diff(checkpoint.state.get("config", {}), cfg.to_dict())
+    diffs = config_diff(training_view(checkpoint.state.get("config", {}), agent), training_view(cfg.to_dict(), agent))
+    if not diffs:
+        return
     if force:
         logs.get().warning("config changed since the checkpoint; resuming anyway (--force)", agent=agent, changes=diffs)
         return

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainer import logs
-from trainer.checkpoint import Checkpoint, CheckpointStore, restore_rng
+from trainer.checkpoint import Checkpoint, CheckpointStore, check_owner, load_replay, restore_rng
 from trainer.config import Config
 from trainer.device import agent_device, apply_cpu_threads
 from trainer.env import make_training_vec_env
@@ -193,9 +193,10 @@ class StageTrainer:
         return self._ready(model)
 
     def _load(self, checkpoint: Checkpoint, adopt_state: bool) -> BaseAlgorithm:
+        check_owner(checkpoint.model)
         model = algorithm(self.agent).load(str(checkpoint.model), env=self.env, device=self.device)
         if checkpoint.replay_buffer is not None:
-            model.load_replay_buffer(str(checkpoint.replay_buffer))
+            load_replay(model, checkpoint.replay_buffer)
         state = TrainingState.from_dict(checkpoint.state)
         model.num_timesteps = state.step
         if adopt_state:  # a resumed stage goes on with the sizes its checkpoint trained with
@@ -245,4 +246,10 @@ def training_env(cfg: Config, schema: Path, agent: str, n_envs: int) -> VecEnv:
 def keep_previous_progress(folder: AgentDir, step: int) -> None:
     """SB3's CSV logger truncates progress.csv: keep the curve of the run before a resume."""
     if step > 0 and folder.progress.is_file():
-        folder.progress.rename(folder.root / f"progress.before-{step:010d}.csv")
+        # Two resumes from one checkpoint each keep theirs: never replace an earlier one.
+        kept = folder.root / f"progress.before-{step:010d}.csv"
+        n = 1
+        while kept.exists():
+            n += 1
+            kept = folder.root / f"progress.before-{step:010d}-{n}.csv"
+        folder.progress.rename(kept)

@@ -26,6 +26,7 @@ from trainer.config import AGENTS, Config
 from trainer.controllers import UncontrolledBaseline
 from trainer.device import agent_device, apply_cpu_threads
 from trainer.env import make_sb3_env, make_training_vec_env
+from trainer.files import write_json_atomic
 from trainer.learn.agents import build_model, training_envs
 from trainer.signals import STOP
 
@@ -63,11 +64,10 @@ def _cache_key(cfg: Config, schema: Path, device: str) -> str:
 def calibrate(cfg: Config, schema: Path, device: str, agents: list[str], refresh: bool = False) -> Speeds:
     """Speeds for this machine and config, from the cache when it has them."""
     cache = Path(cfg.output.root) / ".calibration" / f"{_cache_key(cfg, schema, device)}.json"
-    if cache.is_file() and not refresh:
-        speeds = Speeds(**json.loads(cache.read_text()))
-        if all(a in speeds.train_steps_per_s for a in agents):
-            logs.get().info("calibration from cache", path=str(cache))
-            return speeds
+    cached = _read_cache(cache) if not refresh else None
+    if cached is not None and all(a in cached.train_steps_per_s for a in agents):
+        logs.get().info("calibration from cache", path=str(cache))
+        return cached
     log = logs.get()
     log.info("calibrating", agents=agents, steps=CALIBRATION_STEPS, device=device)
     speeds = Speeds(eval_steps_per_s=_eval_speed(cfg, schema), train_steps_per_s={},
@@ -87,9 +87,19 @@ def calibrate(cfg: Config, schema: Path, device: str, agents: list[str], refresh
         else:
             speeds.train_steps_per_s[agent] = _onpolicy_speed(cfg, schema, agent_device(cfg, agent), agent)
         log.info("calibrated", agent=agent, steps_per_s=round(speeds.train_steps_per_s[agent], 2))
-    cache.parent.mkdir(parents=True, exist_ok=True)
-    cache.write_text(json.dumps(asdict(speeds), indent=2))
+    write_json_atomic(cache, asdict(speeds))  # a kill mid-write leaves the old cache or none, never half
     return speeds
+
+
+def _read_cache(cache: Path) -> Speeds | None:
+    """The cached speeds; None (measure again) when the file is missing or unreadable."""
+    if not cache.is_file():
+        return None
+    try:
+        return Speeds(**json.loads(cache.read_text(encoding="utf-8")))
+    except (OSError, ValueError, TypeError) as exc:
+        logs.get().warning("calibration cache unreadable: measuring again", path=str(cache), error=str(exc))
+        return None
 
 
 def _eval_speed(cfg: Config, schema: Path) -> float:

@@ -6,13 +6,14 @@ line is wrapped in `flock -n`, and the run folder's own lock refuses a second tr
 
 from __future__ import annotations
 
+import os
 import shlex
 from datetime import datetime
 from pathlib import Path
 
 from trainer.errors import UsageError
 from trainer.night.budget import deadline, parse_clock
-from trainer.session import parse_agents
+from trainer.session import parse_agents, resolve_config
 
 UNIT = "pvbess-trainer"
 
@@ -42,9 +43,14 @@ def launch_args(
     return args
 
 
+def _systemd_word(word: str) -> str:
+    """A shell-quoted word with systemd's own specifiers and variables escaped (% and $ mean something there)."""
+    return shlex.quote(word).replace("%", "%%").replace("$", "$$")
+
+
 def systemd_units(repo: Path, at: str, args: list[str]) -> dict[str, str]:
     hour, minute = check_time(at, "--at")
-    command = " ".join(shlex.quote(a) for a in [str(repo / "launchers" / "launch.sh"), *args])
+    command = " ".join(_systemd_word(a) for a in [str(repo / "launchers" / "launch.sh"), *args])
     service = f"""[Unit]
 Description=pvbess-trainer overnight schedule
 After=network.target
@@ -71,11 +77,20 @@ WantedBy=timers.target
     return {f"{UNIT}.service": service, f"{UNIT}.timer": timer}
 
 
-def crontab_line(repo: Path, at: str, args: list[str], lock: str = "/tmp/pvbess-trainer.lock") -> str:
+def default_lock(repo: Path) -> Path:
+    """The cron line's lock: in the user's own runtime folder, which no other user can hold (not /tmp)."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    return (Path(runtime) if runtime else repo / "outputs") / "pvbess-trainer.lock"
+
+
+def crontab_line(repo: Path, at: str, args: list[str], lock: Path | None = None) -> str:
     hour, minute = check_time(at, "--at")
-    command = " ".join(shlex.quote(a) for a in [str(repo / "launchers" / "launch.sh"), *args])
-    return (f"{minute} {hour} * * * cd {shlex.quote(str(repo))} && flock -n {lock} {command} "
-            f">> {shlex.quote(str(repo / 'outputs' / 'cron.log'))} 2>&1")
+    # cron turns an unescaped % into a newline: every % is escaped.
+    words = [shlex.quote(a).replace("%", "\\%") for a in [str(repo / "launchers" / "launch.sh"), *args]]
+    outputs = shlex.quote(str(repo / "outputs")).replace("%", "\\%")
+    lock_path = shlex.quote(str(lock or default_lock(repo))).replace("%", "\\%")
+    return (f"{minute} {hour} * * * cd {shlex.quote(str(repo))} && mkdir -p {outputs} && flock -n {lock_path} "
+            f"{' '.join(words)} >> {outputs}/cron.log 2>&1")
 
 
 def enable_instructions(unit_dir: Path) -> str:
@@ -90,11 +105,16 @@ def install_night(at: str, finish_by: str | None, budget: str | None, agents: st
                   profile: str | None, cron: bool, unit_dir: Path | None, dry_run: bool) -> str:
     """`trainer schedule install`: write the systemd units (or print the crontab line); what to tell the user."""
     check_time(at, "--at")
+    for option, value in (("--budget", budget), ("--finish-by", finish_by), ("--agents", agents),
+                          ("--profile", profile), *(("--config", c) for c in configs)):
+        if value and any(ord(c) < 32 or ord(c) == 127 for c in value):
+            raise UsageError(f"{option} holds a control character ({value!r}); it would break the scheduled line")
     deadline(budget, finish_by, datetime.now())  # a bad --budget or --finish-by fails before anything is written
     if bool(finish_by) == bool(budget):
         raise UsageError("pass exactly one of --finish-by or --budget, so the night ends in time for the morning")
     if agents:
         parse_agents(agents)
+    resolve_config(configs, profile=profile)  # every config file read and the profile known, now, not at 22:00
     args = launch_args(finish_by, budget, agents, configs, profile)
     if cron:
         return (crontab_line(CHECKOUT, at, args) + "\n\nadd it with: (crontab -l 2>/dev/null; echo '<the line above>') "

@@ -6,8 +6,9 @@ from datetime import datetime
 from pathlib import Path
 
 from trainer.config import REFERENCES, Config
+from trainer.datasets import DatasetSource
 from trainer.device import apply_gpu_flags, resolve_device
-from trainer.env import DatasetSource, schema_length
+from trainer.env import schema_length
 from trainer.night.budget import PlannedStage, StageKind, StageSpec, timeline
 from trainer.night.calibrate import Speeds, calibrate
 from trainer.session import site_schema, training_targets

@@ -7,18 +7,23 @@ goes, so whatever finished is kept.
 
 from __future__ import annotations
 
+import shutil
 import time
+import zipfile
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
 from trainer import logs
+from trainer.checkpoint import check_owner
 from trainer.config import AGENTS, REFERENCES
 from trainer.controllers import REFERENCE_CONTROLLERS, PolicyController
 from trainer.device import agent_device
 from trainer.env import make_sb3_env
-from trainer.files import read_json, write_json_atomic, write_text_atomic
+from trainer.files import DamagedFile, read_json, write_json_atomic, write_text_atomic
 from trainer.learn.agents import load_model
+from trainer.learn.recovery import StageFailed
 from trainer.learn.trainer import StageTrainer
 from trainer.metrics import HOURS_PER_YEAR, METRIC_KEYS, compare_to_baseline, run_episode
 from trainer.optimum import OptimumReplay, OptimumUnavailable, site_model, solve
@@ -109,9 +114,7 @@ def train_agent(ctx: RunContext, agent: str, timesteps: int, resume: bool = Fals
         model.logger.record("time/total_timesteps", model.num_timesteps)
         model.logger.record("time/wall_s", round(wall, 2))
         model.logger.dump(model.num_timesteps)
-        tmp = folder.root / ".tmp-model.zip"
-        model.save(str(tmp))
-        tmp.replace(folder.model)
+        _save_model(model, folder, agent, trainer.last_checkpoint.path if trainer.last_checkpoint else None)
     finally:
         trainer.close()
     log.info("trained", timesteps=model.num_timesteps, seconds=round(wall, 1),
@@ -125,10 +128,34 @@ def train_agent(ctx: RunContext, agent: str, timesteps: int, resume: bool = Fals
     return metrics
 
 
+def _load(ctx: RunContext, agent: str) -> BaseAlgorithm:
+    folder = ctx.run.agent(agent)
+    check_owner(folder.model)
+    try:
+        return load_model(agent, folder.model, device=agent_device(ctx.cfg, agent))
+    except (OSError, ValueError, KeyError, RuntimeError, zipfile.BadZipFile) as exc:
+        raise DamagedFile(f"{folder.model} is damaged ({type(exc).__name__}: {str(exc)[:200]}); resume its training "
+                          f"from the checkpoints with: trainer train {agent} --resume {ctx.run.root}") from None
+
+
+def _save_model(model: BaseAlgorithm, folder: AgentDir, agent: str, checkpoint: Path | None) -> None:
+    """The trained model, atomically; a full or read-only disk costs this save, not the checkpoints before it."""
+    tmp = folder.root / ".tmp-model.zip"
+    try:
+        model.save(str(tmp))
+        tmp.replace(folder.model)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        free = shutil.disk_usage(folder.root).free if folder.root.exists() else 0
+        raise StageFailed(f"{agent}: could not save the trained model to {folder.model}: {exc.strerror} "
+                          f"({free / 2**20:,.0f} MB free); the last checkpoint is {checkpoint or '(none)'}; "
+                          "free disk space") from None
+
+
 def evaluate_model(ctx: RunContext, agent: str, model: BaseAlgorithm | None = None) -> dict[str, Any]:
     folder = ctx.run.agent(agent)
     if model is None:
-        model = load_model(agent, folder.model, device=agent_device(ctx.cfg, agent))
+        model = _load(ctx, agent)
     env = _eval_env(ctx)
     try:
         metrics = run_episode(PolicyController(agent, model), env, folder.timeseries, label=agent)
@@ -139,9 +166,10 @@ def evaluate_model(ctx: RunContext, agent: str, model: BaseAlgorithm | None = No
     return metrics
 
 
-def record_results(run: RunDir, new: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Merge ``new`` into results.json (baseline first, then rbc, then agents) and rewrite results.csv."""
-    results = read_json(run.results_json) if run.results_json.is_file() else {}
+def record_results(run: RunDir, new: dict[str, dict[str, Any]], rebuild: bool = False) -> dict[str, dict[str, Any]]:
+    """Merge ``new`` into results.json (baseline first, then rbc, then agents) and rewrite results.csv;
+    ``rebuild``: start from ``new`` alone (re-evaluation, which also mends a damaged results.json)."""
+    results = read_json(run.results_json) if run.results_json.is_file() and not rebuild else {}
     results.update(new)
     order = [*REFERENCES, *AGENTS]
     results = {k: results[k] for k in sorted(results, key=lambda k: order.index(k) if k in order else len(order))}
@@ -175,13 +203,18 @@ def train_with_baseline(ctx: RunContext, agent: str, resume: bool, force: bool) 
 
 
 def reevaluate(ctx: RunContext) -> dict[str, dict[str, Any]]:
-    """``trainer evaluate``: the references and every saved model again; training figures are kept."""
+    """``trainer evaluate``: the references and every saved model again; training figures are kept.
+    Every model is loaded first, so a damaged one stops the command before anything is rewritten."""
+    models = {agent: _load(ctx, agent) for agent in AGENTS if ctx.run.agent(agent).model.is_file()}
     new = {name: evaluate_reference(ctx, name) for name in REFERENCES}
-    for agent in AGENTS:
+    for agent, model in models.items():
         folder = ctx.run.agent(agent)
         if folder.model.is_file():
-            previous = read_json(folder.metrics) if folder.metrics.is_file() else {}
-            metrics = evaluate_model(ctx, agent)
+            try:
+                previous = read_json(folder.metrics) if folder.metrics.is_file() else {}
+            except DamagedFile:
+                previous = {}
+            metrics = evaluate_model(ctx, agent, model)
             metrics.update({k: previous.get(k) for k in ("timesteps", "train_wall_s", "steps_per_s")})
             new[agent] = metrics
-    return record_results(ctx.run, new)
+    return record_results(ctx.run, new, rebuild=True)

@@ -1,0 +1,218 @@
+"""The input catalogue (docs/reliability.md): each bad input gets exit 2 or 1, one line naming the
+thing and the fix, no traceback, and leaves an existing run folder byte for byte as it was."""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from trainer.cli import cli
+
+
+def snapshot(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def dataset(tmp_path, site_schema) -> Path:
+    """A copy of the built-in site as a user's own dataset, to break in each case."""
+    copy = tmp_path / "data"
+    shutil.copytree(site_schema.parent, copy)
+    return copy
+
+
+@pytest.fixture
+def existing_run(tmp_path) -> Path:
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("seed: 42\n")
+    (run / "command.txt").write_text("trainer train a2c\n")
+    return run
+
+
+def _break(dataset: Path, case: str) -> None:
+    if case == "schema not JSON":
+        (dataset / "schema.json").write_text("{ not json")
+    elif case == "missing CSV":
+        (dataset / "weather.csv").unlink()
+    elif case == "NaN load":
+        lines = (dataset / "Building_1.csv").read_text().splitlines()
+        cells = lines[5].split(",")
+        header = lines[0].split(",")
+        cells[header.index("non_shiftable_load")] = "nan"
+        lines[5] = ",".join(cells)
+        (dataset / "Building_1.csv").write_text("\n".join(lines) + "\n")
+    elif case == "no buildings":
+        text = (dataset / "schema.json").read_text()
+        import json
+
+        data = json.loads(text)
+        data["buildings"] = {}
+        (dataset / "schema.json").write_text(json.dumps(data))
+
+
+CASES = [
+    # (case, extra arguments, exit code, the line's start, a word of the fix)
+    ("schema not JSON", [], 2, "error: {data}/schema.json:1:3: not a CityLearn schema", "schema.json"),
+    ("missing CSV", [], 2, "error: {data}/weather.csv: building Building_1's weather file is missing", "restore"),
+    ("NaN load", [], 2, "error: {data}/Building_1.csv: building Building_1's energy_simulation file, row 6, "
+                        "column non_shiftable_load", "finite"),
+    ("no buildings", [], 2, "error: {data}/schema.json: the schema has no buildings", "add at least one"),
+    ("seed too large", ["--seed", "4294967296"], 2, "error: config key 'seed'", "less than or equal"),
+    ("unknown timezone", ["--set", "scenario.timezone=Mars/Base"], 2,
+     "error: config key 'scenario.timezone': unknown time zone", "IANA"),
+    ("NaN entropy", ["--set", "ppo.ent_coef=.nan"], 2, "error: config key 'ppo.ent_coef'", "finite"),
+    ("infinite reward weight", ["--set", "reward.co2=.inf"], 2, "error: config key 'reward.co2'", "finite"),
+    ("zero-width network", ["--set", "sac.net_arch=[0]"], 2, "error: config key 'sac.net_arch.0'", "greater"),
+    ("escaping run name", ["--set", "output.run_name=../escaped_{seed}"], 2, "error: config key 'output.run_name'",
+     "inside output.root"),
+    ("unknown placeholder", ["--set", "output.run_name=run_{when}"], 2, "error: config key 'output.run_name'",
+     "placeholder"),
+]
+
+
+@pytest.mark.parametrize("case, extra, code, start, fix", CASES, ids=[c[0] for c in CASES])
+def test_bad_input_is_refused_before_anything_is_written(case, extra, code, start, fix, dataset, existing_run):
+    _break(dataset, case)
+    before = snapshot(existing_run)
+    result = CliRunner().invoke(cli, ["train", "a2c", "--schema", str(dataset), "--out", str(existing_run),
+                                      "--device", "cpu", *extra])
+    lines = result.output.strip().splitlines()
+    assert result.exit_code == code, result.output
+    assert len(lines) == 1 and "Traceback" not in result.output, result.output
+    assert lines[0].startswith(start.format(data=dataset)), lines[0]
+    assert fix in lines[0]
+    assert snapshot(existing_run) == before
+
+
+def test_a_config_file_that_is_not_utf8_is_named(tmp_path, existing_run):
+    bad = tmp_path / "latin1.yaml"
+    bad.write_bytes(b"scenario:\n  location_name: Caf\xe9\n")
+    before = snapshot(existing_run)
+    result = CliRunner().invoke(cli, ["train", "a2c", "--config", str(bad), "--out", str(existing_run)])
+    assert result.exit_code == 2
+    assert result.output.strip() == f"error: {bad}: not UTF-8 text (byte 0xe9 at offset 30); save the file as UTF-8"
+    assert snapshot(existing_run) == before
+
+
+def test_launch_checks_its_budget_before_the_doctor_or_a_folder(tmp_path):
+    result = CliRunner().invoke(cli, ["launch", "--budget", "banana", "--", "--set", f"output.root={tmp_path}/o"])
+    assert result.exit_code == 2
+    assert result.output.strip() == "error: --budget expects a duration like 10h, 90m or 1h30m, got 'banana'"
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 16 MB tmpfs, where this machine lets the test mount one."""
+    import os
+    import subprocess
+
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mount)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a small tmpfs here (needs root and mount); the full-disk test needs one")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], capture_output=True)
+
+
+def test_a_full_disk_costs_the_final_save_not_the_stage_s_checkpoints(small_disk, site_schema, monkeypatch):
+    from trainer.learn import callbacks
+
+    original = callbacks.ProgressCallback._on_training_end
+
+    def fill_the_disk(self):  # the disk fills up just as training ends
+        original(self)
+        with open(small_disk / "filler", "wb") as filler:
+            try:
+                while True:
+                    filler.write(b"\0" * 65536)
+                    filler.flush()
+            except OSError:
+                pass
+
+    monkeypatch.setattr(callbacks.ProgressCallback, "_on_training_end", fill_the_disk)
+    run = small_disk / "run"
+    overrides = ["a2c.checkpoint_freq_steps=100", "a2c.n_steps=10", "warm_start.epochs=0", "schedule.eval_days=1",
+                 "output.tensorboard=false"]
+    result = CliRunner().invoke(cli, ["train", "a2c", "--timesteps", "200", "--schema", str(site_schema), "--out",
+                                      str(run), "--device", "cpu", *[a for o in overrides for a in ("--set", o)]])
+    assert result.exit_code == 1, result.output
+    last = result.output.strip().splitlines()[-1]
+    assert last.startswith(f"error: a2c: could not save the trained model to {run / 'a2c' / 'model.zip'}: "
+                           "No space left on device"), last
+    assert "the last checkpoint is" in last and f"resume with: trainer train a2c --resume {run}" in last
+    assert "Traceback" not in result.output and "Logging error" not in result.output
+    assert not (run / "a2c" / ".tmp-model.zip").exists()
+    assert (run / "a2c" / "checkpoints" / "step_0000000100" / "manifest.json").is_file()
+
+
+def test_report_refuses_a_run_a_trainer_is_writing(tmp_path):
+    import json
+
+    from trainer.lock import RunLock
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "results.json").write_text(json.dumps({"baseline": {"co2_kg_per_year": 1.0}}))
+    lock = RunLock(run).acquire()
+    try:
+        result = CliRunner().invoke(cli, ["report", str(run)])
+    finally:
+        lock.release()
+    assert result.exit_code == 1 and f"run folder {run} is in use by" in result.output
+    assert not (run / "report.md").exists()
+
+
+def test_damaged_state_files_say_what_to_do(tmp_path):
+    from trainer.files import DamagedFile, read_json
+
+    for name, fix in (("results.json", "trainer evaluate"), ("schedule.json", "plan the night again")):
+        path = tmp_path / name
+        path.write_text('{"baseline": {"co2')
+        with pytest.raises(DamagedFile, match=fix):
+            read_json(path)
+
+
+def test_a_manifest_without_files_skips_that_checkpoint(tmp_path):
+    from trainer.checkpoint import verify
+
+    (tmp_path / "manifest.json").write_text('{"step": 100}')
+    assert verify(tmp_path).startswith("unreadable manifest: KeyError")
+    (tmp_path / "manifest.json").write_text('{"step": 100, "files": []}')
+    assert verify(tmp_path).startswith("unreadable manifest")
+
+
+def _checkpoint(run: Path, agent: str, config: dict) -> None:
+    import json
+
+    folder = run / agent / "checkpoints" / "step_0000000100"
+    folder.mkdir(parents=True)
+    files = {"state.json": json.dumps({"step": 100, "config": config}).encode(), "rng.json": b"{}"}
+    for name, data in files.items():
+        (folder / name).write_bytes(data)
+    manifest = {"step": 100, "files": {name: {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+                                       for name, data in files.items()}}
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+
+
+def test_resume_checks_what_the_agent_depends_on_and_allows_a_longer_run(tmp_path):
+    from trainer.config import load_config
+    from trainer.errors import UsageError
+    from trainer.learn.preflight import check_resume_config
+
+    run = tmp_path / "run"
+    _checkpoint(run, "a2c", load_config(overrides=["a2c.timesteps=1000"]).to_dict())
+    longer = load_config(overrides=["a2c.timesteps=5000", "sac.batch_size=64", "schedule.budget=2h"])
+    check_resume_config(run, "a2c", longer, force=False)  # longer, another agent and the night's timing: fine
+    changed = load_config(overrides=["a2c.learning_rate=0.01"])
+    with pytest.raises(UsageError, match=r"a2c\.learning_rate \(0\.0007 -> 0\.01\)"):
+        check_resume_config(run, "a2c", changed, force=False)
+    with pytest.raises(UsageError, match=r"has no ppo checkpoint to resume \(it holds a2c's\)"):
+        check_resume_config(run, "ppo", longer, force=False, require_checkpoint=True)

@@ -1,0 +1,119 @@
+"""Which CityLearn dataset a run uses, found as CityLearn finds it and checked before anything is written.
+
+A schema that is not JSON, a missing or unparsable CSV, a dataset with no buildings or with
+NaN in a column the simulation needs each stop the command here, with the file, row and
+column, before a run folder exists.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainer.errors import DatasetError
+
+LOCAL_DATASETS_ENV = "CITYLEARN_LOCAL_DATASETS_PATH"
+# The columns CityLearn's simulation reads, per file kind (others, such as indoor temperature, may be empty).
+REQUIRED = {
+    "energy_simulation": ("month", "hour", "day_type", "non_shiftable_load", "solar_generation"),
+    "weather": ("outdoor_dry_bulb_temperature", "diffuse_solar_irradiance", "direct_solar_irradiance"),
+    "carbon_intensity": ("carbon_intensity",),
+    "pricing": ("electricity_pricing",),
+}
+
+
+@dataclass(frozen=True)
+class DatasetSource:
+    """Where a run's dataset comes from: the built-in site, a schema path or a dataset name."""
+
+    schema: Path
+    label: str
+    builtin: bool
+
+
+def resolve_dataset(schema: str | None, dataset: str | None) -> DatasetSource | None:
+    """Check ``--schema``/``--dataset`` before anything runs; None means the built-in site."""
+    if schema and dataset:
+        raise DatasetError("pass either --schema or --dataset, not both")
+    if schema:
+        path = Path(schema).expanduser()
+        if path.is_dir():
+            path = path / "schema.json"
+        if not path.is_file():
+            raise DatasetError(f"CityLearn schema not found: {path} (pass the path of a dataset's schema.json)")
+        check_dataset(path)
+        return DatasetSource(path.resolve(), path.parent.name, builtin=False)
+    if dataset:
+        path = find_dataset(dataset)
+        check_dataset(path)
+        return DatasetSource(path, dataset, builtin=False)
+    return None
+
+
+def find_dataset(name: str) -> Path:
+    """A dataset name resolved as CityLearn 3.0.2 resolves it: its cache, then every folder of
+    $CITYLEARN_LOCAL_DATASETS_PATH (a path list), then its own data folders; offline, never downloaded."""
+    from citylearn.data import DataSet, OfflineDataError  # lazy: CityLearn takes seconds to import
+
+    datasets = DataSet(offline=True)
+    try:
+        return Path(datasets.get_dataset(name)).resolve()
+    except OfflineDataError:
+        roots = ", ".join(datasets.local_datasets_directories) or "no local dataset folder"
+        raise DatasetError(
+            f"CityLearn dataset '{name}' is not available offline (looked in CityLearn's cache and in {roots}): set "
+            f"{LOCAL_DATASETS_ENV} to folders (separated by '{os.pathsep}') holding {name}/schema.json, "
+            "or pass --schema PATH"
+        ) from None
+
+
+def check_dataset(schema: Path) -> None:
+    """Open the dataset fully: the schema, every file it names, and the columns the simulation needs."""
+    try:
+        data = json.loads(schema.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        where = f":{exc.lineno}:{exc.colno}" if isinstance(exc, json.JSONDecodeError) else ""
+        raise DatasetError(f"{schema}{where}: not a CityLearn schema (not JSON: {exc}); pass a dataset's "
+                           "schema.json") from None
+    buildings = data.get("buildings") if isinstance(data, dict) else None
+    if not isinstance(buildings, dict) or not any(b.get("include", True) for b in buildings.values()
+                                                  if isinstance(b, dict)):
+        raise DatasetError(f"{schema}: the schema has no buildings to simulate; add at least one under "
+                           "'buildings' (with include: true)")
+    root = schema.parent  # CityLearn reads a schema's files beside it, whatever its root_directory says
+    checked: set[Path] = set()
+    for name, building in buildings.items():
+        if not isinstance(building, dict) or not building.get("include", True):
+            continue
+        for kind, columns in REQUIRED.items():
+            if building.get(kind):
+                _check_csv(root / building[kind], columns, f"building {name}'s {kind}", checked)
+        for charger in (building.get("chargers") or {}).values():
+            if isinstance(charger, dict) and charger.get("charger_simulation"):
+                _check_csv(root / charger["charger_simulation"], (), f"building {name}'s charger", checked)
+
+
+def _check_csv(path: Path, columns: tuple[str, ...], what: str, checked: set[Path]) -> None:
+    import pandas as pd  # lazy: only a dataset given by the user is checked
+
+    if path in checked:
+        return
+    checked.add(path)
+    if not path.is_file():
+        raise DatasetError(f"{path}: {what} file is missing (the schema names it); restore it or fix the schema")
+    try:
+        frame = pd.read_csv(path)
+    except (ValueError, UnicodeDecodeError, pd.errors.ParserError) as exc:
+        raise DatasetError(f"{path}: {what} file does not parse as CSV ({str(exc).splitlines()[0]})") from None
+    missing = [c for c in columns if c not in frame.columns]
+    if missing:
+        raise DatasetError(f"{path}: {what} file lacks the column(s) {', '.join(missing)}")
+    for column in columns:
+        values = pd.to_numeric(frame[column], errors="coerce")
+        bad = values.isna() | ~values.abs().lt(float("inf"))
+        if bad.any():
+            row = int(bad.idxmax())
+            raise DatasetError(f"{path}: {what} file, row {row + 2}, column {column}: {frame[column].iloc[row]!r} "
+                               "is not a finite number (the simulation needs a value in every row)")
