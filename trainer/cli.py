@@ -27,7 +27,7 @@ from trainer.files import read_json
 from trainer.launch import AGENT_CHOICES, LaunchOptions, split_agent, start
 from trainer.learn.preflight import check_memory, check_resume_config
 from trainer.metrics import format_table as results_table
-from trainer.night import install, plan, runner, stages
+from trainer.night import install, plan, ray_runner, runner, stages, sweep
 from trainer.report import report_run
 from trainer.run_dir import RunDir
 from trainer.scenario import build_site
@@ -124,11 +124,25 @@ def train(agent: str, config_files: tuple[str, ...], overrides: tuple[str, ...],
 @opts.night_options
 def night(config_files: tuple[str, ...], overrides: tuple[str, ...], profile: str | None, schema: str | None,
           dataset: str | None, device: str | None, out: str | None, seed: int | None, quick: bool, agents: str | None,
-          budget: str | None, finish_by: str | None, resume: str | None, force: bool) -> None:
+          budget: str | None, finish_by: str | None, resume: str | None, force: bool, backend: str,
+          address: str | None, seeds: str | None) -> None:
     """Run the night now: baseline → rbc → optimum → each agent → report, within --budget or by --finish-by.
 
     `trainer schedule install` starts it every night instead.
     """
+    if backend == "ray":
+        ray_runner.check_backend(address)  # exit 2 with the install command or the address, before any folder
+    if seeds or (resume and resume != session.LATEST and sweep.is_sweep(Path(resume))):
+        cfg, seed_list, folder, resuming = sweep.from_cli(config_files, overrides, profile, device, seeds, out, resume)
+        cfg = session.quick_night(cfg) if quick else cfg
+        chosen = session.parse_agents(agents) if agents else list(cfg.schedule.agents)
+        summary, states = sweep.run_sweep(cfg, seed_list, folder, schema, dataset, chosen, quick,
+                                          session.night_deadline(cfg, budget, finish_by), resuming, force, backend,
+                                          address, click.echo)
+        click.echo(summary.read_text(encoding="utf-8") + f"\nsweep: {folder}")
+        if any(state.failed() for state in states):
+            raise TrainerError(f"some stages failed; see each seed's report.md under {folder}")
+        return
     cfg, out = session.resolve_for_resume(resume, out, "results.json", config_files, overrides, seed=seed,
                                           device=device, profile=profile)
     cfg = session.quick_night(cfg) if quick else cfg
@@ -142,7 +156,8 @@ def night(config_files: tuple[str, ...], overrides: tuple[str, ...], profile: st
             check_memory(cfg, ctx.schema, agent)
         targets = session.training_targets(cfg, chosen, quick, ctx.schema)
         with handle_stop_signals():
-            state = runner.run_night(ctx, chosen, targets, deadline, resume is not None, force, click.echo)
+            state = runner.run_night(ctx, chosen, targets, deadline, resume is not None, force, click.echo, backend,
+                                     address)
         _print_results(read_json(ctx.run.results_json) if ctx.run.results_json.is_file() else {}, ctx.run)
         click.echo(f"report:  {ctx.run.report}")
         if state.failed():
@@ -263,11 +278,12 @@ def benchmark_command(config_files: tuple[str, ...], overrides: tuple[str, ...],
 @opts.dataset_options
 @opts.json_option
 @click.option("--require-gpu", is_flag=True, help="Fail when CUDA is not available.")
+@opts.backend_options
 def doctor(config_files: tuple[str, ...], overrides: tuple[str, ...], profile: str | None, schema: str | None,
-           dataset: str | None, as_json: bool, require_gpu: bool) -> None:
+           dataset: str | None, as_json: bool, require_gpu: bool, backend: str, address: str | None) -> None:
     """Check Python, packages, CUDA, GPU and host memory, disk, dataset and config; say what to fix."""
     checks = run_checks(lambda: session.resolve_config(config_files, overrides, profile=profile), schema, dataset,
-                        require_gpu)
+                        require_gpu, backend, address)
     click.echo(json.dumps(checks_as_json(checks), indent=2) if as_json else format_table(checks))
     sys.exit(1 if any(c.status == FAIL for c in checks) else 0)
 

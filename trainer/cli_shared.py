@@ -140,4 +140,12 @@ resume_option = click.option("--resume", is_flag=False, flag_value=LATEST, defau
 force_option = click.option("--force", is_flag=True, help="Resume even though the config changed since the checkpoint.")
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of the table.")
 run_dir_argument = click.argument("run_dir", type=click.Path(file_okay=False))
-night_options = options(run_options, quick_option, agents_option, time_options, resume_option, force_option)
+backend_options = options(
+    click.option("--backend", type=click.Choice(["local", "ray"]), default="local", show_default=True,
+                 help="Run the stages one after another here, or side by side on Ray (docs/ray.md)."),
+    click.option("--address", default=None, metavar="HOST:PORT",
+                 help="With --backend ray: an existing Ray cluster (default: a local Ray sized to this machine)."))
+seeds_option = click.option("--seeds", default=None, metavar="1,2,3",
+                            help="A seed sweep: one run folder per seed and sweep.md with mean ± sd (both backends).")
+night_options = options(run_options, quick_option, agents_option, time_options, resume_option, force_option,
+                        backend_options, seeds_option)

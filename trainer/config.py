@@ -273,6 +273,26 @@ def _as_value_error(parse: Any, value: str, option: str) -> None:
         raise ValueError(str(exc)) from None
 
 
+class RayConfig(Section):
+    max_retries: int = doc("Times a stage whose worker died (killed, node lost) is run again from its checkpoint.",
+                           ge=0, le=100)
+    stop_timeout_s: float = doc("On Ctrl+C or SIGTERM, seconds the running stages get to save a checkpoint.", gt=0)
+    num_cpus: dict[str, float] = doc("CPUs per stage on Ray: sac, ppo, a2c, and eval (references, report).")
+    num_gpus: dict[str, float] = doc("GPUs per stage on Ray (fractions share one: 0.5 runs two stages on a GPU); "
+                                     "0 = the stage runs on the CPU.")
+    memory_headroom_gb: float = doc("Memory reserved per stage beyond SAC's replay buffer, GB.", ge=0)
+
+    @field_validator("num_cpus", "num_gpus")
+    @classmethod
+    def _stages(cls, value: dict[str, float]) -> dict[str, float]:
+        unknown = set(value) - {*AGENTS, "eval"}
+        if unknown:
+            raise ValueError(f"unknown stage(s) {', '.join(sorted(unknown))}: use sac, ppo, a2c or eval")
+        if any(v < 0 or v != v for v in value.values()):
+            raise ValueError("resources must be 0 or more")
+        return value
+
+
 class ReliabilityConfig(Section):
     keep_checkpoints: int = doc(
         "Checkpoints kept per stage (older ones are pruned once a new one is complete).", ge=1, le=100
@@ -330,6 +350,7 @@ class Config(Section):
     a2c: A2cConfig
     schedule: ScheduleConfig
     reliability: ReliabilityConfig
+    ray: RayConfig
     monitor: MonitorConfig
     output: OutputConfig
 

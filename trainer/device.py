@@ -8,9 +8,14 @@ from trainer import logs
 from trainer.config import Config, GpuConfig
 from trainer.errors import UsageError
 
+# Set in a Ray stage to the CPUs Ray gave it: its environments and torch threads follow that, not the machine.
+ASSIGNED_CPUS_ENV = "PVBESS_CPUS"
+
 
 def cpu_cores() -> int:
-    """Cores this process may run on (the affinity mask where the OS has one)."""
+    """Cores this process may use: those a scheduler assigned it, else the affinity mask where the OS has one."""
+    if os.environ.get(ASSIGNED_CPUS_ENV):
+        return max(int(float(os.environ[ASSIGNED_CPUS_ENV])), 1)
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # Windows and macOS

@@ -158,6 +158,24 @@ def check_tensorboard(cfg: Config) -> Check:
                  "curves go to progress.csv only", TENSORBOARD_FIX)
 
 
+def check_ray(address: str | None) -> Check:
+    """`--backend ray`: Ray installed at the pinned version; with an address, the cluster's preflight."""
+    from trainer.night import ray_runner  # imports the night's modules: only when asked for
+
+    try:
+        ray_runner.import_ray()
+        if address:
+            with ray_runner.ray_session(address):
+                pass
+    except TrainerError as exc:
+        return Check("ray", FAIL, str(exc), ray_runner.INSTALL if "needs Ray" in str(exc) else "")
+    except Exception as exc:  # a cluster that cannot be reached: say so with Ray's own words
+        return Check("ray", FAIL, f"cannot use the Ray cluster at {address}: {str(exc).splitlines()[0]}",
+                     "start it (ray start --head), check the address and RAY_AUTH_TOKEN (docs/ray.md)")
+    where = f"the cluster at {address} matches" if address else "a local Ray starts with the night"
+    return Check("ray", PASS, f"Ray {ray_runner.RAY_VERSION}; {where}")
+
+
 def check_profile() -> Check:
     name, why = profiles.detect()
     return Check("profile", PASS, f"--profile auto picks {name} ({why})")
@@ -175,9 +193,12 @@ def check_nvml() -> Check:
         nvml.shutdown()
 
 
-def run_checks(load: Callable[[], Config], schema: str | None, dataset: str | None, require_gpu: bool) -> list[Check]:
+def run_checks(load: Callable[[], Config], schema: str | None, dataset: str | None, require_gpu: bool,
+               backend: str = "local", address: str | None = None) -> list[Check]:
     """Every check; a config or dataset that fails stops only the checks that need it."""
     checks = [check_python(), check_packages(), *check_torch_cuda(require_gpu), check_nvml(), check_profile()]
+    if backend == "ray":
+        checks.append(check_ray(address))
     try:
         cfg = load()
         checks.append(Check("config", PASS, "valid"))

@@ -26,8 +26,9 @@ def config_diff(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> l
     return diffs
 
 
-# Sections a resumed agent's training does not depend on (another agent's, the night's timing, output).
-NOT_TRAINING = ("schedule", "monitor", "output")
+# Sections a resumed agent's training does not depend on (another agent's, the night's timing, where it runs,
+# output): a checkpoint resumes on another device or backend.
+NOT_TRAINING = ("schedule", "monitor", "output", "gpu", "ray")
 
 
 def training_view(config: dict[str, Any], agent: str) -> dict[str, Any]:
@@ -36,7 +37,7 @@ def training_view(config: dict[str, Any], agent: str) -> dict[str, Any]:
     others = set(AGENTS) - {agent}
     view = {k: v for k, v in config.items() if k not in others and k not in NOT_TRAINING}
     if isinstance(view.get(agent), dict):
-        view[agent] = {k: v for k, v in view[agent].items() if k not in ("timesteps", "episodes")}
+        view[agent] = {k: v for k, v in view[agent].items() if k not in ("timesteps", "episodes", "device")}
     return view
 
 

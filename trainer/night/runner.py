@@ -18,6 +18,7 @@ from trainer.config import REFERENCES
 from trainer.device import agent_device
 from trainer.files import write_json_atomic
 from trainer.learn.recovery import TrainingInterrupted
+from trainer.night import ray_runner
 from trainer.night.budget import StageKind, StageSpec
 from trainer.night.calibrate import calibrate
 from trainer.night.plan import build_plan, render, stage_specs
@@ -95,9 +96,15 @@ def prepare(ctx: RunContext, agents: list[str], targets: dict[str, int], deadlin
 
 
 def run_night(ctx: RunContext, agents: list[str], targets: dict[str, int], deadline: datetime | None, resume: bool,
-              force: bool, say: Callable[[str], None]) -> ScheduleState:
+              force: bool, say: Callable[[str], None], backend: str = "local",
+              address: str | None = None) -> ScheduleState:
     """Plan the night, say the plan, run every stage not finished yet; a stop signal propagates."""
     night = prepare(ctx, agents, targets, deadline, resume)
     say(night.plan_text + "\n")
+    if backend == "ray":
+        with ray_runner.ray_session(address) as ray:
+            nights = [ray_runner.Night(ctx, night.state, night.specs)]
+            sizes = ray_runner.observation_action_sizes(ctx.cfg, ctx.schema)
+            return ray_runner.RayNights(ray, nights, force, sizes, say).run()[0]
     return run(night.state, LocalRunner(ctx, night.specs, force), datetime.now,
                interrupt_types=(TrainingInterrupted, Stopped))

@@ -50,6 +50,7 @@ class StageRecord:
     checkpoint: str | None = None
     results: dict[str, Any] | None = None
     error: str | None = None
+    attempts: list[dict[str, Any]] = field(default_factory=list)  # on Ray: each try's node, pid and start
 
 
 @dataclass

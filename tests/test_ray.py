@@ -1,0 +1,162 @@
+"""`trainer night --backend ray`: stages side by side on a local Ray, re-run from their checkpoints."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from trainer.config import load_config
+from trainer.night.budget import StageKind
+from trainer.night.ray_runner import RAY_VERSION, import_ray, stage_resources
+from trainer.night.state import StageRecord
+
+from .conftest import tiny_overrides
+
+ROOT = Path(__file__).resolve().parents[1]
+ray = pytest.importorskip("ray", reason="the ray extra is not installed (pip install 'pvbess-trainer[ray]')")
+
+
+def test_resources_come_from_the_config_and_sac_reserves_its_replay_buffer():
+    cfg = load_config(overrides=["ray.num_gpus={sac: 0.5, ppo: 0, a2c: 0, eval: 0}", "sac.buffer_size=100000"])
+    sac = stage_resources(cfg, StageRecord("sac", StageKind.TRAIN), (48, 5))
+    ppo = stage_resources(cfg, StageRecord("ppo", StageKind.TRAIN), (48, 5))
+    rbc = stage_resources(cfg, StageRecord("rbc", StageKind.EVAL), (48, 5))
+    assert (sac["num_gpus"], sac["num_cpus"], ppo["num_cpus"], rbc["num_cpus"]) == (0.5, 1.0, 2.0, 1.0)
+    assert sac["memory"] == int(1e9 + 100_000 * (2 * 48 + 5 + 3) * 4)  # headroom + observations, actions, rewards…
+
+
+def test_an_unknown_stage_in_the_ray_resources_is_a_config_error():
+    from trainer.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="unknown stage"):
+        load_config(overrides=["ray.num_cpus={sac: 1, dqn: 2}"])
+
+
+def test_without_ray_the_backend_says_how_to_install_it(monkeypatch):
+    from trainer.errors import UsageError
+
+    monkeypatch.setitem(sys.modules, "ray", None)
+    expected = rf"--backend ray needs Ray {RAY_VERSION}: pip install 'pvbess-trainer\[ray\]'"
+    with pytest.raises(UsageError, match=expected):
+        import_ray()
+
+
+def _night(out: Path, *extra: str) -> list[str]:
+    sets = tiny_overrides("schedule.quick_timesteps={ppo: 1200}", "schedule.quick_eval_days=1", "ppo.n_steps=100",
+                          "ppo.batch_size=50", "ppo.checkpoint_freq_steps=100", "ray.num_cpus={ppo: 1, eval: 1}")
+    return [sys.executable, "-m", "trainer", "night", "--backend", "ray", "--quick", "--agents", "ppo", "--out",
+            str(out), "--device", "cpu", *extra, *[a for o in sets for a in ("--set", o)]]
+
+
+@pytest.mark.slow
+def test_a_killed_stage_is_run_again_from_its_checkpoint(tmp_path):
+    out = tmp_path / "night"
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONUNBUFFERED": "1"}
+    console = tmp_path / "console.txt"
+    with open(console, "w") as sink:
+        proc = subprocess.Popen(_night(out), cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT)
+    attempts = out / "ppo" / "attempts.jsonl"
+    checkpoints = out / "ppo" / "checkpoints"
+    killed, waited = None, 0.0
+    while killed is None and proc.poll() is None and waited < 600:  # wait for the stage's first checkpoint
+        if any(checkpoints.glob("step_*/manifest.json")) and attempts.is_file():
+            killed = json.loads(attempts.read_text().splitlines()[0])["pid"]
+            os.kill(killed, signal.SIGKILL)  # its worker dies, as on a lost node
+        time.sleep(0.05)
+        waited += 0.05
+    assert proc.wait(timeout=600) == 0, console.read_text()[-3000:]
+    assert killed is not None, "the ppo stage never saved a checkpoint"
+    schedule = json.loads((out / "schedule.json").read_text())
+    assert [s["status"] for s in schedule["stages"]] == ["done"] * 5
+    ppo = next(s for s in schedule["stages"] if s["name"] == "ppo")
+    assert len(ppo["attempts"]) == 2 and ppo["attempts"][0]["pid"] == killed != ppo["attempts"][1]["pid"]
+    assert ppo["timesteps_done"] == 1200
+    log = [json.loads(line) for line in (out / "logs" / "ppo.jsonl").read_text().splitlines()]
+    resumed = [e for e in log if e["event"] == "resuming"]
+    assert resumed and resumed[0]["step"] >= 100  # the second attempt went on from a checkpoint
+    results = json.loads((out / "results.json").read_text())
+    assert list(results) == ["baseline", "rbc", "optimum", "ppo"] and (out / "report.md").is_file()
+    assert {p.name for p in (out / "logs").iterdir()} >= {"trainer.jsonl", "ppo.jsonl", "baseline.jsonl"}
+
+
+@pytest.mark.slow
+def test_ctrl_c_to_the_driver_checkpoints_the_stages_and_the_night_resumes_locally(tmp_path):
+    out = tmp_path / "night"
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONUNBUFFERED": "1"}
+    console = tmp_path / "console.txt"
+    with open(console, "w") as sink:
+        proc = subprocess.Popen(_night(out), cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT)
+    waited = 0.0
+    while not any((out / "ppo" / "checkpoints").glob("step_*/manifest.json")) and proc.poll() is None and waited < 600:
+        time.sleep(0.05)
+        waited += 0.05
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=600) == 130, console.read_text()[-3000:]
+    last = console.read_text().strip().splitlines()[-1]
+    assert "stopped by SIGINT: the stages running on Ray (ppo) saved their checkpoints" in last
+    assert f"resume with: trainer night --resume {out}" in last
+    stages = {s["name"]: s["status"] for s in json.loads((out / "schedule.json").read_text())["stages"]}
+    assert stages["ppo"] == "running" and stages["baseline"] == "done"
+    resumed = subprocess.run([sys.executable, "-m", "trainer", "night", "--resume", str(out)], cwd=ROOT, env=env,
+                             capture_output=True, text=True, timeout=600)  # on the local backend
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    schedule = json.loads((out / "schedule.json").read_text())
+    assert [s["status"] for s in schedule["stages"]] == ["done"] * 5
+    assert next(s for s in schedule["stages"] if s["name"] == "ppo")["timesteps_done"] == 1200
+
+
+def test_an_address_with_no_ray_head_is_one_line_in_the_doctor_and_the_night(tmp_path):
+    from click.testing import CliRunner
+
+    from trainer.cli import cli
+
+    result = CliRunner().invoke(cli, ["doctor", "--backend", "ray", "--address", "127.0.0.1:9"])
+    assert "FAIL  ray" in result.output and "--address 127.0.0.1:9: no Ray head answers there" in result.output
+    night = CliRunner().invoke(cli, ["night", "--backend", "ray", "--address", "127.0.0.1:9", "--quick",
+                                     "--out", str(tmp_path / "run")])
+    assert night.exit_code == 2
+    assert night.output.strip().splitlines()[-1].startswith("error: --address 127.0.0.1:9: no Ray head answers")
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_sweep_summary_gives_mean_and_sd_per_agent():
+    from trainer.night.sweep import summarise
+
+    results = [{"baseline": {"co2_kg_per_year": 100.0, "co2_vs_baseline_pct": 0.0, "ev_departure_soc_met_pct": 100.0,
+                             "cost": 10.0},
+                "ppo": {"co2_kg_per_year": 80.0, "co2_vs_baseline_pct": -20.0, "ev_departure_soc_met_pct": 100.0,
+                        "cost": 8.0}},
+               {"baseline": {"co2_kg_per_year": 100.0, "co2_vs_baseline_pct": 0.0, "ev_departure_soc_met_pct": 100.0,
+                             "cost": 10.0},
+                "ppo": {"co2_kg_per_year": 90.0, "co2_vs_baseline_pct": -10.0, "ev_departure_soc_met_pct": 98.0,
+                        "cost": 9.0}}]
+    text = summarise(results, [1, 2])
+    assert "| ppo | 2 | 85 ± 7 | -15.0 ± 7.1 | 99.0 ± 1.4 | 8 ± 1 |" in text
+    assert "| baseline | 2 | 100 ± 0 |" in text and text.startswith("# Seed sweep: seeds 1, 2")
+
+
+@pytest.mark.slow
+def test_a_local_seed_sweep_makes_one_run_per_seed_and_a_summary(tmp_path):
+    from click.testing import CliRunner
+
+    from trainer.cli import cli
+
+    sets = tiny_overrides("schedule.quick_timesteps={a2c: 200}", "schedule.quick_eval_days=1")
+    out = tmp_path / "sweep"
+    result = CliRunner().invoke(cli, ["night", "--quick", "--agents", "a2c", "--seeds", "3,4", "--out", str(out),
+                                      "--device", "cpu", *[a for o in sets for a in ("--set", o)]])
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in out.iterdir()) == ["seed-3", "seed-4", "sweep.json", "sweep.md"]
+    assert json.loads((out / "sweep.json").read_text())["seeds"] == [3, 4]
+    for seed in (3, 4):
+        run = out / f"seed-{seed}"
+        assert list(json.loads((run / "results.json").read_text())) == ["baseline", "rbc", "optimum", "a2c"]
+        assert "seed: " + str(seed) in (run / "config.yaml").read_text()
+    assert "| a2c | 2 |" in (out / "sweep.md").read_text()

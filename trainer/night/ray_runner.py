@@ -1,0 +1,352 @@
+"""`trainer night --backend ray`: the night's stages as Ray tasks, side by side where their resources fit.
+
+The driver (this process) plans the night as the local backend does, submits one Ray task per
+stage (`ray.num_cpus`, `ray.num_gpus`, SAC's memory from its replay buffer) and alone writes
+``schedule.json``, ``results.json`` and the report. Each task runs in a fresh worker process
+(``max_calls=1``), logs to ``logs/<stage>.jsonl`` and records each attempt (node, pid) in
+``<stage>/attempts.jsonl``. A task whose worker dies (SIGKILL, a lost node) is run again by Ray
+(``ray.max_retries``) and resumes from its newest checkpoint; SIGTERM to a worker saves a
+checkpoint, then the stage is run again. Ctrl+C or SIGTERM to the driver cancels the running
+stages, which save their checkpoints, and leaves the night resumable on either backend.
+
+Facts found by trying Ray 2.60 here are in ../shared/docs/ray-notes.md: exceptions with several
+arguments do not cross Ray (tasks return an outcome dict), ``address="local"`` so a stale cluster
+is never joined, stages sized from the resources Ray assigned them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from trainer import logs
+from trainer.config import Config, load_config
+from trainer.device import ASSIGNED_CPUS_ENV, cpu_cores
+from trainer.env import make_sb3_env
+from trainer.errors import UsageError
+from trainer.files import write_json_atomic
+from trainer.learn.memory import Shapes, replay_buffer_bytes
+from trainer.learn.recovery import TrainingInterrupted
+from trainer.night.budget import StageKind, StageSpec
+from trainer.night.plan import REPORT_S
+from trainer.night.stages import evaluate_reference, record_results, train_agent
+from trainer.night.state import FINISHED, MIN_TRAIN_STEPS, ScheduleState, StageRecord, Status
+from trainer.report import write_report
+from trainer.run_dir import RunDir
+from trainer.session import RunContext
+from trainer.signals import Stopped, handle_stop_signals
+
+RAY_VERSION = "2.60.0"
+INSTALL = "pip install 'pvbess-trainer[ray]'"
+ATTEMPTS = "attempts.jsonl"
+
+
+class StageRetry(Exception):
+    """Raised in a task to have Ray run the stage again (it resumes from its checkpoint). One plain argument,
+    so it crosses Ray intact."""
+
+
+class NightStopped(Stopped):
+    """Ctrl+C or SIGTERM to the driver: the running stages saved their checkpoints; the night is resumable."""
+
+    def __init__(self, signal_name: str, exit_code: int, running: list[str]):
+        self.exit_code = exit_code
+        stages = ", ".join(running) or "none"
+        Exception.__init__(self, f"stopped by {signal_name}: the stages running on Ray ({stages}) saved their "
+                                 "checkpoints")
+
+
+def import_ray() -> Any:
+    """Ray, or exit 2 with the install command (Ray is an optional extra, pinned: driver and cluster must match)."""
+    try:
+        import ray  # optional extra, and seconds to import
+    except ImportError:
+        raise UsageError(f"--backend ray needs Ray {RAY_VERSION}: {INSTALL}") from None
+    if ray.__version__ != RAY_VERSION:
+        raise UsageError(f"--backend ray needs Ray {RAY_VERSION}, this environment has {ray.__version__}: {INSTALL}")
+    return ray
+
+
+@contextmanager
+def ray_session(address: str | None, num_gpus: float | None = None) -> Iterator[Any]:
+    """A local Ray sized to this machine (never a stale cluster), or the cluster at ``address``."""
+    ray = import_ray()
+    if address:
+        _reachable(address)  # Ray itself would retry for minutes before saying so
+        ray.init(address=address, log_to_driver=False)
+        preflight(ray)
+    else:
+        gpus = num_gpus if num_gpus is not None else _local_gpus()
+        ray.init(address="local", num_cpus=cpu_cores(), num_gpus=gpus, include_dashboard=False,
+                 object_store_memory=128 * 2**20, log_to_driver=False)
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+
+
+def check_backend(address: str | None) -> None:
+    """Before anything is written: Ray installed at the pinned version, and a head answering at ``address``."""
+    import_ray()
+    if address:
+        _reachable(address)
+
+
+def _reachable(address: str) -> None:
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    try:
+        socket.create_connection((host or "127.0.0.1", int(port)), timeout=5).close()
+    except (OSError, ValueError):
+        raise UsageError(f"--address {address}: no Ray head answers there; start one (ray start --head --port "
+                         f"{port or 6379}) or check the address (docs/ray.md)") from None
+
+
+def _local_gpus() -> int:
+    import torch  # heavy: only to count this machine's GPUs for a local Ray
+
+    return torch.cuda.device_count()
+
+
+def preflight(ray: Any) -> None:
+    """An existing cluster: its Ray and Python match the driver's, and every node can import the product."""
+    import platform
+
+    problems = []
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+
+    @ray.remote(num_cpus=0)
+    def probe() -> dict[str, str]:
+        import platform as node_platform
+
+        import ray as node_ray
+
+        return {"ray": node_ray.__version__, "python": node_platform.python_version(), "host": socket.gethostname()}
+
+    strategy = ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy
+    for node in nodes:
+        found = ray.get(probe.options(scheduling_strategy=strategy(node["NodeID"], soft=False)).remote())
+        if found["ray"] != RAY_VERSION or found["python"] != platform.python_version():
+            problems.append(f"node {found['host']} has Ray {found['ray']} and Python {found['python']}; the "
+                            f"driver has Ray {RAY_VERSION} and Python {platform.python_version()}: install the same "
+                            "venv there")
+    if problems:
+        raise UsageError("; ".join(problems))
+
+
+# ------------------------------------------------------------------------------ inside a worker
+
+
+def run_stage(job: dict[str, Any]) -> dict[str, Any]:
+    """One stage in a fresh Ray worker: an outcome dict, never an exception Ray cannot carry back."""
+    import ray  # optional extra: imported where it runs
+
+    run = RunDir(Path(job["run"]))
+    assigned = ray.get_runtime_context().get_assigned_resources()
+    os.environ[ASSIGNED_CPUS_ENV] = str(max(int(assigned.get("CPU", 1)), 1))
+    logs.configure(run.logs / f"{job['name']}.jsonl")
+    cfg = load_config([run.config])
+    if job["kind"] == StageKind.TRAIN:  # a stage given no GPU runs on the CPU, even on a GPU node
+        getattr(cfg, job["name"]).device = "cuda" if assigned.get("GPU", 0) > 0 else "cpu"
+    started = datetime.now().isoformat(timespec="seconds")
+    attempt = {"node": socket.gethostname(), "pid": os.getpid(), "started": started, "resources": assigned}
+    folder = run.agent(job["name"]).root
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / ATTEMPTS, "a", encoding="utf-8") as handle:
+        handle.write(json.dumps(attempt) + "\n")
+    ctx = RunContext(cfg, run, Path(job["schema"]), "cuda" if assigned.get("GPU", 0) > 0 else "cpu")
+    outcome: dict[str, Any] = {"attempt": attempt}
+    try:
+        with handle_stop_signals():
+            if job["kind"] == StageKind.EVAL:
+                outcome["metrics"] = evaluate_reference(ctx, job["name"])
+            else:
+                limit = None if job["deadline"] is None else job["deadline"] - time.time() - job["reserve_s"]
+                if limit is not None and limit * job["steps_per_s"] < min(MIN_TRAIN_STEPS, job["target"]):
+                    return {**outcome, "skipped": f"no time left for training: {max(limit, 0):.0f} s before the "
+                                                  "deadline"}
+                resume = (folder / "checkpoints").is_dir()
+                outcome["metrics"] = train_agent(ctx, job["name"], job["target"], resume=resume, force=job["force"],
+                                                 time_limit_s=limit)
+    except TrainingInterrupted as exc:
+        if exc.signal_name == "SIGTERM" and not job.get("cancelled"):
+            raise StageRetry(f"{job['name']}: stopped by SIGTERM at step {exc.step}; run again from its "
+                             "checkpoint") from None
+        outcome["stopped"] = str(exc)
+    except Stopped as exc:
+        outcome["stopped"] = str(exc)
+    return outcome
+
+
+# ------------------------------------------------------------------------------ the driver
+
+
+@dataclass
+class Night:
+    """One run folder's night on Ray: its context, state and what the planner knows of each stage."""
+
+    ctx: RunContext
+    state: ScheduleState
+    specs: dict[str, StageSpec]
+
+    @property
+    def run(self) -> RunDir:
+        return self.ctx.run
+
+
+def stage_resources(cfg: Config, record: StageRecord, obs_act: tuple[int, int]) -> dict[str, Any]:
+    """Ray resources of one stage from the `ray` config: CPUs, GPUs, and SAC's memory from its replay buffer."""
+    key = record.name if record.kind == StageKind.TRAIN else "eval"
+    memory = cfg.ray.memory_headroom_gb * 1e9
+    if record.name == "sac":
+        memory += replay_buffer_bytes(Shapes(*obs_act, tuple(cfg.sac.net_arch)), cfg.sac.buffer_size)
+    return {"num_cpus": cfg.ray.num_cpus.get(key, 1.0), "num_gpus": cfg.ray.num_gpus.get(key, 0.0),
+            "memory": int(memory)}
+
+
+class RayNights:
+    """Drive one or more nights (a seed sweep) through one Ray queue."""
+
+    def __init__(self, ray: Any, nights: list[Night], force: bool, obs_act: tuple[int, int],
+                 say: Callable[[str], None] = print):
+        self.ray, self.nights, self.force, self.obs_act, self.say = ray, nights, force, obs_act, say
+        self.running: dict[Any, tuple[Night, StageRecord]] = {}
+        self.stop_signal: int | None = None
+        self.log = logs.get()
+
+    def run(self) -> list[ScheduleState]:
+        previous = {s: signal.signal(s, self._on_stop) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            for night in self.nights:
+                for record in night.state.stages:
+                    if record.status not in FINISHED and record.kind != StageKind.REPORT:
+                        self._submit(night, record)
+            while self.running:
+                if self.stop_signal is not None:
+                    self._stop()
+                done, _ = self.ray.wait(list(self.running), num_returns=1, timeout=1.0)
+                for ref in done:
+                    self._finish(ref)
+                self._record_attempts()
+            for night in self.nights:
+                self._report(night)
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+        return [night.state for night in self.nights]
+
+    def _on_stop(self, signum: int, frame: Any) -> None:
+        self.stop_signal = signum
+
+    def _submit(self, night: Night, record: StageRecord) -> None:
+        cfg = night.ctx.cfg
+        spec = night.specs[record.name]
+        deadline = night.state.deadline_dt()
+        job = {"run": str(night.run.root), "schema": str(night.ctx.schema), "name": record.name,
+               "kind": str(record.kind), "target": record.timesteps_target, "force": self.force,
+               "deadline": deadline.timestamp() if deadline else None, "reserve_s": spec.fixed_s + REPORT_S,
+               "steps_per_s": spec.steps_per_s}
+        task = self.ray.remote(max_calls=1)(run_stage).options(  # a fresh worker per attempt: no stale globals
+            max_retries=cfg.ray.max_retries, retry_exceptions=[StageRetry],
+            **stage_resources(cfg, record, self.obs_act))
+        ref = task.remote(job)
+        self.running[ref] = (night, record)
+        record.status = Status.RUNNING
+        record.actual_start = record.actual_start or datetime.now().isoformat(timespec="seconds")
+        night.state.save()
+        self.log.info("stage submitted to Ray", run=night.run.root.name, stage=record.name,
+                      **stage_resources(cfg, record, self.obs_act))
+
+    def _finish(self, ref: Any) -> None:
+        night, record = self.running.pop(ref)
+        try:
+            outcome = self.ray.get(ref)
+        except Exception as exc:  # retries used up, or cancelled: the stage failed or was stopped
+            if self.stop_signal is not None:
+                return  # stopped by the driver: stays RUNNING, resumable
+            cause = getattr(exc, "cause", None) or exc  # a RayTaskError carries the task's own exception
+            record.status, record.error = Status.FAILED, f"{type(cause).__name__}: {cause}".splitlines()[0][:500]
+            self.log.error("stage failed", stage=record.name, error=record.error)
+            self._end(night, record)
+            return
+        if "stopped" in outcome:
+            self.log.warning("stage stopped", stage=record.name, detail=outcome["stopped"])
+            return
+        if "skipped" in outcome:
+            record.status, record.error = Status.SKIPPED, outcome["skipped"]
+        else:
+            metrics = outcome["metrics"]
+            record_results(night.run, {record.name: metrics})
+            record.status = Status.DONE
+            record.timesteps_done = int(metrics.get("timesteps") or 0)
+            record.checkpoint = metrics.get("checkpoint")
+            record.results = {k: metrics.get(k) for k in ("co2_kg_per_year", "co2_vs_baseline_pct", "timesteps",
+                                                          "steps_per_s") if k in metrics} or None
+        self.log.info("stage done", stage=record.name, status=str(record.status), run=night.run.root.name)
+        self._end(night, record)
+
+    def _end(self, night: Night, record: StageRecord) -> None:
+        record.actual_end = datetime.now().isoformat(timespec="seconds")
+        self._read_attempts(night, record)
+        night.state.save()
+
+    def _record_attempts(self) -> None:
+        for night, record in list(self.running.values()):
+            if self._read_attempts(night, record):
+                night.state.save()
+
+    @staticmethod
+    def _read_attempts(night: Night, record: StageRecord) -> bool:
+        path = night.run.agent(record.name).root / ATTEMPTS
+        if not path.is_file():
+            return False
+        attempts = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        changed = attempts != record.attempts
+        record.attempts = attempts
+        if attempts:  # queued behind other stages, it started when its first attempt did, not when submitted
+            record.actual_start = attempts[0]["started"]
+        return changed
+
+    def _stop(self) -> None:
+        """Cancel every running stage (each saves its checkpoint), wait for them, and end the night resumable."""
+        name = signal.Signals(self.stop_signal).name
+        running = [record.name for _, record in self.running.values()]
+        self.say(f"[ray] {name}: the running stages save their checkpoints ({', '.join(running)})")
+        refs = list(self.running)
+        for ref in refs:
+            self.ray.cancel(ref)
+        limit = max(night.ctx.cfg.ray.stop_timeout_s for night in self.nights)
+        self.ray.wait(refs, num_returns=len(refs), timeout=limit)
+        for night in self.nights:
+            night.state.save()
+        raise NightStopped(name, 128 + int(self.stop_signal), running)
+
+    def _report(self, night: Night) -> None:
+        record = next((r for r in night.state.stages if r.kind == StageKind.REPORT), None)
+        if record is None or record.status in FINISHED:
+            return
+        record.status, record.actual_start = Status.RUNNING, datetime.now().isoformat(timespec="seconds")
+        night.state.save()
+        write_report(night.run)
+        record.status, record.actual_end = Status.DONE, datetime.now().isoformat(timespec="seconds")
+        night.state.save()
+
+
+def observation_action_sizes(cfg: Config, schema: Path) -> tuple[int, int]:
+    env = make_sb3_env(cfg, schema, "train", cfg.seed)
+    try:
+        return env.observation_space.shape[0], env.action_space.shape[0]
+    finally:
+        env.close()
+
+
+def write_sweep_record(path: Path, runs: list[Path], seeds: list[int]) -> None:
+    write_json_atomic(path, {"seeds": seeds, "runs": [str(r) for r in runs]})

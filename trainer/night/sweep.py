@@ -1,0 +1,128 @@
+"""Seed sweeps: the same night for several seeds, each an ordinary, separately resumable run folder,
+plus a sweep folder with ``sweep.json`` and ``sweep.md`` (mean ± sd across seeds per agent).
+
+On the local backend the nights run one after another; on Ray their stages share one queue.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from contextlib import ExitStack
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from trainer import session
+from trainer.config import AGENTS, REFERENCES, Config
+from trainer.errors import UsageError
+from trainer.files import read_json, write_json_atomic, write_text_atomic
+from trainer.learn.preflight import check_memory, check_resume_config
+from trainer.night import ray_runner
+from trainer.night.runner import prepare, run_night
+from trainer.night.state import ScheduleState
+from trainer.session import RunContext, open_run, training_targets
+
+SWEEP = "sweep.json"
+SUMMARY = "sweep.md"
+# The figures a sweep summarises, with how each is shown.
+FIGURES = (("co2_kg_per_year", "CO2 kg/year", ",.0f"), ("co2_vs_baseline_pct", "CO2 vs baseline %", "+.1f"),
+           ("ev_departure_soc_met_pct", "EV departures met %", ".1f"), ("cost", "cost", ",.0f"))
+
+
+def is_sweep(folder: Path) -> bool:
+    return (folder / SWEEP).is_file()
+
+
+def sweep_folder(cfg: Config, out: str | None) -> Path:
+    if out:
+        return Path(out)
+    return Path(cfg.output.root) / f"{cfg.scenario.name}__sweep__{datetime.now():%Y%m%d-%H%M%S}"
+
+
+def run_sweep(cfg: Config, seeds: list[int], folder: Path, schema: str | None, dataset: str | None,
+              agents: list[str], quick: bool, deadline: datetime | None, resume: bool, force: bool, backend: str,
+              address: str | None, say: Callable[[str], None]) -> tuple[Path, list[ScheduleState]]:
+    """Every seed's night (resuming those begun), then the summary; returns the summary's path and the states."""
+    if resume and not is_sweep(folder):
+        raise UsageError(f"--resume: {folder} is not a sweep folder (no {SWEEP}); pass the folder a --seeds night made")
+    seeds = read_json(folder / SWEEP)["seeds"] if resume else seeds
+    folder.mkdir(parents=True, exist_ok=True)
+    runs = [folder / f"seed-{seed}" for seed in seeds]
+    write_json_atomic(folder / SWEEP, {"seeds": seeds, "runs": [r.name for r in runs], "backend": backend})
+    seeded = [cfg.model_copy(update={"seed": seed}) for seed in seeds]
+    for run, run_cfg in zip(runs, seeded, strict=True):  # every check before any night starts
+        for agent in agents if resume and (run / "config.yaml").is_file() else ():
+            check_resume_config(run, agent, run_cfg, force)
+    def opened(stack: ExitStack, run: Path, run_cfg: Config) -> tuple[RunContext, bool]:
+        resuming = resume and (run / "config.yaml").is_file()
+        ctx = stack.enter_context(open_run(run_cfg, "schedule", run, schema, dataset, resuming=resuming))
+        for agent in agents:
+            check_memory(run_cfg, ctx.schema, agent)
+        return ctx, resuming
+
+    states = []
+    if backend == "local":  # one night after another, each logging to its own folder
+        for run, run_cfg in zip(runs, seeded, strict=True):
+            with ExitStack() as stack:
+                ctx, resuming = opened(stack, run, run_cfg)
+                targets = training_targets(run_cfg, agents, quick, ctx.schema)
+                states.append(run_night(ctx, agents, targets, deadline, resuming, force, say))
+    else:  # every night's stages in one Ray queue
+        with ExitStack() as stack:
+            contexts = [opened(stack, run, run_cfg) for run, run_cfg in zip(runs, seeded, strict=True)]
+            states = _on_ray(contexts, agents, quick, deadline, force, address, say)
+    summary = summarise([read_json(r / "results.json") if (r / "results.json").is_file() else {} for r in runs],
+                        seeds)
+    write_text_atomic(folder / SUMMARY, summary)
+    return folder / SUMMARY, states
+
+
+def _on_ray(contexts: list[tuple[RunContext, bool]], agents: list[str], quick: bool, deadline: datetime | None,
+            force: bool, address: str | None, say: Callable[[str], None]) -> list[ScheduleState]:
+    nights = []
+    for ctx, resuming in contexts:
+        night = prepare(ctx, agents, training_targets(ctx.cfg, agents, quick, ctx.schema), deadline, resuming)
+        say(f"seed {ctx.cfg.seed}: {night.plan_text}\n")
+        nights.append(ray_runner.Night(ctx, night.state, night.specs))
+    first = contexts[0][0]
+    with ray_runner.ray_session(address) as ray:
+        sizes = ray_runner.observation_action_sizes(first.cfg, first.schema)
+        return ray_runner.RayNights(ray, nights, force, sizes, say).run()
+
+
+def summarise(results: list[dict[str, dict[str, Any]]], seeds: list[int]) -> str:
+    """sweep.md: per agent, mean ± sd across seeds of each figure, with how many seeds had it."""
+    lines = [f"# Seed sweep: seeds {', '.join(map(str, seeds))}", "",
+             "Mean ± standard deviation across seeds (n = seeds that finished the stage).", "",
+             "| agent | n | " + " | ".join(label for _, label, _ in FIGURES) + " |",
+             "| --- | ---: | " + " | ".join("---:" for _ in FIGURES) + " |"]
+    for name in (*REFERENCES, *AGENTS):
+        rows = [r[name] for r in results if name in r and r[name].get("co2_kg_per_year") is not None]
+        if not rows:
+            continue
+        cells = []
+        for key, _, spec in FIGURES:
+            values = [float(row[key]) for row in rows if row.get(key) is not None]
+            if not values:
+                cells.append("–")
+                continue
+            mean = statistics.mean(values)
+            sd = statistics.stdev(values) if len(values) > 1 else 0.0
+            cells.append(f"{format(mean, spec)} ± {format(sd, spec.lstrip('+'))}")
+        lines.append(f"| {name} | {len(rows)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def from_cli(config_files: tuple[str, ...], overrides: tuple[str, ...], profile: str | None, device: str | None,
+             seeds_text: str | None, out: str | None, resume: str | None) -> tuple[Config, list[int], Path, bool]:
+    """The sweep a `trainer night --seeds` (or `--resume SWEEP_DIR`) asks for: its config, seeds and folder."""
+    folder = Path(resume) if resume and resume != session.LATEST else None
+    if folder is not None and is_sweep(folder):
+        seeds = read_json(folder / SWEEP)["seeds"]
+        base = folder / f"seed-{seeds[0]}" / "config.yaml"  # a sweep's runs differ only in their seed
+        cfg = session.resolve_config([base, *config_files] if base.is_file() else config_files, overrides,
+                                     device=device)
+        return cfg, seeds, folder, True
+    cfg = session.resolve_config(config_files, overrides, device=device, profile=profile)
+    return cfg, session.parse_seeds(seeds_text or ""), sweep_folder(cfg, out), False
