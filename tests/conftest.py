@@ -9,7 +9,8 @@ import pytest
 
 os.environ.setdefault("CITYLEARN_OFFLINE", "1")
 
-from trainer.config import Config, load_config
+from trainer.config import Config
+from trainer.config_files import load_config
 from trainer.scenario import build_site
 
 OFFICIAL = "citylearn_challenge_2022_phase_all"

@@ -203,7 +203,7 @@ def _checkpoint(run: Path, agent: str, config: dict) -> None:
 
 
 def test_resume_checks_what_the_agent_depends_on_and_allows_a_longer_run(tmp_path):
-    from trainer.config import load_config
+    from trainer.config_files import load_config
     from trainer.errors import UsageError
     from trainer.learn.preflight import check_resume_config
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from trainer.config import DEFAULT_CONFIG, Config, describe, load_config, parse_override
+from trainer.config import DEFAULT_CONFIG, Config
+from trainer.config_files import describe, load_config, parse_override
 from trainer.errors import ConfigError
 
 

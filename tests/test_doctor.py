@@ -9,7 +9,7 @@ import torch
 from click.testing import CliRunner
 
 from trainer.cli import cli
-from trainer.config import load_config
+from trainer.config_files import load_config
 from trainer.profiles import PROFILE_DIR, available
 
 needs_no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
@@ -57,7 +57,7 @@ def test_output_root_that_is_a_file_fails_the_disk_check(tmp_path):
 
 
 def test_keys_that_did_nothing_are_gone_and_old_configs_still_load():
-    from trainer.config import describe, load_config
+    from trainer.config_files import describe, load_config
 
     keys = {row[0] for row in describe()}
     assert "gpu.mixed_precision" not in keys and "sac.max_grad_norm" not in keys and "ppo.max_grad_norm" in keys
@@ -117,7 +117,7 @@ def test_auto_profile_matches_the_gpu_by_name_then_memory(gpu, total_bytes, majo
 def test_gpu_switches_set_the_torch_flags():
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    from trainer.config import load_config as load
+    from trainer.config_files import load_config as load
     from trainer.device import apply_gpu_flags
 
     flags = apply_gpu_flags(load(overrides=["gpu.tf32=false", "gpu.cudnn_benchmark=true"]).gpu, "cuda")
@@ -128,7 +128,7 @@ def test_gpu_switches_set_the_torch_flags():
 
 def test_tensorboard_off_for_want_of_the_package_is_said_with_the_fix(monkeypatch):
     from trainer import doctor as doctor_module
-    from trainer.config import load_config
+    from trainer.config_files import load_config
 
     monkeypatch.setattr(doctor_module, "tensorboard_installed", lambda: False)
     check = doctor_module.check_tensorboard(load_config())

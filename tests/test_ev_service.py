@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from trainer.config import load_config
+from trainer.config_files import load_config
 from trainer.env import ActionScale, CentralAgentArrays, make_citylearn_env, make_sb3_env
 from trainer.ev_service import connected_sessions
 from trainer.metrics import run_episode

@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from trainer.cli import cli
-from trainer.config import load_config
+from trainer.config_files import load_config
 from trainer.controllers import PolicyController, UncontrolledBaseline
 from trainer.env import make_sb3_env
 from trainer.learn.agents import build_model

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer.config import load_config
+from trainer.config_files import load_config
 from trainer.night.budget import StageKind
 from trainer.night.ray_runner import RAY_VERSION, import_ray, stage_resources
 from trainer.night.state import StageRecord

@@ -12,7 +12,7 @@ import pytest
 import torch
 from stable_baselines3.common.callbacks import BaseCallback
 
-from trainer.config import load_config
+from trainer.config_files import load_config
 from trainer.learn.trainer import StageTrainer, TrainingInterrupted
 from trainer.run_dir import RunDir
 from trainer.session import RunContext

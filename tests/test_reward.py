@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from trainer.config import load_config
+from trainer.config_files import load_config
 from trainer.controllers import REFERENCE_CONTROLLERS
 from trainer.env import ActionScale, make_sb3_env
 from trainer.optimum import OptimumReplay, site_model, solve

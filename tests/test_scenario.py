@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from trainer.config import load_config
+from trainer.config_files import load_config
 from trainer.env import make_citylearn_env
 from trainer.scenario import EV_CONNECTED, HOURS_PER_YEAR, build_site
 

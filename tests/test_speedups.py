@@ -9,7 +9,7 @@ import torch
 from citylearn.wrappers import NormalizedObservationWrapper, StableBaselines3Wrapper
 from stable_baselines3 import SAC
 
-from trainer.config import load_config
+from trainer.config_files import load_config
 from trainer.env import CentralAgentArrays, make_citylearn_env
 from trainer.errors import ConfigError
 from trainer.learn.agents import MAX_AUTO_ENVS, training_envs

@@ -18,7 +18,8 @@ from monitor.summary import format_summary, read_records, summarise
 from trainer import benchmark, logs, session
 from trainer import cli_shared as opts
 from trainer.cli_shared import State, command, options
-from trainer.config import AGENTS, describe
+from trainer.config import AGENTS
+from trainer.config_files import describe
 from trainer.datasets import resolve_dataset
 from trainer.doctor import FAIL, format_table, run_checks
 from trainer.doctor import as_json as checks_as_json

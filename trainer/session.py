@@ -18,7 +18,8 @@ from datetime import datetime
 from pathlib import Path
 
 from trainer import logs, profiles
-from trainer.config import AGENTS, Config, load_config
+from trainer.config import AGENTS, Config
+from trainer.config_files import load_config
 from trainer.datasets import DatasetSource, resolve_dataset
 from trainer.device import apply_gpu_flags, resolve_device
 from trainer.env import schema_length

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from trainer import logs
 from trainer.checkpoint import Checkpoint, CheckpointStore, check_owner, load_replay, restore_rng
-from trainer.config import Config
+from trainer.config import AgentConfig, Config
 from trainer.device import agent_device, apply_cpu_threads
 from trainer.env import make_training_vec_env
 from trainer.learn.agents import (
@@ -60,11 +60,7 @@ class StageTrainer:
         self.folder = ctx.run.agent(agent)
         self.store = CheckpointStore(self.folder.checkpoints, self.rel.keep_checkpoints)
         self.n_envs = training_envs(self.section)
-        params = fit_rollout(hyperparameters(self.section, self.n_envs), target, self.n_envs)
-        self.sizes = Sizes(params.get("batch_size"), params.get("n_steps"), float(self.section.learning_rate))
-        if self.sizes.n_steps is not None and self.sizes.n_steps * self.n_envs != self.section.n_steps:
-            logs.get().warning("rollout shortened to fit the run", agent=agent,
-                               n_steps=self.sizes.n_steps * self.n_envs, configured=self.section.n_steps)
+        self.sizes = initial_sizes(self.section, agent, target, self.n_envs)
         self.device = agent_device(self.cfg, agent)
         self.recovery = Recovery(agent, self.device, self.rel, self.sizes)
         self.last_checkpoint_step = 0
@@ -145,12 +141,6 @@ class StageTrainer:
         if saved is not None:
             self.last_checkpoint = saved
 
-    def summary(self) -> dict[str, Any]:
-        return {"checkpoint_write_failures": self.store.failures, "oom_backoffs": len(self.sizes.backoffs),
-                "nonfinite_rollbacks": self.sizes.nonfinite_rollbacks, "final_batch_size": self.sizes.batch_size,
-                "final_n_steps": self.sizes.n_steps, "final_learning_rate": self.sizes.learning_rate,
-                "warm_start": self.warm_start}
-
     # ------------------------------------------------------------------ models
 
     def _learn(self, model: BaseAlgorithm, reset: bool) -> None:
@@ -225,6 +215,25 @@ class StageTrainer:
 
     def _last_path(self) -> str:
         return str(self.last_checkpoint.path) if self.last_checkpoint else "(none saved yet)"
+
+
+def summary(trainer: StageTrainer) -> dict[str, Any]:
+    """What the stage's metrics record of its training: failures met, sizes it ended with, its warm start."""
+    sizes = trainer.sizes
+    return {"checkpoint_write_failures": trainer.store.failures, "oom_backoffs": len(sizes.backoffs),
+            "nonfinite_rollbacks": sizes.nonfinite_rollbacks, "final_batch_size": sizes.batch_size,
+            "final_n_steps": sizes.n_steps, "final_learning_rate": sizes.learning_rate,
+            "warm_start": trainer.warm_start}
+
+
+def initial_sizes(section: AgentConfig, agent: str, target: int, n_envs: int) -> Sizes:
+    """The configured batch, rollout and learning rate, the rollout shortened to fit a short run."""
+    params = fit_rollout(hyperparameters(section, n_envs), target, n_envs)
+    sizes = Sizes(params.get("batch_size"), params.get("n_steps"), float(section.learning_rate))
+    if sizes.n_steps is not None and sizes.n_steps * n_envs != section.n_steps:
+        logs.get().warning("rollout shortened to fit the run", agent=agent, n_steps=sizes.n_steps * n_envs,
+                           configured=section.n_steps)
+    return sizes
 
 
 def training_env(cfg: Config, schema: Path, agent: str, n_envs: int) -> VecEnv:

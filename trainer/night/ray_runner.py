@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from trainer import logs
-from trainer.config import Config, load_config
+from trainer.config import Config
+from trainer.config_files import load_config
 from trainer.device import ASSIGNED_CPUS_ENV, cpu_cores
 from trainer.env import make_sb3_env
 from trainer.errors import UsageError

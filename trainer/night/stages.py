@@ -25,6 +25,7 @@ from trainer.files import DamagedFile, read_json, write_json_atomic, write_text_
 from trainer.learn.agents import load_model
 from trainer.learn.recovery import StageFailed
 from trainer.learn.trainer import StageTrainer
+from trainer.learn.trainer import summary as training_summary
 from trainer.metrics import HOURS_PER_YEAR, METRIC_KEYS, compare_to_baseline, run_episode
 from trainer.optimum import OptimumReplay, OptimumUnavailable, site_model, solve
 from trainer.run_dir import AgentDir, RunDir
@@ -121,7 +122,7 @@ def train_agent(ctx: RunContext, agent: str, timesteps: int, resume: bool = Fals
              steps_per_s=round(model.num_timesteps / wall, 1) if wall > 0 else None)
     metrics = evaluate_model(ctx, agent, model)
     metrics.update(timesteps=int(model.num_timesteps), train_wall_s=round(wall, 2),
-                   steps_per_s=round(model.num_timesteps / wall, 2) if wall > 0 else None, **trainer.summary(),
+                   steps_per_s=round(model.num_timesteps / wall, 2) if wall > 0 else None, **training_summary(trainer),
                    ended_by="time slot" if trainer.timed_out else "target",
                    checkpoint=str(trainer.last_checkpoint.path) if trainer.last_checkpoint else None)
     write_json_atomic(folder.metrics, metrics)
