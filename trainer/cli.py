@@ -5,7 +5,6 @@ usage or config). Options shared by commands are declared once, below.
 
 from __future__ import annotations
 
-import functools
 import json
 import sys
 from pathlib import Path
@@ -19,11 +18,11 @@ from trainer import benchmark, logs, session
 from trainer import cli_shared as opts
 from trainer.cli_shared import State, command, options
 from trainer.config import AGENTS
-from trainer.config_files import describe
+from trainer.config_files import doc_text
 from trainer.datasets import resolve_dataset
 from trainer.doctor import FAIL, format_table, run_checks
 from trainer.doctor import as_json as checks_as_json
-from trainer.errors import TrainerError, UsageError
+from trainer.errors import UsageError
 from trainer.files import read_json
 from trainer.launch import AGENT_CHOICES, LaunchOptions, split_agent, start
 from trainer.learn.preflight import check_memory, check_resume_config
@@ -59,14 +58,7 @@ def config() -> None:
 def config_show(config_files: tuple[str, ...], overrides: tuple[str, ...], profile: str | None, doc: bool) -> None:
     """Print the resolved config (defaults, --config files, --set overrides)."""
     cfg = session.resolve_config(config_files, overrides, profile=profile)
-    if not doc:
-        click.echo(yaml.safe_dump(cfg.to_dict(), sort_keys=False), nl=False)
-        return
-    rows, values = describe(), cfg.to_dict()
-    width = max(len(r[0]) for r in rows)
-    for path, type_name, text in rows:
-        current = functools.reduce(lambda d, k: d[k], path.split("."), values)
-        click.echo(f"{path.ljust(width)}  {text}  [{type_name}]  = {json.dumps(current)}")
+    click.echo(doc_text(cfg) if doc else yaml.safe_dump(cfg.to_dict(), sort_keys=False).rstrip("\n"))
 
 
 @cli.group()
@@ -133,16 +125,11 @@ def night(config_files: tuple[str, ...], overrides: tuple[str, ...], profile: st
     """
     if backend == "ray":
         ray_runner.check_backend(address)  # exit 2 with the install command or the address, before any folder
-    if seeds or (resume and resume != session.LATEST and sweep.is_sweep(Path(resume))):
+    if seeds or sweep.is_sweep_resume(resume):
         cfg, seed_list, folder, resuming = sweep.from_cli(config_files, overrides, profile, device, seeds, out, resume)
-        cfg = session.quick_night(cfg) if quick else cfg
-        chosen = session.parse_agents(agents) if agents else list(cfg.schedule.agents)
-        summary, states = sweep.run_sweep(cfg, seed_list, folder, schema, dataset, chosen, quick,
-                                          session.night_deadline(cfg, budget, finish_by), resuming, force, backend,
-                                          address, click.echo)
-        click.echo(summary.read_text(encoding="utf-8") + f"\nsweep: {folder}")
-        if any(state.failed() for state in states):
-            raise TrainerError(f"some stages failed; see each seed's report.md under {folder}")
+        with handle_stop_signals():
+            click.echo(sweep.run_and_summarise(cfg, seed_list, folder, schema, dataset, agents, quick, budget,
+                                               finish_by, resuming, force, backend, address, click.echo))
         return
     cfg, out = session.resolve_for_resume(resume, out, "results.json", config_files, overrides, seed=seed,
                                           device=device, profile=profile)
@@ -161,10 +148,7 @@ def night(config_files: tuple[str, ...], overrides: tuple[str, ...], profile: st
                                      address)
         _print_results(read_json(ctx.run.results_json) if ctx.run.results_json.is_file() else {}, ctx.run)
         click.echo(f"report:  {ctx.run.report}")
-        if state.failed():
-            failures = "; ".join(f"{s.name} ({s.error})" for s in state.failed())
-            raise TrainerError(f"{len(state.failed())} stage(s) failed: {failures}; the others finished, "
-                               f"see {ctx.run.report}")
+        runner.raise_for_failures(state, ctx.run)
 
 
 @cli.group(invoke_without_command=True)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import copy
 import difflib
+import functools
+import json
 from pathlib import Path
 from types import UnionType
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
@@ -216,3 +218,14 @@ def describe(model: type[BaseModel] = Config, prefix: str = "") -> list[tuple[st
         type_name = type_text(annotation) + (f" ({', '.join(bounds)})" if bounds else "")
         rows.append((path, type_name, field.description or ""))
     return rows
+
+
+def doc_text(cfg: Config) -> str:
+    """`trainer config show --doc`: each key, its meaning, allowed values and current value."""
+    rows, values = describe(), cfg.to_dict()
+    width = max(len(r[0]) for r in rows)
+    lines = []
+    for path, type_name, text in rows:
+        current = functools.reduce(lambda d, k: d[k], path.split("."), values)
+        lines.append(f"{path.ljust(width)}  {text}  [{type_name}]  = {json.dumps(current)}")
+    return "\n".join(lines)

@@ -16,6 +16,7 @@ from typing import Any
 from trainer import logs
 from trainer.config import REFERENCES
 from trainer.device import agent_device
+from trainer.errors import TrainerError
 from trainer.files import write_json_atomic
 from trainer.learn.recovery import TrainingInterrupted
 from trainer.night import ray_runner
@@ -25,6 +26,7 @@ from trainer.night.plan import build_plan, render, stage_specs
 from trainer.night.stages import evaluate_reference, record_results, train_agent
 from trainer.night.state import FINISHED, ScheduleState, StageRecord, plan, run
 from trainer.report import write_report
+from trainer.run_dir import RunDir
 from trainer.session import RunContext
 from trainer.signals import Stopped
 
@@ -108,3 +110,11 @@ def run_night(ctx: RunContext, agents: list[str], targets: dict[str, int], deadl
             return ray_runner.RayNights(ray, nights, force, sizes, say).run()[0]
     return run(night.state, LocalRunner(ctx, night.specs, force), datetime.now,
                interrupt_types=(TrainingInterrupted, Stopped))
+
+
+def raise_for_failures(state: ScheduleState, run: RunDir) -> None:
+    """After the night: its failed stages as one error (the others finished and are in the report)."""
+    failed = state.failed()
+    if failed:
+        failures = "; ".join(f"{s.name} ({s.error})" for s in failed)
+        raise TrainerError(f"{len(failed)} stage(s) failed: {failures}; the others finished, see {run.report}")

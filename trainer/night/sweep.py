@@ -15,7 +15,7 @@ from typing import Any
 
 from trainer import session
 from trainer.config import AGENTS, REFERENCES, Config
-from trainer.errors import UsageError
+from trainer.errors import TrainerError, UsageError
 from trainer.files import read_json, write_json_atomic, write_text_atomic
 from trainer.learn.preflight import check_memory, check_resume_config
 from trainer.night import ray_runner
@@ -126,3 +126,22 @@ def from_cli(config_files: tuple[str, ...], overrides: tuple[str, ...], profile:
         return cfg, seeds, folder, True
     cfg = session.resolve_config(config_files, overrides, device=device, profile=profile)
     return cfg, session.parse_seeds(seeds_text or ""), sweep_folder(cfg, out), False
+
+
+def is_sweep_resume(resume: str | None) -> bool:
+    return bool(resume) and resume != session.LATEST and is_sweep(Path(resume))
+
+
+def run_and_summarise(cfg: Config, seeds: list[int], folder: Path, schema: str | None, dataset: str | None,
+                      agents: str | None, quick: bool, budget: str | None, finish_by: str | None, resuming: bool,
+                      force: bool, backend: str, address: str | None, say: Callable[[str], None]) -> str:
+    """`trainer night --seeds`: every seed's night, then the summary's text; a failed stage is an error after it."""
+    cfg = session.quick_night(cfg) if quick else cfg
+    chosen = session.parse_agents(agents) if agents else list(cfg.schedule.agents)
+    deadline = session.night_deadline(cfg, budget, finish_by)
+    summary, states = run_sweep(cfg, seeds, folder, schema, dataset, chosen, quick, deadline, resuming, force,
+                                backend, address, say)
+    if any(state.failed() for state in states):
+        say(summary.read_text(encoding="utf-8"))
+        raise TrainerError(f"some stages failed; see each seed's report.md under {folder}")
+    return summary.read_text(encoding="utf-8") + f"\nsweep: {folder}"
