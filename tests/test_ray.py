@@ -112,6 +112,20 @@ def test_ctrl_c_to_the_driver_checkpoints_the_stages_and_the_night_resumes_local
     assert next(s for s in schedule["stages"] if s["name"] == "ppo")["timesteps_done"] == 1200
 
 
+def test_a_cluster_without_the_auth_token_is_refused_with_the_fix(monkeypatch, tmp_path):
+    from trainer.errors import UsageError
+    from trainer.night.ray_runner import _token_present
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("RAY_AUTH_TOKEN", raising=False)
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")
+    with pytest.raises(UsageError, match=r"copy ~/\.ray/auth_token from the head node, or set RAY_AUTH_TOKEN"):
+        _token_present()
+    (tmp_path / ".ray").mkdir()
+    (tmp_path / ".ray" / "auth_token").write_text("secret")
+    _token_present()
+
+
 def test_an_address_with_no_ray_head_is_one_line_in_the_doctor_and_the_night(tmp_path):
     from click.testing import CliRunner
 
@@ -160,3 +174,44 @@ def test_a_local_seed_sweep_makes_one_run_per_seed_and_a_summary(tmp_path):
         assert list(json.loads((run / "results.json").read_text())) == ["baseline", "rbc", "optimum", "a2c"]
         assert "seed: " + str(seed) in (run / "config.yaml").read_text()
     assert "| a2c | 2 |" in (out / "sweep.md").read_text()
+
+
+@pytest.mark.slow
+def test_ray_gives_the_local_backend_s_results_with_the_same_seed(tmp_path):
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    sets = tiny_overrides("schedule.quick_timesteps={a2c: 300}", "schedule.quick_eval_days=1", "a2c.n_steps=100",
+                          "ray.num_cpus={a2c: 2, eval: 1}")  # the CPUs a local night on 2 cores gives A2C
+    results = {}
+    for backend in ("local", "ray"):
+        out = tmp_path / backend
+        proc = subprocess.run([sys.executable, "-m", "trainer", "night", "--backend", backend, "--quick", "--agents",
+                               "a2c", "--out", str(out), "--device", "cpu", *[a for o in sets for a in ("--set", o)]],
+                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        results[backend] = json.loads((out / "results.json").read_text())
+    assert list(results["local"]) == list(results["ray"]) == ["baseline", "rbc", "optimum", "a2c"]
+    assert {k: v["co2_kg"] for k, v in results["local"].items()} == {k: v["co2_kg"] for k, v in results["ray"].items()}
+
+
+def test_the_cluster_preflight_probes_each_node(tmp_path):
+    """The same checks as for --address, against a local Ray: versions, the config, the shared run folder."""
+    from trainer.errors import UsageError
+    from trainer.night.ray_runner import preflight
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    ray.init(address="local", num_cpus=1, include_dashboard=False, object_store_memory=80 * 2**20,
+             log_to_driver=False)
+    try:
+        preflight(ray, tmp_path)  # this node sees the folder and loads the config
+        assert not list(tmp_path.glob(".ray-probe-*"))  # the probe file is cleaned up
+        import trainer.night.ray_runner as ray_runner
+
+        original = ray_runner.RAY_VERSION
+        ray_runner.RAY_VERSION = "0.0.0"  # as if the driver ran another Ray than the node
+        try:
+            with pytest.raises(UsageError, match=r"has Ray 2\.60\.0 and Python .*: install the same venv there"):
+                preflight(ray, tmp_path)
+        finally:
+            ray_runner.RAY_VERSION = original
+    finally:
+        ray.shutdown()

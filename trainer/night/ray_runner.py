@@ -78,13 +78,14 @@ def import_ray() -> Any:
 
 
 @contextmanager
-def ray_session(address: str | None, num_gpus: float | None = None) -> Iterator[Any]:
-    """A local Ray sized to this machine (never a stale cluster), or the cluster at ``address``."""
+def ray_session(address: str | None, num_gpus: float | None = None, shared: Path | None = None) -> Iterator[Any]:
+    """A local Ray sized to this machine (never a stale cluster), or the cluster at ``address`` (checked: every
+    node runs the driver's Ray and Python, can load the product's config and sees ``shared``, the run folder)."""
     ray = import_ray()
     if address:
         _reachable(address)  # Ray itself would retry for minutes before saying so
         ray.init(address=address, log_to_driver=False)
-        preflight(ray)
+        preflight(ray, shared)
     else:
         gpus = num_gpus if num_gpus is not None else _local_gpus()
         ray.init(address="local", num_cpus=cpu_cores(), num_gpus=gpus, include_dashboard=False,
@@ -100,6 +101,7 @@ def check_backend(address: str | None) -> None:
     import_ray()
     if address:
         _reachable(address)
+        _token_present()
 
 
 def _reachable(address: str) -> None:
@@ -111,34 +113,73 @@ def _reachable(address: str) -> None:
                          f"{port or 6379}) or check the address (docs/ray.md)") from None
 
 
+def _token_present() -> None:
+    """Ray 2.60 authenticates with a token by default: without it a driver gets InvalidAuthToken, then a
+    connection error. Said here, with the fix."""
+    if os.environ.get("RAY_AUTH_MODE", "token") == "disabled" or os.environ.get("RAY_AUTH_TOKEN"):
+        return
+    if not (Path.home() / ".ray" / "auth_token").is_file():
+        raise UsageError("--address: Ray's auth token is missing: copy ~/.ray/auth_token from the head node, or set "
+                         "RAY_AUTH_TOKEN (or RAY_AUTH_MODE=disabled on a private network; docs/ray.md)")
+
+
 def _local_gpus() -> int:
     import torch  # heavy: only to count this machine's GPUs for a local Ray
 
     return torch.cuda.device_count()
 
 
-def preflight(ray: Any) -> None:
-    """An existing cluster: its Ray and Python match the driver's, and every node can import the product."""
+def _probe(shared: str | None, token: str) -> dict[str, Any]:
+    """On one node: its versions, whether the product's config loads, and whether it reads the driver's file."""
+    import platform as node_platform
+
+    import ray as node_ray
+
+    found: dict[str, Any] = {"ray": node_ray.__version__, "python": node_platform.python_version(),
+                             "host": socket.gethostname(), "config": "", "shared": True}
+    try:
+        load_config()
+    except Exception as exc:  # a node without the product, or with another version of it
+        found["config"] = f"{type(exc).__name__}: {exc}"
+    if shared is not None:
+        try:
+            found["shared"] = (Path(shared) / f".ray-probe-{token}").read_text() == token
+        except OSError:
+            found["shared"] = False
+    return found
+
+
+def preflight(ray: Any, shared: Path | None = None) -> None:
+    """An existing cluster: Ray and Python match the driver's, the product loads on every node, and every node
+    sees ``shared`` (a probe file written here, read back there). One line per problem, with the fix."""
     import platform
+    import uuid
 
-    problems = []
-    nodes = [n for n in ray.nodes() if n.get("Alive")]
-
-    @ray.remote(num_cpus=0)
-    def probe() -> dict[str, str]:
-        import platform as node_platform
-
-        import ray as node_ray
-
-        return {"ray": node_ray.__version__, "python": node_platform.python_version(), "host": socket.gethostname()}
-
+    token = uuid.uuid4().hex
+    probe_file = shared / f".ray-probe-{token}" if shared is not None else None
+    if probe_file is not None:
+        probe_file.parent.mkdir(parents=True, exist_ok=True)
+        probe_file.write_text(token)
     strategy = ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy
-    for node in nodes:
-        found = ray.get(probe.options(scheduling_strategy=strategy(node["NodeID"], soft=False)).remote())
-        if found["ray"] != RAY_VERSION or found["python"] != platform.python_version():
-            problems.append(f"node {found['host']} has Ray {found['ray']} and Python {found['python']}; the "
-                            f"driver has Ray {RAY_VERSION} and Python {platform.python_version()}: install the same "
-                            "venv there")
+    task = ray.remote(num_cpus=0)(_probe)
+    problems = []
+    try:
+        for node in (n for n in ray.nodes() if n.get("Alive")):
+            found = ray.get(task.options(scheduling_strategy=strategy(node["NodeID"], soft=False)).remote(
+                str(shared) if shared is not None else None, token))
+            host = found["host"]
+            if found["ray"] != RAY_VERSION or found["python"] != platform.python_version():
+                problems.append(f"node {host} has Ray {found['ray']} and Python {found['python']}, the driver Ray "
+                                f"{RAY_VERSION} and Python {platform.python_version()}: install the same venv there")
+            if found["config"]:
+                problems.append(f"node {host} cannot load the product's config ({found['config']}): install this "
+                                "checkout's venv there")
+            if not found["shared"]:
+                problems.append(f"node {host} does not see {shared}: mount the run folders at the same path on "
+                                "every node (docs/ray.md)")
+    finally:
+        if probe_file is not None:
+            probe_file.unlink(missing_ok=True)
     if problems:
         raise UsageError("; ".join(problems))
 

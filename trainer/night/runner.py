@@ -104,7 +104,7 @@ def run_night(ctx: RunContext, agents: list[str], targets: dict[str, int], deadl
     night = prepare(ctx, agents, targets, deadline, resume)
     say(night.plan_text + "\n")
     if backend == "ray":
-        with ray_runner.ray_session(address) as ray:
+        with ray_runner.ray_session(address, shared=ctx.run.root) as ray:
             nights = [ray_runner.Night(ctx, night.state, night.specs)]
             sizes = ray_runner.observation_action_sizes(ctx.cfg, ctx.schema)
             return ray_runner.RayNights(ray, nights, force, sizes, say).run()[0]

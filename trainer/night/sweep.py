@@ -86,7 +86,7 @@ def _on_ray(contexts: list[tuple[RunContext, bool]], agents: list[str], quick: b
         say(f"seed {ctx.cfg.seed}: {night.plan_text}\n")
         nights.append(ray_runner.Night(ctx, night.state, night.specs))
     first = contexts[0][0]
-    with ray_runner.ray_session(address) as ray:
+    with ray_runner.ray_session(address, shared=first.run.root) as ray:
         sizes = ray_runner.observation_action_sizes(first.cfg, first.schema)
         return ray_runner.RayNights(ray, nights, force, sizes, say).run()
 
