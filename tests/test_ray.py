@@ -215,3 +215,33 @@ def test_the_cluster_preflight_probes_each_node(tmp_path):
             ray_runner.RAY_VERSION = original
     finally:
         ray.shutdown()
+
+
+def test_the_plan_shows_which_stages_run_side_by_side(tmp_path):
+    from datetime import datetime
+    from types import SimpleNamespace
+
+    from trainer.night.budget import StageSpec
+    from trainer.night.ray_runner import Night, lanes
+    from trainer.night.state import ScheduleState
+    from trainer.run_dir import RunDir
+
+    cfg = load_config(overrides=["ray.num_cpus={sac: 1, ppo: 2, a2c: 2, eval: 1}",
+                                 "ray.num_gpus={sac: 0.5, ppo: 0, a2c: 0, eval: 0}"])
+    now = datetime(2026, 11, 23, 22, 0)
+    specs = {"baseline": StageSpec("baseline", StageKind.EVAL, 10), "rbc": StageSpec("rbc", StageKind.EVAL, 10),
+             "sac": StageSpec("sac", StageKind.TRAIN, 10, 1, 900, 10.0),  # 90 s of training + 10 s evaluation
+             "ppo": StageSpec("ppo", StageKind.TRAIN, 10, 1, 400, 10.0), "report": StageSpec("report",
+                                                                                            StageKind.REPORT, 5)}
+
+    def night(name: str, stages: list[str]) -> Night:
+        state = ScheduleState.new(tmp_path / f"{name}.json", [(s, specs[s].kind, specs[s].target_steps)
+                                                             for s in stages], now, None)
+        return Night(SimpleNamespace(cfg=cfg, run=RunDir(tmp_path / name)), state, specs)
+
+    placed = lanes([night("one", ["baseline", "rbc", "sac", "ppo", "report"])], (48, 5), cpus=2, gpus=1, now=now)
+    seconds = {name: ((start - now).seconds, (end - now).seconds) for _, name, start, end in placed}
+    # Two CPUs: both references at once, SAC when one is free, PPO (2 CPUs) once SAC has finished.
+    assert seconds == {"baseline": (0, 10), "rbc": (0, 10), "sac": (10, 110), "ppo": (110, 160)}
+    two = lanes([night("a", ["sac"]), night("b", ["sac"])], (48, 5), cpus=2, gpus=1, now=now)
+    assert [(start - now).seconds for *_, start, _ in two] == [0, 0]  # two 0.5-GPU stages share the card

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -265,6 +265,10 @@ class RayNights:
         self.log = logs.get()
 
     def run(self) -> list[ScheduleState]:
+        resources = self.ray.cluster_resources()
+        cpus, gpus = resources.get("CPU", 1.0), resources.get("GPU", 0.0)
+        placed = lanes(self.nights, self.obs_act, cpus, gpus, datetime.now())
+        self.say(render_lanes(placed, self.nights[0].state.deadline_dt(), cpus, gpus) + "\n")
         previous = {s: signal.signal(s, self._on_stop) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
             for night in self.nights:
@@ -392,3 +396,51 @@ def observation_action_sizes(cfg: Config, schema: Path) -> tuple[int, int]:
 
 def write_sweep_record(path: Path, runs: list[Path], seeds: list[int]) -> None:
     write_json_atomic(path, {"seeds": seeds, "runs": [str(r) for r in runs]})
+
+
+# ------------------------------------------------------------------------------ the plan, side by side
+
+
+def lanes(nights: list[Night], obs_act: tuple[int, int], cpus: float, gpus: float,
+          now: datetime) -> list[tuple[str, str, datetime, datetime]]:
+    """When each stage would run on Ray: in order, each as soon as its CPUs and GPUs are free (list scheduling),
+    for the estimated time (training to its target, capped by the deadline, plus its evaluation)."""
+    busy: list[tuple[float, float, float]] = []  # (end, cpus, gpus) of the stages placed so far
+    placed = []
+    for night in nights:
+        deadline = night.state.deadline_dt()
+        for record in night.state.stages:
+            if record.status in FINISHED or record.kind == StageKind.REPORT:
+                continue
+            spec, res = night.specs[record.name], stage_resources(night.ctx.cfg, record, obs_act)
+            start = 0.0
+            while True:  # the earliest moment (a stage's end) its resources fit beside the running ones
+                running = [b for b in busy if b[0] > start]
+                if sum(b[1] for b in running) + res["num_cpus"] <= cpus + 1e-9 and \
+                        sum(b[2] for b in running) + res["num_gpus"] <= gpus + 1e-9:
+                    break
+                start = min(b[0] for b in running)
+            train = spec.needed_train_s if spec.needed_train_s != float("inf") else 0.0
+            if deadline is not None:
+                train = min(train, max((deadline - now).total_seconds() - start - spec.fixed_s - REPORT_S, 0.0))
+            end = start + train + spec.fixed_s
+            busy.append((end, res["num_cpus"], res["num_gpus"]))
+            placed.append((night.run.root.name, record.name, now + _seconds(start), now + _seconds(end)))
+    return placed
+
+
+def render_lanes(placed: list[tuple[str, str, datetime, datetime]], deadline: datetime | None, cpus: float,
+                 gpus: float) -> str:
+    several = len({run for run, *_ in placed}) > 1
+    lines = [f"on Ray ({cpus:g} CPUs, {gpus:g} GPUs), stages side by side where their resources fit:"]
+    for run, name, start, end in placed:
+        lines.append(f"  {start:%H:%M:%S}-{end:%H:%M:%S}  {run + ' ' if several else ''}{name}")
+    if placed:
+        last = max(end for *_, end in placed)
+        lines.append(f"  then the report; planned end {last:%a %H:%M}" +
+                     (f", deadline {deadline:%a %H:%M}" if deadline else ""))
+    return "\n".join(lines)
+
+
+def _seconds(value: float) -> timedelta:
+    return timedelta(seconds=value)
