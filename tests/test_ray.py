@@ -193,28 +193,57 @@ def test_ray_gives_the_local_backend_s_results_with_the_same_seed(tmp_path):
     assert {k: v["co2_kg"] for k, v in results["local"].items()} == {k: v["co2_kg"] for k, v in results["ray"].items()}
 
 
-def test_the_cluster_preflight_probes_each_node(tmp_path):
-    """The same checks as for --address, against a local Ray: versions, the config, the shared run folder."""
-    from trainer.errors import UsageError
-    from trainer.night.ray_runner import preflight
-
+@pytest.fixture(scope="module")
+def local_ray():
+    """One small local Ray for the fast tests: 2 CPUs and a logical GPU, to place fractions without one."""
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    ray.init(address="local", num_cpus=1, include_dashboard=False, object_store_memory=80 * 2**20,
+    ray.init(address="local", num_cpus=2, num_gpus=1, include_dashboard=False, object_store_memory=80 * 2**20,
              log_to_driver=False)
     try:
-        preflight(ray, tmp_path)  # this node sees the folder and loads the config
-        assert not list(tmp_path.glob(".ray-probe-*"))  # the probe file is cleaned up
-        import trainer.night.ray_runner as ray_runner
-
-        original = ray_runner.RAY_VERSION
-        ray_runner.RAY_VERSION = "0.0.0"  # as if the driver ran another Ray than the node
-        try:
-            with pytest.raises(UsageError, match=r"has Ray 2\.60\.0 and Python .*: install the same venv there"):
-                preflight(ray, tmp_path)
-        finally:
-            ray_runner.RAY_VERSION = original
+        yield ray
     finally:
         ray.shutdown()
+
+
+def _meet(marker: str, other: str, limit_s: float) -> dict:
+    """A stub stage: says it started, then waits (a generous limit) for the other to have started too."""
+    import ray as node_ray
+
+    from trainer.night.ray_runner import stage_device
+
+    Path(marker).touch()
+    waited = 0.0
+    while not Path(other).exists() and waited < limit_s:
+        time.sleep(0.05)
+        waited += 0.05
+    assigned = node_ray.get_runtime_context().get_assigned_resources()
+    return {"met": Path(other).exists(), "device": stage_device(assigned)}
+
+
+def test_two_half_gpu_stages_run_at_once_and_a_no_gpu_stage_is_told_cpu(local_ray, tmp_path):
+    cfg = load_config(overrides=["ray.num_gpus={sac: 0.5, ppo: 0, a2c: 0, eval: 0}"])
+    half = {k: v for k, v in stage_resources(cfg, StageRecord("sac", StageKind.TRAIN), (48, 5)).items()
+            if k != "memory"}
+    task = local_ray.remote(_meet)
+    a, b = tmp_path / "a", tmp_path / "b"
+    both = local_ray.get([task.options(**half).remote(str(a), str(b), 300),
+                          task.options(**half).remote(str(b), str(a), 300)])
+    assert [r["met"] for r in both] == [True, True]  # each saw the other running: they overlapped
+    assert [r["device"] for r in both] == ["cuda", "cuda"]
+    cpu_only = local_ray.get(task.options(num_cpus=1, num_gpus=0).remote(str(tmp_path / "c"), str(a), 300))
+    assert cpu_only["device"] == "cpu"  # no GPU given: the stage trains on the CPU
+
+
+def test_the_cluster_preflight_probes_each_node(local_ray, tmp_path, monkeypatch):
+    """The same checks as for --address, against a local Ray: versions, the config, the shared run folder."""
+    import trainer.night.ray_runner as ray_runner
+    from trainer.errors import UsageError
+
+    ray_runner.preflight(local_ray, tmp_path)  # this node sees the folder and loads the config
+    assert not list(tmp_path.glob(".ray-probe-*"))  # the probe file is cleaned up
+    monkeypatch.setattr(ray_runner, "RAY_VERSION", "0.0.0")  # as if the driver ran another Ray than the node
+    with pytest.raises(UsageError, match=r"has Ray 2\.60\.0 and Python .*: install the same venv there"):
+        ray_runner.preflight(local_ray, tmp_path)
 
 
 def test_the_plan_shows_which_stages_run_side_by_side(tmp_path):

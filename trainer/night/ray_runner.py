@@ -187,24 +187,30 @@ def preflight(ray: Any, shared: Path | None = None) -> None:
 # ------------------------------------------------------------------------------ inside a worker
 
 
+def stage_device(assigned: dict[str, float]) -> str:
+    """A stage given no GPU runs on the CPU, even on a GPU node (Ray 2.60 no longer hides the GPU from it)."""
+    return "cuda" if assigned.get("GPU", 0) > 0 else "cpu"
+
+
 def run_stage(job: dict[str, Any]) -> dict[str, Any]:
     """One stage in a fresh Ray worker: an outcome dict, never an exception Ray cannot carry back."""
     import ray  # optional extra: imported where it runs
 
     run = RunDir(Path(job["run"]))
     assigned = ray.get_runtime_context().get_assigned_resources()
+    device = stage_device(assigned)
     os.environ[ASSIGNED_CPUS_ENV] = str(max(int(assigned.get("CPU", 1)), 1))
     logs.configure(run.logs / f"{job['name']}.jsonl")
     cfg = load_config([run.config])
-    if job["kind"] == StageKind.TRAIN:  # a stage given no GPU runs on the CPU, even on a GPU node
-        getattr(cfg, job["name"]).device = "cuda" if assigned.get("GPU", 0) > 0 else "cpu"
+    if job["kind"] == StageKind.TRAIN:
+        getattr(cfg, job["name"]).device = device
     started = datetime.now().isoformat(timespec="seconds")
     attempt = {"node": socket.gethostname(), "pid": os.getpid(), "started": started, "resources": assigned}
     folder = run.agent(job["name"]).root
     folder.mkdir(parents=True, exist_ok=True)
     with open(folder / ATTEMPTS, "a", encoding="utf-8") as handle:
         handle.write(json.dumps(attempt) + "\n")
-    ctx = RunContext(cfg, run, Path(job["schema"]), "cuda" if assigned.get("GPU", 0) > 0 else "cpu")
+    ctx = RunContext(cfg, run, Path(job["schema"]), device)
     outcome: dict[str, Any] = {"attempt": attempt}
     try:
         with handle_stop_signals():
