@@ -104,7 +104,7 @@ def test_evaluate_refuses_a_folder_that_is_not_a_run(tmp_path):
     result = run("evaluate", str(tmp_path))
     assert result.exit_code == 2
     assert result.output.strip() == (
-        f"error: not a run folder: {tmp_path} has no config.yaml (pass a folder made by trainer train or schedule)"
+        f"error: not a run folder: {tmp_path} has no config.yaml (pass a folder made by trainer train or night)"
     )
 
 

@@ -61,4 +61,4 @@ def test_report_refuses_a_folder_without_results(tmp_path):
     result = CliRunner().invoke(cli, ["report", str(tmp_path)])
     assert result.exit_code == 2
     assert result.output.strip() == (
-        f"error: no results in {tmp_path}: it has no results.json (pass a folder made by trainer train or schedule)")
+        f"error: no results in {tmp_path}: it has no results.json (pass a folder made by trainer train or night)")

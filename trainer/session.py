@@ -121,7 +121,7 @@ def resume_dir(cfg: Config, value: str, out: str | None, marker: str) -> Path:
             )
     if not (path / "config.yaml").is_file():
         raise UsageError(f"--resume: {path} is not a run folder (no config.yaml); "
-                         "pass a folder made by trainer train or schedule")
+                         "pass a folder made by trainer train or night")
     return path
 
 
@@ -260,7 +260,7 @@ def reopen_run(run_dir: str | Path, device: str) -> Iterator[RunContext]:
     run = RunDir(Path(run_dir))
     if not run.config.is_file():
         raise UsageError(f"not a run folder: {run_dir} has no config.yaml (pass a folder made by trainer train or "
-                         "schedule)")
+                         "night)")
     cfg = load_config([run.config])
     source = RunRecord.load(run).source()
     lock = RunLock(run.root).acquire()
