@@ -55,24 +55,30 @@ def _night(out: Path, *extra: str) -> list[str]:
             str(out), "--device", "cpu", *extra, *[a for o in sets for a in ("--set", o)]]
 
 
+ENV = {**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONUNBUFFERED": "1"}
+
+
+def _start(tmp_path: Path, out: Path) -> tuple[subprocess.Popen, Path]:
+    """The night on Ray in a subprocess, its console in a file, once its PPO stage has a checkpoint."""
+    console = tmp_path / "console.txt"
+    with open(console, "w") as sink:
+        proc = subprocess.Popen(_night(out), cwd=ROOT, env=ENV, stdout=sink, stderr=subprocess.STDOUT)
+    waited = 0.0  # wait for the event (a generous limit), not for a while
+    while not (any((out / "ppo" / "checkpoints").glob("step_*/manifest.json")) and
+               (out / "ppo" / "attempts.jsonl").is_file()) and proc.poll() is None and waited < 600:
+        time.sleep(0.05)
+        waited += 0.05
+    return proc, console
+
+
 @pytest.mark.slow
 def test_a_killed_stage_is_run_again_from_its_checkpoint(tmp_path):
     out = tmp_path / "night"
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONUNBUFFERED": "1"}
-    console = tmp_path / "console.txt"
-    with open(console, "w") as sink:
-        proc = subprocess.Popen(_night(out), cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT)
-    attempts = out / "ppo" / "attempts.jsonl"
-    checkpoints = out / "ppo" / "checkpoints"
-    killed, waited = None, 0.0
-    while killed is None and proc.poll() is None and waited < 600:  # wait for the stage's first checkpoint
-        if any(checkpoints.glob("step_*/manifest.json")) and attempts.is_file():
-            killed = json.loads(attempts.read_text().splitlines()[0])["pid"]
-            os.kill(killed, signal.SIGKILL)  # its worker dies, as on a lost node
-        time.sleep(0.05)
-        waited += 0.05
+    proc, console = _start(tmp_path, out)
+    assert proc.poll() is None, "the night ended before its PPO stage saved a checkpoint"
+    killed = json.loads((out / "ppo" / "attempts.jsonl").read_text().splitlines()[0])["pid"]
+    os.kill(killed, signal.SIGKILL)  # its worker dies, as on a lost node
     assert proc.wait(timeout=600) == 0, console.read_text()[-3000:]
-    assert killed is not None, "the ppo stage never saved a checkpoint"
     schedule = json.loads((out / "schedule.json").read_text())
     assert [s["status"] for s in schedule["stages"]] == ["done"] * 5
     ppo = next(s for s in schedule["stages"] if s["name"] == "ppo")
@@ -89,14 +95,7 @@ def test_a_killed_stage_is_run_again_from_its_checkpoint(tmp_path):
 @pytest.mark.slow
 def test_ctrl_c_to_the_driver_checkpoints_the_stages_and_the_night_resumes_locally(tmp_path):
     out = tmp_path / "night"
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONUNBUFFERED": "1"}
-    console = tmp_path / "console.txt"
-    with open(console, "w") as sink:
-        proc = subprocess.Popen(_night(out), cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT)
-    waited = 0.0
-    while not any((out / "ppo" / "checkpoints").glob("step_*/manifest.json")) and proc.poll() is None and waited < 600:
-        time.sleep(0.05)
-        waited += 0.05
+    proc, console = _start(tmp_path, out)
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=600) == 130, console.read_text()[-3000:]
     last = console.read_text().strip().splitlines()[-1]
@@ -104,7 +103,7 @@ def test_ctrl_c_to_the_driver_checkpoints_the_stages_and_the_night_resumes_local
     assert f"resume with: trainer night --resume {out}" in last
     stages = {s["name"]: s["status"] for s in json.loads((out / "schedule.json").read_text())["stages"]}
     assert stages["ppo"] == "running" and stages["baseline"] == "done"
-    resumed = subprocess.run([sys.executable, "-m", "trainer", "night", "--resume", str(out)], cwd=ROOT, env=env,
+    resumed = subprocess.run([sys.executable, "-m", "trainer", "night", "--resume", str(out)], cwd=ROOT, env=ENV,
                              capture_output=True, text=True, timeout=600)  # on the local backend
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     schedule = json.loads((out / "schedule.json").read_text())
@@ -178,15 +177,15 @@ def test_a_local_seed_sweep_makes_one_run_per_seed_and_a_summary(tmp_path):
 
 @pytest.mark.slow
 def test_ray_gives_the_local_backend_s_results_with_the_same_seed(tmp_path):
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    # Four environments on both backends, whatever this machine's cores (a local night sizes from them).
     sets = tiny_overrides("schedule.quick_timesteps={a2c: 300}", "schedule.quick_eval_days=1", "a2c.n_steps=100",
-                          "ray.num_cpus={a2c: 2, eval: 1}")  # the CPUs a local night on 2 cores gives A2C
+                          "a2c.n_envs=4", "ray.num_cpus={a2c: 2, eval: 1}")
     results = {}
     for backend in ("local", "ray"):
         out = tmp_path / backend
         proc = subprocess.run([sys.executable, "-m", "trainer", "night", "--backend", backend, "--quick", "--agents",
                                "a2c", "--out", str(out), "--device", "cpu", *[a for o in sets for a in ("--set", o)]],
-                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+                              cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, proc.stderr[-3000:]
         results[backend] = json.loads((out / "results.json").read_text())
     assert list(results["local"]) == list(results["ray"]) == ["baseline", "rbc", "optimum", "a2c"]
