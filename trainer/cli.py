@@ -133,9 +133,7 @@ def night(config_files: tuple[str, ...], overrides: tuple[str, ...], profile: st
         return
     cfg, out = session.resolve_for_resume(resume, out, "results.json", config_files, overrides, seed=seed,
                                           device=device, profile=profile)
-    cfg = session.quick_night(cfg) if quick else cfg
-    chosen = session.parse_agents(agents) if agents else list(cfg.schedule.agents)
-    deadline = session.night_deadline(cfg, budget, finish_by)
+    cfg, chosen, deadline = session.night_plan(cfg, quick, agents, budget, finish_by)
     for agent in chosen if resume is not None else ():
         check_resume_config(Path(out), agent, cfg, force)
     with session.open_run(cfg, "schedule", out, schema, dataset, resuming=resume is not None) as ctx:
@@ -225,9 +223,7 @@ def plan_command(config_files: tuple[str, ...], overrides: tuple[str, ...], prof
                  finish_by: str | None, refresh: bool) -> None:
     """Print the night's timeline from measured speed, and what cannot fit."""
     cfg = session.resolve_config(config_files, overrides, device=device, profile=profile)
-    cfg = session.quick_night(cfg) if quick else cfg
-    chosen = session.parse_agents(agents) if agents else list(cfg.schedule.agents)
-    deadline = session.night_deadline(cfg, budget, finish_by)
+    cfg, chosen, deadline = session.night_plan(cfg, quick, agents, budget, finish_by)
     click.echo(plan.plan_text(cfg, resolve_dataset(schema, dataset), chosen, quick, deadline, refresh))
 
 

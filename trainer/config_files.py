@@ -101,9 +101,15 @@ def _model_at(path: tuple[Any, ...]) -> type[BaseModel] | None:
 _UNION_MEMBERS = ("float", "int", "str", "bool", "none", "list", "dict")
 
 
-def _format_error(error: dict[str, Any]) -> str:
-    loc = tuple(p for p in error["loc"] if not (isinstance(p, str) and (
+def _key_path(error: dict[str, Any]) -> tuple[Any, ...]:
+    """The config key an error is about (without the union member or validator pydantic adds to its loc)."""
+    return tuple(p for p in error["loc"] if not (isinstance(p, str) and (
         p.startswith(("function-", "literal[")) or p in _UNION_MEMBERS)))
+
+
+def _format_error(loc: tuple[Any, ...], errors: list[dict[str, Any]]) -> str:
+    """One line for one key; a union's alternatives (a finite number, 'auto') joined with 'or'."""
+    error = errors[0]
     path = ".".join(str(p) for p in loc)
     kind = error["type"]
     if kind == "extra_forbidden":
@@ -120,36 +126,24 @@ def _format_error(error: dict[str, Any]) -> str:
     if kind == "missing":
         return f"missing config key '{path}': add it (see trainer/configs/default.yaml for its meaning)"
     where = f"config key '{path}'" if path else "config"
-    message = error["msg"].removeprefix("Value error, ")
-    message = message[0].lower() + message[1:]
+    messages = [e["msg"].removeprefix("Value error, ") for e in errors]
+    messages = [m[0].lower() + m[1:] for m in messages]
     if kind == "value_error":  # a cross-field rule: the message names the values itself
-        return f"{where}: {message}"
-    return f"{where}: {message}; got {error.get('input')!r}"
+        return f"{where}: {messages[0]}"
+    if len(messages) > 1:
+        wants = [m.removeprefix("input should be ") for m in messages]
+        return f"{where}: input should be {' or '.join(wants)}; got {error.get('input')!r}"
+    return f"{where}: {messages[0]}; got {error.get('input')!r}"
 
 
 def validate(data: dict[str, Any]) -> Config:
     try:
         return Config.model_validate(data)
     except ValidationError as exc:
-        messages = list(dict.fromkeys(_format_error(e) for e in exc.errors()))
-        raise ConfigError(_merge_alternatives(messages)) from None
-
-
-def _merge_alternatives(messages: list[str]) -> str:
-    """One line per key: a union's alternatives ('a finite number', "'auto'") joined with 'or'."""
-    by_key: dict[str, list[str]] = {}
-    for message in messages:
-        key, _, rest = message.partition(": ")
-        by_key.setdefault(key, []).append(rest)
-    parts = []
-    for key, rests in by_key.items():
-        if len(rests) == 1:
-            parts.append(f"{key}: {rests[0]}")
-            continue
-        got = rests[0].rpartition("; got ")[2]
-        wants = [r.rpartition("; got ")[0].removeprefix("input should be ") for r in rests]
-        parts.append(f"{key}: input should be {' or '.join(wants)}; got {got}")
-    return "; ".join(parts)
+        by_key: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+        for error in exc.errors():
+            by_key.setdefault(_key_path(error), []).append(error)
+        raise ConfigError("; ".join(_format_error(loc, errors) for loc, errors in by_key.items())) from None
 
 
 # Keys that did nothing and were removed: configs and run folders that still hold them keep loading.

@@ -175,6 +175,14 @@ def training_timesteps(cfg: Config, agent: str, schema: Path) -> int:
     return int(section.episodes) * episode
 
 
+def night_plan(cfg: Config, quick: bool, agents: str | None, budget_text: str | None,
+               finish_by: str | None) -> tuple[Config, list[str], datetime | None]:
+    """What a night's options settle: its config (--quick's short evaluations), its agents and its deadline."""
+    cfg = quick_night(cfg) if quick else cfg
+    chosen = parse_agents(agents) if agents else list(cfg.schedule.agents)
+    return cfg, chosen, night_deadline(cfg, budget_text, finish_by)
+
+
 def quick_night(cfg: Config) -> Config:
     """The config of a --quick night: its evaluations cover schedule.quick_eval_days, not the whole period."""
     days = min(cfg.schedule.quick_eval_days, cfg.schedule.eval_days or cfg.schedule.quick_eval_days)

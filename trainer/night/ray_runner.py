@@ -34,7 +34,6 @@ from trainer.config_files import load_config
 from trainer.device import ASSIGNED_CPUS_ENV, cpu_cores
 from trainer.env import make_sb3_env
 from trainer.errors import UsageError
-from trainer.files import write_json_atomic
 from trainer.learn.memory import Shapes, replay_buffer_bytes
 from trainer.learn.recovery import TrainingInterrupted
 from trainer.night.budget import StageKind, StageSpec
@@ -306,16 +305,15 @@ class RayNights:
                "kind": str(record.kind), "target": record.timesteps_target, "force": self.force,
                "deadline": deadline.timestamp() if deadline else None, "reserve_s": spec.fixed_s + REPORT_S,
                "steps_per_s": spec.steps_per_s}
+        resources = stage_resources(cfg, record, self.obs_act)
         task = self.ray.remote(max_calls=1)(run_stage).options(  # a fresh worker per attempt: no stale globals
-            max_retries=cfg.ray.max_retries, retry_exceptions=[StageRetry],
-            **stage_resources(cfg, record, self.obs_act))
+            max_retries=cfg.ray.max_retries, retry_exceptions=[StageRetry], **resources)
         ref = task.remote(job)
         self.running[ref] = (night, record)
         record.status = Status.RUNNING
         record.actual_start = record.actual_start or datetime.now().isoformat(timespec="seconds")
         night.state.save()
-        self.log.info("stage submitted to Ray", run=night.run.root.name, stage=record.name,
-                      **stage_resources(cfg, record, self.obs_act))
+        self.log.info("stage submitted to Ray", run=night.run.root.name, stage=record.name, **resources)
 
     def _finish(self, ref: Any) -> None:
         night, record = self.running.pop(ref)
@@ -398,10 +396,6 @@ def observation_action_sizes(cfg: Config, schema: Path) -> tuple[int, int]:
         return env.observation_space.shape[0], env.action_space.shape[0]
     finally:
         env.close()
-
-
-def write_sweep_record(path: Path, runs: list[Path], seeds: list[int]) -> None:
-    write_json_atomic(path, {"seeds": seeds, "runs": [str(r) for r in runs]})
 
 
 # ------------------------------------------------------------------------------ the plan, side by side

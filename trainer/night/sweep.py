@@ -136,9 +136,7 @@ def run_and_summarise(cfg: Config, seeds: list[int], folder: Path, schema: str |
                       agents: str | None, quick: bool, budget: str | None, finish_by: str | None, resuming: bool,
                       force: bool, backend: str, address: str | None, say: Callable[[str], None]) -> str:
     """`trainer night --seeds`: every seed's night, then the summary's text; a failed stage is an error after it."""
-    cfg = session.quick_night(cfg) if quick else cfg
-    chosen = session.parse_agents(agents) if agents else list(cfg.schedule.agents)
-    deadline = session.night_deadline(cfg, budget, finish_by)
+    cfg, chosen, deadline = session.night_plan(cfg, quick, agents, budget, finish_by)
     summary, states = run_sweep(cfg, seeds, folder, schema, dataset, chosen, quick, deadline, resuming, force,
                                 backend, address, say)
     if any(state.failed() for state in states):
