@@ -246,7 +246,8 @@ def test_dockerfile_follows_the_rules():
     from dockerfile_parse import DockerfileParser
 
     parser = DockerfileParser(path=str(ROOT / "Dockerfile"))
-    assert parser.baseimage == "ubuntu:22.04"  # the cu118 torch wheels bring CUDA and cuDNN themselves
+    # Debian 12's Python (3.11.2, the lock's), and no CUDA base: the cu118 torch wheels bring CUDA and cuDNN.
+    assert parser.parent_images[0] == "debian:bookworm-slim"
     instructions = [(i["instruction"], i["value"]) for i in parser.structure]
     assert not any("latest" in value for kind, value in instructions if kind == "FROM")
     users = [value for kind, value in instructions if kind == "USER"]
@@ -256,20 +257,24 @@ def test_dockerfile_follows_the_rules():
     runs = " ".join(value for kind, value in instructions if kind == "RUN")
     assert '"torch==${TORCH}"' in runs and '--index-url "${TORCH_INDEX}"' in runs
     args = dict(value.split("=", 1) for kind, value in instructions if kind == "ARG")
-    assert args == {"TORCH_INDEX": "https://download.pytorch.org/whl/cu118", "TORCH": "2.7.1", "TORCHVISION": "0.22.1"}
-    assert "-c constraints.txt" in runs and "HOME=/tmp" in parser.content  # pinned; any --user can write
+    assert args == {"BASE": "debian:bookworm-slim", "TORCH_INDEX": "https://download.pytorch.org/whl/cu118",
+                    "TORCH": "2.7.1", "TORCHVISION": "0.22.1"}
+    # The lock installed as it is (nothing to resolve), then proved whole; any --user can write its caches.
+    assert "pip install --no-deps -r /tmp/lock/constraints.txt" in runs and "lock.py verify" in runs
+    assert "HOME=/tmp" in parser.content
     assert "NVIDIA_DRIVER_CAPABILITIES=compute,utility" in parser.content
     assert any(kind == "HEALTHCHECK" and "trainer.healthcheck" in value for kind, value in instructions)
     assert any(kind == "VOLUME" and "/app/outputs" in value for kind, value in instructions)
     copies = [value for kind, value in instructions if kind == "COPY"]
-    assert copies[0].startswith("pyproject.toml")  # dependencies before code
+    assert copies[0].startswith("docker/constraints.txt")  # dependencies before code
     ignored = (ROOT / ".dockerignore").read_text().split()
     assert {".venv", "outputs", ".git"} <= set(ignored)
 
 
 def test_compose_runs_the_night_as_documented():
     service = yaml.safe_load((ROOT / "compose.yaml").read_text())["services"]["trainer"]
-    assert service["user"] == "${UID:-1000}:${GID:-1000}" and service["volumes"] == ["./outputs:/app/outputs"]
+    assert service["user"] == "${PVBESS_UID:-1000}:${PVBESS_GID:-1000}"  # not UID: bash's is read-only
+    assert service["volumes"] == ["./outputs:/app/outputs"]
     assert (service["stop_grace_period"], service["shm_size"]) == ("2m", "1gb")
     device = service["deploy"]["resources"]["reservations"]["devices"][0]
     assert device["driver"] == "nvidia" and "gpu" in device["capabilities"]

@@ -181,7 +181,28 @@ def schedule_install(at: str, budget: str | None, finish_by: str | None, agents:
                                      Path(unit_dir) if unit_dir else None, dry_run))
 
 
-@command(cli)
+class LaunchCommand(click.Command):
+    """`trainer launch`, whose help speaks of the way it was started: launch.sh, or `docker run IMAGE` when
+    trainer.container runs it as the image's entrypoint (ctx.obj is then CONTAINER)."""
+
+    def get_help(self, ctx: click.Context) -> str:
+        text = super().get_help(ctx)
+        if ctx.find_root().obj is CONTAINER:
+            text = text.replace("launch.sh ", "docker run ... IMAGE ") + CONTAINER_HELP
+        return text
+
+
+CONTAINER = object()
+CONTAINER_HELP = """
+
+  In the image: one run folder a night in /app/outputs (mount a folder there), owned by --user:
+    docker run --gpus all --user "$(id -u):$(id -g)" --stop-timeout 120 --shm-size 1g
+        -v "$PWD/outputs:/app/outputs" IMAGE a2c --budget 2h
+  docker stop saves a checkpoint; resume with: docker run ... IMAGE all --resume /app/outputs/RUN
+"""
+
+
+@command(cli, cls=LaunchCommand)
 @click.option("--agent", type=click.Choice(AGENT_CHOICES), default=None, help="What to run (or AGENT anywhere).")
 @opts.config_file_option
 @opts.profile_option

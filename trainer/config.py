@@ -328,7 +328,9 @@ class OutputConfig(Section):
         if "/" in name or "\\" in name or name in (".", "..") or name.startswith(".."):
             raise ValueError(f"{value!r} must name one folder inside output.root (no '/', '\\' or '..')")
         return value
-    tensorboard: bool = doc("Also log TensorBoard events when the tensorboard extra is installed.")
+    tensorboard: bool | Literal["auto"] = doc(
+        "TensorBoard events beside progress.csv: auto (when the tensorboard package is installed, silently off "
+        "otherwise), true (warn when it is missing) or false.")
 
 
 class Config(Section):

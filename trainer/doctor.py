@@ -65,11 +65,22 @@ def check_packages() -> Check:
                                    f"{metadata.version('stable-baselines3')}, torch {metadata.version('torch')}")
 
 
+def nvidia_gpu_present() -> bool:
+    """Whether this machine (or container) has an NVIDIA GPU with its driver, whatever torch can use: the driver's
+    device node or /proc entry on Linux (what --gpus all passes into a container), its nvidia-smi anywhere."""
+    linux = Path("/dev/nvidia0").exists() or Path("/proc/driver/nvidia").exists()
+    return linux or shutil.which("nvidia-smi") is not None
+
+
 def check_torch_cuda(require_gpu: bool) -> list[Check]:
-    import torch
+    import torch  # heavy: only the checks that need it pay for it
 
     build = f"CUDA {torch.version.cuda} build" if torch.version.cuda else "CPU-only build"
     checks = [Check("torch", PASS, f"torch {torch.__version__}, {build}")]
+    if not torch.cuda.is_available() and not require_gpu and not nvidia_gpu_present():
+        # The README's promise: no GPU needed. Nothing to fix on a machine without one.
+        checks.append(Check("cuda", PASS, "no NVIDIA GPU here: training runs on the CPU"))
+        return checks
     if not torch.cuda.is_available():
         why = "this torch has no CUDA" if not torch.version.cuda else "no NVIDIA GPU or driver visible"
         fix = (
@@ -154,6 +165,9 @@ def check_tensorboard(cfg: Config) -> Check:
         return Check("tensorboard", PASS, "off (output.tensorboard: false): curves in progress.csv only")
     if tensorboard_installed():
         return Check("tensorboard", PASS, "curves written for TensorBoard beside progress.csv")
+    if cfg.output.tensorboard == "auto":
+        return Check("tensorboard", PASS, "off: the tensorboard package is not installed (curves in progress.csv; "
+                     "install it for TensorBoard's)")
     return Check("tensorboard", WARN, "output.tensorboard is on but the tensorboard package is not installed: "
                  "curves go to progress.csv only", TENSORBOARD_FIX)
 
@@ -187,6 +201,8 @@ def check_nvml() -> Check:
         gpus = nvml.gpus()
         return Check("nvml", PASS, f"the monitor sees {len(gpus)} GPU(s), driver {nvml.driver_version()}")
     except NvmlUnavailable as exc:
+        if not nvidia_gpu_present():
+            return Check("nvml", PASS, "no NVIDIA GPU here: the monitor records host CPU and memory")
         return Check("nvml", WARN, f"the GPU monitor will record host metrics only: {exc}",
                      "install the NVIDIA driver for GPU metrics")
     finally:

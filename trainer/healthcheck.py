@@ -18,7 +18,9 @@ HEARTBEAT = "logs/trainer.jsonl"
 
 @click.command()
 @click.option("--outputs", type=click.Path(file_okay=False), default="/app/outputs", help="Folder of run folders.")
-@click.option("--max-age", type=float, default=300.0, help="Seconds since the trainer last wrote before unhealthy.")
+@click.option("--max-age", type=click.FloatRange(min=1), default=300.0, show_default=True,
+              envvar="PVBESS_HEALTH_MAX_AGE", show_envvar=True,
+              help="Seconds since the trainer last wrote before unhealthy.")
 def main(outputs: str, max_age: float) -> None:
     files = list(Path(outputs).glob(f"*/{HEARTBEAT}"))
     if not files:

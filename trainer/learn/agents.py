@@ -113,7 +113,7 @@ def sb3_logger(cfg: Config, folder: Path):
     formats = ["csv"]
     if cfg.output.tensorboard and tensorboard_installed():
         formats.append("tensorboard")
-    elif cfg.output.tensorboard:
+    elif cfg.output.tensorboard is True:  # asked for by name: say why there are none
         logs.get().warning("TensorBoard curves are off: the tensorboard package is not installed",
                            fix=TENSORBOARD_FIX)
     logger = configure(str(folder), formats)
@@ -133,7 +133,9 @@ def _never_raises(write: Any, folder: Path) -> Any:
     return safe_write
 
 
-TENSORBOARD_FIX = "pip install 'pvbess-trainer[tensorboard]' (or set output.tensorboard: false)"
+# The package is not on an index: the extra installs from the checkout only, so name the package itself.
+TENSORBOARD_FIX = ("install it into the trainer's environment: .venv/bin/pip install 'tensorboard>=2.14' "
+                   "(or set output.tensorboard: auto)")
 
 
 def tensorboard_installed() -> bool:
