@@ -32,6 +32,8 @@ from trainer.report import report_run
 from trainer.run_dir import RunDir
 from trainer.scenario import build_site
 from trainer.signals import handle_stop_signals
+from trainer.sim import parity
+from trainer.sim.site import Unsupported
 
 
 def _print_results(results: dict, run: RunDir) -> None:
@@ -273,6 +275,38 @@ def benchmark_command(config_files: tuple[str, ...], overrides: tuple[str, ...],
                                          lambda *a: click.echo(benchmark.progress_line(*a), err=True))
     click.echo(text)
     sys.exit(1 if failed else 0)
+
+
+@cli.group()
+def sim() -> None:
+    """The training simulator (many sites stepped at once as arrays) and its parity with CityLearn."""
+
+
+@command(sim, "check")
+@opts.config_options
+@opts.dataset_options
+@click.option("--policy", "policies", multiple=True, type=click.Choice(list(parity.POLICIES)),
+              help="Drive both with this policy (repeatable; default: every one).")
+@click.option("--steps", type=click.IntRange(min=1), default=None, help="Compare this many steps (default: all).")
+def sim_check(config_files: tuple[str, ...], overrides: tuple[str, ...], profile: str | None, schema: str | None,
+              dataset: str | None, policies: tuple[str, ...], steps: int | None) -> None:
+    """Whether the training simulator matches CityLearn on this dataset, and where it first does not."""
+    cfg = session.resolve_config(config_files, overrides, profile=profile)
+    source = resolve_dataset(schema, dataset)
+    with session.site_schema(cfg, source) as path:
+        click.echo("reading the dataset: a zero-action pass of CityLearn over its period", err=True)
+        try:
+            check = parity.ParityCheck(cfg, path)
+        except Unsupported as exc:
+            raise UsageError(f"the training simulator does not model this dataset: {exc}; "
+                             "training uses CityLearn itself there") from None
+        results = []
+        for policy in policies or parity.POLICIES:
+            results.append(check.run(policy, steps))
+            click.echo(results[-1].line())
+    click.echo(parity.verdict(results, str(path) if source else "the built-in site"))
+    matched = all(r.ok for r in results)
+    sys.exit(0 if matched else 1)
 
 
 @command(cli)

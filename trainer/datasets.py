@@ -82,7 +82,9 @@ def check_dataset(schema: Path) -> None:
                                                   if isinstance(b, dict)):
         raise DatasetError(f"{schema}: the schema has no buildings to simulate; add at least one under "
                            "'buildings' (with include: true)")
-    root = schema.parent  # CityLearn reads a schema's files beside it, whatever its root_directory says
+    # Where CityLearn reads the files: root_directory (absolute, or relative to the schema), else beside it.
+    configured = data.get("root_directory")
+    root = schema.parent if not configured else (schema.parent / Path(str(configured)).expanduser()).resolve()
     checked: set[Path] = set()
     for name, building in buildings.items():
         if not isinstance(building, dict) or not building.get("include", True):
