@@ -22,7 +22,8 @@ def test_pairs_are_interleaved_and_the_sweep_doubles_up_to_four_per_core():
     one_round = [("env_plain", None), ("env_product", None), ("plain", "sac"), ("product", "sac"),
                  ("plain", "ppo"), ("product", "ppo")]
     assert kinds[:12] == one_round * 2
-    assert [t.n_envs for t in trials[12:]] == [1, 2, 4, 8]  # up to 4 per core
+    assert [t.n_envs for t in trials[12:] if t.kind == "sweep"] == [1, 2, 4, 8]  # up to 4 per core
+    assert [t.n_envs for t in trials if t.kind == "simulator"] == [1, 64, 256, 1024]
 
 
 def test_summary_takes_medians_and_ratios():
@@ -39,6 +40,7 @@ def test_summary_takes_medians_and_ratios():
         trial("plain", "sac", 40, 520, 500, updates=45), trial("product", "sac", 60, 515, 650, updates=70),
         Trial("env_plain", result={"steps_per_s": 250}), Trial("env_product", result={"steps_per_s": 425}),
         Trial("sweep", n_envs=2, result={"steps_per_s": 600.04}),
+        Trial("simulator", n_envs=64, result={"steps_per_s": 35790.44}),
         Trial("plain", "a2c", result={"error": "plain a2c failed (exit 1): boom"}),
     ]
     summary = summarise(trials)
@@ -47,13 +49,14 @@ def test_summary_takes_medians_and_ratios():
     assert (ppo["rss_ratio"], ppo["pss_ratio"], ppo["product_n_envs"], ppo["samples"]) == (1.0, 1.48, 4, 3)
     assert summary["agents"]["sac"]["updates_ratio"] == 1.56
     assert summary["env"] == {"plain_steps_per_s": 250, "product_steps_per_s": 425, "ratio": 1.7}
-    assert summary["sweep"] == {"2": 600.0}
+    assert summary["sweep"] == {"2": 600.0} and summary["simulator"] == {"64": 35790.4}
     assert summary["errors"] == ["plain a2c failed (exit 1): boom"]
     report = {"machine": {"cpu": "Test CPU", "cores": 2, "gpu": None, "torch": "x"}, "device": "cpu",
               "sizes": {"repeats": 3}, "seconds": 12.0, "summary": summary}
     table = format_report(report)
     assert "ppo training steps/s (4 envs)" in table and "1.92x" in table
     assert "error: plain a2c failed (exit 1): boom" in table
+    assert "training simulator" in table and "64: 35,790" in table
 
 
 @pytest.mark.slow
@@ -69,13 +72,14 @@ def test_quick_benchmark_produces_every_figure(tmp_path):
     report = json.loads(out.read_text())
     summary = report["summary"]
     assert summary["errors"] == []
-    figures = [summary["env"]["plain_steps_per_s"], summary["env"]["product_steps_per_s"], *summary["sweep"].values()]
+    figures = [summary["env"]["plain_steps_per_s"], summary["env"]["product_steps_per_s"], *summary["sweep"].values(),
+               *summary["simulator"].values()]
     for agent in ("sac", "ppo", "a2c"):
         row = summary["agents"][agent]
         figures += [row["plain_steps_per_s"], row["product_steps_per_s"], row["ratio"], row["plain_peak_rss_mb"],
                     row["product_peak_rss_mb"], row["plain_tree_pss_mb"], row["product_tree_pss_mb"]]
     figures += [summary["agents"]["sac"]["plain_updates_per_s"], summary["agents"]["sac"]["product_updates_per_s"]]
     assert all(isinstance(v, (int, float)) and math.isfinite(v) and v > 0 for v in figures), figures
-    assert set(summary["sweep"]) == {"1", "2"}
+    assert set(summary["sweep"]) == {"1", "2"} and set(summary["simulator"]) == {"1", "8"}
     assert report["machine"]["cores"] >= 1 and report["device"] == "cpu"
     assert "environment steps/s" in proc.stdout and "sac gradient updates/s" in proc.stdout

@@ -61,8 +61,13 @@ def params(model) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in model.policy.state_dict().items()}
 
 
-@pytest.mark.parametrize("agent,extra", [("sac", ()), ("ppo", ()), ("a2c", ()), ("ppo", PARALLEL)],
-                         ids=["sac", "ppo", "a2c", "ppo-2-workers"])
+# The training simulator: two PPO sites in one process, and SAC, with the windows it draws itself.
+SIMULATOR = ("train.simulator=vector",)
+
+
+@pytest.mark.parametrize("agent,extra", [("sac", ()), ("ppo", ()), ("a2c", ()), ("ppo", PARALLEL),
+                                         ("ppo", (*PARALLEL, *SIMULATOR)), ("sac", SIMULATOR)],
+                         ids=["sac", "ppo", "a2c", "ppo-2-workers", "ppo-2-simulated", "sac-simulated"])
 def test_straight_equals_stop_and_resume(agent, extra, tmp_path, site_schema):
     straight = StageTrainer(context(tmp_path, "straight", site_schema, agent, extra), agent, 2 * N)
     try:
@@ -83,7 +88,7 @@ def test_straight_equals_stop_and_resume(agent, extra, tmp_path, site_schema):
         model = second.train(resume=True)
     finally:
         second.close()
-    assert model.num_timesteps == 2 * N and second.n_envs == (2 if extra else 1)
+    assert model.num_timesteps == 2 * N and second.n_envs == (2 if "ppo.n_envs=2" in extra else 1)
     resumed = params(model)
     assert resumed.keys() == reference.keys()
     for key in reference:

@@ -137,6 +137,13 @@ class WarmStartConfig(Section):
                             "which undoes the imitation); SAC keeps SB3's.", gt=0, le=1)
 
 
+class TrainConfig(Section):
+    simulator: Literal["auto", "vector", "citylearn"] = doc(
+        "What agents train on: vector (the training simulator, many sites as arrays in one process; "
+        "docs/simulator.md), citylearn (CityLearn itself, in worker processes), or auto (vector where the dataset "
+        "is one it models, else citylearn). Evaluation, references and every reported figure always use CityLearn.")
+
+
 class GpuConfig(Section):
     device: Literal["auto", "cpu", "cuda"] = doc("Torch device: auto picks cuda when available.")
     cudnn_benchmark: bool = doc("torch.backends.cudnn.benchmark on CUDA.")
@@ -341,6 +348,7 @@ class Config(Section):
     ev: EvConfig
     observations: ObservationsConfig
     warm_start: WarmStartConfig
+    train: TrainConfig
     gpu: GpuConfig
     sac: SacConfig
     ppo: PpoConfig

@@ -245,7 +245,7 @@ class _NormalisationPlan:
         self.inv_span = np.where(self.flat, 0.0, 1.0 / np.where(self.flat, 1.0, span))
 
     def __call__(self, raw) -> np.ndarray:
-        values = np.asarray(raw, dtype=float)[self.source]
+        values = np.asarray(raw, dtype=float)[..., self.source]  # one observation, or a batch (N, K)
         angle = values * self.angle_scale
         values = np.where(self.is_cos, np.cos(angle), np.where(self.is_sin, np.sin(angle), values))
         return np.where(self.flat, 0.0, (values - self.low) * self.inv_span).astype(np.float32)

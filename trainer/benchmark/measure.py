@@ -34,6 +34,7 @@ class TrialKind(StrEnum):
     PLAIN = "plain"                  # an agent trained by SB3's own loop
     PRODUCT = "product"              # an agent trained by the night's StageTrainer
     SWEEP = "sweep"                  # the product's environments at n_envs in parallel
+    SIMULATOR = "simulator"          # the training simulator's n_envs sites in one process, random actions
     LEARN_PLAIN = "learn_plain"      # --learning: CO2 after training with SB3's own loop
     LEARN_PRODUCT = "learn_product"  # --learning: CO2 after training with the product
 
@@ -50,12 +51,13 @@ class Sizes:
     sac_updates: int = 50
     repeats: int = 2
     sweep: tuple[int, ...] | None = None  # None: 1, 2, 4 ... up to the automatic choice's 4 per core
+    simulator: tuple[int, ...] = (1, 64, 256, 1024)  # sites stepped at once by the training simulator
 
     @classmethod
     def quick(cls) -> Sizes:
         """A smoke run for CI: every figure produced, none of them meaningful."""
         return cls(env_steps=60, onpolicy_steps=64, onpolicy_rollout=32, sac_steps=60, sac_learning_starts=30,
-                   sac_updates=5, repeats=1, sweep=(1, 2))
+                   sac_updates=5, repeats=1, sweep=(1, 2), simulator=(1, 8))
 
 
 @dataclass
@@ -109,6 +111,7 @@ def plan_trials(agents: list[str], sizes: Sizes, cores: int) -> list[Trial]:
             trials += [Trial(TrialKind.PLAIN, agent), Trial(TrialKind.PRODUCT, agent)]
     for n in sizes.sweep or _sweep(cores):
         trials.append(Trial(TrialKind.SWEEP, n_envs=n))
+    trials += [Trial(TrialKind.SIMULATOR, n_envs=n) for n in sizes.simulator]
     return trials
 
 
@@ -152,6 +155,7 @@ def summarise(trials: list[Trial]) -> dict[str, Any]:
         "env": {},
         "agents": {},
         "sweep": {},
+        "simulator": {},
         "errors": [t.result["error"] for t in trials if "error" in t.result],
     }
     plain_env, product_env = (
@@ -187,8 +191,8 @@ def summarise(trials: list[Trial]) -> dict[str, Any]:
         row["samples"] = len(figures(TrialKind.PRODUCT, agent, "steps_per_s"))
         out["agents"][agent] = row
     for t in trials:
-        if t.kind == TrialKind.SWEEP and "steps_per_s" in t.result:
-            out["sweep"][str(t.n_envs)] = round(t.result["steps_per_s"], 1)
+        if t.kind in (TrialKind.SWEEP, TrialKind.SIMULATOR) and "steps_per_s" in t.result:
+            out[TrialKind(t.kind).value][str(t.n_envs)] = round(t.result["steps_per_s"], 1)
     return out
 
 
@@ -297,6 +301,10 @@ def format_report(report: dict[str, Any]) -> str:
     if s["sweep"]:
         lines += ["", "environment steps/s by parallel environments (product env, random actions):",
                   "  " + "   ".join(f"{n}: {v:,.0f}" for n, v in s["sweep"].items())]
+    if s.get("simulator"):
+        lines += ["", "environment steps/s by sites stepped at once (training simulator, one process, random actions,"
+                  " guard and reward included):",
+                  "  " + "   ".join(f"{n}: {v:,.0f}" for n, v in s["simulator"].items())]
     for error in s["errors"]:
         lines.append(f"error: {error}")
     return "\n".join(lines)

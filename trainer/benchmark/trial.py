@@ -128,6 +128,11 @@ def run_trial(trial: Trial, cfg: Config, schema: Path, device: str, sizes: Sizes
         return {"steps_per_s": _env_rate(make_sb3_env(cfg, schema, "train", cfg.seed), sizes.env_steps)}
     if trial.kind in (TrialKind.LEARN_PLAIN, TrialKind.LEARN_PRODUCT):
         return _learn_and_evaluate(trial, cfg, schema, device)
+    if trial.kind == TrialKind.SIMULATOR:
+        from trainer.sim.vec_env import SimVecEnv  # lazy: only this trial reads the site into arrays
+
+        env = SimVecEnv(cfg, schema, trial.n_envs, cfg.seed, episode_steps=cfg.scenario.train_episode_days * 24)
+        return {"steps_per_s": _vec_env_rate(env, max(sizes.env_steps, 50 * trial.n_envs))}
     if trial.kind == TrialKind.SWEEP:
         return {
             "steps_per_s": _vec_env_rate(
@@ -215,11 +220,12 @@ def _vec_env_rate(env: VecEnv, steps: int) -> float:
 
     try:
         env.reset()
-        actions = np.stack([env.action_space.sample() for _ in range(env.num_envs)])
+        # a few batches of random actions, drawn before the clock starts, taken in turn
+        batches = [np.stack([env.action_space.sample() for _ in range(env.num_envs)]) for _ in range(8)]
         rounds = max(steps // env.num_envs, 1)
         start = time.perf_counter()
-        for _ in range(rounds):
-            env.step(actions)
+        for i in range(rounds):
+            env.step(batches[i % len(batches)])
         return rounds * env.num_envs / (time.perf_counter() - start)
     finally:
         env.close()
@@ -236,7 +242,8 @@ def _child_main(spec_json: str) -> None:
     spec = json.loads(spec_json)
     logs.configure()  # to stderr, which the parent keeps for an error's last line
     cfg = Config.model_validate(json.loads(Path(spec["config"]).read_text(encoding="utf-8")))
-    sizes = Sizes(**{**spec["sizes"], "sweep": tuple(spec["sizes"]["sweep"]) if spec["sizes"]["sweep"] else None})
+    sizes = Sizes(**{**spec["sizes"], "sweep": tuple(spec["sizes"]["sweep"]) if spec["sizes"]["sweep"] else None,
+                     "simulator": tuple(spec["sizes"]["simulator"])})
     trial = Trial(**{k: v for k, v in spec["trial"].items() if k != "result"})
     trial.kind = TrialKind(trial.kind)
     result = run_trial(trial, cfg, Path(spec["schema"]), spec["device"], sizes)

@@ -36,6 +36,7 @@ def training_view(config: dict[str, Any], agent: str) -> dict[str, Any]:
     (timesteps, episodes) is left out, so a finished run can be extended."""
     others = set(AGENTS) - {agent}
     view = {k: v for k, v in config.items() if k not in others and k not in NOT_TRAINING}
+    view.setdefault("train", {"simulator": "citylearn"})  # checkpoints from before the choice trained on CityLearn
     if isinstance(view.get(agent), dict):
         view[agent] = {k: v for k, v in view[agent].items() if k not in ("timesteps", "episodes", "device")}
     return view

@@ -24,7 +24,6 @@ from trainer import logs
 from trainer.checkpoint import Checkpoint, CheckpointStore, check_owner, load_replay, restore_rng
 from trainer.config import AgentConfig, Config
 from trainer.device import agent_device, apply_cpu_threads
-from trainer.env import make_training_vec_env
 from trainer.learn.agents import (
     algorithm,
     apply_sizes,
@@ -41,6 +40,7 @@ from trainer.learn.recovery import Failure, NonFinite, NonFiniteError, OutOfMemo
 from trainer.learn.state import Boundary, EpisodeTracker, Sizes, StopReason, TrainingState
 from trainer.run_dir import AgentDir
 from trainer.signals import STOP
+from trainer.sim.factory import training_vec_env
 
 if TYPE_CHECKING:
     from stable_baselines3.common.base_class import BaseAlgorithm
@@ -237,7 +237,8 @@ def initial_sizes(section: AgentConfig, agent: str, target: int, n_envs: int) ->
 
 
 def training_env(cfg: Config, schema: Path, agent: str, n_envs: int) -> VecEnv:
-    """The training environments: parallel for PPO and A2C, in a worker for SAC learning while stepping."""
+    """The training environments (train.simulator): the simulator's N sites in this process, or CityLearn's,
+    parallel for PPO and A2C and in a worker for SAC learning while stepping."""
     from stable_baselines3.common.vec_env import (
         SubprocVecEnv,  # lazy: SB3 imports torch
     )
@@ -245,9 +246,9 @@ def training_env(cfg: Config, schema: Path, agent: str, n_envs: int) -> VecEnv:
     from trainer.learn.fast_sac import TrainWhileStepping
 
     overlap = agent == "sac" and cfg.sac.learn_while_stepping
-    env = make_training_vec_env(cfg, schema, cfg.seed, n_envs, subprocesses=n_envs > 1 or overlap)
+    env, simulator = training_vec_env(cfg, schema, n_envs, subprocesses=n_envs > 1 or overlap)
     workers = isinstance(env, SubprocVecEnv)
-    logs.get().info("training environments", agent=agent, n_envs=n_envs, workers=workers,
+    logs.get().info("training environments", agent=agent, n_envs=n_envs, simulator=simulator, workers=workers,
                     learn_while_stepping=overlap and workers)
     return TrainWhileStepping(env) if overlap and workers else env
 

@@ -11,7 +11,7 @@ standby loss, floored at the depth of discharge. tests/test_sim.py drives both w
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -22,13 +22,16 @@ TINY = 1e-8
 
 def curve_at(value: np.ndarray, xs: np.ndarray, ys: np.ndarray) -> np.ndarray:
     """CityLearn's piecewise-linear curves, per battery: the segment is searchsorted(x, v, 'left') - 1 clamped to
-    the first and last one, extended linearly beyond the ends. value (N, M); xs, ys (M, K)."""
-    below = (xs[None, :, :] < value[..., None]).sum(-1)  # searchsorted(x, v, side='left')
-    idx = np.clip(below - 1, 0, xs.shape[1] - 2)
-    x0 = np.take_along_axis(np.broadcast_to(xs, value.shape + xs.shape[1:]), idx[..., None], -1)[..., 0]
-    x1 = np.take_along_axis(np.broadcast_to(xs, value.shape + xs.shape[1:]), idx[..., None] + 1, -1)[..., 0]
-    y0 = np.take_along_axis(np.broadcast_to(ys, value.shape + ys.shape[1:]), idx[..., None], -1)[..., 0]
-    y1 = np.take_along_axis(np.broadcast_to(ys, value.shape + ys.shape[1:]), idx[..., None] + 1, -1)[..., 0]
+    the first and last one, extended linearly beyond the ends. xs and ys (..., K) broadcast against value (...)."""
+    if xs.shape[-1] == 2:  # one segment (most datasets' curves): no search, no gather
+        x0, x1, y0, y1 = xs[..., 0], xs[..., 1], ys[..., 0], ys[..., 1]
+        return y0 + (y1 - y0) * (value - x0) / (x1 - x0)
+    xs = np.broadcast_to(xs, value.shape + xs.shape[-1:])
+    ys = np.broadcast_to(ys, value.shape + ys.shape[-1:])
+    below = (xs < value[..., None]).sum(-1)  # searchsorted(x, v, side='left')
+    idx = np.clip(below - 1, 0, xs.shape[-1] - 2)[..., None]
+    x0, x1 = np.take_along_axis(xs, idx, -1)[..., 0], np.take_along_axis(xs, idx + 1, -1)[..., 0]
+    y0, y1 = np.take_along_axis(ys, idx, -1)[..., 0], np.take_along_axis(ys, idx + 1, -1)[..., 0]
     return y0 + (y1 - y0) * (value - x0) / (x1 - x0)
 
 
@@ -84,6 +87,12 @@ class BatterySpec:
     def size(self) -> int:
         return len(self.capacity)
 
+    def gathered(self, index: np.ndarray) -> BatterySpec:
+        """The parameters of battery ``index[...]`` at each place of ``index`` (shape (..., ) and (..., K))."""
+        return replace(self, **{name: getattr(self, name)[index] for name in (
+            "capacity", "nominal_power", "loss", "min_soc", "capacity_loss", "initial_soc",
+            "efficiency_x", "efficiency_y", "power_x", "power_y")})
+
 
 class BatteryBank:
     """The state of a :class:`BatterySpec`'s batteries in N environments."""
@@ -108,28 +117,10 @@ class BatteryBank:
     def charge(self, energy: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
         """``Battery.charge(energy)`` (kWh, + charges) where ``mask``; returns the energy balance (float32, kWh)."""
         s = self.spec
-        hours = s.hours
-        min_energy = s.min_soc * s.capacity
-        energy_init = np.maximum(min_energy, self.soc.astype(float) * s.capacity)
-        degraded = self.degraded_capacity
-        max_power = s.nominal_power * curve_at(energy_init / np.maximum(s.capacity, TINY), s.power_x, s.power_y)
-        max_energy = np.maximum(max_power, 0.0) * hours
-        charging = energy >= 0
-        requested = np.abs(energy)
-        limited = np.minimum(requested, max_energy)
-        for _ in range(2):  # CityLearn iterates twice: the efficiency depends on the power it limits
-            efficiency = curve_at(np.clip(limited / hours / np.maximum(s.nominal_power, TINY), 0.0, 1.0),
-                                  s.efficiency_x, s.efficiency_y)
-            root = efficiency**0.5
-            headroom = np.maximum(degraded - energy_init, 0.0) / np.maximum(root, TINY)
-            reserve = np.maximum(energy_init - min_energy, 0.0) * root
-            limited = np.minimum(np.minimum(requested, max_energy), np.where(charging, headroom, reserve))
-        signed = np.where(charging, limited, -limited)
-        final = np.where(charging, np.minimum(energy_init + signed * root, s.capacity),
-                         np.maximum(min_energy, energy_init + signed / root))
-        delta = final - energy_init
-        balance = np.where(delta >= 0, delta / root, delta * root).astype(np.float32)
+        final, balance = charged(s, self.soc.astype(float) * s.capacity, self.degraded_capacity, energy)
+        balance = balance.astype(np.float32)
         soc = (final / np.maximum(s.capacity, TINY)).astype(np.float32)
+        degraded = self.degraded_capacity
         wear = s.capacity_loss * s.capacity * np.abs(balance.astype(float)) / (2 * np.maximum(degraded, TINY))
         if mask is None:
             self.soc[...] = soc
@@ -138,3 +129,29 @@ class BatteryBank:
         self.soc[...] = np.where(mask, soc, self.soc)
         self.degraded_capacity = np.where(mask, np.maximum(degraded - wear, 0.0), degraded)
         return np.where(mask, balance, np.float32(0.0))
+
+
+def charged(s: BatterySpec, stored: np.ndarray, degraded: np.ndarray, energy: np.ndarray
+            ) -> tuple[np.ndarray, np.ndarray]:
+    """``Battery.charge`` as numbers: (stored kWh after, energy balance) from ``stored`` kWh with ``energy`` kWh
+    asked (+ charges). The spec's arrays broadcast against the state (a bank's (M,), or gathered (N, C))."""
+    hours = s.hours
+    min_energy = s.min_soc * s.capacity
+    energy_init = np.maximum(min_energy, stored)
+    max_power = s.nominal_power * curve_at(energy_init / np.maximum(s.capacity, TINY), s.power_x, s.power_y)
+    max_energy = np.maximum(max_power, 0.0) * hours
+    charging = energy >= 0
+    requested = np.abs(energy)
+    limited = np.minimum(requested, max_energy)
+    for _ in range(2):  # CityLearn iterates twice: the efficiency depends on the power it limits
+        efficiency = curve_at(np.clip(limited / hours / np.maximum(s.nominal_power, TINY), 0.0, 1.0),
+                              s.efficiency_x, s.efficiency_y)
+        root = efficiency**0.5
+        headroom = np.maximum(degraded - energy_init, 0.0) / np.maximum(root, TINY)
+        reserve = np.maximum(energy_init - min_energy, 0.0) * root
+        limited = np.minimum(np.minimum(requested, max_energy), np.where(charging, headroom, reserve))
+    signed = np.where(charging, limited, -limited)
+    final = np.where(charging, np.minimum(energy_init + signed * root, s.capacity),
+                     np.maximum(min_energy, energy_init + signed / root))
+    delta = final - energy_init
+    return final, np.where(delta >= 0, delta / root, delta * root)

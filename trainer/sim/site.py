@@ -140,6 +140,10 @@ class SiteTables:
     arrival_soc: np.ndarray  # (steps, C) soc a car is given when it plugs in at t mid-episode (NaN: keeps its own)
     first_soc: np.ndarray  # (steps, C) soc a car plugged in when an episode starts at t is given (NaN: initial)
     incoming_soc: np.ndarray  # (steps, E) soc a car is given at the end of step t, as it is about to plug in
+    required_soc: np.ndarray  # (steps, C) the connected car's required soc at departure (CityLearn's, NaN: none)
+    departure: np.ndarray  # (steps, C) steps after t before it leaves (NaN: none)
+    carbon: np.ndarray  # (steps, B) kg CO2 per kWh
+    price: np.ndarray  # (steps, B) per kWh
     soc_column: np.ndarray  # (Mb,) position of each battery's soc in the raw observations, -1 if unobserved
     net_column: np.ndarray  # (B,)
     car_soc_column: np.ndarray  # (C,)
@@ -184,6 +188,10 @@ class SiteTables:
             car_soc_column=np.asarray([columns.get((b, f"connected_electric_vehicle_at_charger_{c.charger_id}_soc"), -1)
                                        for b, _, c in chargers], dtype=int),
             n_actions=offset,
+            carbon=np.stack([np.asarray(b.carbon_intensity.carbon_intensity, dtype=float)[:steps]
+                             for b in env.buildings], axis=1),
+            price=np.stack([np.asarray(b.pricing.electricity_pricing, dtype=float)[:steps] for b in env.buildings],
+                           axis=1),
         )
 
 
@@ -245,7 +253,12 @@ def _sessions(chargers: list[Any], car_index: dict[str, int], steps: int) -> dic
                 index = t if (ids[t] == ids[t + 1] and state[t] == INCOMING) else t + 1
                 if not math.isnan(estimated[index]) and math.isnan(incoming[t, car_index[ids[t + 1]]]):
                     incoming[t, car_index[ids[t + 1]]] = estimated[index]
-    return {"connected": connected, "arrival_soc": arrival, "first_soc": first, "incoming_soc": incoming}
+    required = np.stack([np.asarray(c.charger_simulation.electric_vehicle_required_soc_departure, dtype=float)[:steps]
+                         for c in chargers], axis=1) if n else np.zeros((steps, 0))
+    departure = np.stack([np.asarray(c.charger_simulation.electric_vehicle_departure_time, dtype=float)[:steps]
+                          for c in chargers], axis=1) if n else np.zeros((steps, 0))
+    return {"connected": connected, "arrival_soc": arrival, "first_soc": first, "incoming_soc": incoming,
+            "required_soc": required, "departure": departure}
 
 
 class VectorSite:
@@ -303,6 +316,12 @@ class VectorSite:
 
     def step(self, actions: np.ndarray) -> np.ndarray:
         """Apply native actions (N, n_actions) at each environment's step; returns the net consumption (N, B)."""
+        self.begin()
+        return self.apply(actions)
+
+    def begin(self) -> None:
+        """The start of each environment's step: batteries carried over from the last one, arriving cars plugged in
+        (what CityLearn does as it advances time, so that a guard can look at the state the actions meet)."""
         tab = self.tables
         t = self.t
         first = t == self.start
@@ -314,6 +333,11 @@ class VectorSite:
         rows, cols = np.nonzero(plug)
         self.cars.soc[rows, cars[rows, cols]] = arrival[rows, cols].astype(np.float32)
 
+    def apply(self, actions: np.ndarray) -> np.ndarray:
+        """Apply native actions (N, n_actions) after :meth:`begin`; returns the net consumption (N, B)."""
+        tab = self.tables
+        t = self.t
+        cars = tab.connected[t]
         battery_energy = np.clip(actions[:, tab.battery_action], -1.0, 1.0) * tab.batteries.nominal_power * tab.hours
         battery_balance = self.batteries.charge(battery_energy)
 

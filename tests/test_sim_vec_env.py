@@ -1,0 +1,93 @@
+"""The training simulator as SB3's VecEnv gives what the product's CityLearn training environment gives."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from trainer.config_files import load_config
+from trainer.env import make_sb3_env
+from trainer.sim.vec_env import SimVecEnv
+
+from .test_sim import TWO_WEEKS, _v2g, variant
+
+
+@pytest.fixture(scope="module")
+def sites(site_schema, tmp_path_factory):
+    root = tmp_path_factory.mktemp("vec-sites")
+    return {"built-in": variant(site_schema, root / "built-in", steps=TWO_WEEKS),
+            "v2g": variant(site_schema, root / "v2g", _v2g, steps=TWO_WEEKS)}
+
+
+def drive_both(cfg, schema, steps: int, seed: int = 0):
+    """The product's CityLearn environment (guard, reward, normalisation) and the simulator, same agent actions."""
+    product = make_sb3_env(cfg, schema, "eval", cfg.seed)
+    sim = SimVecEnv(cfg, schema, 1, cfg.seed)
+    expected, _ = product.reset()
+    got = sim.reset()[0]
+    rng = np.random.default_rng(seed)
+    worst_obs = worst_reward = 0.0
+    for _ in range(steps):
+        worst_obs = max(worst_obs, float(np.abs(expected - got).max()))
+        action = rng.uniform(-1, 1, product.action_space.shape)
+        expected, reward, _, _, _ = product.step(action)
+        got, rewards, _, _ = sim.step(action[None])
+        got = got[0]
+        worst_reward = max(worst_reward, abs(reward - float(rewards[0])))
+    guard = product.env.guard
+    return worst_obs, worst_reward, guard.interventions, sim.guard.interventions
+
+
+@pytest.mark.parametrize("site, overrides", [("built-in", ()), ("built-in", ("reward.storage=1.0",)),
+                                             ("v2g", ())], ids=["built-in", "storage-credit", "v2g-curves"])
+def test_observations_rewards_and_the_guard_are_the_product_s(site, overrides, sites):
+    cfg = load_config(overrides=list(overrides))
+    worst_obs, worst_reward, raised, sim_raised = drive_both(cfg, sites[site], TWO_WEEKS - 2)
+    assert worst_obs < 1e-5 and worst_reward < 1e-5
+    assert raised > 0 and sim_raised == raised  # the guard acted, and on the same steps
+
+
+def test_the_built_in_site_takes_the_closed_forms_and_the_v2g_variant_the_steps(sites):
+    cfg = load_config()
+    assert SimVecEnv(cfg, sites["built-in"], 1, 0).linear
+    assert not SimVecEnv(cfg, sites["v2g"], 1, 0).linear
+
+
+def test_auto_reset_windows_and_the_episode_cursor(sites):
+    cfg = load_config()
+    env = SimVecEnv(cfg, sites["built-in"], 3, seed=7, episode_steps=24)
+    first = env.reset()
+    assert first.shape == (3, env.observation_space.shape[0]) and env.episode_index() == [0, 0, 0]
+    starts = [int(s) for s in env.site.start]
+    assert len(set(starts)) > 1  # each environment in its own window
+    zero = np.zeros((3, env.action_space.shape[0]))
+    for _ in range(22):
+        _, _, dones, infos = env.step(zero)
+        assert not dones.any()
+    before_last = env._observations().copy()
+    obs, rewards, dones, infos = env.step(zero)
+    assert dones.all() and env.episode_index() == [1, 1, 1]
+    np.testing.assert_array_equal(infos[0]["terminal_observation"], before_last[0])  # CityLearn repeats it
+    assert infos[0]["episode"]["l"] == 23 and np.isfinite(infos[0]["episode"]["r"])
+    # windows are a function of the seed, the environment and the episode: a resumed cursor walks the same ones
+    again = SimVecEnv(cfg, sites["built-in"], 3, seed=7, episode_steps=24)
+    again.env_method("set_next_episode", 1, indices=[0, 1, 2])
+    again.reset()
+    assert [int(s) for s in again.site.start] == [int(s) for s in env.site.start]
+    assert again.env_method("episode_index") == [1, 1, 1]
+
+
+def test_train_simulator_vector_refuses_a_dataset_it_cannot_model_and_auto_falls_back(site_schema, tmp_path):
+    from trainer.errors import UsageError
+    from trainer.sim.factory import training_vec_env
+
+    from .test_sim import _thermal
+
+    schema = variant(site_schema, tmp_path, _thermal, steps=48)
+    with pytest.raises(UsageError, match="train.simulator is vector, but .* dhw_storage"):
+        training_vec_env(load_config(overrides=["train.simulator=vector"]), schema, 1, subprocesses=False)
+    env, simulator = training_vec_env(load_config(overrides=["train.simulator=auto"]), schema, 1, subprocesses=False)
+    try:
+        assert simulator == "citylearn"
+    finally:
+        env.close()

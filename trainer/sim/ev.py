@@ -1,0 +1,165 @@
+"""The EV guard and the EV reward term on the simulator's arrays (trainer.ev_service's rules, vectorised).
+
+For each connected car at its charger, in N environments at once: what it stores after a step at a
+given action, what it can still reach by departure at full power, the least action that still serves
+it (the guard), and how much of its shortfall became unavoidable this step (the reward's EV term).
+The charging physics is the batteries' own (trainer.sim.battery.charged), so it is CityLearn's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from trainer.ev_service import _BISECTION_STEPS
+from trainer.sim.battery import BatteryBank, charged
+from trainer.sim.site import SiteTables
+
+
+@dataclass
+class Sessions:
+    """The car at each charger at one step, (N, C): where one is connected with a departure and a need."""
+
+    tables: SiteTables
+    t: np.ndarray  # (N,) absolute step
+    cars: BatteryBank
+    linear: bool = False  # every path is linear (linear_paths): closed forms instead of stepping and bisecting
+
+    def __post_init__(self) -> None:
+        tab = self.tables
+        index = tab.connected[self.t]
+        required = tab.required_soc[self.t]
+        left = tab.departure[self.t]
+        self.connected = index >= 0
+        self.valid = self.connected & np.isfinite(required) & np.isfinite(left) & (required > 0)
+        self.car = np.where(self.connected, index, 0)
+        self.spec = tab.cars.gathered(self.car)
+        rows = np.arange(len(self.t))[:, None]
+        self.degraded = self.cars.degraded_capacity[rows, self.car]
+        self.required_kwh = np.where(self.valid, required, 0.0) * self.spec.capacity
+        self.steps_left = np.maximum(np.where(self.valid, left, 0), 0).astype(int)
+
+    def stored(self) -> np.ndarray:
+        """Each connected car's stored kWh now (CityLearn's ``energy_init``: floored at its depth of discharge)."""
+        soc = self.cars.soc[np.arange(len(self.t))[:, None], self.car].astype(float)
+        return np.maximum(self.spec.min_soc * self.spec.capacity, soc * self.spec.capacity)
+
+    def stored_after(self, energy: np.ndarray, action: np.ndarray) -> np.ndarray:
+        """Stored kWh after one step from ``energy`` at charging ``action`` in [0, 1] (ChargingPath.stored_after)."""
+        chargers = self.tables.chargers
+        action = np.clip(action, 0.0, 1.0)
+        power = chargers.power_kw(action)
+        efficiency = chargers.efficiency_at(power / np.maximum(chargers.max_charge_kw, 1e-8), power >= 0)
+        requested = power * self.spec.hours * efficiency
+        return charged(self.spec, energy, self.degraded, requested)[0]
+
+    def carried_over(self, stored: np.ndarray) -> np.ndarray:
+        s = self.spec
+        return np.clip(stored / s.capacity * (1.0 - s.loss), s.min_soc, 1.0) * s.capacity
+
+    def full_step_kwh(self) -> np.ndarray:
+        """On linear paths, what a step at full power stores when neither the capacity nor the power curve binds."""
+        chargers, s = self.tables.chargers, self.spec
+        requested = chargers.max_charge_kw * s.hours * chargers.efficiency_at(
+            np.ones_like(s.capacity), np.ones(s.capacity.shape, dtype=bool))
+        return np.minimum(requested, s.nominal_power * s.power_y[..., 0] * s.hours) * np.sqrt(s.efficiency_y[..., 0])
+
+    def reachable(self, stored: np.ndarray, steps: np.ndarray) -> np.ndarray:
+        """Stored kWh after ``steps`` more steps at full power, from ``stored`` at the end of this one."""
+        if self.linear:  # each step adds the same kWh until the (degraded) capacity: CityLearn's steps in one line
+            start = np.maximum(stored, self.spec.min_soc * self.spec.capacity)
+            grown = np.where(start >= self.degraded, start, np.minimum(start + steps * self.full_step_kwh(),
+                                                                       self.degraded))
+            return np.where(steps > 0, grown, stored)
+        energy = stored
+        full = np.ones_like(stored)
+        for k in range(int(steps.max(initial=0))):
+            energy = np.where(k < steps, self.stored_after(self.carried_over(energy), full), energy)
+        return energy
+
+    def minimum_action(self, action: np.ndarray, margin_kwh: np.ndarray) -> np.ndarray:
+        """The least charging action >= ``action`` after which each car can still be served (ev_service's rule)."""
+        goal = self.required_kwh + margin_kwh
+        now, later = self.stored(), self.steps_left
+        base = np.maximum(action, 0.0)
+        enough = (action >= 1.0) | (self.reachable(self.stored_after(now, base), later) >= goal)
+        hopeless = ~enough & (self.reachable(self.stored_after(now, np.ones_like(base)), later) < goal)
+        search = self.valid & ~enough & ~hopeless
+        low, high = base.copy(), np.ones_like(base)
+        if self.linear and search.any():
+            return np.where(enough, action, np.where(hopeless, 1.0, self._linear_minimum(now, goal, later, base)))
+        if search.any():
+            for _ in range(_BISECTION_STEPS):
+                mid = 0.5 * (low + high)
+                serves = self.reachable(self.stored_after(now, mid), later) >= goal
+                high = np.where(search & serves, mid, high)
+                low = np.where(search & ~serves, mid, low)
+        return np.where(enough, action, np.where(hopeless, 1.0, high))
+
+
+    def _linear_minimum(self, now: np.ndarray, goal: np.ndarray, later: np.ndarray, base: np.ndarray) -> np.ndarray:
+        """The least action whose step leaves enough for full power to serve the car (where that exists)."""
+        chargers, s = self.tables.chargers, self.spec
+        needed = np.where(later > 0, goal - later * self.full_step_kwh(), goal)
+        per_action = chargers.max_charge_kw * s.hours * chargers.efficiency * np.sqrt(s.efficiency_y[..., 0])
+        action = (needed - now) / np.maximum(per_action, 1e-12)
+        deadband = np.clip(chargers.min_charge_kw, 0.0, chargers.max_charge_kw) / np.maximum(chargers.max_charge_kw,
+                                                                                                  1e-12)
+        return np.clip(np.maximum(np.maximum(action, deadband), base), 0.0, 1.0)
+
+
+def linear_paths(tables: SiteTables) -> bool:
+    """Whether every car charges linearly: flat power-efficiency and capacity-power curves, no standby loss, and
+    chargers of one efficiency (the built-in site's). Then reach and the guard have closed forms."""
+    cars, chargers = tables.cars, tables.chargers
+    flat = all(np.ptp(cars.efficiency_y[i]) == 0 and np.ptp(cars.power_y[i]) == 0 for i in range(cars.size))
+    no_curves = all(c is None or np.ptp(c[1]) == 0 for c in chargers.charge_curves)
+    return flat and no_curves and bool(np.all(cars.loss == 0))
+
+
+class Guard:
+    """The EV service guard (trainer.ev_service.EvServiceGuard) on native action arrays (N, n_actions)."""
+
+    def __init__(self, margin_soc: float) -> None:
+        self.margin_soc = margin_soc
+        self.interventions = 0
+        self.raised_kwh = 0.0
+
+    def apply(self, sessions: Sessions, actions: np.ndarray) -> np.ndarray:
+        chargers = sessions.tables.chargers
+        wanted = actions[:, chargers.action]
+        if not sessions.valid.any():
+            return actions
+        needed = sessions.minimum_action(wanted, self.margin_soc * sessions.spec.capacity)
+        raise_ = sessions.valid & (needed > wanted + 1e-4)  # bisection noise on a serving schedule is no raise
+        self.interventions += int(raise_.sum())
+        self.raised_kwh += float(((needed - np.maximum(wanted, 0.0)) * chargers.max_charge_kw * sessions.spec.hours)
+                                 [raise_].sum())
+        guarded = actions.copy()
+        guarded[:, chargers.action] = np.where(raise_, needed, wanted)
+        return guarded
+
+
+class Shortfalls:
+    """Per environment and charger, the connected car's unavoidable shortfall (reward.ShortfallTracker, vectorised)."""
+
+    def __init__(self, n_envs: int, n_chargers: int) -> None:
+        self.last = np.zeros((n_envs, n_chargers))
+        self.last_steps = np.full((n_envs, n_chargers), np.inf)
+
+    def reset(self, envs: np.ndarray) -> None:
+        self.last[envs] = 0.0
+        self.last_steps[envs] = np.inf
+
+    def growth(self, sessions: Sessions) -> np.ndarray:
+        """(N, C) kWh of shortfall that became unavoidable with this step's actions (after they were applied)."""
+        capacity = sessions.spec.capacity
+        soc = sessions.cars.soc[np.arange(len(sessions.t))[:, None], sessions.car].astype(float)
+        shortfall = np.maximum(sessions.required_kwh - sessions.reachable(soc * capacity, sessions.steps_left), 0.0)
+        new_session = sessions.steps_left >= self.last_steps
+        before = np.where(new_session, 0.0, self.last)
+        grown = np.where(sessions.valid, np.maximum(shortfall - before, 0.0), 0.0)
+        self.last = np.where(sessions.valid, np.maximum(shortfall, before), 0.0)
+        self.last_steps = np.where(sessions.valid, sessions.steps_left, np.inf)
+        return grown
