@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("CITYLEARN_OFFLINE", "1")
+# The training simulator's cache of sites: the tests' own, never the user's.
+os.environ["PVBESS_CACHE"] = tempfile.mkdtemp(prefix="pvbess-test-cache-")
 
 from trainer.config import Config
 from trainer.config_files import load_config

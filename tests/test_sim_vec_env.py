@@ -91,3 +91,29 @@ def test_train_simulator_vector_refuses_a_dataset_it_cannot_model_and_auto_falls
         assert simulator == "citylearn"
     finally:
         env.close()
+
+
+def test_the_site_is_read_once_into_the_cache_and_a_damaged_file_is_read_again(sites, tmp_path, monkeypatch):
+    from trainer.sim import cache, vec_env
+
+    monkeypatch.setenv("PVBESS_CACHE", str(tmp_path))
+    cfg = load_config()
+    first = SimVecEnv(cfg, sites["v2g"], 1, 0)
+    files = list((tmp_path / "pvbess-trainer" / "sim").glob("*.npz"))
+    assert len(files) == 1
+    vec_env._TABLES.clear()  # another process: only the disk is left
+    reads = []
+    monkeypatch.setattr(cache.SiteTables, "read", lambda env: reads.append(env) or pytest.fail("read again"))
+    again = SimVecEnv(cfg, sites["v2g"], 1, 0)
+    for name in ("raw", "fixed_net", "connected", "incoming_soc", "carbon"):
+        np.testing.assert_array_equal(getattr(again.tables, name), getattr(first.tables, name))
+    assert again.tables.chargers.charge_curves[0] is not None  # the optional curves survive the round trip
+    np.testing.assert_array_equal(again.tables.chargers.charge_curves[0], first.tables.chargers.charge_curves[0])
+    assert again.tables.hours == first.tables.hours and again.tables.steps == first.tables.steps
+    monkeypatch.undo()
+    monkeypatch.setenv("PVBESS_CACHE", str(tmp_path))
+    files[0].write_bytes(b"not an archive")
+    vec_env._TABLES.clear()
+    SimVecEnv(cfg, sites["v2g"], 1, 0)  # read from CityLearn again, and the file replaced
+    with np.load(files[0], allow_pickle=False) as data:
+        assert "raw" in data

@@ -76,3 +76,40 @@ def test_evaluate_reproduces_a_runs_results(tmp_path, site_schema):
     for agent in ("baseline", "ppo"):
         assert after[agent]["co2_kg"] == before[agent]["co2_kg"]  # deterministic, bit for bit
     assert after["ppo"]["timesteps"] == 128  # training figures are kept
+
+
+def test_learning_curve_evaluations_take_at_most_their_share_of_the_stage():
+    from types import SimpleNamespace
+
+    from trainer.config_files import load_config
+    from trainer.learn.callbacks import EvalCurve
+
+    now = [0.0]
+    cfg = load_config(overrides=["schedule.curve_every_steps=1000", "schedule.curve_max_share=0.25"])
+    curve = EvalCurve(SimpleNamespace(cfg=cfg), "ppo", None, clock=lambda: now[0])
+    evaluated = []
+
+    def evaluate():  # a week in CityLearn: one second on this clock
+        evaluated.append(curve.num_timesteps)
+        now[0] += 1.0
+
+    curve.evaluate = evaluate
+    curve.num_timesteps = 0
+    curve._on_training_start()
+    # a fast learner: 1,000 steps every 0.5 s between rollouts
+    for step in range(1000, 20001, 1000):
+        curve.num_timesteps = step
+        curve._on_rollout_start()
+        now[0] += 0.5
+    # each 1 s evaluation is followed by at least 3 s of training (a quarter of the time at most)
+    assert evaluated == [1000, 7000, 13000, 19000]
+    slow = EvalCurve(SimpleNamespace(cfg=cfg), "ppo", None, clock=lambda: now[0])
+    slow.evaluate, slow.num_timesteps, done = (lambda: now.__setitem__(0, now[0] + 1.0)), 0, []
+    slow._on_training_start()
+    for step in range(1000, 5001, 1000):  # a slow learner: 1,000 steps every 10 s, evaluated at each
+        slow.num_timesteps = step
+        before = now[0]
+        slow._on_rollout_start()
+        done.append(now[0] > before)
+        now[0] += 10.0
+    assert all(done)

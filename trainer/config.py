@@ -245,6 +245,9 @@ class ScheduleConfig(Section):
     finish_by: str | None = doc("Default local finish time HH:MM (overridden by --budget/--finish-by).")
     curve_every_steps: int = doc("Evaluate the policy for the learning curve every this many steps.", ge=1)
     curve_eval_days: int = doc("Days simulated by each learning-curve evaluation.", ge=1, le=365)
+    curve_max_share: float = doc(
+        "Most of a stage's time its learning-curve evaluations (in CityLearn) may take: on a fast learner they "
+        "wait longer than curve_every_steps between them.", gt=0, le=1)
     quick_timesteps: dict[AgentName, int] = doc(
         "Timesteps per agent with --quick (a smoke run of the whole schedule)."
     )

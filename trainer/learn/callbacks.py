@@ -6,6 +6,7 @@ Counts environment steps across all parallel environments (``num_timesteps``), n
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -45,27 +46,39 @@ class EvalCurve(BaseCallback):
     """Every ``schedule.curve_every_steps``, evaluate the policy deterministically over
     ``schedule.curve_eval_days`` and append a row to ``eval_curve.csv`` (the report's curve).
 
+    The evaluations run in CityLearn, the judge, and take at most ``schedule.curve_max_share`` of
+    the stage's time: one that took d seconds is followed by at least d (1 - share) / share seconds
+    of training. On CityLearn's own environments that changes nothing; on the training simulator,
+    which trains thousands of steps while CityLearn evaluates a week, it keeps the curve from
+    becoming the stage.
+
     Runs at rollout starts, after the Guard has taken its snapshot, and draws no random
     numbers (deterministic actions, its own environment), so it leaves resumes exact.
     """
 
-    def __init__(self, ctx: RunContext, agent: str, path: Path):
+    def __init__(self, ctx: RunContext, agent: str, path: Path, clock: Callable[[], float] = time.perf_counter):
         super().__init__()
         self.ctx = ctx
         self.agent = agent
         self.path = path
         self.every = ctx.cfg.schedule.curve_every_steps
+        self.share = ctx.cfg.schedule.curve_max_share
+        self.clock = clock
         self._env = None
         self._next = None
+        self._not_before = 0.0
 
     def _on_training_start(self) -> None:
         self._next = (self.num_timesteps // self.every + 1) * self.every
 
     def _on_rollout_start(self) -> None:
-        if self._next is None or self.num_timesteps < self._next:
+        if self._next is None or self.num_timesteps < self._next or self.clock() < self._not_before:
             return
         self._next = (self.num_timesteps // self.every + 1) * self.every
+        started = self.clock()
         self.evaluate()
+        took = self.clock() - started
+        self._not_before = self.clock() + took * (1 - self.share) / self.share
 
     def evaluate(self) -> None:
         if self._env is None:

@@ -148,13 +148,15 @@ _TABLES: dict[tuple, SiteTables] = {}
 
 
 def site_tables(env: Any, schema: Path, seed: int) -> SiteTables:
-    """The site's tables, read once per process for a dataset file as it is now (a night's stages share them).
-    The seed is part of the key: CityLearn draws the curves a schema leaves out from it."""
+    """The site's tables, read once per process for a dataset file as it is now (a night's stages share them),
+    and from the disk cache in later processes (trainer.sim.cache)."""
+    from trainer.sim.cache import cached_tables  # the one place tables are kept on disk
+
     stat = schema.stat()
     key = (str(schema.resolve()), stat.st_mtime_ns, stat.st_size, seed)
     if key not in _TABLES:
         _TABLES.clear()  # one dataset at a time: a year of a 17-building site is tens of MB
-        _TABLES[key] = SiteTables.read(env)
+        _TABLES[key] = cached_tables(env, schema, seed)
     return _TABLES[key]
 
 
