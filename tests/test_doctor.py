@@ -153,3 +153,18 @@ def test_tensorboard_off_for_want_of_the_package_is_said_with_the_fix(monkeypatc
     assert doctor_module.check_tensorboard(load_config(overrides=["output.tensorboard=false"])).status == "pass"
     monkeypatch.setattr(doctor_module, "tensorboard_installed", lambda: True)
     assert doctor_module.check_tensorboard(load_config()).status == "pass"
+
+
+def test_the_doctor_says_what_agents_train_on_and_refuses_vector_where_it_cannot(site_schema, tmp_path):
+    from .test_sim import _thermal, variant
+
+    default = doctor()
+    assert "ok    simulator    agents train on CityLearn (train.simulator: citylearn)" in default.output
+    assert "models this dataset: train.simulator: auto uses it" in default.output
+    thermal = str(variant(site_schema, tmp_path, _thermal, steps=48))
+    refused = doctor("--schema", thermal, "--set", "train.simulator=vector")
+    assert refused.exit_code == 1
+    assert "FAIL  simulator" in refused.output and "dhw_storage" in refused.output
+    assert "fix: set train.simulator: auto or citylearn" in refused.output
+    fallback = doctor("--schema", thermal, "--set", "train.simulator=auto")
+    assert "ok    simulator    agents train on CityLearn: the training simulator does not model" in fallback.output

@@ -22,6 +22,7 @@ from trainer.errors import TrainerError
 from trainer.learn.agents import TENSORBOARD_FIX, tensorboard_installed
 from trainer.learn.memory import GIB, Shapes, available_bytes, batch_bytes, host_available_bytes, replay_buffer_bytes
 from trainer.session import site_schema
+from trainer.sim.site import unsupported_reason
 
 PASS, WARN, FAIL = "pass", "warn", "fail"
 DISK_WARN_BYTES = 5 * GIB
@@ -224,25 +225,43 @@ def run_checks(load: Callable[[], Config], schema: str | None, dataset: str | No
     checks += [*check_gpu_switches(cfg), check_tensorboard(cfg)]
     checks.append(check_disk(Path(cfg.output.root)))
     try:
-        shapes = _dataset_shapes(cfg, schema, dataset)
+        shapes, unmodelled = _dataset_shapes(cfg, schema, dataset)
         checks.append(Check("dataset", PASS, f"{schema or dataset or 'built-in site'} loads offline "
                                              f"({shapes.obs} observations, {shapes.act} actions)"))
     except TrainerError as exc:
         checks.append(Check("dataset", FAIL, str(exc), "pass --schema PATH or set CITYLEARN_LOCAL_DATASETS_PATH"))
         return checks
+    checks.append(check_simulator(cfg.train.simulator, unmodelled))
     import torch
 
     checks += check_memory(cfg, shapes, "cuda" if torch.cuda.is_available() and cfg.gpu.device != "cpu" else "cpu")
     return checks
 
 
-def _dataset_shapes(cfg: Config, schema: str | None, dataset: str | None) -> Shapes:
+def _dataset_shapes(cfg: Config, schema: str | None, dataset: str | None) -> tuple[Shapes, str | None]:
+    """The agents' shapes, and why the training simulator does not model the dataset (None: it does)."""
     with site_schema(cfg, resolve_dataset(schema, dataset)) as path:
         env = make_sb3_env(cfg, path, "train", cfg.seed)
         try:
-            return Shapes(env.observation_space.shape[0], env.action_space.shape[0], tuple(cfg.sac.net_arch))
+            shapes = Shapes(env.observation_space.shape[0], env.action_space.shape[0], tuple(cfg.sac.net_arch))
+            return shapes, unsupported_reason(env.unwrapped)
         finally:
             env.close()
+
+
+def check_simulator(choice: str, unmodelled: str | None) -> Check:
+    """What agents will train on (train.simulator), and why where it is not the training simulator."""
+    if choice == "citylearn":
+        hint = "" if unmodelled else "; the training simulator models this dataset: train.simulator: auto uses it"
+        return Check("simulator", PASS, f"agents train on CityLearn (train.simulator: citylearn){hint}")
+    if unmodelled is None:
+        return Check("simulator", PASS, f"agents train on the training simulator (train.simulator: {choice}); "
+                                        "evaluation runs in CityLearn")
+    if choice == "auto":
+        return Check("simulator", PASS, f"agents train on CityLearn: the training simulator does not model this "
+                                        f"dataset ({unmodelled})")
+    return Check("simulator", FAIL, f"train.simulator is vector, but the training simulator does not model this "
+                                    f"dataset: {unmodelled}", "set train.simulator: auto or citylearn")
 
 
 def format_table(checks: list[Check]) -> str:
