@@ -62,3 +62,33 @@ def test_report_refuses_a_folder_without_results(tmp_path):
     assert result.exit_code == 2
     assert result.output.strip() == (
         f"error: no results in {tmp_path}: it has no results.json (pass a folder made by trainer train or night)")
+
+
+def test_the_calibration_follows_the_simulator_agents_train_on(site_schema):
+    from trainer.config_files import load_config
+    from trainer.night.calibrate import _cache_key
+
+    citylearn = _cache_key(load_config(), site_schema, "cpu")
+    simulated = _cache_key(load_config(overrides=["train.simulator=auto"]), site_schema, "cpu")
+    assert citylearn != simulated  # speeds measured on one are never used for the other
+
+
+def test_calibration_measures_the_environments_the_night_trains_on(site_schema, monkeypatch):
+    import pytest
+
+    from trainer.config_files import load_config
+    from trainer.night import calibrate
+
+    asked = []
+
+    def factory(cfg, schema, n_envs, subprocesses):
+        asked.append((cfg.train.simulator, n_envs))
+        raise RuntimeError("measured")
+
+    monkeypatch.setattr(calibrate, "training_vec_env", factory)
+    cfg = load_config(overrides=["train.simulator=auto"])
+    for measure in (lambda: calibrate._onpolicy_speed(cfg, site_schema, "cpu", "ppo"),
+                    lambda: calibrate._sac_speed(cfg, site_schema, "cpu")):
+        with pytest.raises(RuntimeError, match="measured"):
+            measure()
+    assert [simulator for simulator, _ in asked] == ["auto", "auto"] and asked[1][1] == 1

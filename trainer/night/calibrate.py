@@ -25,10 +25,11 @@ from trainer import logs
 from trainer.config import AGENTS, Config
 from trainer.controllers import UncontrolledBaseline
 from trainer.device import agent_device, apply_cpu_threads
-from trainer.env import make_sb3_env, make_training_vec_env
+from trainer.env import make_sb3_env
 from trainer.files import write_json_atomic
 from trainer.learn.agents import build_model, training_envs
 from trainer.signals import STOP
+from trainer.sim.factory import training_vec_env
 
 if TYPE_CHECKING:
     from stable_baselines3.common.base_class import BaseAlgorithm
@@ -50,7 +51,7 @@ class Speeds:
 
 
 def _cache_key(cfg: Config, schema: Path, device: str) -> str:
-    relevant = {k: cfg.to_dict()[k] for k in ("scenario", *AGENTS, "reward", "seed", "gpu")}
+    relevant = {k: cfg.to_dict()[k] for k in ("scenario", *AGENTS, "reward", "seed", "gpu", "train")}
     relevant["eval_days"] = cfg.schedule.eval_days
     machine = f"{socket.gethostname()}|{platform.machine()}|{os.cpu_count()}|{device}"
     # The built-in site is the same wherever it was generated: key it by its config, not its path.
@@ -129,7 +130,7 @@ def _onpolicy_speed(cfg: Config, schema: Path, device: str, agent: str) -> float
     # At least one whole rollout, so the update's cost is in the figure (at most 1,000 steps).
     steps = min(max(CALIBRATION_STEPS, cfg.agent(agent).n_steps), 1000)
     n_envs = training_envs(cfg.agent(agent))
-    env = make_training_vec_env(cfg, schema, cfg.seed, n_envs, subprocesses=n_envs > 1)  # as the night will
+    env, _ = training_vec_env(cfg, schema, n_envs, subprocesses=n_envs > 1)  # as the night will, simulator too
     try:
         with tempfile.TemporaryDirectory() as tmp:
             model = _quiet(build_model(cfg, agent, env, device, cfg.seed, steps), tmp)
@@ -142,7 +143,7 @@ def _onpolicy_speed(cfg: Config, schema: Path, device: str, agent: str) -> float
 
 def _sac_speed(cfg: Config, schema: Path, device: str) -> tuple[float, float]:
     """(environment steps/s without updates, seconds per gradient update at the configured batch)."""
-    env = make_sb3_env(cfg, schema, "train", cfg.seed)
+    env, _ = training_vec_env(cfg, schema, 1, subprocesses=False)  # the simulator where the night trains on it
     try:
         with tempfile.TemporaryDirectory() as tmp:
             calibration_cfg = cfg.model_copy(deep=True)
