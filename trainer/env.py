@@ -185,11 +185,9 @@ class CentralAgentArrays(gymnasium.Wrapper):
         if not len(self.carbon_ahead):
             return flat
         env = self.env.unwrapped
-        building = env.buildings[0]
-        lows, highs = building.periodic_normalized_observation_space_limits
-        low, span = float(lows["carbon_intensity"]), float(highs["carbon_intensity"]) - float(lows["carbon_intensity"])
-        carbon = building.carbon_intensity.carbon_intensity
-        ahead = (carbon[np.minimum(env.time_step + self.carbon_ahead, len(carbon) - 1)] - low) / max(span, 1e-9)
+        low, span = carbon_scale(env)
+        carbon = env.buildings[0].carbon_intensity.carbon_intensity
+        ahead = (carbon[np.minimum(env.time_step + self.carbon_ahead, len(carbon) - 1)] - low) / span
         return np.concatenate([flat, np.clip(ahead, 0.0, 1.0)]).astype(np.float32)
 
     def step(self, action):
@@ -199,6 +197,11 @@ class CentralAgentArrays(gymnasium.Wrapper):
         observations, reward, terminated, truncated, info = self.env.step([native])
         return self._observe(observations), float(reward[0]), terminated, truncated, info
 
+    @property
+    def plan(self) -> _NormalisationPlan | None:
+        """The normalisation of this episode's raw observations (None before the first reset)."""
+        return self._plan
+
     def episode_index(self) -> int:
         """Index of the episode the environment is in (-1 before the first reset)."""
         return int(self.env.unwrapped.episode_tracker.episode)
@@ -207,6 +210,13 @@ class CentralAgentArrays(gymnasium.Wrapper):
         """Make the next ``reset`` start episode ``index`` (its window is a function of seed and index)."""
         # CityLearn keeps the counter private and increments it on reset.
         self.env.unwrapped.episode_tracker._EpisodeTracker__episode = index - 1
+
+
+def carbon_scale(env: CityLearnEnv) -> tuple[float, float]:
+    """(low, span) that normalise grid carbon intensity as CityLearn normalises the current one (first building)."""
+    lows, highs = env.buildings[0].periodic_normalized_observation_space_limits
+    low = float(lows["carbon_intensity"])
+    return low, max(float(highs["carbon_intensity"]) - low, 1e-9)
 
 
 class _NormalisationPlan:

@@ -111,7 +111,7 @@ class BatteryBank:
 
     def carry_over(self, mask: np.ndarray | None = None) -> None:
         """The next step starts from this one's state of charge less the standby loss, floored (next_time_step)."""
-        carried = np.clip(self.soc.astype(float) * (1.0 - self.spec.loss), self.spec.min_soc, 1.0).astype(np.float32)
+        carried = carried_soc(self.spec, self.soc.astype(float)).astype(np.float32)
         self.soc[...] = carried if mask is None else np.where(mask, carried, self.soc)
 
     def charge(self, energy: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
@@ -129,6 +129,11 @@ class BatteryBank:
         self.soc[...] = np.where(mask, soc, self.soc)
         self.degraded_capacity = np.where(mask, np.maximum(degraded - wear, 0.0), degraded)
         return np.where(mask, balance, np.float32(0.0))
+
+
+def carried_soc(s: BatterySpec, soc: np.ndarray) -> np.ndarray:
+    """The state of charge a step starts with, from the one the step before ended with (standby loss, floor)."""
+    return np.clip(soc * (1.0 - s.loss), s.min_soc, 1.0)
 
 
 def charged(s: BatterySpec, stored: np.ndarray, degraded: np.ndarray, energy: np.ndarray

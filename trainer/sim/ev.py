@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from trainer.ev_service import _BISECTION_STEPS
-from trainer.sim.battery import BatteryBank, charged
+from trainer.sim.battery import BatteryBank, carried_soc, charged
 from trainer.sim.site import SiteTables
 
 
@@ -35,15 +35,18 @@ class Sessions:
         self.valid = self.connected & np.isfinite(required) & np.isfinite(left) & (required > 0)
         self.car = np.where(self.connected, index, 0)
         self.spec = tab.cars.gathered(self.car)
-        rows = np.arange(len(self.t))[:, None]
-        self.degraded = self.cars.degraded_capacity[rows, self.car]
+        self.rows = np.arange(len(self.t))[:, None]
+        self.degraded = self.cars.degraded_capacity[self.rows, self.car]
         self.required_kwh = np.where(self.valid, required, 0.0) * self.spec.capacity
         self.steps_left = np.maximum(np.where(self.valid, left, 0), 0).astype(int)
 
+    def soc(self) -> np.ndarray:
+        """Each connected car's state of charge now."""
+        return self.cars.soc[self.rows, self.car].astype(float)
+
     def stored(self) -> np.ndarray:
         """Each connected car's stored kWh now (CityLearn's ``energy_init``: floored at its depth of discharge)."""
-        soc = self.cars.soc[np.arange(len(self.t))[:, None], self.car].astype(float)
-        return np.maximum(self.spec.min_soc * self.spec.capacity, soc * self.spec.capacity)
+        return np.maximum(self.spec.min_soc * self.spec.capacity, self.soc() * self.spec.capacity)
 
     def stored_after(self, energy: np.ndarray, action: np.ndarray) -> np.ndarray:
         """Stored kWh after one step from ``energy`` at charging ``action`` in [0, 1] (ChargingPath.stored_after)."""
@@ -55,8 +58,7 @@ class Sessions:
         return charged(self.spec, energy, self.degraded, requested)[0]
 
     def carried_over(self, stored: np.ndarray) -> np.ndarray:
-        s = self.spec
-        return np.clip(stored / s.capacity * (1.0 - s.loss), s.min_soc, 1.0) * s.capacity
+        return carried_soc(self.spec, stored / self.spec.capacity) * self.spec.capacity
 
     def full_step_kwh(self) -> np.ndarray:
         """On linear paths, what a step at full power stores when neither the capacity nor the power curve binds."""
@@ -86,17 +88,17 @@ class Sessions:
         enough = (action >= 1.0) | (self.reachable(self.stored_after(now, base), later) >= goal)
         hopeless = ~enough & (self.reachable(self.stored_after(now, np.ones_like(base)), later) < goal)
         search = self.valid & ~enough & ~hopeless
-        low, high = base.copy(), np.ones_like(base)
-        if self.linear and search.any():
-            return np.where(enough, action, np.where(hopeless, 1.0, self._linear_minimum(now, goal, later, base)))
-        if search.any():
+        high = np.ones_like(base)
+        if search.any() and self.linear:
+            high = self._linear_minimum(now, goal, later, base)
+        elif search.any():
+            low = base.copy()
             for _ in range(_BISECTION_STEPS):
                 mid = 0.5 * (low + high)
                 serves = self.reachable(self.stored_after(now, mid), later) >= goal
                 high = np.where(search & serves, mid, high)
                 low = np.where(search & ~serves, mid, low)
         return np.where(enough, action, np.where(hopeless, 1.0, high))
-
 
     def _linear_minimum(self, now: np.ndarray, goal: np.ndarray, later: np.ndarray, base: np.ndarray) -> np.ndarray:
         """The least action whose step leaves enough for full power to serve the car (where that exists)."""
@@ -154,9 +156,8 @@ class Shortfalls:
 
     def growth(self, sessions: Sessions) -> np.ndarray:
         """(N, C) kWh of shortfall that became unavoidable with this step's actions (after they were applied)."""
-        capacity = sessions.spec.capacity
-        soc = sessions.cars.soc[np.arange(len(sessions.t))[:, None], sessions.car].astype(float)
-        shortfall = np.maximum(sessions.required_kwh - sessions.reachable(soc * capacity, sessions.steps_left), 0.0)
+        stored = sessions.soc() * sessions.spec.capacity
+        shortfall = np.maximum(sessions.required_kwh - sessions.reachable(stored, sessions.steps_left), 0.0)
         new_session = sessions.steps_left >= self.last_steps
         before = np.where(new_session, 0.0, self.last)
         grown = np.where(sessions.valid, np.maximum(shortfall - before, 0.0), 0.0)

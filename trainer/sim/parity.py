@@ -133,13 +133,14 @@ class ParityCheck:
         limit = tables.steps - 1 if steps is None else min(steps, tables.steps - 1)
         for t in range(limit + 1):
             raw = np.asarray(observations[0], dtype=float)
-            diff = np.abs(raw - sim.observe()[0])
+            simulated = sim.observe()[0]
+            diff = np.abs(raw - simulated)
             column = int(diff.argmax())
             if diff[column] > result.max_observation_diff:
                 result.max_observation_diff, result.worst_column = float(diff[column]), self.names[column]
             if diff[column] > tolerance and result.first_mismatch is None:
                 result.first_mismatch = Mismatch(t, f"observation {self.names[column]}", raw[column],
-                                                 float(sim.observe()[0][column]))
+                                                 float(simulated[column]))
             if t == limit or result.first_mismatch is not None:
                 break
             native = np.asarray(act(env, raw, scale), dtype=float)

@@ -23,12 +23,11 @@ from typing import Any
 
 import numpy as np
 
+from trainer.optimum import EV_ACTION_PREFIX
 from trainer.sim.battery import BatteryBank, BatterySpec
 
 CONNECTED, INCOMING = 1, 2
 BATTERY_ACTION = "electrical_storage"
-EV_ACTION_PREFIX = "electric_vehicle_storage_"
-STORAGE_ACTIONS = ("cooling_storage", "heating_storage", "dhw_storage")
 
 
 class Unsupported(Exception):

@@ -18,7 +18,7 @@ import numpy as np
 from stable_baselines3.common.vec_env.base_vec_env import VecEnv
 
 from trainer.config import Config
-from trainer.env import CentralAgentArrays, make_citylearn_env, site_scales
+from trainer.env import CentralAgentArrays, carbon_scale, make_citylearn_env, site_scales
 from trainer.reward import TERMS, _grid_kwh_per_stored_kwh, kwh_value, mean_kwh_value
 from trainer.sim.ev import Guard, Sessions, Shortfalls, linear_paths
 from trainer.sim.site import SiteTables, VectorSite
@@ -32,10 +32,8 @@ class SimVecEnv(VecEnv):
         self.tables = tables = site_tables(env, schema, seed)
         arrays = CentralAgentArrays(env, None, tuple(cfg.observations.carbon_ahead_hours))
         arrays.reset()
-        self.plan, self.scale, self.carbon_ahead = arrays._plan, arrays.scale, arrays.carbon_ahead
-        lows, highs = env.buildings[0].periodic_normalized_observation_space_limits
-        self.carbon_low = float(lows["carbon_intensity"])
-        self.carbon_span = max(float(highs["carbon_intensity"]) - self.carbon_low, 1e-9)
+        self.plan, self.scale, self.carbon_ahead = arrays.plan, arrays.scale, arrays.carbon_ahead
+        self.carbon_low, self.carbon_span = carbon_scale(env)
         self.reward = _RewardTerms(cfg, env, tables)
         self.guard = Guard(cfg.ev.margin_soc) if cfg.ev.guard else None
         self.linear = linear_paths(tables)
