@@ -24,8 +24,10 @@ TINY = (
     "schedule.eval_days=3",
     "sac.learning_starts=50", "sac.batch_size=32", "sac.buffer_size=2000",
     "ppo.n_steps=128", "ppo.batch_size=32", "ppo.n_epochs=2",
+    "sac.n_envs=1", "a2c.n_steps=8",  # a step (SAC) or a rollout (A2C) of 8 steps, as on CityLearn before
     "sac.checkpoint_freq_steps=100", "ppo.checkpoint_freq_steps=100", "a2c.checkpoint_freq_steps=100",
     "output.tensorboard=false",
+    "reliability.checkpoint_min_interval_s=0",  # checkpoints where the steps say, however fast the run
     "warm_start.epochs=0",  # its demonstrations replay a whole year: tests/test_imitation.py covers it
 )
 

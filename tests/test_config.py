@@ -48,7 +48,7 @@ def test_choice_lists_the_valid_values():
 
 def test_timesteps_and_episodes_together_are_refused():
     assert error_of("ppo.episodes=3") == (
-        "config key 'ppo': set only one of timesteps (200000) or episodes (3); set the other to null"
+        "config key 'ppo': set only one of timesteps (2000000) or episodes (3); set the other to null"
     )
 
 

@@ -159,8 +159,10 @@ def test_the_doctor_says_what_agents_train_on_and_refuses_vector_where_it_cannot
     from .test_sim import _thermal, variant
 
     default = doctor()
-    assert "ok    simulator    agents train on CityLearn (train.simulator: citylearn)" in default.output
-    assert "models this dataset: train.simulator: auto uses it" in default.output
+    assert "ok    simulator    agents train on the training simulator (train.simulator: auto)" in default.output
+    chosen = doctor("--set", "train.simulator=citylearn")
+    assert "ok    simulator    agents train on CityLearn (train.simulator: citylearn)" in chosen.output
+    assert "models this dataset: train.simulator: auto uses it" in chosen.output
     thermal = str(variant(site_schema, tmp_path, _thermal, steps=48))
     refused = doctor("--schema", thermal, "--set", "train.simulator=vector")
     assert refused.exit_code == 1

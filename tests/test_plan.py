@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from click.testing import CliRunner
 
 from trainer.cli import cli
@@ -20,7 +21,7 @@ def test_plan_calls_out_sac_with_1024_updates_per_step(tmp_path):
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
     stage = next(row for row in lines if " sac " in row)
-    assert "train " in stage and "/50,000 steps" in stage
+    assert "train " in stage and "/500,000 steps" in stage
     note = next(row for row in lines if row.strip().startswith("! sac:"))
     assert "gradient_steps=2048 / train_freq=2 = 1024 gradient updates per environment step" in note
     assert "with gradient_steps=1, train_freq=1 it would do" in note
@@ -31,18 +32,19 @@ def test_plan_calls_out_sac_with_1024_updates_per_step(tmp_path):
 
 
 def test_second_plan_uses_the_cached_calibration(tmp_path):
-    first = plan(tmp_path, "--budget", "4m", "--agents", "a2c")
+    many = ("--set", "a2c.timesteps=20000000")
+    first = plan(tmp_path, "--budget", "4m", "--agents", "a2c", *many)
     assert first.exit_code == 0, first.output
-    # After three reference evaluations and the report, about 2 minutes are left: 200,000 steps would
-    # need over 1,500 steps/s (A2C does 250-500 on 2 cores; at 10 minutes a fast, idle machine fitted).
+    # After three reference evaluations and the report, about 2 minutes are left: 20 million steps would
+    # need over 150,000 steps/s (A2C does 15,000-30,000 on the training simulator on 2 cores).
     assert "! a2c:" in first.output
     cache = next((tmp_path / ".calibration").glob("*.json"))
     speeds = json.loads(cache.read_text())
     speeds["train_steps_per_s"]["a2c"] = 1e6  # a planted figure: only the cache can supply it
     cache.write_text(json.dumps(speeds))
-    second = plan(tmp_path, "--budget", "4m", "--agents", "a2c")
+    second = plan(tmp_path, "--budget", "4m", "--agents", "a2c", *many)
     assert second.exit_code == 0, second.output
-    assert "train 200,000/200,000 steps" in second.output and "! a2c:" not in second.output
+    assert "train 20,000,000/20,000,000 steps" in second.output and "! a2c:" not in second.output
 
 
 def test_budget_and_finish_by_together_exit_2(tmp_path):
@@ -68,8 +70,8 @@ def test_the_calibration_follows_the_simulator_agents_train_on(site_schema):
     from trainer.config_files import load_config
     from trainer.night.calibrate import _cache_key
 
-    citylearn = _cache_key(load_config(), site_schema, "cpu")
-    simulated = _cache_key(load_config(overrides=["train.simulator=auto"]), site_schema, "cpu")
+    citylearn = _cache_key(load_config(overrides=["train.simulator=citylearn"]), site_schema, "cpu")
+    simulated = _cache_key(load_config(), site_schema, "cpu")
     assert citylearn != simulated  # speeds measured on one are never used for the other
 
 
@@ -81,14 +83,29 @@ def test_calibration_measures_the_environments_the_night_trains_on(site_schema, 
 
     asked = []
 
-    def factory(cfg, schema, n_envs, subprocesses):
-        asked.append((cfg.train.simulator, n_envs))
+    def factory(cfg, schema, n_envs, subprocesses, simulator):
+        asked.append((simulator, n_envs))
         raise RuntimeError("measured")
 
     monkeypatch.setattr(calibrate, "training_vec_env", factory)
-    cfg = load_config(overrides=["train.simulator=auto"])
-    for measure in (lambda: calibrate._onpolicy_speed(cfg, site_schema, "cpu", "ppo"),
-                    lambda: calibrate._sac_speed(cfg, site_schema, "cpu")):
+    cfg = load_config()  # auto: the built-in site is one the simulator models
+    for measure in (lambda: calibrate._onpolicy_speed(cfg, site_schema, "cpu", "ppo", "vector"),
+                    lambda: calibrate._sac_speed(cfg, site_schema, "cpu", "vector", 16)):
         with pytest.raises(RuntimeError, match="measured"):
             measure()
-    assert [simulator for simulator, _ in asked] == ["auto", "auto"] and asked[1][1] == 1
+    assert asked == [("vector", 64), ("vector", 16)]
+
+
+def test_sac_on_many_sites_is_costed_per_site(site_schema, monkeypatch, tmp_path):
+    from trainer.config_files import load_config
+    from trainer.night import calibrate
+
+    # 1,000 env steps/s with no updates, 20 ms an update: one update per 16 sites' step.
+    monkeypatch.setattr(calibrate, "_sac_speed", lambda cfg, schema, device, simulator, n_envs: (1000.0, 0.02))
+    monkeypatch.setattr(calibrate, "_eval_speed", lambda cfg, schema: 100.0)
+    cfg = load_config(overrides=[f"output.root={tmp_path}"])
+    speeds = calibrate.calibrate(cfg, site_schema, "cpu", ["sac"], refresh=True)
+    assert speeds.train_steps_per_s["sac"] == pytest.approx(1 / (0.02 / 16 + 1 / 1000))
+    on_citylearn = calibrate.calibrate(load_config(overrides=[f"output.root={tmp_path}", "train.simulator=citylearn"]),
+                                       site_schema, "cpu", ["sac"], refresh=True)
+    assert on_citylearn.train_steps_per_s["sac"] == pytest.approx(1 / (0.02 + 0.5 / 1000))  # learning while stepping

@@ -49,7 +49,9 @@ def test_without_ray_the_backend_says_how_to_install_it(monkeypatch):
 
 
 def _night(out: Path, *extra: str) -> list[str]:
-    sets = tiny_overrides("schedule.quick_timesteps={ppo: 1200}", "schedule.quick_eval_days=1", "ppo.n_steps=100",
+    # On CityLearn: its PPO stage runs for seconds, long enough to be stopped or killed mid-stage.
+    sets = tiny_overrides("train.simulator=citylearn", "schedule.quick_timesteps={ppo: 1200}",
+                          "schedule.quick_eval_days=1", "ppo.n_steps=100",
                           "ppo.batch_size=50", "ppo.checkpoint_freq_steps=100", "ray.num_cpus={ppo: 1, eval: 1}")
     return [sys.executable, "-m", "trainer", "night", "--backend", "ray", "--quick", "--agents", "ppo", "--out",
             str(out), "--device", "cpu", *extra, *[a for o in sets for a in ("--set", o)]]

@@ -101,7 +101,7 @@ def trainer(*args: str) -> subprocess.CompletedProcess:
 def test_sigkill_then_resume_redoes_at_most_1000_steps(tmp_path, site_schema):
     run = tmp_path / "killed"
     common = ["train", "a2c", "--timesteps", "2600", "--out", str(run), "--schema", str(site_schema), "--device", "cpu",
-              *sets("a2c.checkpoint_freq_steps=1000")]
+              *sets("a2c.checkpoint_freq_steps=1000", "train.simulator=citylearn")]  # workers to clean up
     killed = trainer_with_fault(1800, "SIGKILL", *common)
     assert killed.returncode == -signal.SIGKILL
     assert len(killed.children) >= 2  # A2C's parallel environments ran in workers

@@ -53,7 +53,7 @@ def context(tmp_path, name, schema, agent, extra=()):
     cfg = load_config(overrides=tiny_overrides(
         "scenario.train_episode_days=1", f"{agent}.checkpoint_freq_steps={EPISODE}",
         "sac.learning_starts=20", f"ppo.n_steps={EPISODE}", "ppo.batch_size=23", "a2c.n_steps=23",
-        "ppo.n_envs=1", "a2c.n_envs=1", *extra))
+        "ppo.n_envs=1", "a2c.n_envs=1", "sac.n_envs=1", *extra))
     return RunContext(cfg, RunDir(tmp_path / name), schema, "cpu")
 
 
@@ -61,13 +61,16 @@ def params(model) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in model.policy.state_dict().items()}
 
 
-# The training simulator: two PPO sites in one process, and SAC, with the windows it draws itself.
+# CityLearn itself, and the training simulator: two PPO sites in one process, SAC on one and on two sites,
+# with the windows it draws itself.
+CITYLEARN = ("train.simulator=citylearn",)
 SIMULATOR = ("train.simulator=vector",)
 
 
-@pytest.mark.parametrize("agent,extra", [("sac", ()), ("ppo", ()), ("a2c", ()), ("ppo", PARALLEL),
-                                         ("ppo", (*PARALLEL, *SIMULATOR)), ("sac", SIMULATOR)],
-                         ids=["sac", "ppo", "a2c", "ppo-2-workers", "ppo-2-simulated", "sac-simulated"])
+@pytest.mark.parametrize("agent,extra", [
+    ("sac", CITYLEARN), ("ppo", CITYLEARN), ("a2c", CITYLEARN), ("ppo", (*PARALLEL, *CITYLEARN)),
+    ("ppo", (*PARALLEL, *SIMULATOR)), ("sac", SIMULATOR), ("sac", ("sac.n_envs=2", *SIMULATOR)),
+], ids=["sac", "ppo", "a2c", "ppo-2-workers", "ppo-2-simulated", "sac-simulated", "sac-2-simulated"])
 def test_straight_equals_stop_and_resume(agent, extra, tmp_path, site_schema):
     straight = StageTrainer(context(tmp_path, "straight", site_schema, agent, extra), agent, 2 * N)
     try:
@@ -88,7 +91,7 @@ def test_straight_equals_stop_and_resume(agent, extra, tmp_path, site_schema):
         model = second.train(resume=True)
     finally:
         second.close()
-    assert model.num_timesteps == 2 * N and second.n_envs == (2 if "ppo.n_envs=2" in extra else 1)
+    assert model.num_timesteps == 2 * N and second.n_envs == (2 if {"ppo.n_envs=2", "sac.n_envs=2"} & set(extra) else 1)
     resumed = params(model)
     assert resumed.keys() == reference.keys()
     for key in reference:

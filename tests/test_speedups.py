@@ -133,17 +133,27 @@ def test_deferred_update_runs_before_learn_returns():
 
 
 @pytest.mark.parametrize("cores,agent,expected", [
-    (1, "ppo", 4), (2, "ppo", 8), (2, "a2c", 8), (16, "ppo", 25), (16, "a2c", 8), (1, "sac", 1), (64, "ppo", 25),
+    (1, "ppo", 4), (2, "ppo", 8), (2, "a2c", 8), (16, "ppo", 32), (16, "a2c", 32), (1, "sac", 1), (64, "ppo", 32),
 ])
-def test_parallel_environments_are_chosen_from_the_cores(cores, agent, expected, default_cfg):
-    n = training_envs(default_cfg.agent(agent), cores=cores)
+def test_citylearn_workers_are_chosen_from_the_cores(cores, agent, expected, default_cfg):
+    n = training_envs(default_cfg, agent, "citylearn", cores=cores)
     assert n == expected and n <= MAX_AUTO_ENVS
     assert agent == "sac" or default_cfg.agent(agent).n_steps % n == 0
 
 
+@pytest.mark.parametrize("overrides,agent,expected", [
+    ((), "ppo", 64), ((), "a2c", 64), ((), "sac", 16), (("train.sites=100",), "ppo", 64),
+    (("train.sites=100", "a2c.n_steps=500"), "a2c", 100), (("sac.n_envs=4",), "sac", 4), (("ppo.n_envs=2",), "ppo", 2),
+])
+def test_simulated_sites_follow_train_sites_whatever_the_cores(overrides, agent, expected):
+    cfg = load_config(overrides=list(overrides))
+    assert training_envs(cfg, agent, "vector", cores=64) == training_envs(cfg, agent, "vector", cores=1) == expected
+
+
 def test_configured_environments_must_divide_the_rollout():
-    assert training_envs(load_config(overrides=["ppo.n_envs=5"]).ppo, cores=2) == 5
-    with pytest.raises(ConfigError, match=r"n_steps \(1000\) must be a multiple of n_envs \(3\)"):
+    cfg = load_config(overrides=["ppo.n_envs=4"])
+    assert training_envs(cfg, "ppo", "citylearn", cores=2) == training_envs(cfg, "ppo", "vector") == 4
+    with pytest.raises(ConfigError, match=r"n_steps \(2048\) must be a multiple of n_envs \(3\)"):
         load_config(overrides=["ppo.n_envs=3"])
 
 
@@ -155,5 +165,7 @@ def test_torch_threads_follow_the_agent_unless_set(default_cfg, monkeypatch):
     assert [cpu_threads_for(default_cfg, a) for a in ("sac", "ppo", "a2c")] == [1, 1, 1]  # workers beside each
     alone = load_config(overrides=["sac.learn_while_stepping=false"])
     assert [cpu_threads_for(alone, a) for a in ("sac", "ppo", "a2c")] == [6, 1, 1]
+    simulated = [cpu_threads_for(default_cfg, a, "vector") for a in ("sac", "ppo", "a2c")]
+    assert simulated == [6, 1, 1]  # no worker beside SAC on the training simulator
     fixed = load_config(overrides=["gpu.cpu_threads=3"])
     assert [cpu_threads_for(fixed, a) for a in ("sac", "ppo", "a2c")] == [3, 3, 3]

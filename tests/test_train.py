@@ -113,3 +113,39 @@ def test_learning_curve_evaluations_take_at_most_their_share_of_the_stage():
         done.append(now[0] > before)
         now[0] += 10.0
     assert all(done)
+
+
+def test_checkpoints_follow_the_steps_but_never_come_closer_than_the_floor(monkeypatch):
+    from types import SimpleNamespace
+
+    from trainer.learn import guard as guard_module
+    from trainer.learn.guard import CheckpointGuard
+
+    monkeypatch.setattr(guard_module, "check_finite", lambda model: None)  # no model here, only the clock
+
+    now, saved = [0.0], []
+    owner = SimpleNamespace(last_checkpoint_step=0)
+
+    def save(model, boundary):
+        saved.append(boundary)
+        owner.last_checkpoint_step = boundary
+
+    owner.save_checkpoint = save
+    tracker = SimpleNamespace(boundary=lambda model: guard.num_timesteps)
+    guard = CheckpointGuard(owner, tracker, every_steps=1000, time_limit_at=None, min_interval_s=10.0,
+                            clock=lambda: now[0])
+    guard.model = SimpleNamespace()
+    guard.num_timesteps = 0
+    # the training simulator: 1,000 steps every 0.5 s; a checkpoint at most every 10 s, once 1,000 steps are due
+    for step in range(1000, 60001, 1000):
+        guard.num_timesteps = step
+        guard._on_rollout_start()
+        now[0] += 0.5
+    assert saved == [21000, 41000]  # 10 s and 20 s after training started
+    # CityLearn: 1,000 steps every 12 s, so the steps decide
+    saved.clear()
+    for step in range(61000, 65001, 1000):
+        guard.num_timesteps = step
+        guard._on_rollout_start()
+        now[0] += 12.0
+    assert saved == [61000, 62000, 63000, 64000, 65000]

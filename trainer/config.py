@@ -142,6 +142,8 @@ class TrainConfig(Section):
         "What agents train on: vector (the training simulator, many sites as arrays in one process; "
         "docs/simulator.md), citylearn (CityLearn itself, in worker processes), or auto (vector where the dataset "
         "is one it models, else citylearn). Evaluation, references and every reported figure always use CityLearn.")
+    sites: int = doc("Sites the training simulator steps at once for PPO and A2C when their n_envs is 0 (the "
+                     "largest divisor of n_steps up to this; docs/simulator.md).", ge=1, le=4096)
 
 
 class GpuConfig(Section):
@@ -190,7 +192,10 @@ class SacConfig(AgentConfig):
     learning_starts: int = doc("Environment steps collected before the first update.", ge=0)
     tau: float = doc("Target network soft-update coefficient.", gt=0, le=1)
     learn_while_stepping: bool = doc("Step the environment in a subprocess while the learner updates "
-                                     "(the behaviour policy lags one update; docs/benchmarks.md).")
+                                     "(the behaviour policy lags one update; docs/benchmarks.md). CityLearn only.")
+    n_envs: int = doc("Sites SAC steps at once on the training simulator: each step adds n_envs transitions "
+                      "and takes gradient_steps updates (SB3's meaning). On CityLearn SAC steps one environment.",
+                      ge=1, le=4096)
 
     @model_validator(mode="after")
     def _surely_a_mistake(self) -> SacConfig:
@@ -211,7 +216,8 @@ class OnPolicyConfig(AgentConfig):
                        "(SB3's n_steps x n_envs); a multiple of n_envs.", ge=1)
     max_grad_norm: float = doc("Gradient clipping norm.", gt=0)
     n_envs: int = doc(
-        "Parallel environments (SubprocVecEnv); 0 = four per CPU core, a divisor of n_steps.", ge=0, le=256
+        "Parallel environments; 0 = train.sites simulated sites on the training simulator, four CityLearn "
+        "workers per CPU core otherwise (a divisor of n_steps either way).", ge=0, le=4096
     )
 
     @model_validator(mode="after")
@@ -310,6 +316,9 @@ class ReliabilityConfig(Section):
         "A NaN/inf loss or parameter rolls back and multiplies the learning rate by this.", gt=0, lt=1
     )
     nonfinite_retries: int = doc("Rollbacks for non-finite values before the stage stops.", ge=0)
+    checkpoint_min_interval_s: float = doc(
+        "Checkpoints are at least this many seconds apart, whatever checkpoint_freq_steps says: on the training "
+        "simulator 1,000 steps take a fraction of a second. A stop signal still saves at once.", ge=0)
 
 
 class MonitorConfig(Section):

@@ -41,24 +41,26 @@ def resolve_device(requested: str) -> str:
     return requested
 
 
-def cpu_threads_for(cfg: Config, agent: str) -> int:
-    """torch's intra-op threads for a stage: ``gpu.cpu_threads``, or with 0 one thread wherever
-    environment workers run beside the learner (PPO and A2C, SAC learning while stepping), and
-    one per core for SAC stepping its environment itself.
+def cpu_threads_for(cfg: Config, agent: str, simulator: str = "citylearn") -> int:
+    """torch's intra-op threads for a stage: ``gpu.cpu_threads``, or with 0 one per core for SAC
+    stepping its environments itself (the training simulator, or CityLearn without learning while
+    stepping), and one thread otherwise.
 
     Measured on 2 cores (docs/benchmarks.md): SAC's update alone ran 1.3x faster on 2 threads, but
-    with a worker stepping beside it training ran ~20% slower than on one thread.
+    with a CityLearn worker stepping beside it training ran ~20% slower than on one thread; on 16
+    simulated sites 2 threads train 1.27x faster. PPO's and A2C's small networks lose from a second
+    thread (PPO on 64 simulated sites: 10,600 steps/s on one, 8,300 on two).
     """
     if cfg.gpu.cpu_threads:
         return cfg.gpu.cpu_threads
+    alone = simulator == "vector" or not cfg.sac.learn_while_stepping
+    return cpu_cores() if agent == "sac" and alone else 1
 
-    return cpu_cores() if agent == "sac" and not cfg.sac.learn_while_stepping else 1
 
-
-def apply_cpu_threads(cfg: Config, agent: str) -> int:
+def apply_cpu_threads(cfg: Config, agent: str, simulator: str = "citylearn") -> int:
     import torch
 
-    threads = cpu_threads_for(cfg, agent)
+    threads = cpu_threads_for(cfg, agent, simulator)
     torch.set_num_threads(threads)
     return threads
 

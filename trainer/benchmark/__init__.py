@@ -4,8 +4,9 @@ The plain recipe is what a user writes instead (CityLearn's quickstart): ``CityL
 central_agent=True)`` → ``NormalizedObservationWrapper`` → ``StableBaselines3Wrapper`` → an SB3
 model with ``"MlpPolicy"`` → ``model.learn(N)``: one environment, one process, torch's defaults.
 The product is :class:`trainer.learn.trainer.StageTrainer` as a night runs it (parallel environments,
-FastSAC, learning while stepping, checkpoints and callbacks included). Both get the same
-hyperparameters and the same rollout size (the product splits it over its environments).
+FastSAC, the training simulator, checkpoints and callbacks included). Both get the same
+hyperparameters: PPO the same rollout size (the product splits it over its environments), A2C the
+same steps per environment per update.
 
 - ``trial``: one measurement, in a fresh process (what runs inside the child).
 - ``measure``: the parent: which trials, in which order, their summary and the tables.

@@ -143,7 +143,8 @@ def run_trial(trial: Trial, cfg: Config, schema: Path, device: str, sizes: Sizes
     assert agent is not None
     stopwatch = _Stopwatch(_warmup(agent, cfg))
     if trial.kind == TrialKind.PLAIN:
-        model, n_envs = _train_plain(agent, _plain_env(schema), cfg, device, _steps(agent, sizes), stopwatch), 1
+        model, n_envs = _train_plain(agent, _plain_env(schema), cfg, device, _steps(agent, sizes), stopwatch,
+                                     schema), 1
     else:
         model, n_envs = _train_product(agent, cfg, schema, device, _steps(agent, sizes), stopwatch)
     out: dict[str, Any] = {"steps_per_s": stopwatch.rate(), "n_envs": n_envs, "torch_threads": _threads(),
@@ -156,12 +157,20 @@ def run_trial(trial: Trial, cfg: Config, schema: Path, device: str, sizes: Sizes
 
 
 def _train_plain(agent: str, env: gymnasium.Env, cfg: Config, device: str, steps: int,
-                 callback: BaseCallback | None = None) -> BaseAlgorithm:
-    """The plain recipe: SB3's own class on one environment, torch's default threads."""
+                 callback: BaseCallback | None = None, schema: Path | None = None) -> BaseAlgorithm:
+    """The plain recipe: SB3's own class on one environment, torch's default threads.
+
+    PPO's rollout is the product's whole rollout; A2C's is one of the product's environments' share
+    (5 steps of each of 64 sites: 5), since A2C's hyperparameter is its steps per environment per update.
+    """
     from stable_baselines3 import A2C, PPO, SAC
 
+    from trainer.learn.agents import training_envs
+    from trainer.sim.factory import simulator_used
+
     algo = {"sac": SAC, "ppo": PPO, "a2c": A2C}[agent]
-    model = algo("MlpPolicy", env, seed=cfg.seed, device=device, verbose=0, **hyperparameters(cfg.agent(agent)))
+    share = training_envs(cfg, agent, simulator_used(cfg, schema)) if agent == "a2c" and schema else 1
+    model = algo("MlpPolicy", env, seed=cfg.seed, device=device, verbose=0, **hyperparameters(cfg.agent(agent), share))
     model.learn(steps, callback=callback)
     return model
 

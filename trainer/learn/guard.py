@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from stable_baselines3.common.callbacks import BaseCallback
@@ -19,17 +20,22 @@ class Checkpointer(Protocol):
 
 
 class CheckpointGuard(BaseCallback):
-    """Checkpoints every ``every_steps`` at rollout starts, checks for non-finite values, honours stops.
+    """Checkpoints every ``every_steps`` at rollout starts, but not within ``min_interval_s`` of the last,
+    checks for non-finite values, honours stops.
 
     Rollout starts are where parameters, optimizers, buffers, counters and RNG states agree
     (docs/reliability.md). ``stopped_by`` says why training ended early, if it did.
     """
 
-    def __init__(self, owner: Checkpointer, tracker: EpisodeTracker, every_steps: int, time_limit_at: float | None):
+    def __init__(self, owner: Checkpointer, tracker: EpisodeTracker, every_steps: int, time_limit_at: float | None,
+                 min_interval_s: float = 0.0, clock: Callable[[], float] = time.monotonic):
         super().__init__()
         self.owner = owner
         self.tracker = tracker
         self.every_steps = every_steps
+        self.min_interval_s = min_interval_s
+        self.clock = clock
+        self._saved_at = clock()
         self.time_limit_at = time_limit_at
         self.boundary: Boundary | None = None
         self.stopped_by: StopReason | None = None
@@ -43,12 +49,14 @@ class CheckpointGuard(BaseCallback):
         if self._started:
             check_finite(self.model)
         self._started = True
-        due = self.num_timesteps - self.owner.last_checkpoint_step >= self.every_steps
+        due = (self.num_timesteps - self.owner.last_checkpoint_step >= self.every_steps
+               and self.clock() - self._saved_at >= self.min_interval_s)
         if due and hasattr(self.model, "run_pending_training"):
             self.model.run_pending_training()  # the checkpoint holds the update SB3 would have made by now
         self.boundary = self.tracker.boundary(self.model)
         if due:
             self.owner.save_checkpoint(self.model, self.boundary)
+            self._saved_at = self.clock()
 
     def _on_step(self) -> bool:
         dones = self.locals.get("dones")

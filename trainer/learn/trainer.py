@@ -40,7 +40,7 @@ from trainer.learn.recovery import Failure, NonFinite, NonFiniteError, OutOfMemo
 from trainer.learn.state import Boundary, EpisodeTracker, Sizes, StopReason, TrainingState
 from trainer.run_dir import AgentDir
 from trainer.signals import STOP
-from trainer.sim.factory import training_vec_env
+from trainer.sim.factory import simulator_used, training_vec_env
 
 if TYPE_CHECKING:
     from stable_baselines3.common.base_class import BaseAlgorithm
@@ -59,7 +59,8 @@ class StageTrainer:
         self.rel = self.cfg.reliability
         self.folder = ctx.run.agent(agent)
         self.store = CheckpointStore(self.folder.checkpoints, self.rel.keep_checkpoints)
-        self.n_envs = training_envs(self.section)
+        self.simulator = simulator_used(self.cfg, ctx.schema)
+        self.n_envs = training_envs(self.cfg, agent, self.simulator)
         self.sizes = initial_sizes(self.section, agent, target, self.n_envs)
         self.device = agent_device(self.cfg, agent)
         self.recovery = Recovery(agent, self.device, self.rel, self.sizes)
@@ -80,8 +81,8 @@ class StageTrainer:
 
     def train(self, resume: bool = False, force: bool = False) -> BaseAlgorithm:
         """Train to the target; returns the model. Raises TrainingInterrupted on a stop signal."""
-        self.log.info("torch threads", cpu_threads=apply_cpu_threads(self.cfg, self.agent))
-        self.env = training_env(self.cfg, self.ctx.schema, self.agent, self.n_envs)
+        self.log.info("torch threads", cpu_threads=apply_cpu_threads(self.cfg, self.agent, self.simulator))
+        self.env = training_env(self.cfg, self.ctx.schema, self.agent, self.n_envs, self.simulator)
         self.episodes = EpisodeTracker(self.env)
         check_memory(self.cfg, self.ctx.schema, self.agent)  # again: memory may have gone since the night began
         self.recovery.fit_batch(Shapes(self.env.observation_space.shape[0], self.env.action_space.shape[0],
@@ -151,7 +152,8 @@ class StageTrainer:
         from trainer.learn.callbacks import EvalCurve, ProgressCallback
         from trainer.learn.guard import CheckpointGuard
 
-        guard = CheckpointGuard(self, self.episodes, self.section.checkpoint_freq_steps, self.time_limit_at)
+        guard = CheckpointGuard(self, self.episodes, self.section.checkpoint_freq_steps, self.time_limit_at,
+                                self.rel.checkpoint_min_interval_s)
         curve = EvalCurve(self.ctx, self.agent, self.folder.root / "eval_curve.csv")
         callbacks = [ProgressCallback(self.agent, self.target), guard, curve, *self.extra_callbacks]
         STOP.check(f"{self.agent}'s start-up")  # the workers and the warm start took a while
@@ -236,7 +238,7 @@ def initial_sizes(section: AgentConfig, agent: str, target: int, n_envs: int) ->
     return sizes
 
 
-def training_env(cfg: Config, schema: Path, agent: str, n_envs: int) -> VecEnv:
+def training_env(cfg: Config, schema: Path, agent: str, n_envs: int, simulator: str) -> VecEnv:
     """The training environments (train.simulator): the simulator's N sites in this process, or CityLearn's,
     parallel for PPO and A2C and in a worker for SAC learning while stepping."""
     from stable_baselines3.common.vec_env import (
@@ -246,7 +248,7 @@ def training_env(cfg: Config, schema: Path, agent: str, n_envs: int) -> VecEnv:
     from trainer.learn.fast_sac import TrainWhileStepping
 
     overlap = agent == "sac" and cfg.sac.learn_while_stepping
-    env, simulator = training_vec_env(cfg, schema, n_envs, subprocesses=n_envs > 1 or overlap)
+    env, simulator = training_vec_env(cfg, schema, n_envs, subprocesses=n_envs > 1 or overlap, simulator=simulator)
     workers = isinstance(env, SubprocVecEnv)
     logs.get().info("training environments", agent=agent, n_envs=n_envs, simulator=simulator, workers=workers,
                     learn_while_stepping=overlap and workers)

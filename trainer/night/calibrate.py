@@ -29,7 +29,7 @@ from trainer.env import make_sb3_env
 from trainer.files import write_json_atomic
 from trainer.learn.agents import build_model, training_envs
 from trainer.signals import STOP
-from trainer.sim.factory import training_vec_env
+from trainer.sim.factory import CITYLEARN, VECTOR, simulator_used, training_vec_env
 
 if TYPE_CHECKING:
     from stable_baselines3.common.base_class import BaseAlgorithm
@@ -74,19 +74,24 @@ def calibrate(cfg: Config, schema: Path, device: str, agents: list[str], refresh
     speeds = Speeds(eval_steps_per_s=_eval_speed(cfg, schema), train_steps_per_s={},
                     measured_at=datetime.now().isoformat(timespec="seconds"),
                     machine=f"{socket.gethostname()} ({os.cpu_count()} CPUs, {device})")
+    simulator = simulator_used(cfg, schema)  # the night's stages train on what calibration measures
     for agent in agents:
         STOP.check("calibration")
-        apply_cpu_threads(cfg, agent)  # as the stage will
+        apply_cpu_threads(cfg, agent, simulator)  # as the stage will
         if agent == "sac":
-            env_rate, update_s = _sac_speed(cfg, schema, agent_device(cfg, agent))
+            n_envs = training_envs(cfg, agent, simulator)
+            env_rate, update_s = _sac_speed(cfg, schema, agent_device(cfg, agent), simulator, n_envs)
             speeds.sac_env_steps_per_s, speeds.sac_update_s = env_rate, update_s
-            update = update_s * cfg.sac.gradient_steps / cfg.sac.train_freq
-            # Learning while stepping hides the environment's step behind the update, but not the
-            # action choice and the bookkeeping around it: count half of the step, to be safe.
-            per_step = update + (0.5 if cfg.sac.learn_while_stepping else 1.0) / env_rate
+            # SB3 takes gradient_steps updates every train_freq steps of all n_envs sites together.
+            update = update_s * cfg.sac.gradient_steps / (cfg.sac.train_freq * n_envs)
+            # Learning while stepping (a CityLearn worker) hides the environment's step behind the update,
+            # but not the action choice and the bookkeeping around it: count half of the step, to be safe.
+            overlap = simulator == CITYLEARN and cfg.sac.learn_while_stepping
+            per_step = update + (0.5 if overlap else 1.0) / env_rate
             speeds.train_steps_per_s["sac"] = 1 / per_step
         else:
-            speeds.train_steps_per_s[agent] = _onpolicy_speed(cfg, schema, agent_device(cfg, agent), agent)
+            speeds.train_steps_per_s[agent] = _onpolicy_speed(cfg, schema, agent_device(cfg, agent), agent,
+                                                              simulator)
         log.info("calibrated", agent=agent, steps_per_s=round(speeds.train_steps_per_s[agent], 2))
     write_json_atomic(cache, asdict(speeds))  # a kill mid-write leaves the old cache or none, never half
     return speeds
@@ -126,11 +131,13 @@ def _quiet(model: BaseAlgorithm, folder: str) -> BaseAlgorithm:
     return model
 
 
-def _onpolicy_speed(cfg: Config, schema: Path, device: str, agent: str) -> float:
-    # At least one whole rollout, so the update's cost is in the figure (at most 1,000 steps).
-    steps = min(max(CALIBRATION_STEPS, cfg.agent(agent).n_steps), 1000)
-    n_envs = training_envs(cfg.agent(agent))
-    env, _ = training_vec_env(cfg, schema, n_envs, subprocesses=n_envs > 1)  # as the night will, simulator too
+def _onpolicy_speed(cfg: Config, schema: Path, device: str, agent: str, simulator: str) -> float:
+    # At least one whole rollout, so the update's cost is in the figure (on CityLearn at most 1,000 steps;
+    # the simulator steps a rollout in a fraction of a second).
+    rollout = cfg.agent(agent).n_steps
+    steps = max(CALIBRATION_STEPS, rollout) if simulator == VECTOR else min(max(CALIBRATION_STEPS, rollout), 1000)
+    n_envs = training_envs(cfg, agent, simulator)
+    env, _ = training_vec_env(cfg, schema, n_envs, subprocesses=n_envs > 1, simulator=simulator)
     try:
         with tempfile.TemporaryDirectory() as tmp:
             model = _quiet(build_model(cfg, agent, env, device, cfg.seed, steps), tmp)
@@ -141,17 +148,18 @@ def _onpolicy_speed(cfg: Config, schema: Path, device: str, agent: str) -> float
         env.close()
 
 
-def _sac_speed(cfg: Config, schema: Path, device: str) -> tuple[float, float]:
+def _sac_speed(cfg: Config, schema: Path, device: str, simulator: str, n_envs: int) -> tuple[float, float]:
     """(environment steps/s without updates, seconds per gradient update at the configured batch)."""
-    env, _ = training_vec_env(cfg, schema, 1, subprocesses=False)  # the simulator where the night trains on it
+    env, _ = training_vec_env(cfg, schema, n_envs, subprocesses=False, simulator=simulator)
+    steps = max(CALIBRATION_STEPS, 20 * n_envs)
     try:
         with tempfile.TemporaryDirectory() as tmp:
             calibration_cfg = cfg.model_copy(deep=True)
-            calibration_cfg.sac.learning_starts = CALIBRATION_STEPS + 1  # collect only
-            calibration_cfg.sac.buffer_size = min(cfg.sac.buffer_size, CALIBRATION_STEPS * 2)
-            model = _quiet(build_model(calibration_cfg, "sac", env, device, cfg.seed, CALIBRATION_STEPS), tmp)
+            calibration_cfg.sac.learning_starts = steps + n_envs  # collect only
+            calibration_cfg.sac.buffer_size = min(cfg.sac.buffer_size, steps * 2)
+            model = _quiet(build_model(calibration_cfg, "sac", env, device, cfg.seed, steps), tmp)
             start = time.perf_counter()
-            model.learn(CALIBRATION_STEPS)
+            model.learn(steps)
             env_rate = model.num_timesteps / (time.perf_counter() - start)
             batch = min(cfg.sac.batch_size, 1 << 16)  # a batch backed off before training is never larger
             model.train(gradient_steps=2, batch_size=batch)  # warm-up
