@@ -21,7 +21,7 @@ _SHARED_DATASETS = Path(__file__).resolve().parents[1].parent / "shared" / "city
 
 # Small everything: a few hundred steps, a short evaluation window, quick SAC warm-up.
 TINY = (
-    "schedule.eval_days=3",
+    "schedule.eval_days=3", "schedule.curve_eval_days=2",  # the validation window: two days, not four weeks
     "sac.learning_starts=50", "sac.batch_size=32", "sac.buffer_size=2000",
     "ppo.n_steps=128", "ppo.batch_size=32", "ppo.n_epochs=2",
     "sac.n_envs=1", "a2c.n_steps=8",  # a step (SAC) or a rollout (A2C) of 8 steps, as on CityLearn before

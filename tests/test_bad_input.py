@@ -140,7 +140,7 @@ def test_a_full_disk_costs_the_final_save_not_the_stage_s_checkpoints(small_disk
     monkeypatch.setattr(callbacks.ProgressCallback, "_on_training_end", fill_the_disk)
     run = small_disk / "run"
     overrides = ["a2c.checkpoint_freq_steps=100", "a2c.n_steps=10", "warm_start.epochs=0", "schedule.eval_days=1",
-                 "output.tensorboard=false"]
+                 "output.tensorboard=false", "reliability.checkpoint_min_interval_s=0"]
     result = CliRunner().invoke(cli, ["train", "a2c", "--timesteps", "200", "--schema", str(site_schema), "--out",
                                       str(run), "--device", "cpu", *[a for o in overrides for a in ("--set", o)]])
     assert result.exit_code == 1, result.output

@@ -142,6 +142,8 @@ class TrainConfig(Section):
         "What agents train on: vector (the training simulator, many sites as arrays in one process; "
         "docs/simulator.md), citylearn (CityLearn itself, in worker processes), or auto (vector where the dataset "
         "is one it models, else citylearn). Evaluation, references and every reported figure always use CityLearn.")
+    keep_best: bool = doc("Deploy the best policy the stage has seen on the validation window (its warm start or a "
+                          "learning-curve point; trainer.learn.selection), not merely the last one.")
     sites: int = doc("Sites the training simulator steps at once for PPO and A2C when their n_envs is 0 (the "
                      "largest divisor of n_steps up to this; docs/simulator.md).", ge=1, le=4096)
 
@@ -250,7 +252,8 @@ class ScheduleConfig(Section):
     budget: str | None = doc("Default time budget, e.g. 10h or 90m (overridden by --budget/--finish-by).")
     finish_by: str | None = doc("Default local finish time HH:MM (overridden by --budget/--finish-by).")
     curve_every_steps: int = doc("Evaluate the policy for the learning curve every this many steps.", ge=1)
-    curve_eval_days: int = doc("Days simulated by each learning-curve evaluation.", ge=1, le=365)
+    curve_eval_days: int = doc("Days of the validation window: each learning-curve evaluation, which also chooses "
+                               "the policy an agent deploys (train.keep_best).", ge=1, le=365)
     curve_max_share: float = doc(
         "Most of a stage's time its learning-curve evaluations (in CityLearn) may take: on a fast learner they "
         "wait longer than curve_every_steps between them.", gt=0, le=1)

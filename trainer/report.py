@@ -14,6 +14,7 @@ from monitor.summary import format_summary, read_records, summarise
 from trainer.config import AGENTS
 from trainer.errors import UsageError
 from trainer.files import read_json, write_text_atomic
+from trainer.learn.selection import references_path
 from trainer.lock import RunLock
 from trainer.metrics import HOURS_PER_YEAR, evaluation_window
 from trainer.run_dir import RunDir
@@ -125,6 +126,14 @@ def window_co2_t_per_year(timeseries: Path, hours: int) -> float | None:
     return float(co2) * HOURS_PER_YEAR / hours / 1000
 
 
+def kept_point(run: RunDir, agent: str, curve: pd.DataFrame) -> tuple[int, float] | None:
+    """(step, CO2 kg/yr) of the curve point the agent deploys, from its metrics' ``kept``; None without one."""
+    metrics = run.agent(agent).metrics
+    kept = (read_json(metrics).get("kept") if metrics.is_file() else None) or {}
+    rows = curve[curve["step"] == kept.get("step")] if "step" in kept else curve.iloc[:0]
+    return None if rows.empty else (int(kept["step"]), float(rows["co2_kg_per_year"].iloc[-1]))
+
+
 def plot_learning_curves(run: RunDir, agents: list[str], path: Path, curve_days: int) -> bool:
     """Each agent's evaluations during training: CO2 on the curve's window with the references on the same
     window, and EV departures met. False (and no file) when no agent has a point yet."""
@@ -134,16 +143,31 @@ def plot_learning_curves(run: RunDir, agents: list[str], path: Path, curve_days:
         return False
     plt = _pyplot()
     fig, (co2_ax, ev_ax) = plt.subplots(2, 1, figsize=(8, 6), sharex=True, gridspec_kw={"height_ratios": [3, 1.4]})
+    any_kept = False
     for agent, curve in curves.items():
         co2_ax.plot(curve["step"], curve["co2_kg_per_year"] / 1000, label=agent, color=COLOURS[agent], marker="o")
         ev_ax.plot(curve["step"], curve["ev_departure_soc_met_pct"], color=COLOURS[agent], marker="o")
+        kept = kept_point(run, agent, curve)
+        if kept is not None:  # the policy the agent deploys (trainer.learn.selection)
+            co2_ax.plot([kept[0]], [kept[1] / 1000], marker="*", markersize=16, color=COLOURS[agent],
+                        markeredgecolor="black", linestyle="none")
+            any_kept = True
+    if any_kept:  # one neutral legend entry for every agent's star
+        co2_ax.plot([], [], marker="*", markersize=12, color="white", markeredgecolor="black", linestyle="none",
+                    label="deployed")
+    held_out = read_json(references_path(run.root)) if references_path(run.root).is_file() else None
     for name in ("baseline", "rbc"):
-        reference = window_co2_t_per_year(run.agent(name).timeseries, curve_days * 24)
+        if held_out is not None:
+            reference = held_out.get(name) / 1000 if isinstance(held_out.get(name), (int, float)) else None
+        else:
+            reference = window_co2_t_per_year(run.agent(name).timeseries, curve_days * 24)
         if reference is not None:
             co2_ax.axhline(reference, color=COLOURS[name], linestyle="--", linewidth=1.2, label=name)
     co2_ax.set_ylabel("CO2, t/yr")
-    co2_ax.set_title(f"Learning curves: each evaluation covers the first {curve_days} days, scaled to a year\n"
-                     "(the table's figures cover the whole evaluation period)", fontsize=10)
+    window = (f"{curve_days} days of a held-out year (another draw of the site)" if held_out is not None
+              else f"the first {curve_days} days of the dataset")
+    co2_ax.set_title(f"Validation: {window}, per year\n"
+                     "(the table covers the whole evaluation period; a star: the policy deployed)", fontsize=10)
     co2_ax.legend(loc="best", fontsize=8)
     ev_ax.set_ylabel("EV departures\nmet %")
     ev_ax.set_ylim(0, 105)
@@ -368,6 +392,33 @@ NOTES = [
 ]
 
 
+def _deployed(results: dict[str, dict[str, Any]]) -> list[str]:
+    """Which policy each agent deploys and why, with its warm start's figure beside the deployed one."""
+    rows = []
+    for agent in AGENTS:
+        metrics = results.get(agent) or {}
+        kept, warm = metrics.get("kept"), metrics.get("warm_start") or {}
+        if not kept:
+            continue
+        which = ("its warm start (step 0)" if kept["step"] == 0 else
+                 "its last policy" if kept["step"] == kept["final_step"] else f"the policy of step {kept['step']:,}")
+        window = "a held-out year" if kept.get("held_out") else "the first days of the dataset"
+        line = (f"- **{agent}** deploys {which} of {kept['final_step']:,} steps: {kept['why']} "
+                f"({window}: {kept['validation_co2_kg_per_year'] / 1000:,.1f} t/yr")
+        if kept.get("last_validation_co2_kg_per_year") is not None and kept["step"] != kept["final_step"]:
+            line += f", the last policy {kept['last_validation_co2_kg_per_year'] / 1000:,.1f}"
+        line += ")."
+        if isinstance(warm.get("co2_kg_per_year"), (int, float)):
+            line += (f" Warm start alone: {warm['co2_kg_per_year']:,.0f} kg/yr; deployed: "
+                     f"{metrics['co2_kg_per_year']:,.0f} kg/yr.")
+        rows.append(line)
+    if not rows:
+        return []
+    return ["## What each agent deploys", "",
+            "The best policy each stage saw on a validation window it never trained on (EV target first, then "
+            "CO2), never merely the last (`train.keep_best`; docs/agent-quality.md).", "", *rows, ""]
+
+
 def write_report(run: RunDir) -> Path:
     """Write report.md and every plot; returns the report's path."""
     results = read_json(run.results_json) if run.results_json.is_file() else {}
@@ -395,6 +446,7 @@ def write_report(run: RunDir) -> Path:
     lines += ["", "## Results", "", *([f"*{window[0].upper()}{window[1:]}.*", ""] if window else []), *_table(results),
               "", *NOTES, ""]
     lines += ["![CO2 per agent](plots/co2_by_agent.png)", ""]
+    lines += _deployed(results)
     if curves:
         lines += ["## Learning", "", "![Learning curves](plots/learning_curves.png)", ""]
     if best_shown:

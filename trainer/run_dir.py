@@ -53,6 +53,16 @@ class AgentDir:
     def checkpoints(self) -> Path:
         return self.root / "checkpoints"
 
+    @property
+    def best(self) -> Path:
+        """The best policy seen on the validation window (trainer.learn.selection)."""
+        return self.root / "best"
+
+    @property
+    def warm_start(self) -> Path:
+        """The policy right after its warm start, evaluated like the agent at the end."""
+        return self.root / "warm_start.zip"
+
 
 @dataclass(frozen=True)
 class RunDir:

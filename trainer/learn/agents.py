@@ -91,6 +91,18 @@ def build_model(cfg: Config, name: str, env: VecEnv | gymnasium.Env, device: str
     return algorithm(name)("MlpPolicy", env, seed=seed, device=device, verbose=0, **params)
 
 
+def save_model_atomic(model: BaseAlgorithm, path: Path) -> None:
+    """``model.save`` to a temporary name beside ``path``, then renamed: a kill or a full disk leaves the old file
+    or none, never half of one. Raises OSError (the temporary file removed)."""
+    tmp = path.parent / f".tmp-{path.name}"
+    try:
+        model.save(str(tmp))
+        tmp.replace(path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
 def load_model(name: str, path: Path, device: str = "cpu") -> BaseAlgorithm:
     return algorithm(name).load(str(path), device=device)
 

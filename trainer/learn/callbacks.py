@@ -8,12 +8,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from stable_baselines3.common.callbacks import BaseCallback
 
 from trainer.controllers import PolicyController
 from trainer.env import make_sb3_env
+from trainer.learn.selection import BestPolicy, Candidate, record_references, validation_schema
 from trainer.metrics import run_episode
 from trainer.progress import Progress
 
@@ -43,20 +44,25 @@ class ProgressCallback(BaseCallback):
 
 
 class EvalCurve(BaseCallback):
-    """Every ``schedule.curve_every_steps``, evaluate the policy deterministically over
-    ``schedule.curve_eval_days`` and append a row to ``eval_curve.csv`` (the report's curve).
+    """The learning curve and the validation behind the deployed policy (trainer.learn.selection).
+
+    A fresh stage's first policy (its warm start, step 0), then one every
+    ``schedule.curve_every_steps``, and the last, are evaluated deterministically over
+    ``schedule.curve_eval_days`` of the validation window; each gives a row of ``eval_curve.csv`` (the
+    report's curve) and is offered to ``BestPolicy``, which keeps the best in ``<agent>/best/``.
 
     The evaluations run in CityLearn, the judge, and take at most ``schedule.curve_max_share`` of
     the stage's time: one that took d seconds is followed by at least d (1 - share) / share seconds
     of training. On CityLearn's own environments that changes nothing; on the training simulator,
     which trains thousands of steps while CityLearn evaluates a week, it keeps the curve from
-    becoming the stage.
+    becoming the stage. The first and last evaluations are never skipped.
 
     Runs at rollout starts, after the Guard has taken its snapshot, and draws no random
     numbers (deterministic actions, its own environment), so it leaves resumes exact.
     """
 
-    def __init__(self, ctx: RunContext, agent: str, path: Path, clock: Callable[[], float] = time.perf_counter):
+    def __init__(self, ctx: RunContext, agent: str, path: Path, clock: Callable[[], float] = time.perf_counter,
+                 best: BestPolicy | None = None):
         super().__init__()
         self.ctx = ctx
         self.agent = agent
@@ -64,26 +70,45 @@ class EvalCurve(BaseCallback):
         self.every = ctx.cfg.schedule.curve_every_steps
         self.share = ctx.cfg.schedule.curve_max_share
         self.clock = clock
+        self.best = best
         self._env = None
         self._next = None
         self._not_before = 0.0
+        self._last_evaluated: int | None = None
 
     def _on_training_start(self) -> None:
         self._next = (self.num_timesteps // self.every + 1) * self.every
+        if self.num_timesteps == 0 and self.best is not None:
+            self._evaluate_now()  # the warm start: the first candidate
 
     def _on_rollout_start(self) -> None:
         if self._next is None or self.num_timesteps < self._next or self.clock() < self._not_before:
             return
         self._next = (self.num_timesteps // self.every + 1) * self.every
+        self._evaluate_now()
+
+    def _evaluate_now(self) -> None:
         started = self.clock()
         self.evaluate()
+        self._last_evaluated = self.num_timesteps
         took = self.clock() - started
         self._not_before = self.clock() + took * (1 - self.share) / self.share
 
+    def finish(self, model: Any) -> None:
+        """After learn(): the last policy is a candidate too (unless it was just evaluated)."""
+        if self.best is None or self._last_evaluated == model.num_timesteps:
+            return
+        self.model = model
+        self.evaluate()
+        self._last_evaluated = model.num_timesteps
+
     def evaluate(self) -> None:
         if self._env is None:
-            self._env = make_sb3_env(self.ctx.cfg, self.ctx.schema, "eval", self.ctx.seed,
+            schema, held_out = validation_schema(self.ctx) if self.best is not None else (self.ctx.schema, False)
+            self._env = make_sb3_env(self.ctx.cfg, schema, "eval", self.ctx.seed,
                                      eval_days=self.ctx.cfg.schedule.curve_eval_days)
+            if held_out:
+                record_references(self.ctx, self._env, held_out)
         start = time.perf_counter()
         metrics = run_episode(PolicyController(self.agent, self.model), self._env)
         new = not self.path.exists()
@@ -93,11 +118,14 @@ class EvalCurve(BaseCallback):
             ev = metrics["ev_departure_soc_met_pct"]
             handle.write(f"{self.num_timesteps},{metrics['co2_kg_per_year']:.3f},{'' if ev is None else f'{ev:.2f}'},"
                          f"{time.perf_counter() - start:.2f}\n")
+        if self.best is not None:
+            self.best.offer(self.model, Candidate(int(self.num_timesteps), float(metrics["co2_kg_per_year"]),
+                                                  None if ev is None else float(ev)))
 
     def _on_step(self) -> bool:
         return True
 
-    def _on_training_end(self) -> None:
+    def close(self) -> None:
         if self._env is not None:
             self._env.close()
             self._env = None

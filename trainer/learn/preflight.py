@@ -37,6 +37,8 @@ def training_view(config: dict[str, Any], agent: str) -> dict[str, Any]:
     others = set(AGENTS) - {agent}
     view = {k: v for k, v in config.items() if k not in others and k not in NOT_TRAINING}
     view.setdefault("train", {"simulator": "citylearn"})  # checkpoints from before the choice trained on CityLearn
+    if isinstance(view["train"], dict):  # which policy is deployed is chosen after training
+        view["train"] = {k: v for k, v in view["train"].items() if k != "keep_best"}
     if isinstance(view.get(agent), dict):
         view[agent] = {k: v for k, v in view[agent].items() if k not in ("timesteps", "episodes", "device")}
     return view

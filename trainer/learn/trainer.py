@@ -30,6 +30,7 @@ from trainer.learn.agents import (
     build_model,
     fit_rollout,
     hyperparameters,
+    save_model_atomic,
     sb3_logger,
     training_envs,
 )
@@ -37,6 +38,7 @@ from trainer.learn.imitation import warm_start
 from trainer.learn.memory import Shapes, free_memory, is_out_of_memory
 from trainer.learn.preflight import check_memory, check_resume_config
 from trainer.learn.recovery import Failure, NonFinite, NonFiniteError, OutOfMemory, Recovery, TrainingInterrupted
+from trainer.learn.selection import BestPolicy
 from trainer.learn.state import Boundary, EpisodeTracker, Sizes, StopReason, TrainingState
 from trainer.run_dir import AgentDir
 from trainer.signals import STOP
@@ -73,6 +75,8 @@ class StageTrainer:
         self.env: VecEnv | None = None
         self.episodes: EpisodeTracker | None = None
         self.warm_start: dict[str, Any] | None = None
+        self.best = BestPolicy(self.folder.best, self.cfg.ev.target_met_pct) if self.cfg.train.keep_best else None
+        self.curve = None
         self._sb3_logger = None
 
     @property
@@ -122,9 +126,13 @@ class StageTrainer:
             model.num_timesteps = self.last_checkpoint_step  # steps after the boundary were not learned from
         elif model.num_timesteps > self.last_checkpoint_step:
             self.save_checkpoint(model, self.episodes.boundary(model, True))
+        if self.curve is not None and not self.timed_out:
+            self.curve.finish(model)  # the last policy is a candidate too
         return model
 
     def close(self) -> None:
+        if self.curve is not None:
+            self.curve.close()
         if self.env is not None:
             self.env.close()
 
@@ -154,7 +162,9 @@ class StageTrainer:
 
         guard = CheckpointGuard(self, self.episodes, self.section.checkpoint_freq_steps, self.time_limit_at,
                                 self.rel.checkpoint_min_interval_s)
-        curve = EvalCurve(self.ctx, self.agent, self.folder.root / "eval_curve.csv")
+        if self.curve is not None:
+            self.curve.close()
+        curve = self.curve = EvalCurve(self.ctx, self.agent, self.folder.root / "eval_curve.csv", best=self.best)
         callbacks = [ProgressCallback(self.agent, self.target), guard, curve, *self.extra_callbacks]
         STOP.check(f"{self.agent}'s start-up")  # the workers and the warm start took a while
         try:
@@ -181,6 +191,13 @@ class StageTrainer:
     def _fresh_model(self) -> BaseAlgorithm:
         model = build_model(self.cfg, self.agent, self.env, self.device, self.cfg.seed, self.target)
         self.warm_start = warm_start(self.cfg, self.ctx.schema, self.agent, model)
+        if self.warm_start is not None:  # evaluated like the agent at the end (results.json's warm_start)
+            try:
+                self.folder.root.mkdir(parents=True, exist_ok=True)
+                save_model_atomic(model, self.folder.warm_start)
+            except OSError as exc:
+                self.log.warning("warm start not saved: it will not be evaluated", path=str(self.folder.warm_start),
+                                 error=exc.strerror)
         self.last_checkpoint_step = 0
         return self._ready(model)
 

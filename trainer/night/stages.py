@@ -22,8 +22,9 @@ from trainer.controllers import REFERENCE_CONTROLLERS, PolicyController
 from trainer.device import agent_device
 from trainer.env import make_sb3_env
 from trainer.files import DamagedFile, read_json, write_json_atomic, write_text_atomic
-from trainer.learn.agents import load_model
+from trainer.learn.agents import load_model, save_model_atomic
 from trainer.learn.recovery import StageFailed
+from trainer.learn.selection import kept_summary, validation_schema
 from trainer.learn.trainer import StageTrainer
 from trainer.learn.trainer import summary as training_summary
 from trainer.metrics import HOURS_PER_YEAR, METRIC_KEYS, compare_to_baseline, run_episode
@@ -115,18 +116,51 @@ def train_agent(ctx: RunContext, agent: str, timesteps: int, resume: bool = Fals
         model.logger.record("time/total_timesteps", model.num_timesteps)
         model.logger.record("time/wall_s", round(wall, 2))
         model.logger.dump(model.num_timesteps)
+        trained_steps = int(model.num_timesteps)
+        model, kept = _best_policy(ctx, agent, trainer, model)
         _save_model(model, folder, agent, trainer.last_checkpoint.path if trainer.last_checkpoint else None)
     finally:
         trainer.close()
-    log.info("trained", timesteps=model.num_timesteps, seconds=round(wall, 1),
-             steps_per_s=round(model.num_timesteps / wall, 1) if wall > 0 else None)
+    log.info("trained", timesteps=trained_steps, seconds=round(wall, 1),
+             steps_per_s=round(trained_steps / wall, 1) if wall > 0 else None)
     metrics = evaluate_model(ctx, agent, model)
-    metrics.update(timesteps=int(model.num_timesteps), train_wall_s=round(wall, 2),
-                   steps_per_s=round(model.num_timesteps / wall, 2) if wall > 0 else None, **training_summary(trainer),
+    metrics.update(timesteps=trained_steps, train_wall_s=round(wall, 2),
+                   steps_per_s=round(trained_steps / wall, 2) if wall > 0 else None, **training_summary(trainer),
                    ended_by="time slot" if trainer.timed_out else "target",
-                   checkpoint=str(trainer.last_checkpoint.path) if trainer.last_checkpoint else None)
+                   checkpoint=str(trainer.last_checkpoint.path) if trainer.last_checkpoint else None, kept=kept)
+    if folder.warm_start.is_file():
+        metrics["warm_start"] = {**(metrics.get("warm_start") or {}), **_evaluate_warm_start(ctx, agent)}
     write_json_atomic(folder.metrics, metrics)
     return metrics
+
+
+def _best_policy(ctx: RunContext, agent: str, trainer: StageTrainer,
+                 model: BaseAlgorithm) -> tuple[BaseAlgorithm, dict[str, Any] | None]:
+    """The policy to deploy: the best the stage has seen on the validation window (train.keep_best), or the last."""
+    best = trainer.best
+    if best is None or best.best is None:
+        return model, None
+    kept = kept_summary(best, int(model.num_timesteps), validation_schema(ctx)[1])
+    if best.best.step != model.num_timesteps:
+        logs.get().info("deploying the best policy seen, not the last", agent=agent, step=best.best.step,
+                        final_step=int(model.num_timesteps), why=kept["why"],
+                        validation_co2_kg_per_year=kept["validation_co2_kg_per_year"],
+                        last_validation_co2_kg_per_year=kept["last_validation_co2_kg_per_year"])
+        model = load_model(agent, best.model_path, device=agent_device(ctx.cfg, agent))
+    return model, kept
+
+
+def _evaluate_warm_start(ctx: RunContext, agent: str) -> dict[str, Any]:
+    """The stage's warm start evaluated like the agent (the same period and metrics), for the report's comparison."""
+    folder = ctx.run.agent(agent)
+    model = load_model(agent, folder.warm_start, device=agent_device(ctx.cfg, agent))
+    env = _eval_env(ctx)
+    try:
+        metrics = run_episode(PolicyController(agent, model), env)
+    finally:
+        env.close()
+    logs.get().info("evaluated the warm start", agent=agent, co2_kg_per_year=round(metrics["co2_kg_per_year"], 1))
+    return {k: metrics[k] for k in ("co2_kg", "co2_kg_per_year", "ev_departure_soc_met_pct")}
 
 
 def _load(ctx: RunContext, agent: str) -> BaseAlgorithm:
@@ -141,12 +175,9 @@ def _load(ctx: RunContext, agent: str) -> BaseAlgorithm:
 
 def _save_model(model: BaseAlgorithm, folder: AgentDir, agent: str, checkpoint: Path | None) -> None:
     """The trained model, atomically; a full or read-only disk costs this save, not the checkpoints before it."""
-    tmp = folder.root / ".tmp-model.zip"
     try:
-        model.save(str(tmp))
-        tmp.replace(folder.model)
+        save_model_atomic(model, folder.model)
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
         free = shutil.disk_usage(folder.root).free if folder.root.exists() else 0
         raise StageFailed(f"{agent}: could not save the trained model to {folder.model}: {exc.strerror} "
                           f"({free / 2**20:,.0f} MB free); the last checkpoint is {checkpoint or '(none)'}; "

@@ -1,0 +1,86 @@
+"""Never deploy a regression: each agent deploys the best policy its stage saw on the validation window."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from trainer.cli import cli
+from trainer.learn.selection import BestPolicy, Candidate
+
+from .conftest import tiny_overrides
+
+
+class FakeModel:
+    def __init__(self, name: str):
+        self.name = name
+
+    def save(self, path: str) -> None:
+        Path(path).write_text(self.name)
+
+
+def test_the_ev_target_comes_first_then_co2_and_ties_keep_the_earlier(tmp_path):
+    best = BestPolicy(tmp_path / "best", target_pct=98.0)
+    assert best.offer(FakeModel("warm"), Candidate(0, 45_000.0, 100.0))
+    assert not best.offer(FakeModel("cheaper but strands cars"), Candidate(1000, 40_000.0, 90.0))
+    assert not best.offer(FakeModel("tie"), Candidate(2000, 45_000.0, 100.0))
+    assert best.offer(FakeModel("better"), Candidate(3000, 44_000.0, 99.0))
+    assert not best.offer(FakeModel("worse"), Candidate(4000, 47_000.0, 100.0))
+    assert best.best == Candidate(3000, 44_000.0, 99.0) and best.last.step == 4000 and best.evaluated == 5
+    assert best.model_path.read_text() == "better"
+    # A resumed stage starts from what was kept: the selection goes on, it does not start again.
+    resumed = BestPolicy(tmp_path / "best", target_pct=98.0)
+    assert resumed.best == best.best
+    assert not resumed.offer(FakeModel("after the resume"), Candidate(5000, 44_500.0, 100.0))
+
+
+def test_a_damaged_selection_starts_again_with_a_warning(tmp_path):
+    from structlog.testing import capture_logs
+
+    folder = tmp_path / "best"
+    folder.mkdir()
+    (folder / "model.zip").write_text("model")
+    (folder / "best.json").write_text('{"step": "twelve"}')
+    with capture_logs() as logged:
+        assert BestPolicy(folder, 98.0).best is None
+    warning = next(e for e in logged if e["event"].startswith("the best policy so far is unreadable"))
+    assert warning["path"] == str(folder / "best.json") and "ValueError" in warning["error"]
+
+
+def _train(tmp_path: Path, *extra: str) -> Path:
+    run = tmp_path / "run"
+    overrides = tiny_overrides("warm_start.epochs=3", "schedule.eval_days=3", "schedule.curve_every_steps=512",
+                               "schedule.curve_eval_days=7", *extra)
+    result = CliRunner().invoke(cli, ["train", "ppo", "--timesteps", "2048", "--out", str(run), "--device", "cpu",
+                                      *[a for o in overrides for a in ("--set", o)]])
+    assert result.exit_code == 0, result.output
+    return run
+
+
+def test_a_stage_that_unlearns_deploys_its_warm_start(tmp_path):
+    # A learning rate of 0.5 wrecks the imitated policy within a few updates: the warm start stays the best.
+    run = _train(tmp_path, "ppo.learning_rate=0.5")
+    ppo = json.loads((run / "results.json").read_text())["ppo"]
+    assert ppo["kept"]["step"] == 0 and ppo["kept"]["final_step"] == 2048 and ppo["kept"]["held_out"] is True
+    assert ppo["kept"]["why"] == "training never beat its warm start on the validation window"
+    assert ppo["kept"]["last_validation_co2_kg_per_year"] > ppo["kept"]["validation_co2_kg_per_year"]
+    # The deployed policy is the warm start itself: the same figures to the last digit.
+    assert ppo["warm_start"]["co2_kg"] == ppo["co2_kg"] and ppo["timesteps"] == 2048
+    curve = (run / "ppo" / "eval_curve.csv").read_text().splitlines()
+    assert curve[1].startswith("0,") and curve[-1].startswith("2048,")  # the warm start and the last policy
+    assert (run / "validation-site" / "schema.json").is_file()  # a held-out draw of the built-in site
+    references = json.loads((run / "validation-site" / "references.json").read_text())
+    assert references["days"] == 7 and references["baseline"] > 0 and references["rbc"] > 0
+    assert CliRunner().invoke(cli, ["report", str(run)]).exit_code == 0
+    report = (run / "report.md").read_text()
+    assert "- **ppo** deploys its warm start (step 0) of 2,048 steps" in report
+    assert (run / "plots" / "learning_curves.png").stat().st_size > 0
+
+
+def test_without_keep_best_the_last_policy_is_deployed(tmp_path):
+    run = _train(tmp_path, "ppo.learning_rate=0.5", "train.keep_best=false")
+    ppo = json.loads((run / "results.json").read_text())["ppo"]
+    assert ppo["kept"] is None and not (run / "ppo" / "best").exists()
+    assert ppo["warm_start"]["co2_kg"] != ppo["co2_kg"]
