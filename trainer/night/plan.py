@@ -35,8 +35,10 @@ def stage_specs(
         "optimum": StageSpec("optimum", StageKind.EVAL, eval_s * 1.1 + OPTIMUM_SOLVE_S),
         "report": StageSpec("report", StageKind.REPORT, REPORT_S),
     }
+    # A warm-started agent's warm start is evaluated like the agent too (results.json's warm_start).
+    agent_eval_s = policy_eval_s * (2 if cfg.warm_start.epochs > 0 else 1)
     for agent in agents:
-        specs[agent] = StageSpec(agent, StageKind.TRAIN, policy_eval_s, float(cfg.schedule.weights.get(agent, 1.0)),
+        specs[agent] = StageSpec(agent, StageKind.TRAIN, agent_eval_s, float(cfg.schedule.weights.get(agent, 1.0)),
                                  targets[agent], speeds.train_steps_per_s[agent] / SAFETY)
     return specs
 
