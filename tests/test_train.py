@@ -55,8 +55,11 @@ def test_tiny_training_run(agent, steps, tmp_path, site_schema, monkeypatch):
 
 def test_ppo_rollout_is_shortened_to_fit_a_short_run():
     params = {"n_steps": 2048, "batch_size": 64}
-    assert fit_rollout(params, 600) == {"n_steps": 600, "batch_size": 64}
-    assert fit_rollout(params, 100) == {"n_steps": 100, "batch_size": 64 if 64 <= 100 else 100}
+    # whole minibatches: the largest divisor of the shortened rollout up to the configured batch
+    assert fit_rollout(params, 600) == {"n_steps": 600, "batch_size": 60}
+    assert fit_rollout(params, 100) == {"n_steps": 100, "batch_size": 50}
+    assert fit_rollout({"n_steps": 2048, "batch_size": 256}, 1000) == {"n_steps": 1000, "batch_size": 250}
+    assert fit_rollout({"n_steps": 32, "batch_size": 256}, 640, n_envs=64) == {"n_steps": 10, "batch_size": 160}
     assert fit_rollout(params, 5000) is params
 
 

@@ -75,8 +75,9 @@ def fit_rollout(params: dict[str, Any], timesteps: int, n_envs: int = 1) -> dict
     if "n_steps" not in params or params["n_steps"] * n_envs <= timesteps:
         return params
     fitted = dict(params, n_steps=max(timesteps // n_envs, 1))
-    if "batch_size" in fitted:
-        fitted["batch_size"] = min(fitted["batch_size"], fitted["n_steps"] * n_envs)
+    if "batch_size" in fitted:  # whole minibatches (SB3 warns of a truncated one): the largest divisor of the rollout
+        rollout = fitted["n_steps"] * n_envs
+        fitted["batch_size"] = max(d for d in range(1, min(fitted["batch_size"], rollout) + 1) if rollout % d == 0)
     return fitted
 
 
