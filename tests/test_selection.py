@@ -84,3 +84,21 @@ def test_without_keep_best_the_last_policy_is_deployed(tmp_path):
     ppo = json.loads((run / "results.json").read_text())["ppo"]
     assert ppo["kept"] is None and not (run / "ppo" / "best").exists()
     assert ppo["warm_start"]["co2_kg"] != ppo["co2_kg"]
+
+
+def test_a_damaged_validation_site_is_named_with_the_fix(tmp_path, site_schema, tiny_cfg):
+    import pytest
+
+    from trainer.files import DamagedFile
+    from trainer.learn.selection import validation_schema
+    from trainer.run_dir import RunDir
+    from trainer.session import RunContext
+
+    ctx = RunContext(tiny_cfg, RunDir(tmp_path / "run"), site_schema, "cpu")
+    schema, held_out = validation_schema(ctx)
+    assert held_out and schema == tmp_path / "run" / "validation-site" / "schema.json" and schema.is_file()
+    assert validation_schema(ctx) == (schema, True)  # built once
+    schema.unlink()
+    with pytest.raises(DamagedFile, match=r"validation-site holds no schema.json .*delete the folder"):
+        validation_schema(ctx)
+    assert not list((tmp_path / "run").glob(".validation-site-*"))  # nothing left aside

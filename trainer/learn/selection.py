@@ -19,12 +19,14 @@ At the end the stage deploys that one.
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainer import logs
-from trainer.files import write_json_atomic
+from trainer.files import DamagedFile, write_json_atomic
 
 if TYPE_CHECKING:
     from trainer.session import RunContext
@@ -107,8 +109,18 @@ def validation_schema(ctx: RunContext) -> tuple[Path, bool]:
     folder = ctx.run.root / "validation-site"
     schema = folder / "schema.json"
     if not schema.is_file():
+        # Built aside and renamed into place: stages side by side on Ray may both get here first.
         scenario = ctx.cfg.scenario.model_copy(update={"seed": ctx.cfg.scenario.seed + VALIDATION_SEED_OFFSET})
-        build_site(scenario, folder)
+        ctx.run.root.mkdir(parents=True, exist_ok=True)
+        aside = Path(tempfile.mkdtemp(prefix=".validation-site-", dir=ctx.run.root))
+        build_site(scenario, aside)
+        try:
+            aside.rename(folder)
+        except OSError:  # another stage's is already there: use it
+            shutil.rmtree(aside, ignore_errors=True)
+        if not schema.is_file():
+            raise DamagedFile(f"{folder} holds no schema.json (a damaged validation site): delete the folder and "
+                              "run again; it is built anew")
     return schema, True
 
 
