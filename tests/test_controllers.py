@@ -81,3 +81,17 @@ def test_a_short_evaluation_repeats_its_window_and_normalises_as_the_whole_perio
     year.reset()
     week_limits = week.unwrapped.buildings[0].periodic_normalized_observation_space_limits
     np.testing.assert_equal(week_limits, year.unwrapped.buildings[0].periodic_normalized_observation_space_limits)
+
+
+def test_an_episode_ends_as_a_time_limit_not_a_terminal_state(site_schema, default_cfg):
+    # The site goes on after the window: SB3 bootstraps a truncated end from the last observation,
+    # where a terminal one would tell the learner that nothing stored pays after it.
+    env = make_sb3_env(default_cfg, site_schema, "eval", seed=0, eval_days=1)
+    env.reset()
+    endings = []
+    for _ in range(48):
+        _, _, terminated, truncated, _ = env.step(np.zeros(env.action_space.shape))
+        endings.append((terminated, truncated))
+        if terminated or truncated:
+            break
+    assert endings[-1] == (False, True) and not any(t for t, _ in endings)

@@ -13,7 +13,7 @@ from trainer.config_files import load_config
 from trainer.controllers import PolicyController, UncontrolledBaseline
 from trainer.env import make_sb3_env
 from trainer.learn.agents import build_model
-from trainer.learn.imitation import demonstrations, warm_start
+from trainer.learn.imitation import demonstrations, keep_near_demonstrations, warm_start
 from trainer.metrics import run_episode
 
 from .conftest import tiny_overrides
@@ -40,6 +40,13 @@ def test_a_warm_started_policy_cuts_co2_and_serves_every_car(site_schema, cfg, a
     model = build_model(cfg, agent, env, "cpu", cfg.seed, 1000)
     summary = warm_start(cfg, site_schema, agent, model)
     assert summary["epochs"] == 20 and summary["actor_mse"] < 0.15
+    # SAC goes on at a temperature on this reward's scale, held near the demonstrations; PPO has neither.
+    attached = keep_near_demonstrations(cfg, site_schema, agent, model)
+    if agent == "sac":
+        assert float(model.log_ent_coef.detach().exp()) == pytest.approx(cfg.warm_start.sac_temperature)
+        assert attached and len(model.fine_tune.observations) == 8759 and model.fine_tune.alpha == 1.0
+    else:
+        assert not attached
     # January's four weeks (the optimum cuts 14.5 % there).
     cloned = run_episode(PolicyController(agent, model), make_sb3_env(cfg, site_schema, "eval", 0, eval_days=28))
     base = run_episode(UncontrolledBaseline(), make_sb3_env(cfg, site_schema, "eval", 0, eval_days=28))

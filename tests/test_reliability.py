@@ -379,9 +379,9 @@ def test_nan_rolls_back_and_lowers_the_learning_rate(tmp_path, site_schema, monk
                      "--device", "cpu", *sets("sac.checkpoint_freq_steps=100"))
     assert result.exit_code == 0, result.output
     rollback = next(e for e in events(run) if e["event"] == "non-finite values: rolling back")
-    assert (rollback["old_learning_rate"], rollback["new_learning_rate"]) == (0.0003, 0.00015)
+    assert (rollback["old_learning_rate"], rollback["new_learning_rate"]) == (0.0001, 0.00005)
     metrics = json.loads((run / "results.json").read_text())["sac"]
-    assert (metrics["nonfinite_rollbacks"], metrics["final_learning_rate"], metrics["timesteps"]) == (1, 0.00015, 200)
+    assert (metrics["nonfinite_rollbacks"], metrics["final_learning_rate"], metrics["timesteps"]) == (1, 0.00005, 200)
 
 
 def test_nan_every_time_stops_after_the_retries(tmp_path, site_schema, monkeypatch):

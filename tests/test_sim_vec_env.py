@@ -68,6 +68,7 @@ def test_auto_reset_windows_and_the_episode_cursor(sites):
     obs, rewards, dones, infos = env.step(zero)
     assert dones.all() and env.episode_index() == [1, 1, 1]
     np.testing.assert_array_equal(infos[0]["terminal_observation"], before_last[0])  # CityLearn repeats it
+    assert all(info["TimeLimit.truncated"] for info in infos)  # a window's end is a time limit: SB3 bootstraps
     assert infos[0]["episode"]["l"] == 23 and np.isfinite(infos[0]["episode"]["r"])
     # windows are a function of the seed, the environment and the episode: a resumed cursor walks the same ones
     again = SimVecEnv(cfg, sites["built-in"], 3, seed=7, episode_steps=24)

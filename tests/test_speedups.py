@@ -12,7 +12,7 @@ from stable_baselines3 import SAC
 from trainer.config_files import load_config
 from trainer.env import CentralAgentArrays, make_citylearn_env
 from trainer.errors import ConfigError
-from trainer.learn.agents import MAX_AUTO_ENVS, training_envs
+from trainer.learn.agents import MAX_AUTO_ENVS, apply_sizes, training_envs
 from trainer.learn.fast_sac import FastSAC
 
 
@@ -122,6 +122,37 @@ def test_a_fast_sac_model_loads_with_plain_sb3(tmp_path):
     obs = np.linspace(-1, 1, 12, dtype=np.float32)
     assert np.array_equal(plain.predict(obs, deterministic=True)[0], fast.predict(obs, deterministic=True)[0])
     assert not hasattr(plain, "_pending_training")  # the deferral is not part of the saved model
+
+
+def test_the_imitation_term_keeps_sacs_actor_near_its_demonstrations():
+    # _Box rewards the sum of the actions: the critics pull every action to +1. Demonstrations at -0.5
+    # hold the actor back with the regulariser (TD3+BC's alpha), and not without it.
+    rng = np.random.default_rng(0)
+    observations = rng.uniform(-1, 1, (256, 12)).astype(np.float32)
+    demo_actions = np.full((256, 3), -0.5, dtype=np.float32)
+
+    def distance(alpha: float) -> float:
+        model = _sac(FastSAC)
+        if alpha:
+            model.fine_tune.attach(observations, demo_actions, alpha, model.device)
+        torch.manual_seed(7)
+        model.train(gradient_steps=200, batch_size=32)
+        actions, _ = model.predict(observations, deterministic=True)
+        return float(np.abs(actions - demo_actions).mean())
+
+    free, held = distance(0.0), distance(0.1)
+    assert free > 0.4 and held < free / 2
+    assert _sac(FastSAC).fine_tune.imitation_loss(None, torch.ones(1), 8) == 0.0  # nothing attached: SB3's SAC
+
+
+def test_a_decaying_learning_rate_reaches_its_share_at_the_stage_s_last_step():
+    model = _sac(FastSAC)  # 64 steps taken
+    apply_sizes(model, None, None, 1e-3, 0.1)
+    assert model.lr_schedule(1.0) == pytest.approx(1e-3) and model.lr_schedule(0.0) == pytest.approx(1e-4)
+    model.learn(36, reset_num_timesteps=False)  # SB3's progress: steps taken over the stage's 100
+    assert model.actor.optimizer.param_groups[0]["lr"] == pytest.approx(1e-4)
+    apply_sizes(model, None, None, 1e-3)  # constant: SB3's own schedule
+    assert model.lr_schedule(0.0) == pytest.approx(1e-3)
 
 
 def test_deferred_update_runs_before_learn_returns():

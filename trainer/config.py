@@ -135,6 +135,11 @@ class WarmStartConfig(Section):
     batch_size: int = doc("Minibatch size of the imitation.", ge=1)
     policy_std: float = doc("PPO's and A2C's exploration standard deviation after the imitation (SB3 starts at 1, "
                             "which undoes the imitation); SAC keeps SB3's.", gt=0, le=1)
+    sac_temperature: float = doc("SAC's entropy temperature after the imitation, then learned as SB3 does (SB3 starts "
+                                 "at 1, where the entropy bonus outweighs this reward ~100 times and pulls the policy "
+                                 "to the middle of its range).", gt=0, le=10)
+    sac_bc_alpha: float = doc("TD3+BC's alpha for SAC after the imitation: the actor's loss keeps it near the "
+                              "demonstrations, weighted mean |Q| / alpha (larger imitates less; 0 = off).", ge=0)
 
 
 class TrainConfig(Section):
@@ -162,6 +167,8 @@ class AgentConfig(Section):
     """Fields every stable-baselines3 agent shares."""
 
     learning_rate: float = doc("Optimizer learning rate.", gt=0, le=1)
+    learning_rate_end: float = doc("The learning rate at the stage's last step, as a share of learning_rate, "
+                                   "reached linearly over the stage's steps (1 = constant).", gt=0, le=1)
     gamma: float = doc("Discount factor.", gt=0, le=1)
     net_arch: list[Annotated[int, Field(ge=1)]] = doc("Hidden layer sizes of the policy and value networks.",
                                                       min_length=1)

@@ -195,7 +195,10 @@ class CentralAgentArrays(gymnasium.Wrapper):
         if self.guard is not None:
             native = self.guard.apply(self.env.unwrapped, native)
         observations, reward, terminated, truncated, info = self.env.step([native])
-        return self._observe(observations), float(reward[0]), terminated, truncated, info
+        # CityLearn ends every episode as terminated, but the site goes on after the window: its end is a
+        # time limit, and a learner that took it for the end of the world would value storing nothing for
+        # the last days of each window (measured: PPO unlearned its warm start; docs/agent-quality.md).
+        return self._observe(observations), float(reward[0]), False, bool(terminated or truncated), info
 
     @property
     def plan(self) -> _NormalisationPlan | None:

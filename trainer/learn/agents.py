@@ -108,8 +108,14 @@ def load_model(name: str, path: Path, device: str = "cpu") -> BaseAlgorithm:
     return algorithm(name).load(str(path), device=device)
 
 
-def apply_sizes(model: BaseAlgorithm, batch_size: int | None, n_steps: int | None, learning_rate: float) -> None:
-    """Set a model's batch, rollout and learning rate (after a back-off, a rollback or a resume)."""
+def apply_sizes(model: BaseAlgorithm, batch_size: int | None, n_steps: int | None, learning_rate: float,
+                learning_rate_end: float = 1.0) -> None:
+    """Set a model's batch, rollout and learning rate (after a back-off, a rollback or a resume).
+
+    With ``learning_rate_end`` < 1 the rate falls linearly to that share of ``learning_rate`` at the
+    stage's last step. SB3 measures the progress from the steps taken and the stage's target, so a
+    resumed stage goes on at the rate the straight one would have had.
+    """
     if batch_size is not None and hasattr(model, "batch_size"):
         model.batch_size = batch_size
     if n_steps is not None and getattr(model, "n_steps", None) != n_steps:
@@ -117,8 +123,12 @@ def apply_sizes(model: BaseAlgorithm, batch_size: int | None, n_steps: int | Non
         model.rollout_buffer = model.rollout_buffer_class(
             model.n_steps, model.observation_space, model.action_space, device=model.device,
             gamma=model.gamma, gae_lambda=model.gae_lambda, n_envs=model.n_envs, **model.rollout_buffer_kwargs)
-    if model.learning_rate != learning_rate:
-        model.learning_rate = learning_rate
+    model.learning_rate = learning_rate
+    if learning_rate_end < 1:
+        from stable_baselines3.common.utils import get_linear_fn
+
+        model.lr_schedule = get_linear_fn(learning_rate, learning_rate * learning_rate_end, 1.0)
+    else:
         model._setup_lr_schedule()
 
 

@@ -52,6 +52,7 @@ class Demonstrations:
 
 
 _CACHE: dict[tuple[str, str, int], Demonstrations] = {}
+_UNAVAILABLE: dict[tuple[str, str, int], str] = {}  # why not, for a dataset the optimum does not model
 
 
 def demonstrations(cfg: Config, schema: Path, seed: int) -> Demonstrations:
@@ -59,11 +60,17 @@ def demonstrations(cfg: Config, schema: Path, seed: int) -> Demonstrations:
     key = (str(schema), cfg.digest(), seed)
     if key in _CACHE:
         return _CACHE[key]
+    if key in _UNAVAILABLE:
+        raise OptimumUnavailable(_UNAVAILABLE[key])
     started = time.perf_counter()
     env = make_sb3_env(cfg, schema, "eval", seed)
     try:
         env.reset()
-        solution = solve(site_model(env.unwrapped, cfg.ev.margin_soc))
+        try:
+            solution = solve(site_model(env.unwrapped, cfg.ev.margin_soc))
+        except OptimumUnavailable as exc:
+            _UNAVAILABLE[key] = str(exc)
+            raise
         replay = OptimumReplay(solution)
         obs, _ = env.reset()
         observations, actions, rewards, done = [], [], [], False
@@ -149,6 +156,42 @@ def narrow_exploration(model: Any, std: float) -> None:
             log_std.fill_(math.log(std))
 
 
+def start_temperature(model: Any, temperature: float) -> None:
+    """Start SAC's learned entropy temperature at ``temperature`` (SB3 starts it at 1).
+
+    This reward is about 0.05 a step; at 1 the entropy bonus outweighs it ~100 times, and the
+    bonus of a tanh-squashed policy is largest with its mean in the middle of the range: the
+    imitated policy is pulled to doing nothing (measured: 80 % of the optimum's cut to 10 % in 20k
+    steps; docs/agent-quality.md). The temperature is then learned as SB3 does.
+    """
+    import torch
+
+    log_temperature = getattr(model, "log_ent_coef", None)
+    if isinstance(log_temperature, torch.Tensor):
+        with torch.no_grad():
+            log_temperature.fill_(math.log(temperature))
+
+
+def keep_near_demonstrations(cfg: Config, schema: Path, agent: str, model: Any) -> bool:
+    """Give SAC's fine-tuning the demonstrations it was warm-started on (``warm_start.sac_bc_alpha``).
+
+    Called for a fresh and for a resumed stage alike (the demonstrations are not in a checkpoint;
+    they are recomputed, or reused within a process). False where there is nothing to attach.
+    """
+    settings = cfg.warm_start
+    fine_tune = getattr(model, "fine_tune", None)
+    if fine_tune is None or settings.epochs <= 0 or settings.sac_bc_alpha <= 0:
+        return False
+    try:
+        demos = demonstrations(cfg, schema, cfg.seed)
+    except OptimumUnavailable:
+        return False  # the warm start said so
+    fine_tune.attach(demos.observations, demos.actions, settings.sac_bc_alpha, model.device)
+    logs.get().bind(agent=agent).info("fine-tuning keeps the actor near the demonstrations",
+                                      td3_bc_alpha=settings.sac_bc_alpha, steps=len(demos.actions))
+    return True
+
+
 def warm_start(cfg: Config, schema: Path, agent: str, model: Any) -> dict[str, Any] | None:
     """Imitate the optimum before learning (``warm_start.epochs`` > 0); None where it is off or not possible."""
     settings = cfg.warm_start
@@ -164,6 +207,7 @@ def warm_start(cfg: Config, schema: Path, agent: str, model: Any) -> dict[str, A
     actor_error, critic_error = imitate(model, demos, settings.epochs, settings.learning_rate, settings.batch_size,
                                         cfg.seed)
     narrow_exploration(model, settings.policy_std)
+    start_temperature(model, settings.sac_temperature)
     summary = {"steps": len(demos.actions), "epochs": settings.epochs, "actor_mse": round(actor_error, 5),
                "critic_mse": round(critic_error, 4),
                "demonstrations_s": round(demos.seconds, 1), "imitation_s": round(time.perf_counter() - started, 1)}

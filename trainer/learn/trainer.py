@@ -34,7 +34,7 @@ from trainer.learn.agents import (
     sb3_logger,
     training_envs,
 )
-from trainer.learn.imitation import warm_start
+from trainer.learn.imitation import keep_near_demonstrations, warm_start
 from trainer.learn.memory import Shapes, free_memory, is_out_of_memory
 from trainer.learn.preflight import check_memory, check_resume_config
 from trainer.learn.recovery import Failure, NonFinite, NonFiniteError, OutOfMemory, Recovery, TrainingInterrupted
@@ -181,7 +181,9 @@ class StageTrainer:
         if self._sb3_logger is None:
             self._sb3_logger = sb3_logger(self.cfg, self.folder.root)
         model.set_logger(self._sb3_logger)
-        apply_sizes(model, self.sizes.batch_size, self.sizes.n_steps, self.sizes.learning_rate)
+        apply_sizes(model, self.sizes.batch_size, self.sizes.n_steps, self.sizes.learning_rate,
+                    self.section.learning_rate_end)
+        keep_near_demonstrations(self.cfg, self.ctx.schema, self.agent, model)
         from trainer.learn.fast_sac import TrainWhileStepping  # lazy: SB3 and torch
 
         if isinstance(self.env, TrainWhileStepping):

@@ -5,7 +5,8 @@ SB3's Monitor): the same normalised observations (CityLearn's normalisation, the
 carbon look-ahead), the same action scale, the EV guard, the same reward (trainer.reward's terms, the EV
 shortfall and the storage credit), random episode windows that depend only on the seed, the environment
 and the episode's index (so a checkpoint's episode cursor resumes them exactly), and SB3's auto-reset
-(the last observation in ``infos[i]["terminal_observation"]``, Monitor's ``episode`` record).
+(the last observation in ``infos[i]["terminal_observation"]``, Monitor's ``episode`` record). An episode's
+end is a time limit (``TimeLimit.truncated``), as trainer.env reports CityLearn's: the site goes on.
 """
 
 from __future__ import annotations
@@ -109,7 +110,7 @@ class SimVecEnv(VecEnv):
         infos: list[dict[str, Any]] = [{} for _ in range(self.num_envs)]
         if dones.any():
             for i in np.flatnonzero(dones):
-                infos[i] = {"terminal_observation": observations[i].copy(), "TimeLimit.truncated": False,
+                infos[i] = {"terminal_observation": observations[i].copy(), "TimeLimit.truncated": True,
                             "episode": {"r": float(self.returns[i]), "l": int(self.length - 1),
                                         "t": round(time.time() - self.started[i], 6)}}
             self._start_episodes(dones)
