@@ -391,5 +391,5 @@ def test_nan_every_time_stops_after_the_retries(tmp_path, site_schema, monkeypat
                      "--device", "cpu", *sets("sac.checkpoint_freq_steps=100", "reliability.nonfinite_retries=2"))
     assert result.exit_code == 1
     message = result.output.strip().splitlines()[-1]
-    assert "still non-finite after 2 rollbacks (learning rate now 7.5e-05)" in message
+    assert "still non-finite after 2 rollbacks (learning rate now 2.5e-05)" in message
     assert "lower sac.learning_rate or check the reward scale" in message
