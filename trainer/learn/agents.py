@@ -45,8 +45,14 @@ def training_envs(cfg: Config, agent: str, simulator: str, cores: int | None = N
     if section.n_envs:
         return section.n_envs
     wanted = cfg.train.sites if vector else min(ENVS_PER_CORE * (cores or device.cpu_cores()), MAX_AUTO_ENVS)
-    limit = max(min(wanted, section.n_steps), 1)
-    return max(d for d in range(1, limit + 1) if section.n_steps % d == 0)
+    return largest_divisor(section.n_steps, wanted)
+
+
+def largest_divisor(n: int, limit: int) -> int:
+    """The largest divisor of ``n`` up to ``limit`` (at least 1): environments that share a rollout evenly, or
+    minibatches that cover it whole."""
+    limit = max(min(limit, n), 1)
+    return max(d for d in range(1, limit + 1) if n % d == 0)
 
 
 def hyperparameters(section: AgentConfig, n_envs: int = 1) -> dict[str, Any]:
@@ -76,8 +82,7 @@ def fit_rollout(params: dict[str, Any], timesteps: int, n_envs: int = 1) -> dict
         return params
     fitted = dict(params, n_steps=max(timesteps // n_envs, 1))
     if "batch_size" in fitted:  # whole minibatches (SB3 warns of a truncated one): the largest divisor of the rollout
-        rollout = fitted["n_steps"] * n_envs
-        fitted["batch_size"] = max(d for d in range(1, min(fitted["batch_size"], rollout) + 1) if rollout % d == 0)
+        fitted["batch_size"] = largest_divisor(fitted["n_steps"] * n_envs, fitted["batch_size"])
     return fitted
 
 
