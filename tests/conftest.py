@@ -51,6 +51,18 @@ def site_schema(tmp_path_factory, default_cfg) -> Path:
     return build_site(default_cfg.scenario, tmp_path_factory.mktemp("site"))
 
 
+# Like the official CityLearn EV datasets with V2G: one building, a battery, PV, 7.2 kW chargers that can
+# also discharge the cars (a commuter's by day, a fleet van's overnight), a battery small enough that
+# the cars' energy is worth moving.
+V2G = ("scenario.ev_chargers=2", "scenario.charger_kw=7.2", "scenario.charger_discharge_kw=7.2",
+       "scenario.battery_kwh=20", "scenario.battery_kw=10")
+
+
+@pytest.fixture(scope="session")
+def v2g_schema(tmp_path_factory) -> Path:
+    return build_site(load_config(overrides=list(V2G)).scenario, tmp_path_factory.mktemp("v2g-site"))
+
+
 @pytest.fixture(scope="session")
 def official_schema() -> Path:
     roots = [os.environ.get("CITYLEARN_LOCAL_DATASETS_PATH"), str(_SHARED_DATASETS)]

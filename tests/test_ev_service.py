@@ -14,7 +14,7 @@ from trainer.metrics import run_episode
 
 
 def _unpinned_site(site_schema, tmp_path):
-    """The built-in site with the battery curves left out, so CityLearn draws random ones."""
+    """The site with its cars' battery curves left out, so CityLearn draws random ones."""
     schema = json.loads(site_schema.read_text())
     for ev in schema["electric_vehicles_def"].values():
         for key in ("power_efficiency_curve", "capacity_power_curve", "efficiency"):
@@ -25,33 +25,40 @@ def _unpinned_site(site_schema, tmp_path):
     return path
 
 
-def test_predicted_charging_is_what_citylearn_stores(site_schema, tmp_path, default_cfg):
-    env = make_citylearn_env(default_cfg, _unpinned_site(site_schema, tmp_path), "eval", 0, eval_days=21)
+@pytest.mark.parametrize("v2g", [False, True], ids=["charging", "v2g"])
+def test_predicted_charging_is_what_citylearn_stores(site_schema, v2g_schema, tmp_path, default_cfg, v2g):
+    schema = _unpinned_site(v2g_schema if v2g else site_schema, tmp_path)
+    env = make_citylearn_env(default_cfg, schema, "eval", 0, eval_days=21)
     env.reset()
     curve = np.asarray(env.electric_vehicles[0].battery.power_efficiency_curve)[1]
     assert curve.max() - curve.min() > 0.01  # really a curve, so the prediction has something to get right
     rng = np.random.default_rng(1)
-    checked, worst = 0, 0.0
+    chargers = len(env.buildings[0].electric_vehicle_chargers)
+    checked, discharged, worst = 0, 0, 0.0
     for _ in range(21 * 24 - 1):
         t = env.time_step
-        native = np.concatenate([[rng.uniform(-1, 1)], rng.uniform(0, 1, 4)])
-        predicted = {i: (s.charger.connected_electric_vehicle, s.path.stored_after(s.energy_init, native[i + 1]))
-                     for i, s in enumerate(connected_sessions(env)[0]) if s is not None}
+        native = np.concatenate([[rng.uniform(-1, 1)], rng.uniform(-1 if v2g else 0, 1, chargers)])
+        predicted = {i: (s.charger.connected_electric_vehicle, s.path.stored_after(s.energy_init, native[i + 1]),
+                         s.energy_init) for i, s in enumerate(connected_sessions(env)[0]) if s is not None}
         env.step([native])
-        for ev, stored in predicted.values():
+        for ev, stored, before in predicted.values():
             worst = max(worst, abs(float(ev.battery.soc[t]) * float(ev.battery.capacity) - stored))
             checked += 1
+            discharged += stored < before - 0.5
     assert checked > 200
     assert worst < 1e-4  # kWh
+    assert (discharged > 50) == v2g  # V2G's discharges were predicted too
 
 
-@pytest.mark.parametrize("unpinned", [False, True], ids=["builtin", "random-curves"])
-def test_a_random_policy_behind_the_guard_meets_every_departure(site_schema, tmp_path, default_cfg, unpinned):
-    schema = _unpinned_site(site_schema, tmp_path) if unpinned else site_schema
+@pytest.mark.parametrize("site", ["builtin", "random-curves", "v2g-random-curves"])
+def test_a_random_policy_behind_the_guard_meets_every_departure(site_schema, v2g_schema, tmp_path, default_cfg,
+                                                                site):
+    schema = {"builtin": site_schema, "random-curves": _unpinned_site(site_schema, tmp_path),
+              "v2g-random-curves": _unpinned_site(v2g_schema, tmp_path)}[site]
     env = make_sb3_env(default_cfg, schema, "eval", 0, eval_days=28)
     rng = np.random.default_rng(0)
 
-    class RandomPolicy:
+    class RandomPolicy:  # on V2G sites, half its EV actions discharge the car
         def act(self, obs, _env):
             return rng.uniform(-1, 1, size=env.action_space.shape).astype(np.float32)
 

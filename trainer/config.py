@@ -76,6 +76,8 @@ class ScenarioConfig(Section):
     cooling_kw_per_degc: float = doc("Cooling load per degree C above 22 C in occupied hours, kW/C.", ge=0)
     ev_chargers: int = doc("Number of EV chargers (the last one serves an overnight fleet van).", ge=0, le=50)
     charger_kw: float = doc("Maximum charging power of each charger in kW.", gt=0, le=350)
+    charger_discharge_kw: float = doc("Power at which each charger may discharge a car into the site (V2G), kW; "
+                                      "0 for none.", ge=0, le=350)
     charger_efficiency: float = doc("Charger efficiency as a fraction (grid kWh to kWh into the car).", gt=0, le=1)
     ev_battery_efficiency: float = doc("EV battery round-trip efficiency (its square root applies while charging).",
                                        gt=0, le=1)

@@ -8,10 +8,11 @@ still lets it reach its required state of charge by departure. The controller th
 *when* to charge within each car's slack, and what to do with the battery.
 
 "Reach" is computed with the energy CityLearn 3.0.2 really stores: the charger's efficiency (or its
-curve), the EV battery's power-efficiency curve (applied as a square root on the way in), its
-capacity-power curve, its standby loss and its capacity, step by step exactly as
-``Charger.update_connected_electric_vehicle_soc`` and ``Battery.charge`` do
-(tests/test_ev_service.py checks the prediction against CityLearn itself).
+curve), the EV battery's power-efficiency curve (applied as a square root each way), its
+capacity-power curve, its standby loss, its capacity and depth of discharge, step by step exactly
+as ``Charger.update_connected_electric_vehicle_soc`` and ``Battery.charge`` do, discharge (V2G)
+included (tests/test_ev_service.py checks the prediction against CityLearn itself). A controller
+may discharge a car only as far as full power afterwards still serves it by departure.
 
 Timing, as CityLearn has it: at step ``t`` a connected car's ``departure_time[t]`` counts the steps
 after this one before it leaves, so the action of step ``t`` is one of ``departure_time[t] + 1``
@@ -29,8 +30,8 @@ from typing import Any
 import numpy as np
 
 CONNECTED = 1
-# Bisection on the action: 2^-20 of full power is far below any charger's resolution.
-_BISECTION_STEPS = 20
+# Bisection on the action over [-1, 1]: 2^-20 of full power is far below any charger's resolution.
+_BISECTION_STEPS = 21
 
 
 @dataclass(frozen=True)
@@ -68,10 +69,14 @@ class ChargingPath:
     loss_per_step: float
     min_soc: float
     hours: float
+    max_discharge_kw: float = 0.0  # V2G: 0 where the charger cannot discharge the car
+    min_discharge_kw: float = 0.0
+    discharge_curve: _Curve | None = None
 
     @classmethod
     def of(cls, charger: Any, battery: Any) -> ChargingPath:
         curve = charger.charge_efficiency_curve
+        down = getattr(charger, "discharge_efficiency_curve", None)
         return cls(
             max_power_kw=float(charger.max_charging_power),
             min_power_kw=float(charger.min_charging_power or 0.0),
@@ -85,14 +90,23 @@ class ChargingPath:
             loss_per_step=float(battery.loss_coefficient),
             min_soc=float(np.clip(1.0 - battery.depth_of_discharge, 0.0, 1.0)),
             hours=float(battery.seconds_per_time_step) / 3600.0,
+            max_discharge_kw=max(float(getattr(charger, "max_discharging_power", 0.0) or 0.0), 0.0),
+            min_discharge_kw=float(getattr(charger, "min_discharging_power", 0.0) or 0.0),
+            discharge_curve=None if down is None else _Curve.of(down),
         )
 
     def stored_after(self, energy_init: float, action: float) -> float:
-        """Stored kWh after one step that starts at ``energy_init`` with charging action ``action`` in [0, 1]."""
-        action = min(max(float(action), 0.0), 1.0)
+        """Stored kWh after one step that starts at ``energy_init`` with ``action`` in [-1, 1] (< 0 discharges)."""
+        return self.step(energy_init, action)[0]
+
+    def step(self, energy_init: float, action: float) -> tuple[float, float]:
+        """(stored kWh after, grid kWh the charger draws: < 0 where it feeds the building) for one step."""
+        action = min(max(float(action), -1.0), 1.0)
+        if action < 0.0:
+            return self._discharged(energy_init, -action)
         power = action * self.max_power_kw
         if power <= 0.0 or power < min(self.min_power_kw, self.max_power_kw):
-            return energy_init
+            return energy_init, 0.0
         efficiency = self.charger_curve(action) if self.charger_curve is not None else self.charger_efficiency
         requested = power * self.hours * efficiency
         soc = energy_init / max(self.capacity_kwh, 1e-12)
@@ -100,11 +114,35 @@ class ChargingPath:
         limited = min(requested, max_input)
         battery_efficiency = 1.0
         for _ in range(2):  # CityLearn iterates twice: efficiency depends on the power it limits
-            normalised = min(max(limited / self.hours / max(self.nominal_power_kw, 1e-12), 0.0), 1.0)
-            battery_efficiency = self.power_efficiency(normalised)
+            battery_efficiency = self.power_efficiency(self._normalised(limited))
             headroom = max(self.degraded_capacity_kwh - energy_init, 0.0) / max(math.sqrt(battery_efficiency), 1e-12)
             limited = min(requested, max_input, headroom)
-        return min(energy_init + limited * math.sqrt(battery_efficiency), self.capacity_kwh)
+        stored = min(energy_init + limited * math.sqrt(battery_efficiency), self.capacity_kwh)
+        balance = (stored - energy_init) / max(math.sqrt(battery_efficiency), 1e-12)
+        return stored, balance / max(efficiency, 1e-12)
+
+    def _discharged(self, energy_init: float, share: float) -> tuple[float, float]:
+        """A discharging step at ``share`` of the charger's discharge power (CityLearn's V2G path)."""
+        power = share * self.max_discharge_kw
+        if power <= 0.0 or power < min(self.min_discharge_kw, self.max_discharge_kw):
+            return energy_init, 0.0
+        efficiency = self.discharge_curve(share) if self.discharge_curve is not None else self.charger_efficiency
+        requested = power * self.hours / max(efficiency, 1e-12)  # the battery gives more than the building gets
+        soc = energy_init / max(self.capacity_kwh, 1e-12)
+        max_output = max(self.nominal_power_kw * self.capacity_power(soc), 0.0) * self.hours
+        floor = self.min_soc * self.capacity_kwh
+        limited = min(requested, max_output)
+        battery_efficiency = 1.0
+        for _ in range(2):
+            battery_efficiency = self.power_efficiency(self._normalised(limited))
+            reserve = max(energy_init - floor, 0.0) * math.sqrt(battery_efficiency)
+            limited = min(requested, max_output, reserve)
+        stored = max(floor, energy_init - limited / max(math.sqrt(battery_efficiency), 1e-12))
+        balance = (stored - energy_init) * math.sqrt(battery_efficiency)
+        return stored, balance * efficiency
+
+    def _normalised(self, kwh: float) -> float:
+        return min(max(kwh / self.hours / max(self.nominal_power_kw, 1e-12), 0.0), 1.0)
 
     def carried_over(self, stored: float) -> float:
         """The energy a step starts with, from what the previous one stored (standby loss, floor)."""
@@ -159,17 +197,19 @@ def connected_sessions(env: Any) -> list[list[Session | None]]:
 
 
 def minimum_action(session: Session, action: float, margin_kwh: float) -> float:
-    """The least charging action >= ``action`` after which the car can still be served by departure.
+    """The least action >= ``action`` (in [-1, 1]) after which the car can still be served by departure.
 
-    Where even full power from now on cannot serve it, full power (the least shortfall).
+    A discharge (V2G) is kept where full power afterwards still serves the car, else lessened or turned
+    into charging. Where even full power from now on cannot serve it, full power (the least shortfall).
     """
     goal = session.required_kwh + margin_kwh
     path, later = session.path, session.steps_left
-    if action >= 1.0 or path.after_step_then_full(session.energy_init, max(action, 0.0), later) >= goal:
+    action = min(max(float(action), -1.0), 1.0)
+    if action >= 1.0 or path.after_step_then_full(session.energy_init, action, later) >= goal:
         return action
     if path.after_step_then_full(session.energy_init, 1.0, later) < goal:
         return 1.0
-    low, high = max(action, 0.0), 1.0
+    low, high = action, 1.0
     for _ in range(_BISECTION_STEPS):
         mid = 0.5 * (low + high)
         if path.after_step_then_full(session.energy_init, mid, later) >= goal:
@@ -177,6 +217,13 @@ def minimum_action(session: Session, action: float, margin_kwh: float) -> float:
         else:
             low = mid
     return high
+
+
+def raised_kwh(path: ChargingPath, wanted: float, needed: float) -> float:
+    """Grid kWh a raise from ``wanted`` to ``needed`` adds at the charger (less discharge, more charge)."""
+    charge = max(needed, 0.0) - max(wanted, 0.0)
+    discharge = max(-wanted, 0.0) - max(-needed, 0.0)
+    return (charge * path.max_power_kw + discharge * path.max_discharge_kw) * path.hours
 
 
 class EvServiceGuard:
@@ -207,7 +254,7 @@ class EvServiceGuard:
                 needed = minimum_action(session, wanted, self.margin_soc * session.path.capacity_kwh)
                 if needed > wanted + 1e-4:  # bisection noise on a schedule that already serves the car is no raise
                     self.interventions += 1
-                    self.raised_kwh += (needed - max(wanted, 0.0)) * session.path.max_power_kw * session.path.hours
+                    self.raised_kwh += raised_kwh(session.path, wanted, needed)
                     guarded[position] = needed
             offset += len(names)
         return guarded

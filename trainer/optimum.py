@@ -15,8 +15,11 @@ The model, per step ``t`` (kWh per step; all CityLearn's physics that is linear 
 - each car's session at a charger: grid energy ``x`` per connected step up to the charger's power;
   what it stores, ``x * charger efficiency * sqrt(EV battery efficiency)``, summed over the session,
   reaches the required state of charge (plus the guard's margin) where full power can reach it,
-  and never exceeds the car's capacity;
-- objective: ``sum carbon[t] imp[t]`` (plus a tie-break of one millionth on imports).
+  and never exceeds the car's capacity. Where the charger can discharge the car (V2G), ``y`` per
+  step up to its discharge power feeds the building and takes ``y / (discharge efficiency *
+  sqrt(EV battery efficiency))`` from the car, ``x`` and ``y`` share the step, and the car stays
+  between its depth-of-discharge floor and its capacity at every step of the session;
+- objective: ``sum carbon[t] imp[t]`` (plus a tie-break of one millionth on imports and on V2G).
 
 CityLearn's non-convex details are relaxed to their best case, so the LP is a bound: efficiency
 curves at their highest point, capacity-power curves at their highest, capacity fade ignored. On
@@ -38,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from trainer.env import ActionScale, action_slices
+from trainer.ev_service import ChargingPath
 
 TIE_BREAK = 1e-6
 SUPPORTED_ACTIONS = ("electrical_storage",)
@@ -68,8 +72,17 @@ class EvSession:
     max_grid_kwh_per_step: float
     stored_per_grid_kwh: float
     need_kwh: float
-    room_kwh: float
+    room_kwh: float  # what the car can still take: capacity less its arrival energy
     charger_power_kw: float
+    # V2G: grid kWh the charger can feed the building per step (0: it cannot discharge), grid kWh per
+    # stored kWh taken, what the car holds above its depth-of-discharge floor on arrival, and the power.
+    max_feed_kwh_per_step: float = 0.0
+    fed_per_stored_kwh: float = 1.0
+    reserve_kwh: float = 0.0
+    discharge_power_kw: float = 0.0
+    # The baseline's grid kWh per step (full power from arrival) in CityLearn's own physics, curves,
+    # standby loss and capacity included; None: the linear model's (hand-built sessions).
+    uncontrolled_kwh: tuple[float, ...] | None = None
 
 
 @dataclass
@@ -90,6 +103,9 @@ class SiteModel:
         """Batteries idle; every car charges at full power from arrival until full or gone (the baseline)."""
         net = self.fixed_net_kwh.copy()
         for session in self.sessions:
+            if session.uncontrolled_kwh is not None:
+                net[list(session.steps)] += session.uncontrolled_kwh
+                continue
             left = session.room_kwh
             for t in session.steps:
                 if left <= 1e-9:
@@ -149,6 +165,16 @@ def _arrival_soc(sim: Any, start: int, fallback: float) -> float:
     return value if math.isfinite(value) and 0.0 <= value <= 1.0 else fallback
 
 
+def _full_power_kwh(path: ChargingPath, energy: float, steps: int) -> tuple[float, ...]:
+    """The baseline's grid kWh per step of a session: full power from arrival, in CityLearn's physics."""
+    drawn = []
+    for _ in range(steps):
+        stored, grid = path.step(energy, 1.0)
+        drawn.append(grid)
+        energy = path.carried_over(stored)
+    return tuple(drawn)
+
+
 def _sessions(env: Any, b: int, building: Any, steps: int, margin_soc: float) -> list[EvSession]:
     out = []
     evs = {ev.name: ev for ev in env.electric_vehicles or []}
@@ -171,24 +197,32 @@ def _sessions(env: Any, b: int, building: Any, steps: int, margin_soc: float) ->
                 continue
             battery = ev.battery
             capacity = float(battery.capacity)
-            charger_eff = (
-                max(np.asarray(charger.charge_efficiency_curve)[1])
-                if charger.charge_efficiency_curve is not None
-                else float(charger.efficiency)
-            )
-            stored_per_grid = charger_eff * math.sqrt(max(np.asarray(battery.power_efficiency_curve)[1]))
+            path = ChargingPath.of(charger, battery)
+            best_battery = math.sqrt(max(np.asarray(battery.power_efficiency_curve)[1]))
+            charger_eff = (max(np.asarray(charger.charge_efficiency_curve)[1]) if path.charger_curve
+                           else path.charger_efficiency)
+            stored_per_grid = charger_eff * best_battery
             battery_kwh = float(battery.nominal_power) * max(np.asarray(battery.capacity_power_curve)[1]) * hours
-            max_grid = min(float(charger.max_charging_power) * hours, battery_kwh / charger_eff)
+            max_grid = min(path.max_power_kw * hours, battery_kwh / charger_eff)
             session_steps = tuple(range(start, t))
             initial = float(battery.soc[0]) if start == 0 else _arrival_soc(sim, start, float(battery.initial_soc))
+            arrival_kwh = max(initial, path.min_soc) * capacity  # CityLearn's energy_init is floored there
             required = float(sim.electric_vehicle_required_soc_departure[start])
-            room = max(capacity - initial * capacity, 0.0)
+            room = max(capacity - arrival_kwh, 0.0)
             reachable = min(len(session_steps) * max_grid * stored_per_grid, room)
-            need = min(max((required + margin_soc) * capacity - initial * capacity, 0.0), reachable)
+            need = min(max((required + margin_soc) * capacity - arrival_kwh, 0.0), reachable)
             if left[t - 1] != 0:  # the period ends before the car leaves: nothing is owed yet
                 need = 0.0
+            feed = fed_per_stored = 0.0
+            if path.max_discharge_kw > 0:
+                discharge_eff = (max(np.asarray(charger.discharge_efficiency_curve)[1]) if path.discharge_curve
+                                 else path.charger_efficiency)
+                fed_per_stored = discharge_eff * best_battery
+                feed = min(path.max_discharge_kw * hours, battery_kwh * discharge_eff)
             out.append(EvSession(b, charger.charger_id, session_steps, max_grid, stored_per_grid, need, room,
-                                 float(charger.max_charging_power)))
+                                 path.max_power_kw, feed, fed_per_stored or 1.0,
+                                 max(arrival_kwh - path.min_soc * capacity, 0.0), path.max_discharge_kw,
+                                 _full_power_kwh(path, arrival_kwh, len(session_steps))))
     return out
 
 
@@ -228,87 +262,129 @@ def site_model(env: Any, margin_soc: float) -> SiteModel:
     return SiteModel(steps, hours, carbon, fixed, batteries, sessions)
 
 
+class _Program:
+    """The linear program as sparse rows: ``A_ub x <= b_ub``, ``A_eq x = b_eq``, bounds, costs."""
+
+    def __init__(self, n: int) -> None:
+        self.cost = np.zeros(n)
+        self.lower, self.upper = np.zeros(n), np.full(n, np.inf)
+        self.ub: tuple[list[int], list[int], list[float], list[float]] = ([], [], [], [])
+        self.eq: tuple[list[int], list[int], list[float], list[float]] = ([], [], [], [])
+
+    @staticmethod
+    def _add(rows: tuple[list[int], list[int], list[float], list[float]], entries: list[tuple[int, float]],
+             rhs: float) -> None:
+        row = len(rows[3])
+        for col, val in entries:
+            rows[0].append(row)
+            rows[1].append(col)
+            rows[2].append(val)
+        rows[3].append(rhs)
+
+    def at_most(self, entries: list[tuple[int, float]], rhs: float) -> None:
+        self._add(self.ub, entries, rhs)
+
+    def equal(self, entries: list[tuple[int, float]], rhs: float) -> None:
+        self._add(self.eq, entries, rhs)
+
+    def solve(self) -> np.ndarray:
+        from scipy import sparse  # lazy: half a second to import, only the optimum needs it
+        from scipy.optimize import linprog
+
+        n = len(self.cost)
+
+        def matrix(rows: tuple[list[int], list[int], list[float], list[float]]) -> Any:
+            return sparse.csr_matrix((rows[2], (rows[0], rows[1])), shape=(len(rows[3]), n)) if rows[3] else None
+
+        result = linprog(self.cost, A_ub=matrix(self.ub), b_ub=np.asarray(self.ub[3]) if self.ub[3] else None,
+                         A_eq=matrix(self.eq), b_eq=np.asarray(self.eq[3]) if self.eq[3] else None,
+                         bounds=np.column_stack([self.lower, self.upper]), method="highs")
+        if result.status != 0:
+            raise OptimumUnavailable(f"the linear program could not be solved: {result.message}")
+        return result.x
+
+    @property
+    def constraints(self) -> int:
+        return len(self.ub[3]) + len(self.eq[3])
+
+
+def _add_battery(lp: _Program, battery: BatteryModel, charge: np.ndarray, discharge: np.ndarray,
+                 energy: np.ndarray) -> None:
+    """Power shared by both directions, energy bounds, dynamics, no free energy at the end."""
+    root = math.sqrt(battery.efficiency)
+    lp.upper[charge] = lp.upper[discharge] = battery.max_kwh_per_step
+    lp.lower[energy], lp.upper[energy] = battery.min_kwh, battery.capacity_kwh
+    for t in range(len(charge)):
+        lp.at_most([(charge[t], 1.0), (discharge[t], 1.0)], battery.max_kwh_per_step)
+        entries = [(energy[t], 1.0), (charge[t], -root), (discharge[t], 1.0 / root)]
+        if t > 0:
+            entries.append((energy[t - 1], -(1.0 - battery.loss_per_step)))
+        lp.equal(entries, battery.initial_kwh if t == 0 else 0.0)
+    lp.at_most([(energy[-1], -1.0)], -min(battery.initial_kwh, battery.capacity_kwh))
+
+
+def _add_car(lp: _Program, session: EvSession, cols: np.ndarray, feeds: np.ndarray | None) -> None:
+    """Served by departure, never overfilled; with V2G, within the floor and the capacity at every step."""
+    lp.upper[cols] = session.max_grid_kwh_per_step
+    stored = [(int(c), session.stored_per_grid_kwh) for c in cols]
+    taken: list[tuple[int, float]] = []
+    if feeds is not None:
+        lp.upper[feeds] = session.max_feed_kwh_per_step
+        lp.cost[feeds] = TIE_BREAK  # feeding a building that imports nothing is no gain
+        taken = [(int(f), -1.0 / session.fed_per_stored_kwh) for f in feeds]
+    lp.at_most([(c, -v) for c, v in stored + taken], -session.need_kwh)
+    if feeds is None:  # charging only: the energy only grows, so its last step bounds them all
+        lp.at_most(stored, session.room_kwh)
+        return
+    for k in range(len(cols)):
+        so_far = stored[:k + 1] + taken[:k + 1]
+        lp.at_most(so_far, session.room_kwh)
+        lp.at_most([(c, -v) for c, v in so_far], session.reserve_kwh)
+        # charging and discharging share the step
+        lp.at_most([(int(cols[k]), 1.0 / session.max_grid_kwh_per_step),
+                    (int(feeds[k]), 1.0 / session.max_feed_kwh_per_step)], 1.0)
+
+
 def solve(model: SiteModel) -> Solution:
     """Minimise the period's CO2 (HiGHS via scipy's linprog)."""
     started = time.perf_counter()
     T = model.steps
-    n_bat = len(model.batteries)
-    # Variable layout: imp[T], then per battery (in[T], out[T], E[T]), then one x per session step.
+    # Variable layout: imp[T], then per battery (in[T], out[T], E[T]), then one x per session step, then
+    # one y per step of each session whose charger can discharge (V2G).
     imp = np.arange(T)
     bat = [(T + 3 * T * k + np.arange(T), T + 3 * T * k + T + np.arange(T), T + 3 * T * k + 2 * T + np.arange(T))
-           for k in range(n_bat)]
-    ev_start = T + 3 * T * n_bat
-    ev_index, offset = [], ev_start
+           for k in range(len(model.batteries))]
+    offset = T + 3 * T * len(model.batteries)
+    ev_index: list[np.ndarray] = []
     for session in model.sessions:
         ev_index.append(offset + np.arange(len(session.steps)))
         offset += len(session.steps)
-    n = offset
+    feed_index: list[np.ndarray | None] = []
+    for session in model.sessions:
+        feeds = session.max_feed_kwh_per_step > 0
+        feed_index.append(offset + np.arange(len(session.steps)) if feeds else None)
+        offset += len(session.steps) if feeds else 0
+    lp = _Program(offset)
+    lp.cost[imp] = model.carbon + TIE_BREAK
 
-    cost = np.zeros(n)
-    cost[imp] = model.carbon + TIE_BREAK
-    lower, upper = np.zeros(n), np.full(n, np.inf)
-    ub_rows, ub_cols, ub_vals, ub_rhs = [], [], [], []
-    eq_rows, eq_cols, eq_vals, eq_rhs = [], [], [], []
-
-    def add(rows, cols, vals, row, entries):
-        for col, val in entries:
-            rows.append(row)
-            cols.append(col)
-            vals.append(val)
-
-    # Import: -imp[t] + sum(in - out) + sum(x) <= -fixed[t]
-    row = 0
-    for t in range(T):
-        add(ub_rows, ub_cols, ub_vals, row, [(imp[t], -1.0)])
-        ub_rhs.append(-model.fixed_net_kwh[t])
-        row += 1
+    # Import: -imp[t] + sum(in - out) + sum(x - y) <= -fixed[t]
+    site: list[list[tuple[int, float]]] = [[(int(imp[t]), -1.0)] for t in range(T)]
     for charge, discharge, _ in bat:
-        ub_rows += list(range(T)) * 2
-        ub_cols += list(charge) + list(discharge)
-        ub_vals += [1.0] * T + [-1.0] * T
-    for cols, session in zip(ev_index, model.sessions):
-        ub_rows += list(session.steps)
-        ub_cols += list(cols)
-        ub_vals += [1.0] * len(cols)
-        upper[cols] = session.max_grid_kwh_per_step
-    # Batteries: power shared by both directions, energy bounds, dynamics, no free energy at the end.
-    eq = 0
-    for (charge, discharge, energy), battery in zip(bat, model.batteries):
-        root = math.sqrt(battery.efficiency)
-        upper[charge] = upper[discharge] = battery.max_kwh_per_step
-        lower[energy], upper[energy] = battery.min_kwh, battery.capacity_kwh
         for t in range(T):
-            add(ub_rows, ub_cols, ub_vals, row, [(charge[t], 1.0), (discharge[t], 1.0)])
-            ub_rhs.append(battery.max_kwh_per_step)
-            row += 1
-            entries = [(energy[t], 1.0), (charge[t], -root), (discharge[t], 1.0 / root)]
-            if t > 0:
-                entries.append((energy[t - 1], -(1.0 - battery.loss_per_step)))
-            add(eq_rows, eq_cols, eq_vals, eq, entries)
-            eq_rhs.append(battery.initial_kwh if t == 0 else 0.0)
-            eq += 1
-        add(ub_rows, ub_cols, ub_vals, row, [(energy[T - 1], -1.0)])
-        ub_rhs.append(-min(battery.initial_kwh, battery.capacity_kwh))
-        row += 1
-    # Cars: served, never overfilled.
-    for cols, session in zip(ev_index, model.sessions):
-        add(ub_rows, ub_cols, ub_vals, row, [(c, -session.stored_per_grid_kwh) for c in cols])
-        ub_rhs.append(-session.need_kwh)
-        row += 1
-        add(ub_rows, ub_cols, ub_vals, row, [(c, session.stored_per_grid_kwh) for c in cols])
-        ub_rhs.append(session.room_kwh)
-        row += 1
+            site[t] += [(int(charge[t]), 1.0), (int(discharge[t]), -1.0)]
+    for cols, feeds, session in zip(ev_index, feed_index, model.sessions):
+        for k, t in enumerate(session.steps):
+            site[t].append((int(cols[k]), 1.0))
+            if feeds is not None:
+                site[t].append((int(feeds[k]), -1.0))
+    for t in range(T):
+        lp.at_most(site[t], -model.fixed_net_kwh[t])
+    for (charge, discharge, energy), battery in zip(bat, model.batteries):
+        _add_battery(lp, battery, charge, discharge, energy)
+    for cols, feeds, session in zip(ev_index, feed_index, model.sessions):
+        _add_car(lp, session, cols, feeds)
 
-    from scipy import sparse  # lazy: half a second to import, only the optimum needs it
-    from scipy.optimize import linprog
-
-    a_ub = sparse.csr_matrix((ub_vals, (ub_rows, ub_cols)), shape=(row, n))
-    a_eq = sparse.csr_matrix((eq_vals, (eq_rows, eq_cols)), shape=(eq, n)) if eq else None
-    result = linprog(cost, A_ub=a_ub, b_ub=np.asarray(ub_rhs), A_eq=a_eq, b_eq=np.asarray(eq_rhs) if eq else None,
-                     bounds=np.column_stack([lower, upper]), method="highs")
-    if result.status != 0:
-        raise OptimumUnavailable(f"the linear program could not be solved: {result.message}")
-    x = result.x
+    x = lp.solve()
     net = model.fixed_net_kwh.copy()
     battery_actions = {}
     for (charge, discharge, _), battery in zip(bat, model.batteries):
@@ -317,11 +393,16 @@ def solve(model: SiteModel) -> Solution:
         # CityLearn turns a battery action into energy by its nominal power.
         battery_actions[battery.building] = flow / (battery.nominal_power_kw * model.hours)
     ev_actions: dict[str, np.ndarray] = {}
-    for cols, session in zip(ev_index, model.sessions):
+    for cols, feeds, session in zip(ev_index, feed_index, model.sessions):
         series = ev_actions.setdefault(session.charger, np.zeros(T))
-        series[list(session.steps)] = x[cols] / (session.charger_power_kw * model.hours)
-        net[list(session.steps)] += x[cols]
-    return Solution(model.co2_kg(net), net, battery_actions, ev_actions, time.perf_counter() - started, n, row + eq)
+        grid = x[cols].copy()
+        series[list(session.steps)] = grid / (session.charger_power_kw * model.hours)
+        if feeds is not None:  # a discharge is a negative action on the discharge power's scale
+            grid -= x[feeds]
+            series[list(session.steps)] -= x[feeds] / (session.discharge_power_kw * model.hours)
+        net[list(session.steps)] += grid
+    return Solution(model.co2_kg(net), net, battery_actions, ev_actions, time.perf_counter() - started, offset,
+                    lp.constraints)
 
 
 class OptimumReplay:

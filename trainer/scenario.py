@@ -316,7 +316,7 @@ def _schema(cfg: ScenarioConfig) -> dict:
                     "charger_type": 0,
                     "max_charging_power": cfg.charger_kw,
                     "min_charging_power": 0.0,
-                    "max_discharging_power": 0.0,
+                    "max_discharging_power": cfg.charger_discharge_kw,
                     "min_discharging_power": 0.0,
                 },
             }

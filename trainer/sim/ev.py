@@ -49,12 +49,14 @@ class Sessions:
         return np.maximum(self.spec.min_soc * self.spec.capacity, self.soc() * self.spec.capacity)
 
     def stored_after(self, energy: np.ndarray, action: np.ndarray) -> np.ndarray:
-        """Stored kWh after one step from ``energy`` at charging ``action`` in [0, 1] (ChargingPath.stored_after)."""
+        """Stored kWh after one step from ``energy`` at ``action`` in [-1, 1] (ChargingPath.stored_after)."""
         chargers = self.tables.chargers
-        action = np.clip(action, 0.0, 1.0)
-        power = chargers.power_kw(action)
-        efficiency = chargers.efficiency_at(power / np.maximum(chargers.max_charge_kw, 1e-8), power >= 0)
-        requested = power * self.spec.hours * efficiency
+        power = chargers.power_kw(np.clip(action, -1.0, 1.0))
+        charging = power >= 0
+        max_kw = np.where(charging, chargers.max_charge_kw, chargers.max_discharge_kw)
+        efficiency = chargers.efficiency_at(np.abs(power) / np.maximum(max_kw, 1e-8), charging)
+        requested = np.where(charging, power * self.spec.hours * efficiency,
+                             power * self.spec.hours / np.maximum(efficiency, 1e-8))
         return charged(self.spec, energy, self.degraded, requested)[0]
 
     def carried_over(self, stored: np.ndarray) -> np.ndarray:
@@ -81,23 +83,30 @@ class Sessions:
         return energy
 
     def minimum_action(self, action: np.ndarray, margin_kwh: np.ndarray) -> np.ndarray:
-        """The least charging action >= ``action`` after which each car can still be served (ev_service's rule)."""
+        """The least action >= ``action`` after which each car can still be served (ev_service's rule, V2G
+        included: a discharge is kept where full power afterwards still serves the car)."""
         goal = self.required_kwh + margin_kwh
         now, later = self.stored(), self.steps_left
-        base = np.maximum(action, 0.0)
+        base = np.clip(action, -1.0, 1.0)
         enough = (action >= 1.0) | (self.reachable(self.stored_after(now, base), later) >= goal)
         hopeless = ~enough & (self.reachable(self.stored_after(now, np.ones_like(base)), later) < goal)
         search = self.valid & ~enough & ~hopeless
         high = np.ones_like(base)
-        if search.any() and self.linear:
-            high = self._linear_minimum(now, goal, later, base)
-        elif search.any():
+        # The closed form finds the least charge; a discharge that does not serve is bisected, which finds
+        # the least discharge that does (ChargingPath's rule step for step).
+        # (On a charger that cannot discharge, a negative action is idle: the closed form holds.)
+        idle_below_zero = self.tables.chargers.max_discharge_kw <= 0
+        closed = search & ((base >= 0) | idle_below_zero) if self.linear else np.zeros_like(search)
+        if closed.any():
+            high = np.where(closed, self._linear_minimum(now, goal, later, np.maximum(base, 0.0)), high)
+        bisect = search & ~closed
+        if bisect.any():
             low = base.copy()
             for _ in range(_BISECTION_STEPS):
                 mid = 0.5 * (low + high)
                 serves = self.reachable(self.stored_after(now, mid), later) >= goal
-                high = np.where(search & serves, mid, high)
-                low = np.where(search & ~serves, mid, low)
+                high = np.where(bisect & serves, mid, high)
+                low = np.where(bisect & ~serves, mid, low)
         return np.where(enough, action, np.where(hopeless, 1.0, high))
 
     def _linear_minimum(self, now: np.ndarray, goal: np.ndarray, later: np.ndarray, base: np.ndarray) -> np.ndarray:
@@ -136,8 +145,9 @@ class Guard:
         needed = sessions.minimum_action(wanted, self.margin_soc * sessions.spec.capacity)
         raise_ = sessions.valid & (needed > wanted + 1e-4)  # bisection noise on a serving schedule is no raise
         self.interventions += int(raise_.sum())
-        self.raised_kwh += float(((needed - np.maximum(wanted, 0.0)) * chargers.max_charge_kw * sessions.spec.hours)
-                                 [raise_].sum())
+        added = ((np.maximum(needed, 0.0) - np.maximum(wanted, 0.0)) * chargers.max_charge_kw
+                 + (np.maximum(-wanted, 0.0) - np.maximum(-needed, 0.0)) * chargers.max_discharge_kw)
+        self.raised_kwh += float((added * sessions.spec.hours)[raise_].sum())
         guarded = actions.copy()
         guarded[:, chargers.action] = np.where(raise_, needed, wanted)
         return guarded
