@@ -152,3 +152,15 @@ def test_checkpoints_follow_the_steps_but_never_come_closer_than_the_floor(monke
         guard._on_rollout_start()
         now[0] += 12.0
     assert saved == [61000, 62000, 63000, 64000, 65000]
+
+
+@pytest.mark.parametrize("optimizer, expected", [("rmsprop", "RMSprop"), ("adam", "Adam")])
+def test_a2c_takes_its_configured_optimizer_and_advantage_normalisation(optimizer, expected, site_schema):
+    from trainer.config_files import load_config
+    from trainer.env import make_sb3_env
+    from trainer.learn.agents import build_model
+
+    cfg = load_config(overrides=[f"a2c.optimizer={optimizer}", f"a2c.normalize_advantage={optimizer == 'adam'}"])
+    model = build_model(cfg, "a2c", make_sb3_env(cfg, site_schema, "train", cfg.seed), "cpu", cfg.seed, 1000)
+    assert type(model.policy.optimizer).__name__ == expected
+    assert model.normalize_advantage == (optimizer == "adam")

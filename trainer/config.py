@@ -252,6 +252,10 @@ class PpoConfig(OnPolicyConfig):
 class A2cConfig(OnPolicyConfig):
     gae_lambda: float = doc("GAE lambda (1.0 is plain A2C).", ge=0, le=1)
     vf_coef: float = doc("Value loss coefficient.", ge=0)
+    optimizer: Literal["rmsprop", "adam"] = doc(
+        "rmsprop (SB3's default for A2C) or adam: RMSprop's first steps are ~10x its learning rate (its average "
+        "of squared gradients starts at 0), enough to undo a warm start.")
+    normalize_advantage: bool = doc("Normalise each rollout's advantages (SB3's normalize_advantage).")
 
 
 class ScheduleConfig(Section):

@@ -69,7 +69,8 @@ def hyperparameters(section: AgentConfig, n_envs: int = 1) -> dict[str, Any]:
         return {**common, **on_policy, "batch_size": section.batch_size, "n_epochs": section.n_epochs,
                 "clip_range": section.clip_range}
     if isinstance(section, A2cConfig):
-        return {**common, **on_policy}
+        return {**common, **on_policy, "use_rms_prop": section.optimizer == "rmsprop",
+                "normalize_advantage": section.normalize_advantage}
     raise TypeError(f"unknown agent section {type(section).__name__}")
 
 
