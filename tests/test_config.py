@@ -127,3 +127,10 @@ def test_a_quick_night_evaluates_its_short_window_unless_a_shorter_one_is_set():
     assert quick_night(load_config()).schedule.eval_days == 28
     assert quick_night(load_config(overrides=["schedule.eval_days=3"])).schedule.eval_days == 3
     assert load_config().schedule.eval_days is None  # a full night still evaluates the whole period
+
+
+def test_normalised_advantages_need_two_steps_a_rollout():
+    with pytest.raises(ConfigError, match=r"a2c.normalize_advantage needs a rollout of at least 2 steps .* got "
+                                          r"n_steps 1: set a2c.n_steps to 2 or more"):
+        load_config(overrides=["a2c.n_steps=1", "a2c.n_envs=1"])
+    assert load_config(overrides=["a2c.n_steps=1", "a2c.n_envs=1", "a2c.normalize_advantage=false"]).a2c.n_steps == 1

@@ -233,8 +233,11 @@ def test_changed_config_is_refused_with_the_keys_named_unless_forced(tmp_path, s
     refused = run_cli("train", "a2c", "--resume", str(run), "--set", "a2c.learning_rate=0.001")
     assert refused.exit_code == 2
     assert (run / "config.yaml").read_text() == config_before  # refused before anything is written
+    from trainer.config_files import load_config
+
+    default = load_config().a2c.learning_rate
     assert refused.output.strip() == (
-        "error: the config changed since the checkpoint at step 200: a2c.learning_rate (0.0007 -> 0.001); "
+        f"error: the config changed since the checkpoint at step 200: a2c.learning_rate ({default} -> 0.001); "
         "resume with the same config, or pass --force to resume with the new one"
     )
     forced = run_cli("train", "a2c", "--resume", str(run), "--force", "--set", "a2c.learning_rate=0.001")

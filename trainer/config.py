@@ -257,6 +257,14 @@ class A2cConfig(OnPolicyConfig):
         "of squared gradients starts at 0), enough to undo a warm start.")
     normalize_advantage: bool = doc("Normalise each rollout's advantages (SB3's normalize_advantage).")
 
+    @model_validator(mode="after")
+    def _advantages_to_normalise(self) -> A2cConfig:
+        if self.normalize_advantage and self.n_steps < 2:
+            raise ValueError("a2c.normalize_advantage needs a rollout of at least 2 steps (one advantage has no "
+                             f"spread; SB3 would divide by NaN), got n_steps {self.n_steps}: set a2c.n_steps to 2 "
+                             "or more, or a2c.normalize_advantage to false")
+        return self
+
 
 class ScheduleConfig(Section):
     agents: list[AgentName] = doc("Agents trained by `trainer night`, in order.", min_length=1)

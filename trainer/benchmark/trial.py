@@ -170,7 +170,12 @@ def _train_plain(agent: str, env: gymnasium.Env, cfg: Config, device: str, steps
 
     algo = {"sac": SAC, "ppo": PPO, "a2c": A2C}[agent]
     share = training_envs(cfg, agent, simulator_used(cfg, schema)) if agent == "a2c" and schema else 1
-    model = algo("MlpPolicy", env, seed=cfg.seed, device=device, verbose=0, **hyperparameters(cfg.agent(agent), share))
+    params = hyperparameters(cfg.agent(agent), share)
+    if params.get("normalize_advantage") and params["n_steps"] < 2:
+        # One environment's share of a short rollout can be a single step: one advantage has no spread to
+        # normalise (SB3 divides by its NaN standard deviation).
+        params["normalize_advantage"] = False
+    model = algo("MlpPolicy", env, seed=cfg.seed, device=device, verbose=0, **params)
     model.learn(steps, callback=callback)
     return model
 
