@@ -46,7 +46,7 @@ def test_a_warm_started_policy_cuts_co2_and_serves_every_car(site_schema, cfg, a
         assert float(model.log_ent_coef.detach().exp()) == pytest.approx(cfg.warm_start.sac_temperature)
         assert attached and len(model.fine_tune.observations) == 8759 and model.fine_tune.alpha == 1.0
     else:
-        assert not attached
+        assert not attached  # PPO's clipped objective keeps its start without a term (docs/agent-quality.md)
     # January's four weeks (the optimum cuts 14.5 % there).
     cloned = run_episode(PolicyController(agent, model), make_sb3_env(cfg, site_schema, "eval", 0, eval_days=28))
     base = run_episode(UncontrolledBaseline(), make_sb3_env(cfg, site_schema, "eval", 0, eval_days=28))
@@ -73,3 +73,30 @@ def test_a_fresh_stage_records_its_warm_start(tmp_path):
     assert result.exit_code == 0, result.output
     metrics = json.loads((tmp_path / "run" / "a2c" / "metrics.json").read_text())
     assert metrics["warm_start"]["epochs"] == 2 and metrics["warm_start"]["steps"] == 8759
+
+
+def test_a2c_s_gradient_steps_are_pulled_toward_the_demonstrations(site_schema, cfg):
+    import torch
+
+    model = build_model(cfg, "a2c", make_sb3_env(cfg, site_schema, "train", cfg.seed), "cpu", cfg.seed, 1000)
+    demos = demonstrations(cfg, site_schema, cfg.seed)
+    observations, actions = torch.as_tensor(demos.observations), torch.as_tensor(demos.actions)
+
+    def distance() -> float:
+        with torch.no_grad():
+            return float(((model.policy.get_distribution(observations).distribution.mean - actions) ** 2).mean())
+
+    optimizer = model.policy.optimizer
+    before = distance()
+    optimizer.zero_grad()
+    optimizer.step()  # no policy gradient and no term: nothing moves
+    assert distance() == before
+    assert keep_near_demonstrations(cfg, site_schema, "a2c", model)
+    assert keep_near_demonstrations(cfg, site_schema, "a2c", model)
+    assert len(optimizer._optimizer_step_pre_hooks) == 1  # attached twice (a resumed model): still one term
+    for group in optimizer.param_groups:
+        group["lr"] = 1e-3  # A2C's own 1e-5 would take thousands of steps to show it
+    for _ in range(30):
+        optimizer.zero_grad()
+        optimizer.step()  # the term alone: the policy's mean walks toward the demonstrations
+    assert distance() < 0.8 * before

@@ -71,9 +71,9 @@ SIMULATOR = ("train.simulator=vector",)
 @pytest.mark.parametrize("agent,extra", [
     ("sac", CITYLEARN), ("ppo", CITYLEARN), ("a2c", CITYLEARN), ("ppo", (*PARALLEL, *CITYLEARN)),
     ("ppo", (*PARALLEL, *SIMULATOR)), ("sac", SIMULATOR), ("sac", ("sac.n_envs=2", *SIMULATOR)),
-    ("sac", ("warm_start.epochs=1", *SIMULATOR)),
+    ("sac", ("warm_start.epochs=1", *SIMULATOR)), ("a2c", ("warm_start.epochs=1", *SIMULATOR)),
 ], ids=["sac", "ppo", "a2c", "ppo-2-workers", "ppo-2-simulated", "sac-simulated", "sac-2-simulated",
-        "sac-fine-tuned"])
+        "sac-fine-tuned", "a2c-fine-tuned"])
 def test_straight_equals_stop_and_resume(agent, extra, tmp_path, site_schema):
     straight = StageTrainer(context(tmp_path, "straight", site_schema, agent, extra), agent, 2 * N)
     try:

@@ -142,6 +142,9 @@ class WarmStartConfig(Section):
                                  "to the middle of its range).", gt=0, le=10)
     sac_bc_alpha: float = doc("TD3+BC's alpha for SAC after the imitation: the actor's loss keeps it near the "
                               "demonstrations, weighted mean |Q| / alpha (larger imitates less; 0 = off).", ge=0)
+    a2c_bc_weight: float = doc("A2C after the imitation: each gradient step adds this weight times the mean squared "
+                               "distance of its policy's mean to the demonstrations' actions (a behaviour-cloning "
+                               "term, as DAPG adds; larger imitates more; 0 = off).", ge=0)
 
 
 class TrainConfig(Section):
