@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -34,6 +35,20 @@ TINY = (
 
 def tiny_overrides(*extra: str) -> list[str]:
     return [*TINY, *extra]
+
+
+def random_ev_curves(schema_path: Path, folder: Path) -> Path:
+    """A copy of the site in ``folder`` with its cars' battery curves left out, so CityLearn draws random ones
+    (as where an official dataset leaves them out)."""
+    schema = json.loads(schema_path.read_text())
+    for ev in schema["electric_vehicles_def"].values():
+        for key in ("power_efficiency_curve", "capacity_power_curve", "efficiency"):
+            ev["battery"]["attributes"].pop(key, None)
+    schema["root_directory"] = str(schema_path.parent)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "schema.json"
+    path.write_text(json.dumps(schema))
+    return path
 
 
 @pytest.fixture(scope="session")

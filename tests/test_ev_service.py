@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 
@@ -12,22 +10,12 @@ from trainer.env import ActionScale, CentralAgentArrays, make_citylearn_env, mak
 from trainer.ev_service import connected_sessions
 from trainer.metrics import run_episode
 
-
-def _unpinned_site(site_schema, tmp_path):
-    """The site with its cars' battery curves left out, so CityLearn draws random ones."""
-    schema = json.loads(site_schema.read_text())
-    for ev in schema["electric_vehicles_def"].values():
-        for key in ("power_efficiency_curve", "capacity_power_curve", "efficiency"):
-            ev["battery"]["attributes"].pop(key, None)
-    schema["root_directory"] = str(site_schema.parent)
-    path = tmp_path / "schema.json"
-    path.write_text(json.dumps(schema))
-    return path
+from .conftest import random_ev_curves
 
 
 @pytest.mark.parametrize("v2g", [False, True], ids=["charging", "v2g"])
 def test_predicted_charging_is_what_citylearn_stores(site_schema, v2g_schema, tmp_path, default_cfg, v2g):
-    schema = _unpinned_site(v2g_schema if v2g else site_schema, tmp_path)
+    schema = random_ev_curves(v2g_schema if v2g else site_schema, tmp_path)
     env = make_citylearn_env(default_cfg, schema, "eval", 0, eval_days=21)
     env.reset()
     curve = np.asarray(env.electric_vehicles[0].battery.power_efficiency_curve)[1]
@@ -53,8 +41,9 @@ def test_predicted_charging_is_what_citylearn_stores(site_schema, v2g_schema, tm
 @pytest.mark.parametrize("site", ["builtin", "random-curves", "v2g-random-curves"])
 def test_a_random_policy_behind_the_guard_meets_every_departure(site_schema, v2g_schema, tmp_path, default_cfg,
                                                                 site):
-    schema = {"builtin": site_schema, "random-curves": _unpinned_site(site_schema, tmp_path),
-              "v2g-random-curves": _unpinned_site(v2g_schema, tmp_path)}[site]
+    # one folder each: the two copies share a file name
+    schema = {"builtin": site_schema, "random-curves": random_ev_curves(site_schema, tmp_path / "built-in"),
+              "v2g-random-curves": random_ev_curves(v2g_schema, tmp_path / "v2g")}[site]
     env = make_sb3_env(default_cfg, schema, "eval", 0, eval_days=28)
     rng = np.random.default_rng(0)
 

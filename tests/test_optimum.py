@@ -13,6 +13,8 @@ from trainer.env import make_citylearn_env, make_sb3_env
 from trainer.metrics import run_episode
 from trainer.optimum import BatteryModel, EvSession, OptimumReplay, OptimumUnavailable, SiteModel, site_model, solve
 
+from .conftest import random_ev_curves
+
 
 def test_a_hand_solved_two_day_case():
     # Two days of hourly steps. The grid is dirty (1.0 kg/kWh) except 10:00-14:00 (0.2) and the
@@ -65,24 +67,11 @@ def test_a_hand_solved_v2g_day():
     assert charging_only.co2_kg == pytest.approx(base, rel=1e-5)  # nothing owed, nothing worth charging
 
 
-def _random_ev_curves(schema_path, folder):
-    """The site with its cars' battery curves left out, so CityLearn draws random ones (as official datasets do)."""
-    schema = json.loads(schema_path.read_text())
-    for ev in schema["electric_vehicles_def"].values():
-        for key in ("power_efficiency_curve", "capacity_power_curve", "efficiency"):
-            ev["battery"]["attributes"].pop(key, None)
-    schema["root_directory"] = str(schema_path.parent)
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / "schema.json"
-    path.write_text(json.dumps(schema))
-    return path
-
-
 @pytest.mark.parametrize("site", ["built-in", "v2g-random-curves"])
 def test_the_models_uncontrolled_co2_is_the_baseline(site_schema, v2g_schema, tmp_path, default_cfg, site):
     # The baseline charges each car at full power from arrival in CityLearn's own physics: with random
     # battery curves the best-case relaxation alone drew 1-2 % too little energy.
-    schema = site_schema if site == "built-in" else _random_ev_curves(v2g_schema, tmp_path / "site")
+    schema = site_schema if site == "built-in" else random_ev_curves(v2g_schema, tmp_path / "site")
     env = make_sb3_env(default_cfg, schema, "eval", 0, eval_days=28)
     env.reset()
     model = site_model(env.unwrapped, default_cfg.ev.margin_soc)
