@@ -197,12 +197,11 @@ def _sessions(env: Any, b: int, building: Any, steps: int, margin_soc: float) ->
                 continue
             battery = ev.battery
             capacity = float(battery.capacity)
-            path = ChargingPath.of(charger, battery)
-            best_battery = math.sqrt(max(np.asarray(battery.power_efficiency_curve)[1]))
-            charger_eff = (max(np.asarray(charger.charge_efficiency_curve)[1]) if path.charger_curve
-                           else path.charger_efficiency)
+            path = ChargingPath.of(charger, battery)  # CityLearn's physics; the LP takes each curve's best point
+            best_battery = math.sqrt(max(path.power_efficiency.y))
+            charger_eff = max(path.charger_curve.y) if path.charger_curve else path.charger_efficiency
             stored_per_grid = charger_eff * best_battery
-            battery_kwh = float(battery.nominal_power) * max(np.asarray(battery.capacity_power_curve)[1]) * hours
+            battery_kwh = path.nominal_power_kw * max(path.capacity_power.y) * hours
             max_grid = min(path.max_power_kw * hours, battery_kwh / charger_eff)
             session_steps = tuple(range(start, t))
             initial = float(battery.soc[0]) if start == 0 else _arrival_soc(sim, start, float(battery.initial_soc))
@@ -215,8 +214,7 @@ def _sessions(env: Any, b: int, building: Any, steps: int, margin_soc: float) ->
                 need = 0.0
             feed = fed_per_stored = 0.0
             if path.max_discharge_kw > 0:
-                discharge_eff = (max(np.asarray(charger.discharge_efficiency_curve)[1]) if path.discharge_curve
-                                 else path.charger_efficiency)
+                discharge_eff = max(path.discharge_curve.y) if path.discharge_curve else path.charger_efficiency
                 fed_per_stored = discharge_eff * best_battery
                 feed = min(path.max_discharge_kw * hours, battery_kwh * discharge_eff)
             out.append(EvSession(b, charger.charger_id, session_steps, max_grid, stored_per_grid, need, room,
