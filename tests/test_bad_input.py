@@ -55,7 +55,20 @@ def _break(dataset: Path, case: str) -> None:
         data = json.loads(text)
         data["buildings"] = {}
         (dataset / "schema.json").write_text(json.dumps(data))
+    elif case in SCHEMA_CLASS_CASES:
+        import json
 
+        data = json.loads((dataset / "schema.json").read_text())
+        SCHEMA_CLASS_CASES[case](data["buildings"]["Building_1"])
+        (dataset / "schema.json").write_text(json.dumps(data))
+
+
+# Schemas naming a class CityLearn would import and run: any module, or CityLearn's own that unpickle files.
+SCHEMA_CLASS_CASES = {
+    "schema names a foreign class": lambda b: b.update(type="subprocess.Popen"),
+    "schema names LSTM dynamics": lambda b: b.update(dynamics={"type": "citylearn.dynamics.LSTMDynamics",
+                                                               "attributes": {"filepath": "model.pth"}}),
+}
 
 CASES = [
     # (case, extra arguments, exit code, the line's start, a word of the fix)
@@ -64,6 +77,10 @@ CASES = [
     ("NaN load", [], 2, "error: {data}/Building_1.csv: building Building_1's energy_simulation file, row 6, "
                         "column non_shiftable_load", "finite"),
     ("no buildings", [], 2, "error: {data}/schema.json: the schema has no buildings", "add at least one"),
+    ("schema names a foreign class", [], 2, "error: {data}/schema.json: buildings.Building_1.type names the class "
+                                            "'subprocess.Popen', which this product does not load", "docs/scenario.md"),
+    ("schema names LSTM dynamics", [], 2, "error: {data}/schema.json: buildings.Building_1.dynamics.type names the "
+                                          "class 'citylearn.dynamics.LSTMDynamics'", "remove the key"),
     ("seed too large", ["--seed", "4294967296"], 2, "error: config key 'seed'", "less than or equal"),
     ("unknown timezone", ["--set", "scenario.timezone=Mars/Base"], 2,
      "error: config key 'scenario.timezone': unknown time zone", "IANA"),

@@ -13,7 +13,9 @@ import pytest
 from click.testing import CliRunner
 
 from trainer.cli import cli
-from trainer.learn.agents import fit_rollout, load_model
+from trainer.config_files import load_config
+from trainer.learn.agents import fit_rollout
+from trainer.learn.model_file import load_model
 from trainer.metrics import METRIC_KEYS
 
 from .conftest import tiny_overrides
@@ -40,7 +42,7 @@ def test_tiny_training_run(agent, steps, tmp_path, site_schema, monkeypatch):
     assert results["baseline"]["co2_vs_baseline_pct"] == 0.0
     assert results[agent]["timesteps"] == steps
     assert results[agent]["steps_per_s"] > 0
-    model = load_model(agent, out / agent / "model.zip")
+    model = load_model(load_config([out / "config.yaml"]), agent, out / agent / "model.zip")
     action, _ = model.predict(np.zeros(model.observation_space.shape, dtype=np.float32), deterministic=True)
     assert action.shape == model.action_space.shape
     progress = pd.read_csv(out / agent / "progress.csv")

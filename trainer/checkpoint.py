@@ -135,23 +135,6 @@ def load_replay(model: BaseAlgorithm, path: Path) -> None:
                          "that checkpoint folder to resume from the one before") from None
 
 
-# ----------------------------------------------------------------------------- ownership
-
-
-def check_owner(path: Path) -> None:
-    """Refuse a model file this user did not write: loading an SB3 model.zip can run code (cloudpickle).
-
-    A colleague's folder, a shared outputs/ or a downloaded run: inspect it, then take it over with
-    `chown -R $(id -u) RUN_DIR` to resume or evaluate it."""
-    if os.name != "posix" or not path.exists():
-        return
-    owner = path.stat().st_uid
-    if owner != os.getuid():
-        raise UsageError(f"{path} belongs to another user (uid {owner}); loading an SB3 model can run code, so "
-                         f"only your own files are loaded: if you trust it, take it over with chown -R {os.getuid()} "
-                         f"{path.parent}")
-
-
 # ----------------------------------------------------------------------------- files
 
 

@@ -22,6 +22,28 @@ REQUIRED = {
     "carbon_intensity": ("carbon_intensity",),
     "pricing": ("electricity_pricing",),
 }
+# The classes a schema may name in its "type" keys. CityLearn imports and constructs whatever class a
+# schema names, so a schema from a run folder or a download could run any code; two of CityLearn's own
+# (LSTM dynamics, occupant models) unpickle files the schema points to. These read nothing but the
+# dataset's CSVs. Agents and reward functions are listed because published schemas name them: the
+# product never constructs the schema's agent and always brings its own reward.
+SCHEMA_CLASSES = frozenset({
+    "citylearn.citylearn.Building", "citylearn.building.Building",
+    "citylearn.energy_model.Battery", "citylearn.energy_model.PV", "citylearn.energy_model.HeatPump",
+    "citylearn.energy_model.ElectricHeater", "citylearn.energy_model.StorageTank",
+    "citylearn.electric_vehicle_charger.Charger", "citylearn.electric_vehicle.ElectricVehicle",
+    "citylearn.citylearn.ElectricVehicle",
+    "citylearn.power_outage.PowerOutage", "citylearn.power_outage.ReliabilityMetricsPowerOutage",
+    *(f"citylearn.reward_function.{name}" for name in (
+        "RewardFunction", "MultiBuildingRewardFunction", "MARL", "IndependentSACReward", "SolarPenaltyReward",
+        "ComfortReward", "SolarPenaltyAndComfortReward", "Electric_Vehicles_Reward_Function")),
+    "citylearn.agents.base.Agent", "citylearn.agents.base.BaselineAgent",
+    *(f"citylearn.agents.rbc.{name}" for name in (
+        "RBC", "HourRBC", "BasicRBC", "OptimizedRBC", "BasicBatteryRBC",
+        "BasicElectricVehicleRBC_ReferenceController")),
+    "citylearn.agents.sac.SAC", "citylearn.agents.sac.SACRBC", "citylearn.agents.marlisa.MARLISA",
+    "citylearn.agents.marlisa.MARLISARBC", "citylearn.agents.q_learning.TabularQLearning",
+})
 
 
 @dataclass(frozen=True)
@@ -69,14 +91,47 @@ def find_dataset(name: str) -> Path:
         ) from None
 
 
-def check_dataset(schema: Path) -> None:
-    """Open the dataset fully: the schema, every file it names, and the columns the simulation needs."""
+def read_schema(schema: Path) -> dict:
+    """A schema's JSON, refused before CityLearn sees it when it is not JSON or names a class outside
+    :data:`SCHEMA_CLASSES`. Every CityLearn environment the product builds reads its schema here."""
     try:
         data = json.loads(schema.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise DatasetError(f"{schema}: cannot read the CityLearn schema ({exc.strerror}); pass a readable "
+                           "schema.json") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         where = f":{exc.lineno}:{exc.colno}" if isinstance(exc, json.JSONDecodeError) else ""
         raise DatasetError(f"{schema}{where}: not a CityLearn schema (not JSON: {exc}); pass a dataset's "
                            "schema.json") from None
+    if not isinstance(data, dict):
+        raise DatasetError(f"{schema}: not a CityLearn schema (a JSON {type(data).__name__}, not an object); pass a "
+                           "dataset's schema.json")
+    for where, name in _named_classes(data, ""):
+        if name not in SCHEMA_CLASSES:
+            raise DatasetError(
+                f"{schema}: {where} names the class {str(name)[:80]!r}, which this product does not load (CityLearn "
+                "would import and run any class a schema names); use a CityLearn class listed in docs/scenario.md "
+                "('Classes a schema may name') or remove the key")
+    return data
+
+
+def _named_classes(node: object, where: str):
+    """(key path, value) of every "type" key in a schema, at any depth."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            path = f"{where}.{key}" if where else str(key)
+            if key == "type":
+                yield path, value
+            else:
+                yield from _named_classes(value, path)
+    elif isinstance(node, list):
+        for index, value in enumerate(node):
+            yield from _named_classes(value, f"{where}[{index}]")
+
+
+def check_dataset(schema: Path) -> None:
+    """Open the dataset fully: the schema, every file it names, and the columns the simulation needs."""
+    data = read_schema(schema)
     buildings = data.get("buildings") if isinstance(data, dict) else None
     if not isinstance(buildings, dict) or not any(b.get("include", True) for b in buildings.values()
                                                   if isinstance(b, dict)):

@@ -8,7 +8,6 @@ purpose; :func:`make_sb3_env` adds the wrappers stable-baselines3 needs.
 from __future__ import annotations
 
 import functools
-import json
 import multiprocessing
 import os
 import signal
@@ -21,6 +20,7 @@ import numpy as np
 
 from trainer import logs
 from trainer.config import Config
+from trainer.datasets import read_schema
 from trainer.errors import DatasetError
 from trainer.ev_service import EvServiceGuard
 from trainer.signals import STOP, Stopped
@@ -51,8 +51,7 @@ def _episode_kwargs(cfg: Config, purpose: Purpose, n_steps: int, eval_days: int 
 
 
 def schema_length(schema: Path) -> int:
-
-    data = json.loads(schema.read_text(encoding="utf-8"))
+    data = read_schema(schema)
     return int(data.get("simulation_end_time_step", 8759)) - int(data.get("simulation_start_time_step", 0)) + 1
 
 
@@ -63,7 +62,7 @@ def make_citylearn_env(cfg: Config, schema: Path, purpose: Purpose, seed: int, e
 
     from trainer.reward import MultiObjectiveReward
 
-    kwargs = _episode_kwargs(cfg, purpose, schema_length(schema), eval_days)
+    kwargs = _episode_kwargs(cfg, purpose, schema_length(schema), eval_days)  # refuses a class it does not load
     try:
         env = CityLearnEnv(
             str(schema),

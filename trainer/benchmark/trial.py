@@ -22,6 +22,7 @@ from trainer import logs
 from trainer.benchmark.measure import Sizes, Trial, TrialKind
 from trainer.config import Config
 from trainer.controllers import PolicyController
+from trainer.datasets import read_schema
 from trainer.device import apply_gpu_flags
 from trainer.env import make_citylearn_env, make_sb3_env, make_training_vec_env
 from trainer.learn.agents import hyperparameters
@@ -108,6 +109,7 @@ def _plain_env(schema: Path):
     from citylearn.citylearn import CityLearnEnv
     from citylearn.wrappers import NormalizedObservationWrapper, StableBaselines3Wrapper
 
+    read_schema(schema)  # refuses a class the product does not load, as every environment it builds
     return StableBaselines3Wrapper(NormalizedObservationWrapper(CityLearnEnv(str(schema), central_agent=True)))
 
 

@@ -21,11 +21,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainer import logs
-from trainer.checkpoint import Checkpoint, CheckpointStore, check_owner, load_replay, restore_rng
+from trainer.checkpoint import Checkpoint, CheckpointStore, load_replay, restore_rng
 from trainer.config import AgentConfig, Config
 from trainer.device import agent_device, apply_cpu_threads
 from trainer.learn.agents import (
-    algorithm,
     apply_sizes,
     build_model,
     fit_rollout,
@@ -36,6 +35,7 @@ from trainer.learn.agents import (
 )
 from trainer.learn.imitation import keep_near_demonstrations, warm_start
 from trainer.learn.memory import Shapes, free_memory, is_out_of_memory
+from trainer.learn.model_file import load_model
 from trainer.learn.preflight import check_memory, check_resume_config
 from trainer.learn.recovery import Failure, NonFinite, NonFiniteError, OutOfMemory, Recovery, TrainingInterrupted
 from trainer.learn.selection import BestPolicy
@@ -204,8 +204,7 @@ class StageTrainer:
         return self._ready(model)
 
     def _load(self, checkpoint: Checkpoint, adopt_state: bool) -> BaseAlgorithm:
-        check_owner(checkpoint.model)
-        model = algorithm(self.agent).load(str(checkpoint.model), env=self.env, device=self.device)
+        model = load_model(self.cfg, self.agent, checkpoint.model, device=self.device, env=self.env)
         if checkpoint.replay_buffer is not None:
             load_replay(model, checkpoint.replay_buffer)
         state = TrainingState.from_dict(checkpoint.state)

@@ -9,20 +9,19 @@ from __future__ import annotations
 
 import shutil
 import time
-import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
 from trainer import logs
-from trainer.checkpoint import check_owner
 from trainer.config import AGENTS, REFERENCES
 from trainer.controllers import REFERENCE_CONTROLLERS, PolicyController
 from trainer.device import agent_device
 from trainer.env import make_sb3_env
 from trainer.files import DamagedFile, read_json, write_json_atomic, write_text_atomic
-from trainer.learn.agents import load_model, save_model_atomic
+from trainer.learn.agents import save_model_atomic
+from trainer.learn.model_file import load_model
 from trainer.learn.recovery import StageFailed
 from trainer.learn.selection import kept_summary, validation_schema
 from trainer.learn.trainer import StageTrainer
@@ -146,14 +145,14 @@ def _best_policy(ctx: RunContext, agent: str, trainer: StageTrainer,
                         final_step=int(model.num_timesteps), why=kept["why"],
                         validation_co2_kg_per_year=kept["validation_co2_kg_per_year"],
                         last_validation_co2_kg_per_year=kept["last_validation_co2_kg_per_year"])
-        model = load_model(agent, best.model_path, device=agent_device(ctx.cfg, agent))
+        model = load_model(ctx.cfg, agent, best.model_path, device=agent_device(ctx.cfg, agent))
     return model, kept
 
 
 def _evaluate_warm_start(ctx: RunContext, agent: str) -> dict[str, Any]:
     """The stage's warm start evaluated like the agent (the same period and metrics), for the report's comparison."""
     folder = ctx.run.agent(agent)
-    model = load_model(agent, folder.warm_start, device=agent_device(ctx.cfg, agent))
+    model = load_model(ctx.cfg, agent, folder.warm_start, device=agent_device(ctx.cfg, agent))
     env = _eval_env(ctx)
     try:
         metrics = run_episode(PolicyController(agent, model), env)
@@ -165,12 +164,8 @@ def _evaluate_warm_start(ctx: RunContext, agent: str) -> dict[str, Any]:
 
 def _load(ctx: RunContext, agent: str) -> BaseAlgorithm:
     folder = ctx.run.agent(agent)
-    check_owner(folder.model)
-    try:
-        return load_model(agent, folder.model, device=agent_device(ctx.cfg, agent))
-    except (OSError, ValueError, KeyError, RuntimeError, zipfile.BadZipFile) as exc:
-        raise DamagedFile(f"{folder.model} is damaged ({type(exc).__name__}: {str(exc)[:200]}); resume its training "
-                          f"from the checkpoints with: trainer train {agent} --resume {ctx.run.root}") from None
+    return load_model(ctx.cfg, agent, folder.model, device=agent_device(ctx.cfg, agent),
+                      fix=f"resume its training from its checkpoints: trainer train {agent} --resume {ctx.run.root}")
 
 
 def _save_model(model: BaseAlgorithm, folder: AgentDir, agent: str, checkpoint: Path | None) -> None:
