@@ -235,3 +235,76 @@ def test_resume_checks_what_the_agent_depends_on_and_allows_a_longer_run(tmp_pat
         check_resume_config(run, "a2c", changed, force=False)
     with pytest.raises(UsageError, match=r"has no ppo checkpoint to resume \(it holds a2c's\)"):
         check_resume_config(run, "ppo", longer, force=False, require_checkpoint=True)
+
+
+# Links planted in a run folder, each to a file or folder outside it that a write would reach.
+LINKS = {".lock.json": "file", "logs/trainer.jsonl": "file", "a2c": "folder", "site": "folder"}
+
+
+@pytest.mark.parametrize("name", list(LINKS))
+def test_a_link_out_of_the_run_folder_is_refused_before_any_write(name, dataset, existing_run, tmp_path):
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (outside / "precious.txt").write_text("keep me\n")
+    link = existing_run / name
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(outside / "precious.txt" if LINKS[name] == "file" else outside)
+    before, elsewhere = snapshot(existing_run), snapshot(outside)
+    result = CliRunner().invoke(cli, ["train", "a2c", "--schema", str(dataset), "--out", str(existing_run),
+                                      "--device", "cpu"])
+    assert result.exit_code == 2, result.output
+    assert result.output.strip() == (
+        f"error: {link} is a symbolic link to {(outside / 'precious.txt' if LINKS[name] == 'file' else outside)}, "
+        f"outside the run folder; the trainer writes only inside {existing_run}: remove the link (copy what it points "
+        "to into the folder if the run needs it)")
+    assert snapshot(existing_run) == before and snapshot(outside) == elsewhere
+    assert sorted(p.name for p in outside.iterdir()) == ["precious.txt"]
+
+
+def test_a_link_inside_the_run_folder_is_harmless(existing_run):
+    from trainer.run_dir import RunDir
+
+    (existing_run / "notes").mkdir()
+    (existing_run / "latest-config.yaml").symlink_to(existing_run / "config.yaml")
+    RunDir(existing_run).refuse_links_out()  # no error
+
+
+def test_a_replay_buffer_too_big_leaves_an_existing_run_as_it_was(existing_run):
+    before = snapshot(existing_run)
+    result = CliRunner().invoke(cli, ["train", "sac", "--out", str(existing_run), "--device", "cpu",
+                                      "--set", "sac.buffer_size=100000000000"])
+    assert result.exit_code == 2, result.output
+    assert "needs" in result.output and "set sac.buffer_size to at most" in result.output.strip().splitlines()[-1]
+    assert snapshot(existing_run) == before
+    assert sorted(p.name for p in existing_run.iterdir()) == ["command.txt", "config.yaml"]
+
+
+@pytest.mark.parametrize("seeds, message", [
+    ("3,3", "error: --seeds names 3 more than once, got '3,3'; list each seed once"),
+    ("1,1000001", "error: --seeds expects comma-separated integers from 0 to 1000000, got '1,1000001'"),
+])
+def test_seeds_are_distinct_and_in_range(seeds, message, tmp_path):
+    sweep = tmp_path / "sweep"
+    result = CliRunner().invoke(cli, ["night", "--seeds", seeds, "--out", str(sweep)])
+    assert result.exit_code == 2 and result.output.strip() == message
+    assert not sweep.exists()
+
+
+def test_a_sweep_checks_its_dataset_before_writing_its_folder(dataset, tmp_path):
+    _break(dataset, "missing CSV")
+    sweep = tmp_path / "sweep"
+    result = CliRunner().invoke(cli, ["night", "--seeds", "1,2", "--quick", "--schema", str(dataset), "--out",
+                                      str(sweep)])
+    assert result.exit_code == 2 and "weather file is missing" in result.output
+    assert not sweep.exists()
+
+
+def test_a_damaged_sweep_json_is_named(tmp_path):
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    (sweep / "sweep.json").write_text('{"seeds": "1,2"}')
+    result = CliRunner().invoke(cli, ["night", "--resume", str(sweep)])
+    assert result.exit_code == 1
+    assert result.output.strip() == (
+        f'error: {sweep / "sweep.json"}: expected {{"seeds": [distinct non-negative integers], ...}}, found '
+        '{"seeds": "1,2"}; restore it or start the sweep again with --seeds')

@@ -25,7 +25,7 @@ from trainer.doctor import as_json as checks_as_json
 from trainer.errors import UsageError
 from trainer.files import read_json
 from trainer.launch import AGENT_CHOICES, LaunchOptions, split_agent, start
-from trainer.learn.preflight import check_memory, check_resume_config
+from trainer.learn.preflight import check_resume_config
 from trainer.metrics import format_table as results_table
 from trainer.night import install, plan, ray_runner, runner, stages, sweep
 from trainer.report import report_run
@@ -107,9 +107,9 @@ def train(agent: str, config_files: tuple[str, ...], overrides: tuple[str, ...],
                                           device=device, profile=profile)
     if resume is not None:
         check_resume_config(Path(out), agent, cfg, force, require_checkpoint=True)
-    with session.open_run(cfg, f"train {agent}", out, schema, dataset, resuming=resume is not None) as ctx:
+    with session.open_run(cfg, f"train {agent}", out, schema, dataset, resuming=resume is not None,
+                          agents=[agent]) as ctx:
         State.opened(ctx, f"train {agent}")
-        check_memory(cfg, ctx.schema, agent)
         with handle_stop_signals():
             results = stages.train_with_baseline(ctx, agent, resume=resume is not None, force=force)
         _print_results(results, ctx.run)
@@ -138,10 +138,8 @@ def night(config_files: tuple[str, ...], overrides: tuple[str, ...], profile: st
     cfg, chosen, deadline = session.night_plan(cfg, quick, agents, budget, finish_by)
     for agent in chosen if resume is not None else ():
         check_resume_config(Path(out), agent, cfg, force)
-    with session.open_run(cfg, "schedule", out, schema, dataset, resuming=resume is not None) as ctx:
+    with session.open_run(cfg, "schedule", out, schema, dataset, resuming=resume is not None, agents=chosen) as ctx:
         State.opened(ctx, "night")
-        for agent in chosen:
-            check_memory(cfg, ctx.schema, agent)
         targets = session.training_targets(cfg, chosen, quick, ctx.schema)
         with handle_stop_signals():
             state = runner.run_night(ctx, chosen, targets, deadline, resume is not None, force, click.echo, backend,

@@ -27,6 +27,7 @@ CONFIG_DIR = Path(str(resources.files("trainer") / "configs"))
 DEFAULT_CONFIG = CONFIG_DIR / "default.yaml"
 
 AgentName = Literal["sac", "ppo", "a2c"]
+MAX_SEED = 1_000_000  # the largest seed a config or --seeds takes
 AGENTS: tuple[AgentName, ...] = get_args(AgentName)
 # The references every agent is measured against, in the order the night evaluates them.
 REFERENCES = ("baseline", "rbc", "optimum")
@@ -381,7 +382,7 @@ class OutputConfig(Section):
 
 class Config(Section):
     # CityLearn seeds episode k of worker i with (seed + 1 + 7919 i)(k + 1), which NumPy needs below 2**32.
-    seed: int = doc("Global seed for Python, NumPy, torch and the environment.", ge=0, le=1_000_000)
+    seed: int = doc("Global seed for Python, NumPy, torch and the environment.", ge=0, le=MAX_SEED)
     scenario: ScenarioConfig
     reward: RewardConfig
     ev: EvConfig

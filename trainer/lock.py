@@ -14,6 +14,7 @@ from pathlib import Path
 from filelock import FileLock, Timeout
 
 from trainer.errors import TrainerError
+from trainer.run_dir import RunDir
 
 LOCK_FILE = ".lock"
 HOLDER_FILE = ".lock.json"
@@ -29,6 +30,7 @@ class RunLock:
         self._lock = FileLock(str(run_dir / LOCK_FILE), timeout=0)
 
     def acquire(self) -> RunLock:
+        RunDir(self.run_dir).refuse_links_out()  # the lock file and its note are the first writes
         try:
             self._lock.acquire()
         except Timeout:

@@ -8,6 +8,7 @@ resume needs to know about a run (its dataset) is kept in the run folder's ``run
 
 from __future__ import annotations
 
+import shutil
 import sys
 import tempfile
 import time
@@ -18,18 +19,19 @@ from datetime import datetime
 from pathlib import Path
 
 from trainer import logs, profiles
-from trainer.config import AGENTS, Config
+from trainer.config import AGENTS, MAX_SEED, Config
 from trainer.config_files import load_config
-from trainer.datasets import DatasetSource, resolve_dataset
+from trainer.datasets import DatasetSource, check_dataset, resolve_dataset
 from trainer.device import apply_gpu_flags, resolve_device
 from trainer.env import schema_length
 from trainer.errors import UsageError
 from trainer.files import read_json, write_json_atomic
+from trainer.learn.preflight import check_memory
 from trainer.lock import RunLock
 from trainer.night import budget
 from trainer.progress import live_console
 from trainer.run_dir import RunDir, default_run_dir
-from trainer.scenario import build_site
+from trainer.scenario import SCHEMA_FILE, build_site
 
 LATEST = "latest"  # --resume without a folder: --out, else the newest run
 
@@ -149,8 +151,12 @@ def parse_seeds(text: str) -> list[int]:
         seeds = [int(s) for s in text.split(",") if s.strip()]
     except ValueError:
         seeds = []
-    if not seeds or min(seeds) < 0:
-        raise UsageError(f"--seeds expects comma-separated non-negative integers, got {text!r}")
+    if not seeds or min(seeds) < 0 or max(seeds) > MAX_SEED:
+        raise UsageError(f"--seeds expects comma-separated integers from 0 to {MAX_SEED}, got {text!r}")
+    repeated = sorted({s for s in seeds if seeds.count(s) > 1})
+    if repeated:  # one night per seed: a repeat would be counted twice in the spread
+        raise UsageError(f"--seeds names {', '.join(map(str, repeated))} more than once, got {text!r}; list each seed "
+                         "once")
     return seeds
 
 
@@ -197,15 +203,33 @@ def training_targets(cfg: Config, agents: Sequence[str], quick: bool, schema: Pa
 # ------------------------------------------------------------------------------ run folders
 
 
-def prepare_dataset(cfg: Config, run: RunDir, source: DatasetSource | None) -> Path:
-    """The run's schema: the given dataset, or the built-in site generated into the run folder."""
+@contextmanager
+def staged_dataset(cfg: Config, run: RunDir, source: DatasetSource | None, resuming: bool) -> Iterator[Path]:
+    """The run's schema, checked before the run folder is touched: the given dataset, a resumed run's own
+    site, or the built-in site generated into a temporary folder (:func:`place_dataset` moves it in)."""
+    if source is not None:
+        yield source.schema
+    elif resuming and (run.site / SCHEMA_FILE).is_file():
+        check_dataset(run.site / SCHEMA_FILE)  # it may have been edited since: refuse a class CityLearn would run
+        yield run.site / SCHEMA_FILE
+    else:
+        start = time.perf_counter()
+        with tempfile.TemporaryDirectory() as tmp:
+            schema = build_site(cfg.scenario, Path(tmp) / "site")
+            logs.get().debug("built-in site generated", seconds=round(time.perf_counter() - start, 2))
+            yield schema
+
+
+def place_dataset(run: RunDir, staged: Path, source: DatasetSource | None) -> Path:
+    """Where the run reads its schema from once the folder is open: a generated site is copied into site/."""
     if source is not None:
         logs.get().info("dataset", schema=str(source.schema), label=source.label)
         return source.schema
-    start = time.perf_counter()
-    schema = build_site(cfg.scenario, run.site)
-    logs.get().info("built-in site generated", schema=str(schema), seconds=round(time.perf_counter() - start, 2))
-    return schema
+    if staged.parent == run.site:
+        return staged
+    shutil.copytree(staged.parent, run.site, dirs_exist_ok=True)
+    logs.get().info("built-in site generated", schema=str(run.site / SCHEMA_FILE))
+    return run.site / SCHEMA_FILE
 
 
 def _create(run: RunDir) -> RunLock:
@@ -238,26 +262,36 @@ def has_progress(run: RunDir) -> bool:
 
 @contextmanager
 def open_run(cfg: Config, command: str, out: str | Path | None, schema: str | None = None, dataset: str | None = None,
-             resuming: bool = False) -> Iterator[RunContext]:
-    """Create (or, resuming, reopen) a run folder, hold its lock, log to it and record how it was made."""
+             resuming: bool = False, agents: Sequence[str] = ()) -> Iterator[RunContext]:
+    """Create (or, resuming, reopen) a run folder, hold its lock, log to it and record how it was made.
+
+    Every check comes first (the dataset, the links in the folder, each of ``agents``' replay buffer
+    against the RAM): a refused command leaves an existing folder byte for byte as it was.
+    """
     previous = RunRecord.load(RunDir(Path(out))) if resuming and not schema and not dataset else None
-    source = previous.source() if previous else resolve_dataset(schema, dataset)  # before anything is written
+    source = previous.source() if previous else resolve_dataset(schema, dataset)
     device = resolve_device(cfg.gpu.device)
     label = source.label if source else None
     run = RunDir(Path(out)) if out else default_run_dir(cfg, command.replace(" ", "-"), label)
-    lock = _create(run)
+    run.refuse_links_out()
+    with staged_dataset(cfg, run, source, resuming) as staged:
+        for agent in agents:
+            check_memory(cfg, staged, agent)
+        lock = _create(run)
+        try:
+            run.create(cfg, ["trainer", *sys.argv[1:]], device, resuming=resuming)
+            logs.configure(run.log_file)
+            logs.get().info("run resumed" if resuming else "run started", run=str(run.root), command=command,
+                            device=device)
+            RunRecord(str(source.schema) if source else None, label).save(run)
+            schema_path = place_dataset(run, staged, source)
+        except BaseException:
+            lock.release()
+            raise
     try:
-        run.create(cfg, ["trainer", *sys.argv[1:]], device, resuming=resuming)
-        logs.configure(run.log_file)
-        logs.get().info("run resumed" if resuming else "run started", run=str(run.root), command=command, device=device)
-        RunRecord(str(source.schema) if source else None, label).save(run)
         apply_gpu_flags(cfg.gpu, device)
-        if resuming and source is None and (run.site / "schema.json").is_file():
-            schema = run.site / "schema.json"
-        else:
-            schema = prepare_dataset(cfg, run, source)
         with live_console():
-            yield RunContext(cfg, run, schema, device)
+            yield RunContext(cfg, run, schema_path, device)
     finally:
         lock.release()
 
@@ -271,10 +305,12 @@ def reopen_run(run_dir: str | Path, device: str) -> Iterator[RunContext]:
                          "night)")
     cfg = load_config([run.config])
     source = RunRecord.load(run).source()
+    schema = source.schema if source else run.site / SCHEMA_FILE
+    if source is None:
+        check_dataset(schema)  # before the lock note and the log: refuse a class CityLearn would run
     lock = RunLock(run.root).acquire()
     try:
         logs.configure(run.log_file)
-        schema = source.schema if source else run.site / "schema.json"
         yield RunContext(cfg, run, schema, resolve_device(device))
     finally:
         lock.release()

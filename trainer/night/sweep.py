@@ -6,6 +6,7 @@ On the local backend the nights run one after another; on Ray their stages share
 
 from __future__ import annotations
 
+import json
 import statistics
 from collections.abc import Callable
 from contextlib import ExitStack
@@ -15,9 +16,10 @@ from typing import Any
 
 from trainer import session
 from trainer.config import AGENTS, REFERENCES, Config
+from trainer.datasets import resolve_dataset
 from trainer.errors import TrainerError, UsageError
-from trainer.files import read_json, write_json_atomic, write_text_atomic
-from trainer.learn.preflight import check_memory, check_resume_config
+from trainer.files import DamagedFile, read_json, write_json_atomic, write_text_atomic
+from trainer.learn.preflight import check_resume_config
 from trainer.night import ray_runner
 from trainer.night.runner import prepare, run_night
 from trainer.night.state import ScheduleState
@@ -46,19 +48,20 @@ def run_sweep(cfg: Config, seeds: list[int], folder: Path, schema: str | None, d
     """Every seed's night (resuming those begun), then the summary; returns the summary's path and the states."""
     if resume and not is_sweep(folder):
         raise UsageError(f"--resume: {folder} is not a sweep folder (no {SWEEP}); pass the folder a --seeds night made")
-    seeds = read_json(folder / SWEEP)["seeds"] if resume else seeds
-    folder.mkdir(parents=True, exist_ok=True)
+    seeds = read_seeds(folder) if resume else seeds
+    resolve_dataset(schema, dataset)  # every check before the sweep's folder or any seed's is written
     runs = [folder / f"seed-{seed}" for seed in seeds]
-    write_json_atomic(folder / SWEEP, {"seeds": seeds, "runs": [r.name for r in runs], "backend": backend})
     seeded = [cfg.model_copy(update={"seed": seed}) for seed in seeds]
-    for run, run_cfg in zip(runs, seeded, strict=True):  # every check before any night starts
+    for run, run_cfg in zip(runs, seeded, strict=True):
         for agent in agents if resume and (run / "config.yaml").is_file() else ():
             check_resume_config(run, agent, run_cfg, force)
+
     def opened(stack: ExitStack, run: Path, run_cfg: Config) -> tuple[RunContext, bool]:
         resuming = resume and (run / "config.yaml").is_file()
-        ctx = stack.enter_context(open_run(run_cfg, "schedule", run, schema, dataset, resuming=resuming))
-        for agent in agents:
-            check_memory(run_cfg, ctx.schema, agent)
+        ctx = stack.enter_context(open_run(run_cfg, "schedule", run, schema, dataset, resuming=resuming,
+                                           agents=agents))
+        # sweep.json once a night has passed its checks (the first one creates the folder)
+        write_json_atomic(folder / SWEEP, {"seeds": seeds, "runs": [r.name for r in runs], "backend": backend})
         return ctx, resuming
 
     states = []
@@ -119,13 +122,24 @@ def from_cli(config_files: tuple[str, ...], overrides: tuple[str, ...], profile:
     """The sweep a `trainer night --seeds` (or `--resume SWEEP_DIR`) asks for: its config, seeds and folder."""
     folder = Path(resume) if resume and resume != session.LATEST else None
     if folder is not None and is_sweep(folder):
-        seeds = read_json(folder / SWEEP)["seeds"]
+        seeds = read_seeds(folder)
         base = folder / f"seed-{seeds[0]}" / "config.yaml"  # a sweep's runs differ only in their seed
         cfg = session.resolve_config([base, *config_files] if base.is_file() else config_files, overrides,
                                      device=device)
         return cfg, seeds, folder, True
     cfg = session.resolve_config(config_files, overrides, device=device, profile=profile)
     return cfg, session.parse_seeds(seeds_text or ""), sweep_folder(cfg, out), False
+
+
+def read_seeds(folder: Path) -> list[int]:
+    """The seeds a sweep's sweep.json records, refused with its name when it is not what the trainer wrote."""
+    data = read_json(folder / SWEEP)
+    seeds = data.get("seeds") if isinstance(data, dict) else None
+    if not (isinstance(seeds, list) and seeds and all(type(s) is int and s >= 0 for s in seeds)
+            and len(set(seeds)) == len(seeds)):
+        raise DamagedFile(f"{folder / SWEEP}: expected {{\"seeds\": [distinct non-negative integers], ...}}, found "
+                          f"{json.dumps(data)[:80]}; restore it or start the sweep again with --seeds")
+    return seeds
 
 
 def is_sweep_resume(resume: str | None) -> bool:
