@@ -55,6 +55,23 @@ def _break(dataset: Path, case: str) -> None:
         data = json.loads(text)
         data["buildings"] = {}
         (dataset / "schema.json").write_text(json.dumps(data))
+    elif case == "end step not a number":
+        import json
+
+        data = json.loads((dataset / "schema.json").read_text())
+        data["simulation_end_time_step"] = "8759"
+        (dataset / "schema.json").write_text(json.dumps(data))
+    elif case == "CSV shorter than the period":
+        lines = (dataset / "carbon_intensity.csv").read_text().splitlines()
+        (dataset / "carbon_intensity.csv").write_text("\n".join(lines[:100]) + "\n")
+    elif case in ("NaN forecast", "load beyond float32"):
+        name, column, value = (("pricing.csv", "electricity_pricing_predicted_1", "nan") if case == "NaN forecast"
+                               else ("Building_1.csv", "non_shiftable_load", "1e39"))
+        lines = (dataset / name).read_text().splitlines()
+        header, cells = lines[0].split(","), lines[9].split(",")
+        cells[header.index(column)] = value
+        lines[9] = ",".join(cells)
+        (dataset / name).write_text("\n".join(lines) + "\n")
     elif case in SCHEMA_CLASS_CASES:
         import json
 
@@ -77,6 +94,15 @@ CASES = [
     ("NaN load", [], 2, "error: {data}/Building_1.csv: building Building_1's energy_simulation file, row 6, "
                         "column non_shiftable_load", "finite"),
     ("no buildings", [], 2, "error: {data}/schema.json: the schema has no buildings", "add at least one"),
+    ("end step not a number", [], 2, "error: {data}/schema.json: simulation_end_time_step should be a whole number, "
+                                     "0 or more, found \"8759\"", "fix it in the schema"),
+    ("CSV shorter than the period", [], 2, "error: {data}/carbon_intensity.csv: building Building_1's "
+                                           "carbon_intensity file has 99 rows but the schema's period needs 8,760",
+     "add the missing rows"),
+    ("NaN forecast", [], 2, "error: {data}/pricing.csv: building Building_1's pricing file, row 10, column "
+                            "electricity_pricing_predicted_1: nan is not a finite number", "every row"),
+    ("load beyond float32", [], 2, "error: {data}/Building_1.csv: building Building_1's energy_simulation file, "
+                                   "row 10, column non_shiftable_load: 1e+39 is beyond 1e+15", "check the units"),
     ("schema names a foreign class", [], 2, "error: {data}/schema.json: buildings.Building_1.type names the class "
                                             "'subprocess.Popen', which this product does not load", "docs/scenario.md"),
     ("schema names LSTM dynamics", [], 2, "error: {data}/schema.json: buildings.Building_1.dynamics.type names the "
@@ -308,3 +334,13 @@ def test_a_damaged_sweep_json_is_named(tmp_path):
     assert result.output.strip() == (
         f'error: {sweep / "sweep.json"}: expected {{"seeds": [distinct non-negative integers], ...}}, found '
         '{"seeds": "1,2"}; restore it or start the sweep again with --seeds')
+
+
+@pytest.mark.parametrize("name", ["", "elsewhere/citylearn_challenge_2022_phase_all", "..", "a\\b"])
+def test_a_dataset_name_is_a_name(name, existing_run):
+    before = snapshot(existing_run)
+    result = CliRunner().invoke(cli, ["train", "a2c", "--dataset", name, "--out", str(existing_run)])
+    assert result.exit_code == 2
+    assert result.output.strip() == (f"error: --dataset takes a CityLearn dataset's name (no '/' or '\\', not empty), "
+                                     f"got {name!r}; pass a dataset's folder or schema.json with --schema PATH")
+    assert snapshot(existing_run) == before

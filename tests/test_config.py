@@ -134,3 +134,18 @@ def test_normalised_advantages_need_two_steps_a_rollout():
                                           r"n_steps 1: set a2c.n_steps to 2 or more"):
         load_config(overrides=["a2c.n_steps=1", "a2c.n_envs=1"])
     assert load_config(overrides=["a2c.n_steps=1", "a2c.n_envs=1", "a2c.normalize_advantage=false"]).a2c.n_steps == 1
+
+
+@pytest.mark.parametrize("override, message", [
+    ("schedule.weights.sac=-1", "config key 'schedule.weights.sac': input should be greater than or equal to 0; got -1"),
+    ("schedule.weights={sac: 0, ppo: 0, a2c: 0}", "config key 'schedule': every agent of the night has weight 0"),
+    ("schedule.quick_timesteps.ppo=0", "config key 'schedule.quick_timesteps.ppo': input should be greater than or "
+                                       "equal to 1; got 0"),
+])
+def test_schedule_weights_and_quick_steps_are_ranged(override, message):
+    assert error_of(override).startswith(message)
+
+
+def test_a_night_without_weights_for_some_agents_gives_them_one():
+    cfg = load_config(overrides=["schedule.weights={sac: 0}", "schedule.agents=[sac, ppo]"])
+    assert cfg.schedule.weights == {"sac": 0.0}  # ppo's missing weight is 1: the night has time to share

@@ -275,3 +275,23 @@ def test_the_plan_shows_which_stages_run_side_by_side(tmp_path):
     assert seconds == {"baseline": (0, 10), "rbc": (0, 10), "sac": (10, 110), "ppo": (110, 160)}
     two = lanes([night("a", ["sac"]), night("b", ["sac"])], (48, 5), cpus=2, gpus=1, now=now)
     assert [(start - now).seconds for *_, start, _ in two] == [0, 0]  # two 0.5-GPU stages share the card
+
+
+@pytest.mark.parametrize("setting, message", [
+    ("ray.num_cpus.sac=1000", "error: ray.num_cpus.sac=1000 asks for more than this machine has ({cpus}); Ray would "
+                              "never start that stage: set ray.num_cpus.sac to at most {cpus}"),
+    ("ray.num_gpus.ppo=3", "error: ray.num_gpus.ppo=3 asks for more than this machine has ({gpus}); Ray would never "
+                           "start that stage: set ray.num_gpus.ppo to at most {gpus}"),
+])
+def test_a_stage_no_machine_could_run_is_refused_before_any_folder(setting, message, tmp_path):
+    from click.testing import CliRunner
+
+    from trainer.cli import cli
+    from trainer.device import cpu_cores
+    from trainer.night.ray_runner import _local_gpus
+
+    result = CliRunner().invoke(cli, ["night", "--quick", "--backend", "ray", "--set", setting, "--out",
+                                      str(tmp_path / "run")])
+    assert result.exit_code == 2
+    assert result.output.strip() == message.format(cpus=f"{cpu_cores():g}", gpus=f"{_local_gpus():g}")
+    assert not (tmp_path / "run").exists()

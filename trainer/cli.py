@@ -125,8 +125,9 @@ def night(config_files: tuple[str, ...], overrides: tuple[str, ...], profile: st
 
     `trainer schedule install` starts it every night instead.
     """
-    if backend == "ray":
-        ray_runner.check_backend(address)  # exit 2 with the install command or the address, before any folder
+    if backend == "ray":  # exit 2 with the install command, the address or the resources, before any folder
+        ray_runner.check_backend(address, session.resolve_config(config_files, overrides, seed=seed, device=device,
+                                                                 profile=profile))
     if seeds or sweep.is_sweep_resume(resume):
         cfg, seed_list, folder, resuming = sweep.from_cli(config_files, overrides, profile, device, seeds, out, resume)
         with handle_stop_signals():

@@ -272,8 +272,8 @@ class A2cConfig(OnPolicyConfig):
 
 class ScheduleConfig(Section):
     agents: list[AgentName] = doc("Agents trained by `trainer night`, in order.", min_length=1)
-    weights: dict[AgentName, float] = doc(
-        "Share of the night's training time per agent (targets are each agent's timesteps).")
+    weights: dict[AgentName, Annotated[float, Field(ge=0)]] = doc(
+        "Share of the night's training time per agent (targets are each agent's timesteps); 0 gives it none.")
     budget: str | None = doc("Default time budget, e.g. 10h or 90m (overridden by --budget/--finish-by).")
     finish_by: str | None = doc("Default local finish time HH:MM (overridden by --budget/--finish-by).")
     curve_every_steps: int = doc("Evaluate the policy for the learning curve every this many steps.", ge=1)
@@ -282,7 +282,7 @@ class ScheduleConfig(Section):
     curve_max_share: float = doc(
         "Most of a stage's time its learning-curve evaluations (in CityLearn) may take: on a fast learner they "
         "wait longer than curve_every_steps between them.", gt=0, le=1)
-    quick_timesteps: dict[AgentName, int] = doc(
+    quick_timesteps: dict[AgentName, Annotated[int, Field(ge=1)]] = doc(
         "Timesteps per agent with --quick (a smoke run of the whole schedule)."
     )
     eval_days: int | None = doc("Evaluation length in days from the dataset's start; null = the whole period.", ge=1)
@@ -296,6 +296,13 @@ class ScheduleConfig(Section):
         if value is not None:
             _as_value_error(parse, value, "it")
         return value
+
+    @model_validator(mode="after")
+    def _some_weight(self) -> ScheduleConfig:
+        if not any(self.weights.get(agent, 1.0) > 0 for agent in self.agents):  # a missing weight is 1
+            raise ValueError(f"every agent of the night has weight 0 ({self.weights}): give at least one of "
+                             f"{', '.join(self.agents)} a weight above 0")
+        return self
 
     @model_validator(mode="after")
     def _budget_or_deadline(self) -> ScheduleConfig:

@@ -57,8 +57,13 @@ class DatasetSource:
 
 def resolve_dataset(schema: str | None, dataset: str | None) -> DatasetSource | None:
     """Check ``--schema``/``--dataset`` before anything runs; None means the built-in site."""
-    if schema and dataset:
+    if schema is not None and dataset is not None:
         raise DatasetError("pass either --schema or --dataset, not both")
+    if schema is not None and not schema.strip():
+        raise DatasetError("--schema is empty; pass the path of a dataset's schema.json (or leave --schema out for the "
+                           "built-in site)")
+    if dataset is not None:
+        _check_name(dataset)
     if schema:
         path = Path(schema).expanduser()
         if path.is_dir():
@@ -74,6 +79,13 @@ def resolve_dataset(schema: str | None, dataset: str | None) -> DatasetSource | 
     return None
 
 
+def _check_name(name: str) -> None:
+    """A dataset name is a name: CityLearn keeps only its last part, so 'a/b' would be the cached 'b'."""
+    if not name.strip() or name.strip(".") == "" or any(sep in name for sep in ("/", "\\", os.sep)):
+        raise DatasetError(f"--dataset takes a CityLearn dataset's name (no '/' or '\\', not empty), got {name!r}; "
+                           "pass a dataset's folder or schema.json with --schema PATH")
+
+
 def find_dataset(name: str) -> Path:
     """A dataset name resolved as CityLearn 3.0.2 resolves it: its cache, then every folder of
     $CITYLEARN_LOCAL_DATASETS_PATH (a path list), then its own data folders; offline, never downloaded."""
@@ -81,7 +93,7 @@ def find_dataset(name: str) -> Path:
 
     datasets = DataSet(offline=True)
     try:
-        return Path(datasets.get_dataset(name)).resolve()
+        found = Path(datasets.get_dataset(name)).resolve()
     except OfflineDataError:
         roots = ", ".join(datasets.local_datasets_directories) or "no local dataset folder"
         raise DatasetError(
@@ -89,6 +101,10 @@ def find_dataset(name: str) -> Path:
             f"{LOCAL_DATASETS_ENV} to folders (separated by '{os.pathsep}') holding {name}/schema.json, "
             "or pass --schema PATH"
         ) from None
+    if found.parent.name != name:  # only the dataset asked for, never another of a similar name
+        raise DatasetError(f"CityLearn dataset '{name}' resolved to {found}, another dataset's schema; pass the one "
+                           "you want with --schema PATH")
+    return found
 
 
 def read_schema(schema: Path) -> dict:
@@ -106,6 +122,7 @@ def read_schema(schema: Path) -> dict:
     if not isinstance(data, dict):
         raise DatasetError(f"{schema}: not a CityLearn schema (a JSON {type(data).__name__}, not an object); pass a "
                            "dataset's schema.json")
+    _check_steps(schema, data)
     for where, name in _named_classes(data, ""):
         if name not in SCHEMA_CLASSES:
             raise DatasetError(
@@ -113,6 +130,19 @@ def read_schema(schema: Path) -> dict:
                 "would import and run any class a schema names); use a CityLearn class listed in docs/scenario.md "
                 "('Classes a schema may name') or remove the key")
     return data
+
+
+def _check_steps(schema: Path, data: dict) -> None:
+    """The period's step fields are whole numbers, the end not before the start."""
+    for key, default, least in (("simulation_start_time_step", 0, 0), ("simulation_end_time_step", 0, 0),
+                                ("seconds_per_time_step", 3600, 1)):
+        value = data.get(key, default)
+        if type(value) is not int or value < least:
+            raise DatasetError(f"{schema}: {key} should be a whole number, {least} or more, found "
+                               f"{json.dumps(value)[:40]}; fix it in the schema")
+    if data.get("simulation_end_time_step", 0) < data.get("simulation_start_time_step", 0):
+        raise DatasetError(f"{schema}: simulation_end_time_step ({data['simulation_end_time_step']}) is before "
+                           f"simulation_start_time_step ({data['simulation_start_time_step']}); fix them in the schema")
 
 
 def _named_classes(node: object, where: str):
@@ -140,19 +170,29 @@ def check_dataset(schema: Path) -> None:
     # Where CityLearn reads the files: root_directory (absolute, or relative to the schema), else beside it.
     configured = data.get("root_directory")
     root = schema.parent if not configured else (schema.parent / Path(str(configured)).expanduser()).resolve()
+    # Every file covers the period (CityLearn indexes it by step) and every column an agent observes is finite.
+    rows = data.get("simulation_end_time_step", 0) + 1
+    observed = {name for name, spec in (data.get("observations") or {}).items()
+                if isinstance(spec, dict) and spec.get("active")}
     checked: set[Path] = set()
     for name, building in buildings.items():
         if not isinstance(building, dict) or not building.get("include", True):
             continue
         for kind, columns in REQUIRED.items():
             if building.get(kind):
-                _check_csv(root / building[kind], columns, f"building {name}'s {kind}", checked)
+                _check_csv(root / building[kind], columns, f"building {name}'s {kind}", checked, rows, observed)
         for charger in (building.get("chargers") or {}).values():
             if isinstance(charger, dict) and charger.get("charger_simulation"):
-                _check_csv(root / charger["charger_simulation"], (), f"building {name}'s charger", checked)
+                _check_csv(root / charger["charger_simulation"], (), f"building {name}'s charger", checked, rows,
+                           set())
 
 
-def _check_csv(path: Path, columns: tuple[str, ...], what: str, checked: set[Path]) -> None:
+# Beyond this, sums and squares in CityLearn's float32 arithmetic overflow to infinity (float32 holds 3.4e38).
+LARGEST_VALUE = 1e15
+
+
+def _check_csv(path: Path, columns: tuple[str, ...], what: str, checked: set[Path], rows: int,
+               observed: set[str]) -> None:
     import pandas as pd  # lazy: only a dataset given by the user is checked
 
     if path in checked:
@@ -167,10 +207,16 @@ def _check_csv(path: Path, columns: tuple[str, ...], what: str, checked: set[Pat
     missing = [c for c in columns if c not in frame.columns]
     if missing:
         raise DatasetError(f"{path}: {what} file lacks the column(s) {', '.join(missing)}")
-    for column in columns:
-        values = pd.to_numeric(frame[column], errors="coerce")
-        bad = values.isna() | ~values.abs().lt(float("inf"))
+    if len(frame) < rows:
+        raise DatasetError(f"{path}: {what} file has {len(frame):,} rows but the schema's period needs {rows:,} "
+                           "(simulation_end_time_step + 1); add the missing rows or end the period earlier")
+    for column in (*columns, *sorted(observed & set(frame.columns) - set(columns))):
+        values = pd.to_numeric(frame[column].iloc[:rows], errors="coerce")
+        bad = values.isna() | ~values.abs().le(LARGEST_VALUE)
         if bad.any():
             row = int(bad.idxmax())
+            finite = bool(values.abs().lt(float("inf")).iloc[row])
+            why = (f"is beyond {LARGEST_VALUE:.0e}, more than CityLearn's float32 arithmetic holds (check the units)"
+                   if finite else "is not a finite number (the simulation needs a value in every row)")
             raise DatasetError(f"{path}: {what} file, row {row + 2}, column {column}: {frame[column].iloc[row]!r} "
-                               "is not a finite number (the simulation needs a value in every row)")
+                               f"{why}")

@@ -95,12 +95,24 @@ def ray_session(address: str | None, num_gpus: float | None = None, shared: Path
         ray.shutdown()
 
 
-def check_backend(address: str | None) -> None:
-    """Before anything is written: Ray installed at the pinned version, and a head answering at ``address``."""
+def check_backend(address: str | None, cfg: Config | None = None) -> None:
+    """Before anything is written: Ray installed at the pinned version, and a head answering at ``address``; on
+    a local Ray, each stage's CPUs and GPUs (``cfg``) within this machine's."""
     import_ray()
     if address:
         _reachable(address)
         _token_present()
+    elif cfg is not None:
+        check_fits(cfg, cpu_cores(), _local_gpus(), "this machine")
+
+
+def check_fits(cfg: Config, cpus: float, gpus: float, where: str) -> None:
+    """Refuse a stage asking for more CPUs or GPUs than ``where`` has: Ray would wait for them forever."""
+    for kind, asked, have in (("num_cpus", cfg.ray.num_cpus, cpus), ("num_gpus", cfg.ray.num_gpus, gpus)):
+        for stage, value in asked.items():
+            if value > have + 1e-9:
+                raise UsageError(f"ray.{kind}.{stage}={value:g} asks for more than {where} has ({have:g}); Ray would "
+                                 f"never start that stage: set ray.{kind}.{stage} to at most {have:g}")
 
 
 def _reachable(address: str) -> None:
@@ -272,6 +284,8 @@ class RayNights:
     def run(self) -> list[ScheduleState]:
         resources = self.ray.cluster_resources()
         cpus, gpus = resources.get("CPU", 1.0), resources.get("GPU", 0.0)
+        for night in self.nights:
+            check_fits(night.ctx.cfg, cpus, gpus, "the Ray cluster")
         placed = lanes(self.nights, self.obs_act, cpus, gpus, datetime.now())
         self.say(render_lanes(placed, self.nights[0].state.deadline_dt(), cpus, gpus) + "\n")
         previous = {s: signal.signal(s, self._on_stop) for s in (signal.SIGINT, signal.SIGTERM)}
