@@ -4,6 +4,7 @@ thing and the fix, no traceback, and leaves an existing run folder byte for byte
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import shutil
 from pathlib import Path
@@ -344,3 +345,118 @@ def test_a_dataset_name_is_a_name(name, existing_run):
     assert result.output.strip() == (f"error: --dataset takes a CityLearn dataset's name (no '/' or '\\', not empty), "
                                      f"got {name!r}; pass a dataset's folder or schema.json with --schema PATH")
     assert snapshot(existing_run) == before
+
+
+def _run_folder(tmp_path: Path, site_schema: Path) -> Path:
+    """A finished run's folder with just the state files the commands read."""
+    import json
+
+    run = tmp_path / "run"
+    shutil.copytree(Path(site_schema).parent, run / "site")
+    (run / "config.yaml").write_text("seed: 42\n")
+    (run / ".lock").touch()  # every run folder the trainer made has its lock file
+    (run / "run.json").write_text(json.dumps({"schema": None, "label": None}))
+    (run / "results.json").write_text(json.dumps({"baseline": {"co2_kg": 1.0}}))
+    return run
+
+
+# A state file of the right JSON but the wrong shape, the command that reads it, and the line's middle.
+STATE_FILES = {
+    "run.json list": ("run.json", "[1, 2]", ["evaluate"],
+                      "is damaged: at the top level, input should be a dictionary"),
+    "run.json schema a number": ("run.json", '{"schema": 5, "label": null}', ["evaluate"],
+                                 "is damaged: at schema, input should be a valid string, found 5"),
+    "results.json list": ("results.json", "[1]", ["report"], "is damaged: at the top level, input should be a valid "
+                                                             "dictionary, found [1]"),
+    "results.json entry a number": ("results.json", '{"sac": 3}', ["report"], "is damaged: at sac, input should be"),
+    "schedule.json without created_at": ("schedule.json", '{"stages": 5}', ["report"], "created_at is missing"),
+    "schedule.json unknown status": (
+        "schedule.json", '{"created_at": "x", "deadline": null, "budget_s": null, "stages": [{"name": "sac", '
+                         '"kind": "train", "status": "finished"}]}', ["report"],
+        "at stages.0.status, input should be 'pending', 'running', 'done', 'failed' or 'skipped', found \"finished\""),
+}
+
+
+@pytest.mark.parametrize("case", list(STATE_FILES))
+def test_a_state_file_of_the_wrong_shape_is_named_with_the_key_and_the_fix(case, tmp_path, site_schema):
+    from trainer.files import FIXES
+
+    name, content, command, middle = STATE_FILES[case]
+    run = _run_folder(tmp_path, site_schema)
+    (run / name).write_text(content)
+    before = snapshot(run)
+    result = CliRunner().invoke(cli, [*command, str(run)])
+    assert result.exit_code == 1, result.output
+    assert "Traceback" not in result.output and "unexpected" not in result.output
+    line = result.output.strip().splitlines()[-1]
+    assert line.startswith(f"error: {run / name} ") and middle in line and line.endswith(FIXES[name]), line
+    assert snapshot(run) == before
+
+
+def test_a_checkpoint_state_of_the_wrong_types_is_skipped(tmp_path):
+    import json
+
+    from trainer.checkpoint import verify
+
+    (tmp_path / "state.json").write_text(json.dumps({"step": "1000"}))
+    (tmp_path / "rng.json").write_text("{}")
+    digest = {}
+    for name in ("state.json", "rng.json"):
+        content = (tmp_path / name).read_bytes()
+        digest[name] = {"bytes": len(content), "sha256": hashlib.sha256(content).hexdigest()}
+    (tmp_path / "manifest.json").write_text(json.dumps({"step": 1000, "files": digest}))
+    assert verify(tmp_path) == ("state.json is not a checkpoint's state (an object with a whole-number step and a "
+                                "config object)")
+
+
+def test_a_checkpoint_state_key_of_the_wrong_type_names_it():
+    from pydantic import ValidationError
+
+    from trainer.learn.state import TrainingState
+
+    with pytest.raises(ValidationError, match="n_envs"):
+        TrainingState.from_dict({"step": 10, "n_envs": "many"})
+    assert TrainingState.from_dict({"step": 10}).n_envs == 1  # keys written before they existed keep defaults
+
+
+@pytest.mark.parametrize("command", [["night", "--quick"], ["plan"]])
+def test_a_budget_beyond_a_year_is_refused(command, tmp_path):
+    result = CliRunner().invoke(cli, [*command, "--budget", "99999999h", "--out", str(tmp_path / "run")]
+                                if command[0] == "night" else [*command, "--budget", "99999999h"])
+    assert result.exit_code == 2
+    assert result.output.strip() == ("error: --budget expects a duration of at most 366 days, got '99999999h'; a "
+                                     "longer run is a training length: set timesteps instead")
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.fixture
+def read_only_run(tmp_path, site_schema):
+    """A run folder on a read-only file system (a bind mount; permissions do not stop root)."""
+    import subprocess
+
+    run = _run_folder(tmp_path / "ro", site_schema)
+    if os.geteuid() != 0:
+        for path in (run, *run.rglob("*")):
+            path.chmod(0o555 if path.is_dir() else 0o444)
+        yield run
+        for path in (run, *run.rglob("*")):
+            path.chmod(0o755 if path.is_dir() else 0o644)
+        return
+    folder = tmp_path / "ro"
+    mounted = subprocess.run(["mount", "--bind", str(folder), str(folder)], capture_output=True).returncode == 0 and \
+        subprocess.run(["mount", "-o", "remount,ro,bind", str(folder)], capture_output=True).returncode == 0
+    if not mounted:
+        subprocess.run(["umount", str(folder)], capture_output=True)
+        pytest.skip("running as root, and a read-only bind mount cannot be made here")
+    try:
+        yield run
+    finally:
+        subprocess.run(["umount", str(folder)], check=True)
+
+
+@pytest.mark.parametrize("command", ["report", "evaluate"])
+def test_a_read_only_run_folder_is_exit_2(command, read_only_run):
+    result = CliRunner().invoke(cli, [command, str(read_only_run)])
+    assert result.exit_code == 2, result.output
+    line = result.output.strip().splitlines()[-1]
+    assert line.startswith(f"error: cannot write in run folder {read_only_run}: ") and "make it writable" in line

@@ -251,9 +251,12 @@ def verify(path: Path) -> str | None:
             return f"{name} fails its checksum"
     for name in (STATE, RNG):
         try:
-            json.loads((path / name).read_text(encoding="utf-8"))
+            data = json.loads((path / name).read_text(encoding="utf-8"))
         except ValueError as exc:
             return f"{name} is not JSON: {exc}"
+        if name == STATE and not (isinstance(data, dict) and type(data.get("step")) is int and data["step"] >= 0
+                                  and isinstance(data.get("config", {}), dict)):
+            return f"{STATE} is not a checkpoint's state (an object with a whole-number step and a config object)"
     return None
 
 

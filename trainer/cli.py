@@ -23,7 +23,6 @@ from trainer.datasets import resolve_dataset
 from trainer.doctor import FAIL, format_table, run_checks
 from trainer.doctor import as_json as checks_as_json
 from trainer.errors import UsageError
-from trainer.files import read_json
 from trainer.launch import AGENT_CHOICES, LaunchOptions, split_agent, start
 from trainer.learn.preflight import check_resume_config
 from trainer.metrics import format_table as results_table
@@ -145,7 +144,7 @@ def night(config_files: tuple[str, ...], overrides: tuple[str, ...], profile: st
         with handle_stop_signals():
             state = runner.run_night(ctx, chosen, targets, deadline, resume is not None, force, click.echo, backend,
                                      address)
-        _print_results(read_json(ctx.run.results_json) if ctx.run.results_json.is_file() else {}, ctx.run)
+        _print_results(ctx.run.results(), ctx.run)
         click.echo(f"report:  {ctx.run.report}")
         runner.raise_for_failures(state, ctx.run)
 

@@ -58,6 +58,32 @@ def read_json(path: Path) -> Any:
         raise DamagedFile(f"{path} is damaged ({type(exc).__name__}: {exc}); {fix}") from None
 
 
+def read_typed(path: Path, shape: Any, extra: dict[str, Any] | None = None) -> Any:
+    """A state file read and validated as ``shape`` (a dataclass or a typing form pydantic reads), with ``extra``
+    fields added; a file of the wrong shape is named with the first key that is wrong, what it should be, what it
+    holds, and the fix (:data:`FIXES`)."""
+    from pydantic import TypeAdapter, ValidationError  # lazy: pydantic's validators build on first use
+
+    data = read_json(path)
+    fix = FIXES.get(path.name, "restore it from a backup or delete it")
+    if extra is not None and not isinstance(data, dict):
+        raise DamagedFile(f"{path} is damaged: a JSON {type(data).__name__} where an object belongs; {fix}")
+    try:
+        return TypeAdapter(shape).validate_python({**data, **extra} if extra is not None else data)
+    except ValidationError as exc:
+        raise DamagedFile(f"{path} is damaged: {first_problem(exc)}; {fix}") from None
+
+
+def first_problem(exc: Any) -> str:
+    """A pydantic ValidationError's first error as a person reads it: where, what it should be, what it holds."""
+    error = exc.errors()[0]
+    where = ".".join(str(part) for part in error["loc"]) or "the top level"
+    if error["type"] == "missing":
+        return f"{where} is missing"
+    found = json.dumps(error.get("input"), default=str)[:60]
+    return f"at {where}, {error['msg'][0].lower()}{error['msg'][1:]}, found {found}"
+
+
 def fsync_file(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:

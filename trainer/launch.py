@@ -30,7 +30,6 @@ from monitor.summary import format_summary, read_records, summarise
 from trainer.config import AGENTS, Config, MonitorConfig
 from trainer.doctor import FAIL, format_table, run_checks
 from trainer.errors import TrainerError, UsageError
-from trainer.files import read_json
 from trainer.metrics import format_table as results_table
 from trainer.night.budget import deadline
 from trainer.run_dir import RunDir, default_run_dir
@@ -245,7 +244,7 @@ class Launch:
         if self.run.monitor.is_file():
             self.say("[launch] GPU status after the run:\n" + format_summary(summarise(read_records(self.run.monitor))))
         if code != 0 and self.run.results_json.is_file():  # a trainer that finished has printed them
-            self.say("[launch] results so far:\n" + results_table(read_json(self.run.results_json)))
+            self.say("[launch] results so far:\n" + results_table(self.run.results()))
         self.say(f"[launch] trainer exited with {code}")
 
 

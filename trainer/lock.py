@@ -13,7 +13,7 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
-from trainer.errors import TrainerError
+from trainer.errors import TrainerError, UsageError
 from trainer.run_dir import RunDir
 
 LOCK_FILE = ".lock"
@@ -36,6 +36,9 @@ class RunLock:
         except Timeout:
             raise RunLockedError(f"run folder {self.run_dir} is in use by {self.holder()}; "
                                  "wait for that run to finish or stop it, or use another --out") from None
+        except OSError as exc:  # a read-only folder, or one of another user's
+            raise UsageError(f"cannot write in run folder {self.run_dir}: {exc.strerror} (make it writable, or copy "
+                             "the run folder somewhere you can write and pass that)") from None
         (self.run_dir / HOLDER_FILE).write_text(json.dumps({
             "pid": os.getpid(), "host": socket.gethostname(), "since": datetime.now().isoformat(timespec="seconds"),
             "command": " ".join(sys.argv),

@@ -17,6 +17,7 @@ from trainer.files import read_json, write_text_atomic
 from trainer.learn.selection import references_path
 from trainer.lock import RunLock
 from trainer.metrics import HOURS_PER_YEAR, evaluation_window
+from trainer.night.state import ScheduleState
 from trainer.run_dir import RunDir
 
 COLOURS = {"baseline": "#7f7f7f", "rbc": "#bcbd22", "optimum": "#9467bd", "sac": "#1f77b4", "ppo": "#ff7f0e",
@@ -421,8 +422,8 @@ def _deployed(results: dict[str, dict[str, Any]]) -> list[str]:
 
 def write_report(run: RunDir) -> Path:
     """Write report.md and every plot; returns the report's path."""
-    results = read_json(run.results_json) if run.results_json.is_file() else {}
-    schedule = read_json(run.schedule) if run.schedule.is_file() else None
+    results = run.results()
+    schedule = ScheduleState.load(run.schedule).as_dict() if run.schedule.is_file() else None
     run.plots.mkdir(parents=True, exist_ok=True)
     agents = [a for a in AGENTS if run.agent(a).root.is_dir()]
     target_pct = target_met_pct(run)
@@ -488,6 +489,9 @@ def report_run(run_dir: Path) -> Path:
     if not run.results_json.is_file():
         raise UsageError(f"no results in {run_dir}: it has no results.json (pass a folder made by trainer train or "
                          "night)")
+    run.results()  # the state files checked before the lock file or anything else is written
+    if run.schedule.is_file():
+        ScheduleState.load(run.schedule)
     lock = RunLock(run.root).acquire()
     try:
         return write_report(run)

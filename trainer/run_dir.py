@@ -25,7 +25,7 @@ import yaml
 
 from trainer.config import Config
 from trainer.errors import UsageError
-from trainer.files import write_json_atomic, write_text_atomic
+from trainer.files import read_typed, write_json_atomic, write_text_atomic
 
 PACKAGES = ("pvbess-trainer", "citylearn", "stable-baselines3", "torch", "gymnasium", "numpy", "pvlib", "pydantic")
 
@@ -86,6 +86,12 @@ class RunDir:
 
     def agent(self, name: str) -> AgentDir:
         return AgentDir(self.root / name)
+
+    def results(self) -> dict[str, dict[str, Any]]:
+        """``results.json``: each evaluated controller's metrics (empty before the first), checked as such."""
+        if not self.results_json.is_file():
+            return {}
+        return read_typed(self.results_json, dict[str, dict[str, Any]])
 
     def refuse_links_out(self) -> None:
         """Refuse a run folder holding a symbolic link to anything outside it, before anything is written.

@@ -25,10 +25,11 @@ from trainer.datasets import DatasetSource, check_dataset, resolve_dataset
 from trainer.device import apply_gpu_flags, resolve_device
 from trainer.env import schema_length
 from trainer.errors import UsageError
-from trainer.files import read_json, write_json_atomic
+from trainer.files import read_typed, write_json_atomic
 from trainer.learn.preflight import check_memory
 from trainer.lock import RunLock
 from trainer.night import budget
+from trainer.night.state import ScheduleState
 from trainer.progress import live_console
 from trainer.run_dir import RunDir, default_run_dir
 from trainer.scenario import SCHEMA_FILE, build_site
@@ -63,7 +64,7 @@ class RunRecord:
     @classmethod
     def load(cls, run: RunDir) -> RunRecord:
         if run.record.is_file():
-            return cls(**read_json(run.record))
+            return read_typed(run.record, cls)
         if (run.site / "schema.json").is_file():
             return cls(None, None)
         raise UsageError(f"{run.root}: cannot tell which dataset this run used (no {run.record.name} and no site/ "
@@ -256,7 +257,7 @@ def has_progress(run: RunDir) -> bool:
     if any(run.root.glob("*/checkpoints/step_*/manifest.json")):
         return True
     if run.schedule.is_file():
-        return any(s.get("status") == "done" for s in read_json(run.schedule).get("stages", []))
+        return any(stage.status == "done" for stage in ScheduleState.load(run.schedule).stages)
     return False
 
 

@@ -72,18 +72,20 @@ class TrainingState:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainingState:
-        """Read a checkpoint's state, including those written before a key existed."""
-        return cls(
-            agent=data.get("agent", ""), step=int(data["step"]), target=int(data.get("target", 0)),
-            episode_indices=list(data.get("episode_indices", [data.get("episode_index", 0)])),
-            at_episode_starts=list(data.get("at_episode_starts", [data.get("at_episode_start", True)])),
-            n_envs=int(data.get("n_envs", 1)), batch_size=data.get("batch_size"), n_steps=data.get("n_steps"),
-            learning_rate=float(data.get("learning_rate", 0.0)),
-            nonfinite_rollbacks=int(data.get("nonfinite_rollbacks", 0)), backoffs=list(data.get("backoffs", [])),
-            checkpoint_write_failures=int(data.get("checkpoint_write_failures", 0)),
-            config_digest=data.get("config_digest", ""), config=data.get("config", {}),
-            saved_at=float(data.get("saved_at", 0.0)),
-        )
+        """Read a checkpoint's state, including those written before a key existed. Raises ValueError naming
+        the first key of the wrong type."""
+        from pydantic import TypeAdapter  # lazy: pydantic's validators build on first use
+
+        return TypeAdapter(cls).validate_python({
+            "agent": data.get("agent", ""), "step": data.get("step"), "target": data.get("target", 0),
+            "episode_indices": data.get("episode_indices", [data.get("episode_index", 0)]),
+            "at_episode_starts": data.get("at_episode_starts", [data.get("at_episode_start", True)]),
+            "n_envs": data.get("n_envs", 1), "batch_size": data.get("batch_size"), "n_steps": data.get("n_steps"),
+            "learning_rate": data.get("learning_rate", 0.0), "nonfinite_rollbacks": data.get("nonfinite_rollbacks", 0),
+            "backoffs": data.get("backoffs", []), "checkpoint_write_failures": data.get("checkpoint_write_failures", 0),
+            "config_digest": data.get("config_digest", ""), "config": data.get("config", {}),
+            "saved_at": data.get("saved_at", 0.0),
+        })
 
 
 class EpisodeTracker:

@@ -20,10 +20,13 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pydantic import ValidationError
+
 from trainer import logs
 from trainer.checkpoint import Checkpoint, CheckpointStore, load_replay, restore_rng
 from trainer.config import AgentConfig, Config
 from trainer.device import agent_device, apply_cpu_threads
+from trainer.files import DamagedFile, first_problem
 from trainer.learn.agents import (
     apply_sizes,
     build_model,
@@ -207,7 +210,11 @@ class StageTrainer:
         model = load_model(self.cfg, self.agent, checkpoint.model, device=self.device, env=self.env)
         if checkpoint.replay_buffer is not None:
             load_replay(model, checkpoint.replay_buffer)
-        state = TrainingState.from_dict(checkpoint.state)
+        try:
+            state = TrainingState.from_dict(checkpoint.state)
+        except ValidationError as exc:  # a key of the wrong type
+            raise DamagedFile(f"{checkpoint.path / 'state.json'} is damaged: {first_problem(exc)}; delete that "
+                              "checkpoint folder to resume from the one before") from None
         model.num_timesteps = state.step
         if adopt_state:  # a resumed stage goes on with the sizes its checkpoint trained with
             if not self.sizes.adopt(state, self.n_envs):

@@ -13,6 +13,9 @@ _DURATION = re.compile(r"^\s*(?:(\d+(?:\.\d+)?)\s*h)?\s*(?:(\d+(?:\.\d+)?)\s*m)?
 _CLOCK = re.compile(r"^\s*(\d{1,2}):(\d{2})\s*$")
 
 
+MAX_BUDGET_S = 366 * 86400
+
+
 def parse_duration(text: str, option: str = "--budget") -> float:
     """'10h', '90m', '1h30m', '45s', '8m' → seconds; ``option`` names what the user typed in the error."""
     match = _DURATION.match(text or "")
@@ -22,6 +25,9 @@ def parse_duration(text: str, option: str = "--budget") -> float:
     total = hours * 3600 + minutes * 60 + seconds
     if total <= 0:
         raise UsageError(f"{option} expects a duration like 10h, 90m or 1h30m, got {text!r} (it must be positive)")
+    if total > MAX_BUDGET_S:  # beyond any night, and past year 9999 Python's dates overflow
+        raise UsageError(f"{option} expects a duration of at most {MAX_BUDGET_S // 86400:.0f} days, got {text!r}; "
+                         "a longer run is a training length: set timesteps instead")
     return total
 
 

@@ -196,7 +196,7 @@ def evaluate_model(ctx: RunContext, agent: str, model: BaseAlgorithm | None = No
 def record_results(run: RunDir, new: dict[str, dict[str, Any]], rebuild: bool = False) -> dict[str, dict[str, Any]]:
     """Merge ``new`` into results.json (baseline first, then rbc, then agents) and rewrite results.csv;
     ``rebuild``: start from ``new`` alone (re-evaluation, which also mends a damaged results.json)."""
-    results = read_json(run.results_json) if run.results_json.is_file() and not rebuild else {}
+    results = run.results() if not rebuild else {}
     results.update(new)
     order = [*REFERENCES, *AGENTS]
     results = {k: results[k] for k in sorted(results, key=lambda k: order.index(k) if k in order else len(order))}
@@ -222,7 +222,7 @@ def run_references(ctx: RunContext) -> dict[str, dict[str, Any]]:
 
 def train_with_baseline(ctx: RunContext, agent: str, resume: bool, force: bool) -> dict[str, dict[str, Any]]:
     """``trainer train``: the baseline (unless the run has it already), then the agent, recorded."""
-    done = read_json(ctx.run.results_json) if ctx.run.results_json.is_file() else {}
+    done = ctx.run.results()
     if "baseline" not in done:
         record_results(ctx.run, {"baseline": evaluate_reference(ctx, "baseline")})
     steps = training_timesteps(ctx.cfg, agent, ctx.schema)

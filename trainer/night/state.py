@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from trainer import logs
-from trainer.files import read_json, write_json_atomic
+from trainer.files import read_typed, write_json_atomic
 from trainer.night.budget import StageKind, StageSpec, allocate, timeline
 
 
@@ -62,15 +62,15 @@ class ScheduleState:
     stages: list[StageRecord] = field(default_factory=list)
 
     def save(self) -> None:
-        data = {k: v for k, v in asdict(self).items() if k != "path"}
-        write_json_atomic(self.path, data)
+        write_json_atomic(self.path, self.as_dict())
+
+    def as_dict(self) -> dict[str, Any]:
+        """``schedule.json``'s content."""
+        return {k: v for k, v in asdict(self).items() if k != "path"}
 
     @classmethod
     def load(cls, path: Path) -> ScheduleState:
-        data = read_json(path)
-        stages = [StageRecord(**{**s, "kind": StageKind(s["kind"]), "status": Status(s["status"])})
-                  for s in data.pop("stages")]
-        return cls(path=path, stages=stages, **data)
+        return read_typed(path, cls, extra={"path": path})
 
     @classmethod
     def new(
