@@ -460,3 +460,14 @@ def test_a_read_only_run_folder_is_exit_2(command, read_only_run):
     assert result.exit_code == 2, result.output
     line = result.output.strip().splitlines()[-1]
     assert line.startswith(f"error: cannot write in run folder {read_only_run}: ") and "make it writable" in line
+
+
+def test_a_seed_folder_linked_out_of_a_sweep_is_refused(tmp_path):
+    sweep, away = tmp_path / "sweep", tmp_path / "away"
+    sweep.mkdir()
+    away.mkdir()
+    (sweep / "seed-1").symlink_to(away)
+    result = CliRunner().invoke(cli, ["night", "--quick", "--seeds", "1,2", "--out", str(sweep)])
+    assert result.exit_code == 2
+    assert result.output.strip().startswith(f"error: {sweep / 'seed-1'} is a symbolic link to {away}, outside")
+    assert list(away.iterdir()) == [] and sorted(p.name for p in sweep.iterdir()) == ["seed-1"]

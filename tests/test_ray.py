@@ -295,3 +295,16 @@ def test_a_stage_no_machine_could_run_is_refused_before_any_folder(setting, mess
     assert result.exit_code == 2
     assert result.output.strip() == message.format(cpus=f"{cpu_cores():g}", gpus=f"{_local_gpus():g}")
     assert not (tmp_path / "run").exists()
+
+
+def test_a_stage_needing_more_memory_than_the_cluster_is_refused(tmp_path):
+    from click.testing import CliRunner
+
+    from trainer.cli import cli
+
+    result = CliRunner().invoke(cli, ["night", "--quick", "--agents", "ppo", "--backend", "ray", "--set",
+                                      "ray.memory_headroom_gb=100000", "--out", str(tmp_path / "run")])
+    assert result.exit_code == 2, result.output
+    line = result.output.strip().splitlines()[-1]
+    assert line.startswith("error: stage baseline needs 100,000.0 GB of memory (ray.memory_headroom_gb) but the Ray "
+                           "cluster has ") and "lower ray.memory_headroom_gb" in line

@@ -286,6 +286,14 @@ class RayNights:
         cpus, gpus = resources.get("CPU", 1.0), resources.get("GPU", 0.0)
         for night in self.nights:
             check_fits(night.ctx.cfg, cpus, gpus, "the Ray cluster")
+            for record in night.state.stages:
+                needs = stage_resources(night.ctx.cfg, record, self.obs_act)["memory"]
+                if needs > resources.get("memory", float("inf")):
+                    raise UsageError(
+                        f"stage {record.name} needs {needs / 1e9:,.1f} GB of memory (ray.memory_headroom_gb"
+                        f"{', plus the replay buffer' if record.name == 'sac' else ''}) but the Ray cluster has "
+                        f"{resources['memory'] / 1e9:,.1f} GB; Ray would never start it: lower ray.memory_headroom_gb"
+                        f"{' or sac.buffer_size' if record.name == 'sac' else ''}")
         placed = lanes(self.nights, self.obs_act, cpus, gpus, datetime.now())
         self.say(render_lanes(placed, self.nights[0].state.deadline_dt(), cpus, gpus) + "\n")
         previous = {s: signal.signal(s, self._on_stop) for s in (signal.SIGINT, signal.SIGTERM)}

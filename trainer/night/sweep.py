@@ -23,6 +23,7 @@ from trainer.learn.preflight import check_resume_config
 from trainer.night import ray_runner
 from trainer.night.runner import prepare, run_night
 from trainer.night.state import ScheduleState
+from trainer.run_dir import RunDir
 from trainer.session import RunContext, open_run, training_targets
 
 SWEEP = "sweep.json"
@@ -50,6 +51,7 @@ def run_sweep(cfg: Config, seeds: list[int], folder: Path, schema: str | None, d
         raise UsageError(f"--resume: {folder} is not a sweep folder (no {SWEEP}); pass the folder a --seeds night made")
     seeds = read_seeds(folder) if resume else seeds
     resolve_dataset(schema, dataset)  # every check before the sweep's folder or any seed's is written
+    RunDir(folder).refuse_links_out()  # a seed's folder linked out of the sweep's would take its writes elsewhere
     runs = [folder / f"seed-{seed}" for seed in seeds]
     seeded = [cfg.model_copy(update={"seed": seed}) for seed in seeds]
     for run, run_cfg in zip(runs, seeded, strict=True):
