@@ -471,3 +471,30 @@ def test_a_seed_folder_linked_out_of_a_sweep_is_refused(tmp_path):
     assert result.exit_code == 2
     assert result.output.strip().startswith(f"error: {sweep / 'seed-1'} is a symbolic link to {away}, outside")
     assert list(away.iterdir()) == [] and sorted(p.name for p in sweep.iterdir()) == ["seed-1"]
+
+
+# Files a report reads besides the state files, damaged as a crash or an editor would leave them.
+REPORT_INPUTS = {
+    "metrics.json kept a number": ("sac/metrics.json", '{"kept": 5}', "at kept, input should be a valid dictionary"),
+    "eval_curve.csv without its columns": ("sac/eval_curve.csv", "garbage,,\n1\n",
+                                           "the column(s) step, co2_kg_per_year, ev_departure_soc_met_pct"),
+    "eval_timeseries.csv without its columns": ("baseline/eval_timeseries.csv", "a,b\n1,2\n",
+                                                "the column(s) net_kwh, carbon_kg_per_kwh"),
+}
+
+
+@pytest.mark.parametrize("case", list(REPORT_INPUTS))
+def test_a_damaged_file_the_report_reads_is_named_with_the_way_on(case, tmp_path, site_schema):
+    from trainer.files import FIXES
+
+    name, content, middle = REPORT_INPUTS[case]
+    run = _run_folder(tmp_path, site_schema)
+    (run / "sac").mkdir()
+    (run / "sac" / "eval_curve.csv").write_text("step,co2_kg_per_year,ev_departure_soc_met_pct\n1000,5000,100\n")
+    (run / name).parent.mkdir(parents=True, exist_ok=True)
+    (run / name).write_text(content)
+    result = CliRunner().invoke(cli, ["report", str(run)])
+    assert result.exit_code == 1, result.output
+    line = result.output.strip().splitlines()[-1]
+    assert line.startswith(f"error: {run / name} is damaged") and middle in line, line
+    assert line.endswith(FIXES[Path(name).name]) and "Traceback" not in result.output

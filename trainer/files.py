@@ -43,6 +43,8 @@ FIXES = {
     "schedule.json": "move it away to plan the night again (finished agents keep their models and checkpoints)",
     "run.json": "delete it and pass --schema or --dataset again",
     "metrics.json": "rebuild it with: trainer evaluate RUN_DIR",
+    "eval_timeseries.csv": "rebuild it with: trainer evaluate RUN_DIR",
+    "eval_curve.csv": "delete it: the report then leaves that agent's learning curve out",
 }
 
 

@@ -9,11 +9,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import yaml
+from pydantic import BaseModel
 
 from monitor.summary import format_summary, read_records, summarise
 from trainer.config import AGENTS
 from trainer.errors import UsageError
-from trainer.files import read_json, write_text_atomic
+from trainer.files import FIXES, DamagedFile, read_json, read_typed, write_text_atomic
 from trainer.learn.selection import references_path
 from trainer.lock import RunLock
 from trainer.metrics import HOURS_PER_YEAR, evaluation_window
@@ -116,21 +117,45 @@ def _energy(kwh: float) -> str:
     return f"{kwh / 1000:,.1f} MWh" if kwh >= 1000 else f"{kwh:,.0f} kWh"
 
 
+TIMESERIES = ("net_kwh", "carbon_kg_per_kwh", "battery_soc", "ev_charging_kwh")  # what the plots read of one
+CURVE = ("step", "co2_kg_per_year", "ev_departure_soc_met_pct")
+
+
+def read_written_csv(path: Path, columns: tuple[str, ...]) -> pd.DataFrame:
+    """A CSV the trainer wrote, with the numeric columns a plot reads; a damaged one is named with the way on."""
+    fix = FIXES.get(path.name, "restore it from a backup or delete it")
+    try:
+        frame = pd.read_csv(path)
+    except (ValueError, UnicodeDecodeError, pd.errors.ParserError) as exc:
+        detail = str(exc).splitlines()[0][:120] if str(exc) else "empty"
+        raise DamagedFile(f"{path} is damaged ({type(exc).__name__}: {detail}); {fix}") from None
+    wrong = [c for c in columns if c not in frame.columns or not pd.api.types.is_numeric_dtype(frame[c])]
+    if wrong:
+        raise DamagedFile(f"{path} is damaged: the column(s) {', '.join(wrong)} are missing or not numbers; {fix}")
+    return frame
+
+
 def window_co2_t_per_year(timeseries: Path, hours: int) -> float | None:
     """A reference's CO2 over the first ``hours`` of its evaluation, scaled to a year (the curve's measure)."""
     if not timeseries.is_file():
         return None
-    frame = pd.read_csv(timeseries).iloc[:hours]
+    frame = read_written_csv(timeseries, ("net_kwh", "carbon_kg_per_kwh")).iloc[:hours]
     if len(frame) < hours:
         return None
     co2 = (frame["net_kwh"].clip(lower=0) * frame["carbon_kg_per_kwh"]).sum()
     return float(co2) * HOURS_PER_YEAR / hours / 1000
 
 
+class _KeptRecord(BaseModel):
+    """What the report reads of an agent's metrics.json."""
+
+    kept: dict[str, Any] | None = None
+
+
 def kept_point(run: RunDir, agent: str, curve: pd.DataFrame) -> tuple[int, float] | None:
     """(step, CO2 kg/yr) of the curve point the agent deploys, from its metrics' ``kept``; None without one."""
     metrics = run.agent(agent).metrics
-    kept = (read_json(metrics).get("kept") if metrics.is_file() else None) or {}
+    kept = (read_typed(metrics, _KeptRecord).kept if metrics.is_file() else None) or {}
     rows = curve[curve["step"] == kept.get("step")] if "step" in kept else curve.iloc[:0]
     return None if rows.empty else (int(kept["step"]), float(rows["co2_kg_per_year"].iloc[-1]))
 
@@ -138,7 +163,7 @@ def kept_point(run: RunDir, agent: str, curve: pd.DataFrame) -> tuple[int, float
 def plot_learning_curves(run: RunDir, agents: list[str], path: Path, curve_days: int) -> bool:
     """Each agent's evaluations during training: CO2 on the curve's window with the references on the same
     window, and EV departures met. False (and no file) when no agent has a point yet."""
-    curves = {a: pd.read_csv(run.agent(a).root / "eval_curve.csv").sort_values("step") for a in agents
+    curves = {a: read_written_csv(run.agent(a).root / "eval_curve.csv", CURVE).sort_values("step") for a in agents
               if (run.agent(a).root / "eval_curve.csv").is_file()}
     if not curves:
         return False
@@ -204,12 +229,12 @@ def plot_week(
     base_path = run.agent("baseline").timeseries
     if not base_path.is_file():
         return None
-    base = pd.read_csv(base_path)
+    base = read_written_csv(base_path, TIMESERIES)
     window = representative_week(base)
     series = {"baseline": base.iloc[window]}
     for name in ("rbc", best):
         if name and run.agent(name).timeseries.is_file():
-            series[name] = pd.read_csv(run.agent(name).timeseries).iloc[window]
+            series[name] = read_written_csv(run.agent(name).timeseries, TIMESERIES).iloc[window]
     plt = _pyplot()
     fig, axes = plt.subplots(3, 1, figsize=(9, 7.5), sharex=True)
     panels = [("net_kwh", "grid import kW"), ("battery_soc", "battery SoC"), ("ev_charging_kwh", "EV charging kW")]
