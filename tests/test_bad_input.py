@@ -283,7 +283,7 @@ def test_a_link_out_of_the_run_folder_is_refused_before_any_write(name, dataset,
     assert result.output.strip() == (
         f"error: {link} is a symbolic link to {(outside / 'precious.txt' if LINKS[name] == 'file' else outside)}, "
         f"outside the run folder; the trainer writes only inside {existing_run}: remove the link (copy what it points "
-        "to into the folder if the run needs it)")
+        "to into the folder if it is needed)")
     assert snapshot(existing_run) == before and snapshot(outside) == elsewhere
     assert sorted(p.name for p in outside.iterdir()) == ["precious.txt"]
 
@@ -498,3 +498,15 @@ def test_a_damaged_file_the_report_reads_is_named_with_the_way_on(case, tmp_path
     line = result.output.strip().splitlines()[-1]
     assert line.startswith(f"error: {run / name} is damaged") and middle in line, line
     assert line.endswith(FIXES[Path(name).name]) and "Traceback" not in result.output
+
+
+def test_scenario_build_writes_no_file_through_a_link(tmp_path):
+    out, precious = tmp_path / "site", tmp_path / "precious.csv"
+    out.mkdir()
+    precious.write_text("keep me\n")
+    (out / "weather.csv").symlink_to(precious)
+    result = CliRunner().invoke(cli, ["scenario", "build", "--out", str(out)])
+    assert result.exit_code == 2
+    assert result.output.strip().startswith(f"error: {out / 'weather.csv'} is a symbolic link to {precious}, outside "
+                                            "the dataset folder")
+    assert precious.read_text() == "keep me\n"

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from trainer.errors import TrainerError
+from trainer.errors import TrainerError, UsageError
 
 
 def write_bytes_atomic(path: Path, data: bytes) -> None:
@@ -84,6 +84,25 @@ def first_problem(exc: Any) -> str:
         return f"{where} is missing"
     found = json.dumps(error.get("input"), default=str)[:60]
     return f"at {where}, {error['msg'][0].lower()}{error['msg'][1:]}, found {found}"
+
+
+def refuse_links_out(folder: Path, what: str) -> None:
+    """Refuse ``folder`` (``what`` it is, for the message) when it holds a symbolic link to anything outside it.
+
+    A link planted there (a crafted tarball, a shared folder) would send the trainer's writes to a file
+    elsewhere. Links that stay inside are harmless; ``folder`` itself may be a link (an outputs/ on
+    another disk). Called before the first write.
+    """
+    if not folder.is_dir():
+        return
+    top = folder.resolve()
+    for parent, dirs, files in os.walk(folder):  # never descends a linked folder
+        for name in (*dirs, *files):
+            path = Path(parent) / name
+            if path.is_symlink() and not path.resolve().is_relative_to(top):
+                raise UsageError(f"{path} is a symbolic link to {path.resolve()}, outside {what}; the trainer writes "
+                                 f"only inside {folder}: remove the link (copy what it points to into the folder if "
+                                 "it is needed)")
 
 
 def fsync_file(path: Path) -> None:

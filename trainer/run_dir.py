@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import os
 import platform
 import re
 import shlex
@@ -25,7 +24,7 @@ import yaml
 
 from trainer.config import Config
 from trainer.errors import UsageError
-from trainer.files import read_typed, write_json_atomic, write_text_atomic
+from trainer.files import read_typed, refuse_links_out, write_json_atomic, write_text_atomic
 
 PACKAGES = ("pvbess-trainer", "citylearn", "stable-baselines3", "torch", "gymnasium", "numpy", "pvlib", "pydantic")
 
@@ -94,23 +93,9 @@ class RunDir:
         return read_typed(self.results_json, dict[str, dict[str, Any]])
 
     def refuse_links_out(self) -> None:
-        """Refuse a run folder holding a symbolic link to anything outside it, before anything is written.
-
-        Everything the trainer writes (the lock note, the log, an agent's folder, a checkpoint) lies under
-        the run folder; a link planted there (a crafted tarball, a shared folder) would send those writes
-        to a file elsewhere. Links that stay inside the folder are harmless; the folder itself may be a
-        link (an outputs/ on another disk).
-        """
-        if not self.root.is_dir():
-            return
-        top = self.root.resolve()
-        for folder, dirs, files in os.walk(self.root):  # never descends a linked folder
-            for name in (*dirs, *files):
-                path = Path(folder) / name
-                if path.is_symlink() and not path.resolve().is_relative_to(top):
-                    raise UsageError(f"{path} is a symbolic link to {path.resolve()}, outside the run folder; the "
-                                     f"trainer writes only inside {self.root}: remove the link (copy what it points "
-                                     "to into the folder if the run needs it)")
+        """Refuse a run folder holding a symbolic link to anything outside it, before anything is written:
+        everything the trainer writes (the lock note, the log, an agent's folder, a checkpoint) lies under it."""
+        refuse_links_out(self.root, "the run folder")
 
     def create(self, cfg: Config, argv: list[str], device: str, resuming: bool = False) -> RunDir:
         """Make the folder and record how the run was made, so it can be repeated.

@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from trainer.config import ScenarioConfig
+from trainer.files import refuse_links_out
 
 HOURS_PER_YEAR = 8760
 BUILDING = "Building_1"
@@ -372,6 +373,7 @@ def _write_csv(frame: pd.DataFrame, path: Path) -> None:
 
 def build_site(cfg: ScenarioConfig, out_dir: Path) -> Path:
     """Write the dataset into ``out_dir`` and return its schema.json path."""
+    refuse_links_out(out_dir, "the dataset folder")
     out_dir.mkdir(parents=True, exist_ok=True)
     series = generate_series(cfg)
     index = series.local_time
