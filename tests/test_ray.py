@@ -194,9 +194,23 @@ def test_ray_gives_the_local_backend_s_results_with_the_same_seed(tmp_path):
     assert {k: v["co2_kg"] for k, v in results["local"].items()} == {k: v["co2_kg"] for k, v in results["ray"].items()}
 
 
+def test_a_stage_needing_more_memory_than_the_cluster_is_refused(tmp_path):
+    from click.testing import CliRunner
+
+    from trainer.cli import cli
+
+    result = CliRunner().invoke(cli, ["night", "--quick", "--agents", "ppo", "--backend", "ray", "--set",
+                                      "ray.memory_headroom_gb=100000", "--out", str(tmp_path / "run")])
+    assert result.exit_code == 2, result.output
+    line = result.output.strip().splitlines()[-1]
+    assert line.startswith("error: stage baseline needs 100,000.0 GB of memory (ray.memory_headroom_gb) but the Ray "
+                           "cluster has ") and "lower ray.memory_headroom_gb" in line
+
+
 @pytest.fixture(scope="module")
 def local_ray():
-    """One small local Ray for the fast tests: 2 CPUs and a logical GPU, to place fractions without one."""
+    """One small local Ray for the fast tests: 2 CPUs and a logical GPU, to place fractions without one.
+    It lives until the module ends: tests that start their own Ray (a night) come before the first use."""
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     ray.init(address="local", num_cpus=2, num_gpus=1, include_dashboard=False, object_store_memory=80 * 2**20,
              log_to_driver=False)
@@ -296,15 +310,3 @@ def test_a_stage_no_machine_could_run_is_refused_before_any_folder(setting, mess
     assert result.output.strip() == message.format(cpus=f"{cpu_cores():g}", gpus=f"{_local_gpus():g}")
     assert not (tmp_path / "run").exists()
 
-
-def test_a_stage_needing_more_memory_than_the_cluster_is_refused(tmp_path):
-    from click.testing import CliRunner
-
-    from trainer.cli import cli
-
-    result = CliRunner().invoke(cli, ["night", "--quick", "--agents", "ppo", "--backend", "ray", "--set",
-                                      "ray.memory_headroom_gb=100000", "--out", str(tmp_path / "run")])
-    assert result.exit_code == 2, result.output
-    line = result.output.strip().splitlines()[-1]
-    assert line.startswith("error: stage baseline needs 100,000.0 GB of memory (ray.memory_headroom_gb) but the Ray "
-                           "cluster has ") and "lower ray.memory_headroom_gb" in line
