@@ -266,15 +266,14 @@ def open_run(cfg: Config, command: str, out: str | Path | None, schema: str | No
              resuming: bool = False, agents: Sequence[str] = ()) -> Iterator[RunContext]:
     """Create (or, resuming, reopen) a run folder, hold its lock, log to it and record how it was made.
 
-    Every check comes first (the dataset, the links in the folder, each of ``agents``' replay buffer
-    against the RAM): a refused command leaves an existing folder byte for byte as it was.
+    Every check comes first (the dataset, each of ``agents``' replay buffer against the RAM, then the links
+    in the folder as the lock is taken): a refused command leaves an existing folder byte for byte as it was.
     """
     previous = RunRecord.load(RunDir(Path(out))) if resuming and not schema and not dataset else None
     source = previous.source() if previous else resolve_dataset(schema, dataset)
     device = resolve_device(cfg.gpu.device)
     label = source.label if source else None
     run = RunDir(Path(out)) if out else default_run_dir(cfg, command.replace(" ", "-"), label)
-    run.refuse_links_out()
     with staged_dataset(cfg, run, source, resuming) as staged:
         for agent in agents:
             check_memory(cfg, staged, agent)

@@ -62,8 +62,8 @@ def run_sweep(cfg: Config, seeds: list[int], folder: Path, schema: str | None, d
         resuming = resume and (run / "config.yaml").is_file()
         ctx = stack.enter_context(open_run(run_cfg, "schedule", run, schema, dataset, resuming=resuming,
                                            agents=agents))
-        # sweep.json once a night has passed its checks (the first one creates the folder)
-        write_json_atomic(folder / SWEEP, {"seeds": seeds, "runs": [r.name for r in runs], "backend": backend})
+        if not is_sweep(folder):  # sweep.json once the first night has passed its checks (and made the folder)
+            write_json_atomic(folder / SWEEP, {"seeds": seeds, "runs": [r.name for r in runs], "backend": backend})
         return ctx, resuming
 
     states = []
