@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from trainer.config_files import load_config
-from trainer.controllers import REFERENCE_CONTROLLERS
+from trainer.controllers import RuleBasedController, UncontrolledBaseline
 from trainer.env import ActionScale, make_sb3_env
 from trainer.optimum import OptimumReplay, site_model, solve
 from trainer.reward import SiteScale, kwh_value, reward_terms, weighted_reward
@@ -95,8 +95,8 @@ def year_scores(site_schema):
     env.close()
     policies = {
         "optimum replay": OptimumReplay(solution),
-        "rbc": REFERENCE_CONTROLLERS["rbc"](),
-        "uncontrolled": REFERENCE_CONTROLLERS["baseline"](),
+        "rbc": RuleBasedController(),
+        "uncontrolled": UncontrolledBaseline(),
         "strand": _Fixed(),
         "strand + optimum's battery": _Fixed(solution.battery_actions[0]),
     }

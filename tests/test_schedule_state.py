@@ -7,8 +7,9 @@ from datetime import datetime, timedelta
 
 import pytest
 
+from trainer.durations import parse_duration, resolve_finish_by
 from trainer.errors import UsageError
-from trainer.night.budget import StageSpec, allocate, parse_duration, resolve_finish_by
+from trainer.night.budget import StageSpec, allocate
 from trainer.night.state import DONE, FAILED, PENDING, RUNNING, SKIPPED, ScheduleState, plan, run
 
 START = datetime(2026, 11, 22, 22, 0, 0)

@@ -17,7 +17,6 @@ from monitor.summary import format_summary, read_records, summarise
 from trainer import benchmark, logs, session
 from trainer import cli_shared as opts
 from trainer.cli_shared import State, command, options
-from trainer.config import AGENTS
 from trainer.config_files import doc_text
 from trainer.datasets import resolve_dataset
 from trainer.doctor import FAIL, format_table, run_checks
@@ -28,6 +27,7 @@ from trainer.learn.preflight import check_resume_config
 from trainer.metrics import format_table as results_table
 from trainer.night import install, plan, ray_runner, runner, stages, sweep
 from trainer.report import report_run
+from trainer.roster import AGENTS
 from trainer.run_dir import RunDir
 from trainer.scenario import build_site
 from trainer.signals import handle_stop_signals

@@ -13,36 +13,26 @@ import hashlib
 import json
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import Field, ValidationInfo, create_model, field_validator, model_validator
 
-from trainer import logs
+from trainer.config_section import Section, doc
+from trainer.durations import parse_clock, parse_duration
 from trainer.errors import UsageError
-from trainer.night.budget import parse_clock, parse_duration
+from trainer.roster import AGENTS, ROSTER
+
+if TYPE_CHECKING:
+    from trainer.agent_config import AgentConfig
 
 # Package data, so a wheel install finds it as well as a checkout does.
 CONFIG_DIR = Path(str(resources.files("trainer") / "configs"))
 DEFAULT_CONFIG = CONFIG_DIR / "default.yaml"
 
-AgentName = Literal["sac", "ppo", "a2c"]
 MAX_SEED = 1_000_000  # the largest seed a config or --seeds takes
-AGENTS: tuple[AgentName, ...] = get_args(AgentName)
-# The references every agent is measured against, in the order the night evaluates them.
-REFERENCES = ("baseline", "rbc", "optimum")
-
-
-class Section(BaseModel):
-    """A config section: unknown keys are errors, values are checked on assignment."""
-
-    # NaN and infinity can never train (a NaN entropy coefficient rolls back for ever): refused here.
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False, allow_inf_nan=False)
-
-
-def doc(description: str, **constraints: Any) -> Any:
-    """A required field with its one-line description (defaults live in YAML)."""
-    return Field(..., description=description, **constraints)
+# An agent of the roster, as a config value (a typo is refused with the names it could be).
+AgentName = Literal[AGENTS]  # type: ignore[valid-type]
 
 
 class ScenarioConfig(Section):
@@ -169,107 +159,6 @@ class GpuConfig(Section):
                            ge=0, le=256)
 
 
-class AgentConfig(Section):
-    """Fields every stable-baselines3 agent shares."""
-
-    learning_rate: float = doc("Optimizer learning rate.", gt=0, le=1)
-    learning_rate_end: float = doc("The learning rate at the stage's last step, as a share of learning_rate, "
-                                   "reached linearly over the stage's steps (1 = constant).", gt=0, le=1)
-    gamma: float = doc("Discount factor.", gt=0, le=1)
-    net_arch: list[Annotated[int, Field(ge=1)]] = doc("Hidden layer sizes of the policy and value networks.",
-                                                      min_length=1)
-    timesteps: int | None = doc("Training length in environment steps (or use episodes).", ge=1)
-    episodes: int | None = doc("Training length in episodes of scenario.train_episode_days (or use timesteps).", ge=1)
-    checkpoint_freq_steps: int = doc("Save a checkpoint every this many environment steps.", ge=1)
-    log_interval: int = doc("SB3 log interval (episodes for SAC, rollouts for PPO/A2C).", ge=1)
-    ent_coef: float | Literal["auto"] = doc("Entropy coefficient ('auto' for SAC's learned temperature).")
-    device: Literal["auto", "cpu", "cuda"] | None = doc(
-        "Torch device of this agent; null = gpu.device (GPU profiles put PPO and A2C on the CPU, whose small "
-        "networks gain nothing from a GPU).")
-
-    @model_validator(mode="after")
-    def _one_length(self) -> AgentConfig:
-        if self.timesteps is None and self.episodes is None:
-            raise ValueError("set one of timesteps or episodes")
-        if self.timesteps is not None and self.episodes is not None:
-            raise ValueError(
-                f"set only one of timesteps ({self.timesteps}) or episodes ({self.episodes}); "
-                "set the other to null"
-            )
-        return self
-
-
-class SacConfig(AgentConfig):
-    batch_size: int = doc("Minibatch size of each gradient step.", ge=1)
-    buffer_size: int = doc("Replay buffer capacity in transitions.", ge=1)
-    gradient_steps: int = doc("Gradient steps per train_freq environment steps.", ge=1)
-    train_freq: int = doc("Environment steps between learner updates.", ge=1)
-    learning_starts: int = doc("Environment steps collected before the first update.", ge=0)
-    tau: float = doc("Target network soft-update coefficient.", gt=0, le=1)
-    learn_while_stepping: bool = doc("Step the environment in a subprocess while the learner updates "
-                                     "(the behaviour policy lags one update; docs/benchmarks.md). CityLearn only.")
-    n_envs: int = doc("Sites SAC steps at once on the training simulator: each step adds n_envs transitions "
-                      "and takes gradient_steps updates (SB3's meaning). On CityLearn SAC steps one environment.",
-                      ge=1, le=4096)
-
-    @model_validator(mode="after")
-    def _surely_a_mistake(self) -> SacConfig:
-        """What can train but surely was not meant: said with the key, not refused."""
-        if self.batch_size > self.buffer_size:
-            logs.get().warning("sac.batch_size is larger than sac.buffer_size: each batch samples the same "
-                               "transitions many times over", batch_size=self.batch_size, buffer_size=self.buffer_size)
-        if self.timesteps is not None and self.learning_starts >= self.timesteps:
-            logs.get().warning("sac.learning_starts is not below sac.timesteps: SAC will not take a single gradient "
-                               "step", learning_starts=self.learning_starts, timesteps=self.timesteps)
-        return self
-
-
-class OnPolicyConfig(AgentConfig):
-    """PPO and A2C: rollouts collected from parallel environments."""
-
-    n_steps: int = doc("Environment steps per rollout, summed over the parallel environments "
-                       "(SB3's n_steps x n_envs); a multiple of n_envs.", ge=1)
-    max_grad_norm: float = doc("Gradient clipping norm.", gt=0)
-    n_envs: int = doc(
-        "Parallel environments; 0 = train.sites simulated sites on the training simulator, four CityLearn "
-        "workers per CPU core otherwise (a divisor of n_steps either way).", ge=0, le=4096
-    )
-
-    @model_validator(mode="after")
-    def _whole_rollouts(self) -> OnPolicyConfig:
-        if self.n_envs and self.n_steps % self.n_envs:
-            raise ValueError(
-                f"n_steps ({self.n_steps}) must be a multiple of n_envs ({self.n_envs}); "
-                f"set n_steps to {self.n_steps - self.n_steps % self.n_envs or self.n_envs} or n_envs to 0"
-            )
-        return self
-
-
-class PpoConfig(OnPolicyConfig):
-    batch_size: int = doc("Minibatch size of each gradient step.", ge=1)
-    n_epochs: int = doc("Passes over each rollout.", ge=1)
-    gae_lambda: float = doc("GAE lambda.", ge=0, le=1)
-    clip_range: float = doc("PPO clipping range.", gt=0, le=1)
-    vf_coef: float = doc("Value loss coefficient.", ge=0)
-
-
-class A2cConfig(OnPolicyConfig):
-    gae_lambda: float = doc("GAE lambda (1.0 is plain A2C).", ge=0, le=1)
-    vf_coef: float = doc("Value loss coefficient.", ge=0)
-    optimizer: Literal["rmsprop", "adam"] = doc(
-        "rmsprop (SB3's default for A2C) or adam: RMSprop's first steps are ~10x its learning rate (its average "
-        "of squared gradients starts at 0), enough to undo a warm start.")
-    normalize_advantage: bool = doc("Normalise each rollout's advantages (SB3's normalize_advantage).")
-
-    @model_validator(mode="after")
-    def _advantages_to_normalise(self) -> A2cConfig:
-        if self.normalize_advantage and self.n_steps < 2:
-            raise ValueError("a2c.normalize_advantage needs a rollout of at least 2 steps (one advantage has no "
-                             f"spread; SB3 would divide by NaN), got n_steps {self.n_steps}: set a2c.n_steps to 2 "
-                             "or more, or a2c.normalize_advantage to false")
-        return self
-
-
 class ScheduleConfig(Section):
     agents: list[AgentName] = doc("Agents trained by `trainer night`, in order.", min_length=1)
     weights: dict[AgentName, Annotated[float, Field(ge=0)]] = doc(
@@ -323,17 +212,17 @@ class RayConfig(Section):
     max_retries: int = doc("Times a stage whose worker died (killed, node lost) is run again from its checkpoint.",
                            ge=0, le=100)
     stop_timeout_s: float = doc("On Ctrl+C or SIGTERM, seconds the running stages get to save a checkpoint.", gt=0)
-    num_cpus: dict[str, float] = doc("CPUs per stage on Ray: sac, ppo, a2c, and eval (references, report).")
+    num_cpus: dict[str, float] = doc("CPUs per stage on Ray: one key per agent, and eval (references, report).")
     num_gpus: dict[str, float] = doc("GPUs per stage on Ray (fractions share one: 0.5 runs two stages on a GPU); "
                                      "0 = the stage runs on the CPU.")
-    memory_headroom_gb: float = doc("Memory reserved per stage beyond SAC's replay buffer, GB.", ge=0)
+    memory_headroom_gb: float = doc("Memory reserved per stage beyond an off-policy agent's replay buffer, GB.", ge=0)
 
     @field_validator("num_cpus", "num_gpus")
     @classmethod
     def _stages(cls, value: dict[str, float]) -> dict[str, float]:
         unknown = set(value) - {*AGENTS, "eval"}
         if unknown:
-            raise ValueError(f"unknown stage(s) {', '.join(sorted(unknown))}: use sac, ppo, a2c or eval")
+            raise ValueError(f"unknown stage(s) {', '.join(sorted(unknown))}: use {', '.join(AGENTS)} or eval")
         if any(v < 0 or v != v for v in value.values()):
             raise ValueError("resources must be 0 or more")
         return value
@@ -387,7 +276,9 @@ class OutputConfig(Section):
         "otherwise), true (warn when it is missing) or false.")
 
 
-class Config(Section):
+class _Sections(Section):
+    """Every section but the agents' (added from the roster, below)."""
+
     # CityLearn seeds episode k of worker i with (seed + 1 + 7919 i)(k + 1), which NumPy needs below 2**32.
     seed: int = doc("Global seed for Python, NumPy, torch and the environment.", ge=0, le=MAX_SEED)
     scenario: ScenarioConfig
@@ -397,9 +288,6 @@ class Config(Section):
     warm_start: WarmStartConfig
     train: TrainConfig
     gpu: GpuConfig
-    sac: SacConfig
-    ppo: PpoConfig
-    a2c: A2cConfig
     schedule: ScheduleConfig
     reliability: ReliabilityConfig
     ray: RayConfig
@@ -407,6 +295,7 @@ class Config(Section):
     output: OutputConfig
 
     def agent(self, name: str) -> AgentConfig:
+        """The config section of an agent of the roster."""
         return getattr(self, name)
 
     def to_dict(self) -> dict[str, Any]:
@@ -416,3 +305,10 @@ class Config(Section):
         """A stable hash of the resolved config (checkpoints refuse a changed one)."""
         payload = json.dumps(self.to_dict(), sort_keys=True).encode()
         return hashlib.sha256(payload).hexdigest()[:16]
+
+
+# The whole config: the sections above and one per agent of the roster (cfg.sac, cfg.ppo, ...), each its own
+# section class, so a new agent needs no edit here.
+Config = create_model("Config", __base__=_Sections, __module__=__name__,
+                      **{name: (spec.section, ...) for name, spec in ROSTER.items()})
+Config.__doc__ = "The resolved config: every section, and one per agent of the roster."

@@ -143,5 +143,3 @@ class PolicyController:
         action, _ = self.model.predict(obs, deterministic=True)
         return action
 
-
-REFERENCE_CONTROLLERS = {"baseline": UncontrolledBaseline, "rbc": RuleBasedController}

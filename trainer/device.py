@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 from trainer import logs
+from trainer.agent_config import OffPolicyConfig
 from trainer.config import Config, GpuConfig
 from trainer.errors import UsageError
 
@@ -42,8 +43,8 @@ def resolve_device(requested: str) -> str:
 
 
 def cpu_threads_for(cfg: Config, agent: str, simulator: str = "citylearn") -> int:
-    """torch's intra-op threads for a stage: ``gpu.cpu_threads``, or with 0 one per core for SAC
-    stepping its environments itself (the training simulator, or CityLearn without learning while
+    """torch's intra-op threads for a stage: ``gpu.cpu_threads``, or with 0 one per core for an off-policy
+    agent (SAC) stepping its environments itself (the training simulator, or CityLearn without learning while
     stepping), and one thread otherwise.
 
     Measured on 2 cores (docs/benchmarks.md): SAC's update alone ran 1.3x faster on 2 threads, but
@@ -53,8 +54,9 @@ def cpu_threads_for(cfg: Config, agent: str, simulator: str = "citylearn") -> in
     """
     if cfg.gpu.cpu_threads:
         return cfg.gpu.cpu_threads
-    alone = simulator == "vector" or not cfg.sac.learn_while_stepping
-    return cpu_cores() if agent == "sac" and alone else 1
+    section = cfg.agent(agent)
+    alone = simulator == "vector" or not section.learns_while_stepping
+    return cpu_cores() if isinstance(section, OffPolicyConfig) and alone else 1
 
 
 def apply_cpu_threads(cfg: Config, agent: str, simulator: str = "citylearn") -> int:

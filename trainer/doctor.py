@@ -15,12 +15,13 @@ from packaging.requirements import Requirement
 
 from monitor.nvml import Nvml, NvmlUnavailable
 from trainer import profiles
-from trainer.config import AGENTS, Config
+from trainer.config import Config
 from trainer.datasets import resolve_dataset
 from trainer.env import make_sb3_env
 from trainer.errors import TrainerError
 from trainer.learn.agents import TENSORBOARD_FIX, tensorboard_installed
 from trainer.learn.memory import GIB, Shapes, available_bytes, batch_bytes, host_available_bytes, replay_buffer_bytes
+from trainer.roster import AGENTS
 from trainer.session import site_schema
 from trainer.sim.site import unsupported_reason
 

@@ -27,11 +27,12 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from monitor.summary import format_summary, read_records, summarise
-from trainer.config import AGENTS, Config, MonitorConfig
+from trainer.config import Config, MonitorConfig
 from trainer.doctor import FAIL, format_table, run_checks
+from trainer.durations import deadline
 from trainer.errors import TrainerError, UsageError
 from trainer.metrics import format_table as results_table
-from trainer.night.budget import deadline
+from trainer.roster import AGENTS
 from trainer.run_dir import RunDir, default_run_dir
 from trainer.session import LATEST, newest_run
 

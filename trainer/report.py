@@ -12,13 +12,13 @@ import yaml
 from pydantic import BaseModel
 
 from monitor.summary import format_summary, read_records, summarise
-from trainer.config import AGENTS
 from trainer.errors import UsageError
 from trainer.files import FIXES, DamagedFile, read_json, read_typed, write_text_atomic
 from trainer.learn.selection import references_path
 from trainer.lock import RunLock
 from trainer.metrics import HOURS_PER_YEAR, evaluation_window
 from trainer.night.state import ScheduleState
+from trainer.roster import AGENTS
 from trainer.run_dir import RunDir
 
 COLOURS = {"baseline": "#7f7f7f", "rbc": "#bcbd22", "optimum": "#9467bd", "sac": "#1f77b4", "ppo": "#ff7f0e",

@@ -18,8 +18,8 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 from pathlib import Path
 
-from trainer import logs, profiles
-from trainer.config import AGENTS, MAX_SEED, Config
+from trainer import durations, logs, profiles
+from trainer.config import MAX_SEED, Config
 from trainer.config_files import load_config
 from trainer.datasets import DatasetSource, check_dataset, resolve_dataset
 from trainer.device import apply_gpu_flags, resolve_device
@@ -28,9 +28,9 @@ from trainer.errors import UsageError
 from trainer.files import read_typed, write_json_atomic
 from trainer.learn.preflight import check_memory
 from trainer.lock import RunLock
-from trainer.night import budget
 from trainer.night.state import ScheduleState
 from trainer.progress import live_console
+from trainer.roster import AGENTS
 from trainer.run_dir import RunDir, default_run_dir
 from trainer.scenario import SCHEMA_FILE, build_site
 
@@ -133,7 +133,7 @@ def night_deadline(cfg: Config, budget_text: str | None, finish_by: str | None,
     """The night's deadline from --budget or --finish-by, else from the config; None = untimed."""
     if not budget_text and not finish_by:
         budget_text, finish_by = cfg.schedule.budget, cfg.schedule.finish_by
-    return budget.deadline(budget_text, finish_by, now or datetime.now())
+    return durations.deadline(budget_text, finish_by, now or datetime.now())
 
 
 # ------------------------------------------------------------------------------ arguments

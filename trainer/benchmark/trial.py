@@ -25,7 +25,6 @@ from trainer.controllers import PolicyController
 from trainer.datasets import read_schema
 from trainer.device import apply_gpu_flags
 from trainer.env import make_citylearn_env, make_sb3_env, make_training_vec_env
-from trainer.learn.agents import hyperparameters
 from trainer.metrics import run_episode
 from trainer.night.stages import RunContext, training_timesteps
 from trainer.run_dir import RunDir
@@ -172,7 +171,7 @@ def _train_plain(agent: str, env: gymnasium.Env, cfg: Config, device: str, steps
 
     algo = {"sac": SAC, "ppo": PPO, "a2c": A2C}[agent]
     share = training_envs(cfg, agent, simulator_used(cfg, schema)) if agent == "a2c" and schema else 1
-    params = hyperparameters(cfg.agent(agent), share)
+    params = cfg.agent(agent).sb3_kwargs(share)
     if params.get("normalize_advantage") and params["n_steps"] < 2:
         # One environment's share of a short rollout can be a single step: one advantage has no spread to
         # normalise (SB3 divides by its NaN standard deviation).

@@ -1,4 +1,4 @@
-"""stable-baselines3 agents built from their config sections (one function per fact)."""
+"""stable-baselines3 agents built from their config sections and their roster rows (one function per fact)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainer import device, logs
-from trainer.config import A2cConfig, AgentConfig, Config, OnPolicyConfig, PpoConfig, SacConfig
+from trainer.agent_config import OffPolicyConfig, OnPolicyConfig
+from trainer.config import Config
+from trainer.roster import agent_spec
 
 if TYPE_CHECKING:
     import gymnasium
@@ -19,12 +21,8 @@ MAX_AUTO_ENVS = 32  # each worker holds its own copy of the site (30-100 MB of i
 
 
 def algorithm(name: str):
-    """The class that trains ``name``: SB3's PPO and A2C, and FastSAC (SB3's SAC, leaner; same save format)."""
-    from stable_baselines3 import A2C, PPO
-
-    from trainer.learn.fast_sac import FastSAC
-
-    return {"sac": FastSAC, "ppo": PPO, "a2c": A2C}[name]
+    """The class that trains ``name`` (its roster row's: SB3's PPO and A2C, FastSAC, ...)."""
+    return agent_spec(name).algorithm_class()
 
 
 def training_envs(cfg: Config, agent: str, simulator: str, cores: int | None = None) -> int:
@@ -40,8 +38,10 @@ def training_envs(cfg: Config, agent: str, simulator: str, cores: int | None = N
     """
     section = cfg.agent(agent)
     vector = simulator == "vector"
+    if isinstance(section, OffPolicyConfig):
+        return section.n_envs if vector else 1
     if not isinstance(section, OnPolicyConfig):
-        return section.n_envs if vector and isinstance(section, SacConfig) else 1
+        return 1
     if section.n_envs:
         return section.n_envs
     wanted = cfg.train.sites if vector else min(ENVS_PER_CORE * (cores or device.cpu_cores()), MAX_AUTO_ENVS)
@@ -53,25 +53,6 @@ def largest_divisor(n: int, limit: int) -> int:
     minibatches that cover it whole."""
     limit = max(min(limit, n), 1)
     return max(d for d in range(1, limit + 1) if n % d == 0)
-
-
-def hyperparameters(section: AgentConfig, n_envs: int = 1) -> dict[str, Any]:
-    """The SB3 constructor arguments of one agent section (SB3's n_steps is per environment)."""
-    common = {"learning_rate": section.learning_rate, "gamma": section.gamma, "ent_coef": section.ent_coef,
-              "policy_kwargs": {"net_arch": list(section.net_arch)}}
-    if isinstance(section, SacConfig):
-        return {**common, "batch_size": section.batch_size, "buffer_size": section.buffer_size,
-                "gradient_steps": section.gradient_steps, "train_freq": section.train_freq,
-                "learning_starts": section.learning_starts, "tau": section.tau}
-    on_policy = {"n_steps": max(section.n_steps // n_envs, 1), "gae_lambda": section.gae_lambda,
-                 "vf_coef": section.vf_coef, "max_grad_norm": section.max_grad_norm}
-    if isinstance(section, PpoConfig):
-        return {**common, **on_policy, "batch_size": section.batch_size, "n_epochs": section.n_epochs,
-                "clip_range": section.clip_range}
-    if isinstance(section, A2cConfig):
-        return {**common, **on_policy, "use_rms_prop": section.optimizer == "rmsprop",
-                "normalize_advantage": section.normalize_advantage}
-    raise TypeError(f"unknown agent section {type(section).__name__}")
 
 
 def fit_rollout(params: dict[str, Any], timesteps: int, n_envs: int = 1) -> dict[str, Any]:
@@ -90,7 +71,7 @@ def fit_rollout(params: dict[str, Any], timesteps: int, n_envs: int = 1) -> dict
 def build_model(cfg: Config, name: str, env: VecEnv | gymnasium.Env, device: str, seed: int,
                 timesteps: int) -> BaseAlgorithm:
     n_envs = getattr(env, "num_envs", 1)
-    params = fit_rollout(hyperparameters(cfg.agent(name), n_envs), timesteps, n_envs)
+    params = fit_rollout(cfg.agent(name).sb3_kwargs(n_envs), timesteps, n_envs)
     from trainer.learn.fast_sac import fast_optimizer_kwargs
 
     # Adam's fused kernel: the same update within rounding; PPO's minibatch of 64 trains 15 % faster on a CPU.
@@ -108,10 +89,6 @@ def save_model_atomic(model: BaseAlgorithm, path: Path) -> None:
     except OSError:
         tmp.unlink(missing_ok=True)
         raise
-
-
-def load_model(name: str, path: Path, device: str = "cpu") -> BaseAlgorithm:
-    return algorithm(name).load(str(path), device=device)
 
 
 def apply_sizes(model: BaseAlgorithm, batch_size: int | None, n_steps: int | None, learning_rate: float,

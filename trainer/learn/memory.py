@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import psutil
 
+from trainer.roster import agent_spec
+
 FLOAT_BYTES = 4
 GIB = 1024**3
 # Messages of allocation failures raised as RuntimeError by torch's CUDA, cuBLAS, cuDNN and CPU allocators.
@@ -85,14 +87,16 @@ def batch_bytes(agent: str, batch: int, shapes: Shapes) -> int:
     """A generous estimate of one gradient step's tensors for ``batch`` samples.
 
     The sampled batch plus each network's activations, counted three times over for the
-    forward pass, the gradients and the optimizer's temporaries. SAC runs an actor, two
-    critics and two target critics; PPO and A2C one actor and one critic.
+    forward pass, the gradients and the optimizer's temporaries, for the networks the agent's roster
+    row says its gradient step runs (SAC: an actor, two critics and two target critics; PPO and A2C:
+    one actor and one critic).
     """
+    spec = agent_spec(agent)
     hidden = sum(shapes.net_arch)
     sample = 2 * shapes.obs + shapes.act + 3
     actor = shapes.obs + hidden + 2 * shapes.act
     critic = shapes.obs + shapes.act + hidden + 1
-    networks = actor + (4 * critic if agent == "sac" else critic)
+    networks = spec.actors * actor + spec.critics * critic
     return batch * (sample + 3 * networks) * FLOAT_BYTES
 
 

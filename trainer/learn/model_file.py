@@ -109,10 +109,10 @@ def _pickled(value: Any) -> bool:
 def _product_values(cfg: Config, name: str, device: str) -> dict[str, Any]:
     """The values the product gave the model's constructor (the policy class, its arguments, the schedules'
     constants), read from an unbuilt model of the same config: SB3 turns them into schedules on load."""
-    from trainer.learn.agents import algorithm, hyperparameters
+    from trainer.learn.agents import algorithm
     from trainer.learn.fast_sac import fast_optimizer_kwargs
 
-    params = hyperparameters(cfg.agent(name))
+    params = cfg.agent(name).sb3_kwargs()
     params["policy_kwargs"]["optimizer_kwargs"] = fast_optimizer_kwargs(device)
     template = algorithm(name)("MlpPolicy", None, device=device, _init_setup_model=False, **params)
     values = {key: getattr(template, key) for key in ("policy_class", "policy_kwargs", "clip_range", "clip_range_vf",

@@ -6,11 +6,13 @@ from pathlib import Path
 from typing import Any
 
 from trainer import logs
+from trainer.agent_config import OffPolicyConfig
 from trainer.checkpoint import CheckpointStore
-from trainer.config import AGENTS, Config
+from trainer.config import Config
 from trainer.env import make_sb3_env
 from trainer.errors import UsageError
 from trainer.learn.memory import GIB, Shapes, host_available_bytes, replay_buffer_bytes
+from trainer.roster import AGENTS
 
 
 def config_diff(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
@@ -66,17 +68,18 @@ def check_resume_config(run_dir: Path, agent: str, cfg: Config, force: bool, req
 
 
 def check_memory(cfg: Config, schema: Path, agent: str) -> None:
-    """Refuse, before the night starts, a replay buffer that cannot fit in RAM."""
-    if agent != "sac":
+    """Refuse, before the night starts, an off-policy agent's replay buffer that cannot fit in RAM."""
+    section = cfg.agent(agent)
+    if not isinstance(section, OffPolicyConfig):
         return
     env = make_sb3_env(cfg, schema, "train", cfg.seed)
     try:
-        shapes = Shapes(env.observation_space.shape[0], env.action_space.shape[0], tuple(cfg.sac.net_arch))
+        shapes = Shapes(env.observation_space.shape[0], env.action_space.shape[0], tuple(section.net_arch))
     finally:
         env.close()
-    need, have = replay_buffer_bytes(shapes, cfg.sac.buffer_size), host_available_bytes()
+    need, have = replay_buffer_bytes(shapes, section.buffer_size), host_available_bytes()
     if need > have:
         per = replay_buffer_bytes(shapes, 1)
         raise UsageError(
-            f"sac.buffer_size={cfg.sac.buffer_size:,} needs {need / GIB:.1f} GiB of RAM for the replay buffer "
-            f"but {have / GIB:.1f} GiB is available; set sac.buffer_size to at most {int(have * 0.8 // per):,}")
+            f"{agent}.buffer_size={section.buffer_size:,} needs {need / GIB:.1f} GiB of RAM for the replay buffer "
+            f"but {have / GIB:.1f} GiB is available; set {agent}.buffer_size to at most {int(have * 0.8 // per):,}")

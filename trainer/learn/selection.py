@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 from trainer import logs
 from trainer.files import DamagedFile, write_json_atomic
+from trainer.metrics import run_episode
+from trainer.references import REFERENCE_ROSTER
 
 if TYPE_CHECKING:
     from trainer.session import RunContext
@@ -150,11 +152,11 @@ def record_references(ctx: RunContext, env: Any, held_out: bool) -> None:
     path = references_path(ctx.run.root)
     if path.is_file():
         return
-    from trainer.controllers import REFERENCE_CONTROLLERS
-    from trainer.metrics import run_episode
-
-    lines = {name: run_episode(controller(), env)["co2_kg_per_year"] for name, controller in
-             REFERENCE_CONTROLLERS.items()}
+    lines = {}
+    for name, spec in REFERENCE_ROSTER.items():
+        if spec.on_curve:
+            controller, _ = spec.prepare(ctx.cfg, lambda: env)
+            lines[name] = run_episode(controller, env)["co2_kg_per_year"]
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         write_json_atomic(path, {"days": ctx.cfg.schedule.curve_eval_days, "held_out": held_out, **lines})

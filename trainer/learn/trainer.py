@@ -23,15 +23,15 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from trainer import logs
+from trainer.agent_config import AgentConfig
 from trainer.checkpoint import Checkpoint, CheckpointStore, load_replay, restore_rng
-from trainer.config import AgentConfig, Config
+from trainer.config import Config
 from trainer.device import agent_device, apply_cpu_threads
 from trainer.files import DamagedFile, first_problem
 from trainer.learn.agents import (
     apply_sizes,
     build_model,
     fit_rollout,
-    hyperparameters,
     save_model_atomic,
     sb3_logger,
     training_envs,
@@ -255,7 +255,7 @@ def summary(trainer: StageTrainer) -> dict[str, Any]:
 
 def initial_sizes(section: AgentConfig, agent: str, target: int, n_envs: int) -> Sizes:
     """The configured batch, rollout and learning rate, the rollout shortened to fit a short run."""
-    params = fit_rollout(hyperparameters(section, n_envs), target, n_envs)
+    params = fit_rollout(section.sb3_kwargs(n_envs), target, n_envs)
     sizes = Sizes(params.get("batch_size"), params.get("n_steps"), float(section.learning_rate))
     if sizes.n_steps is not None and sizes.n_steps * n_envs != section.n_steps:
         logs.get().warning("rollout shortened to fit the run", agent=agent, n_steps=sizes.n_steps * n_envs,
@@ -265,14 +265,14 @@ def initial_sizes(section: AgentConfig, agent: str, target: int, n_envs: int) ->
 
 def training_env(cfg: Config, schema: Path, agent: str, n_envs: int, simulator: str) -> VecEnv:
     """The training environments (train.simulator): the simulator's N sites in this process, or CityLearn's,
-    parallel for PPO and A2C and in a worker for SAC learning while stepping."""
+    parallel for on-policy agents and in a worker for one learning while stepping."""
     from stable_baselines3.common.vec_env import (
         SubprocVecEnv,  # lazy: SB3 imports torch
     )
 
     from trainer.learn.fast_sac import TrainWhileStepping
 
-    overlap = agent == "sac" and cfg.sac.learn_while_stepping
+    overlap = cfg.agent(agent).learns_while_stepping
     env, simulator = training_vec_env(cfg, schema, n_envs, subprocesses=n_envs > 1 or overlap, simulator=simulator)
     workers = isinstance(env, SubprocVecEnv)
     logs.get().info("training environments", agent=agent, n_envs=n_envs, simulator=simulator, workers=workers,

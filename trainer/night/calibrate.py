@@ -22,12 +22,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trainer import logs
-from trainer.config import AGENTS, Config
+from trainer.config import Config
 from trainer.controllers import UncontrolledBaseline
 from trainer.device import agent_device, apply_cpu_threads
 from trainer.env import make_sb3_env
 from trainer.files import write_json_atomic
 from trainer.learn.agents import build_model, training_envs
+from trainer.roster import AGENTS
 from trainer.signals import STOP
 from trainer.sim.factory import CITYLEARN, VECTOR, simulator_used, training_vec_env
 

@@ -11,8 +11,8 @@ import shlex
 from datetime import datetime
 from pathlib import Path
 
+from trainer.durations import deadline, parse_clock
 from trainer.errors import UsageError
-from trainer.night.budget import deadline, parse_clock
 from trainer.session import parse_agents, resolve_config
 
 UNIT = "pvbess-trainer"

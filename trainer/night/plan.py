@@ -5,12 +5,13 @@ from __future__ import annotations
 from datetime import datetime
 from pathlib import Path
 
-from trainer.config import REFERENCES, Config
+from trainer.config import Config
 from trainer.datasets import DatasetSource
 from trainer.device import apply_gpu_flags, resolve_device
 from trainer.env import schema_length
 from trainer.night.budget import PlannedStage, StageKind, StageSpec, timeline
 from trainer.night.calibrate import Speeds, calibrate
+from trainer.references import REFERENCES
 from trainer.session import site_schema, training_targets
 
 REPORT_S = 20.0

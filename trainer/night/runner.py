@@ -14,7 +14,6 @@ from datetime import datetime
 from typing import Any
 
 from trainer import logs
-from trainer.config import REFERENCES
 from trainer.device import agent_device
 from trainer.errors import TrainerError
 from trainer.files import write_json_atomic
@@ -25,6 +24,7 @@ from trainer.night.calibrate import calibrate
 from trainer.night.plan import build_plan, render, stage_specs
 from trainer.night.stages import evaluate_reference, record_results, train_agent
 from trainer.night.state import FINISHED, ScheduleState, StageRecord, plan, run
+from trainer.references import REFERENCES
 from trainer.report import write_report
 from trainer.run_dir import RunDir
 from trainer.session import RunContext

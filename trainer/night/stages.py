@@ -15,8 +15,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from trainer import logs
-from trainer.config import AGENTS, REFERENCES
-from trainer.controllers import REFERENCE_CONTROLLERS, PolicyController
+from trainer.controllers import PolicyController
 from trainer.device import agent_device
 from trainer.env import make_sb3_env
 from trainer.files import DamagedFile, read_json, write_json_atomic, write_text_atomic
@@ -26,15 +25,16 @@ from trainer.learn.recovery import StageFailed
 from trainer.learn.selection import kept_summary, validation_schema
 from trainer.learn.trainer import StageTrainer
 from trainer.learn.trainer import summary as training_summary
-from trainer.metrics import HOURS_PER_YEAR, METRIC_KEYS, compare_to_baseline, run_episode
-from trainer.optimum import OptimumReplay, OptimumUnavailable, site_model, solve
+from trainer.metrics import METRIC_KEYS, compare_to_baseline, run_episode
+from trainer.references import BASELINE, REFERENCE_ROSTER, REFERENCES, ReferenceUnavailable
+from trainer.roster import AGENTS
 from trainer.run_dir import AgentDir, RunDir
 from trainer.session import RunContext, training_timesteps
 
 if TYPE_CHECKING:
     from stable_baselines3.common.base_class import BaseAlgorithm
 
-    from trainer.config import AgentConfig
+    from trainer.agent_config import AgentConfig
     from trainer.session import RunContext
 
 
@@ -43,51 +43,24 @@ def _eval_env(ctx: RunContext):
 
 
 def evaluate_reference(ctx: RunContext, name: str) -> dict[str, Any]:
-    """Evaluate ``baseline``, ``rbc`` or ``optimum`` over the evaluation period."""
+    """Evaluate a reference of ``trainer.references`` over the evaluation period."""
     log = logs.get().bind(agent=name)
     log.info("evaluating reference")
     folder = ctx.run.agent(name)
     folder.root.mkdir(parents=True, exist_ok=True)
-    if name == "optimum":
-        return _evaluate_optimum(ctx, folder)
-    env = _eval_env(ctx)
     try:
-        metrics = run_episode(REFERENCE_CONTROLLERS[name](), env, folder.timeseries, label=name)
-    finally:
-        env.close()
-    metrics.update(timesteps=0, train_wall_s=0.0, steps_per_s=None)
-    write_json_atomic(folder.metrics, metrics)
-    log.info("evaluated", co2_kg_per_year=round(metrics["co2_kg_per_year"], 1), seconds=metrics["eval_wall_s"])
-    return metrics
-
-
-def _evaluate_optimum(ctx: RunContext, folder: AgentDir) -> dict[str, Any]:
-    """Solve the perfect-foresight LP over the evaluation period, then replay its dispatch through CityLearn."""
-    log = logs.get().bind(agent="optimum")
-    env = _eval_env(ctx)
-    try:
-        env.reset()
-        model = site_model(env.unwrapped, ctx.cfg.ev.margin_soc)
-        solution = solve(model)
-    except OptimumUnavailable as exc:
-        log.warning("optimum skipped", reason=str(exc))
+        controller, own = REFERENCE_ROSTER[name].prepare(ctx.cfg, lambda: _eval_env(ctx))
+    except ReferenceUnavailable as exc:
+        log.warning("reference skipped", reason=str(exc))
         metrics: dict[str, Any] = {"skipped": str(exc), "co2_kg": None, "co2_kg_per_year": None}
         write_json_atomic(folder.metrics, metrics)
         return metrics
-    finally:
-        env.close()
-    log.info("linear program solved", co2_kg=round(solution.co2_kg, 1), seconds=round(solution.solve_s, 2),
-             variables=solution.variables, constraints=solution.constraints)
     env = _eval_env(ctx)
     try:
-        metrics = run_episode(OptimumReplay(solution), env, folder.timeseries, label="optimum")
+        metrics = run_episode(controller, env, folder.timeseries, label=name)
     finally:
         env.close()
-    hours = model.steps * model.hours
-    metrics.update(timesteps=0, train_wall_s=0.0, steps_per_s=None, lp_co2_kg=solution.co2_kg,
-                   lp_co2_kg_per_year=solution.co2_kg * HOURS_PER_YEAR / hours,
-                   lp_uncontrolled_co2_kg=model.co2_kg(model.uncontrolled_net_kwh()),
-                   lp_solve_s=round(solution.solve_s, 2), lp_variables=solution.variables)
+    metrics.update(timesteps=0, train_wall_s=0.0, steps_per_s=None, **own)
     write_json_atomic(folder.metrics, metrics)
     log.info("evaluated", co2_kg_per_year=round(metrics["co2_kg_per_year"], 1), seconds=metrics["eval_wall_s"])
     return metrics
@@ -223,8 +196,8 @@ def run_references(ctx: RunContext) -> dict[str, dict[str, Any]]:
 def train_with_baseline(ctx: RunContext, agent: str, resume: bool, force: bool) -> dict[str, dict[str, Any]]:
     """``trainer train``: the baseline (unless the run has it already), then the agent, recorded."""
     done = ctx.run.results()
-    if "baseline" not in done:
-        record_results(ctx.run, {"baseline": evaluate_reference(ctx, "baseline")})
+    if BASELINE not in done:
+        record_results(ctx.run, {BASELINE: evaluate_reference(ctx, BASELINE)})
     steps = training_timesteps(ctx.cfg, agent, ctx.schema)
     return record_results(ctx.run, {agent: train_agent(ctx, agent, steps, resume=resume, force=force)})
 

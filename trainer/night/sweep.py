@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer import session
-from trainer.config import AGENTS, REFERENCES, Config
+from trainer.config import Config
 from trainer.datasets import resolve_dataset
 from trainer.errors import TrainerError, UsageError
 from trainer.files import DamagedFile, read_json, write_json_atomic, write_text_atomic
@@ -23,6 +23,8 @@ from trainer.learn.preflight import check_resume_config
 from trainer.night import ray_runner
 from trainer.night.runner import prepare, run_night
 from trainer.night.state import ScheduleState
+from trainer.references import REFERENCES
+from trainer.roster import AGENTS
 from trainer.run_dir import RunDir
 from trainer.session import RunContext, open_run, training_targets
 

@@ -1,0 +1,76 @@
+"""The references every agent is measured against, one row each, in the order the night evaluates them.
+
+A reference is a controller replayed through CityLearn over the evaluation period: the
+uncontrolled site (the baseline every figure is compared with), the rule-based controller, and
+the perfect-foresight optimum, which solves a linear program first. A row says how to prepare its
+controller, what it costs the night's plan, and whether the learning curve's plot draws it.
+Adding a reference is its controller (``controllers.py`` or its own module) and a row here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from trainer import logs
+from trainer.controllers import Controller, RuleBasedController, UncontrolledBaseline
+from trainer.metrics import HOURS_PER_YEAR
+from trainer.optimum import OptimumReplay, OptimumUnavailable, site_model, solve
+
+if TYPE_CHECKING:
+    from trainer.config import Config
+
+BASELINE = "baseline"  # the uncontrolled site: every other figure is compared with it
+
+
+class ReferenceUnavailable(Exception):
+    """This reference cannot be prepared for this dataset (the night records it as skipped, with the reason)."""
+
+
+# (the config, a function opening a fresh evaluation environment) -> (the controller, metrics of its own)
+Prepare = Callable[["Config", Callable[[], Any]], tuple[Controller, dict[str, Any]]]
+
+
+@dataclass(frozen=True)
+class ReferenceSpec:
+    name: str
+    colour: str              # its colour in every plot of the report
+    prepare: Prepare
+    eval_cost: float = 1.0   # its evaluation's time as a multiple of the uncontrolled site's (the night's plan)
+    solve_s: float = 0.0     # seconds it needs before its evaluation (the night's plan)
+    on_curve: bool = False   # drawn beside each learning curve (evaluated on the validation window too)
+
+
+def _stateless(controller: type) -> Prepare:
+    return lambda cfg, open_env: (controller(), {})
+
+
+def _optimum(cfg: Config, open_env: Callable[[], Any]) -> tuple[Controller, dict[str, Any]]:
+    """Solve the perfect-foresight linear program over the evaluation period; its dispatch is then replayed."""
+    env = open_env()
+    try:
+        env.reset()
+        model = site_model(env.unwrapped, cfg.ev.margin_soc)
+        solution = solve(model)
+    except OptimumUnavailable as exc:
+        raise ReferenceUnavailable(str(exc)) from None
+    finally:
+        env.close()
+    logs.get().info("linear program solved", agent="optimum", co2_kg=round(solution.co2_kg, 1),
+                    seconds=round(solution.solve_s, 2), variables=solution.variables,
+                    constraints=solution.constraints)
+    hours = model.steps * model.hours
+    return OptimumReplay(solution), {
+        "lp_co2_kg": solution.co2_kg, "lp_co2_kg_per_year": solution.co2_kg * HOURS_PER_YEAR / hours,
+        "lp_uncontrolled_co2_kg": model.co2_kg(model.uncontrolled_net_kwh()),
+        "lp_solve_s": round(solution.solve_s, 2), "lp_variables": solution.variables}
+
+
+REFERENCE_ROSTER: dict[str, ReferenceSpec] = {spec.name: spec for spec in (
+    ReferenceSpec(BASELINE, "#7f7f7f", _stateless(UncontrolledBaseline), on_curve=True),
+    ReferenceSpec("rbc", "#bcbd22", _stateless(RuleBasedController), eval_cost=1.1, on_curve=True),
+    # A year of the built-in site solves in ~1-2 s on 2 cores; padded for larger sites.
+    ReferenceSpec("optimum", "#9467bd", _optimum, eval_cost=1.1, solve_s=10.0),
+)}
+REFERENCES: tuple[str, ...] = tuple(REFERENCE_ROSTER)

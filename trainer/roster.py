@@ -1,0 +1,62 @@
+"""The roster: every agent the product trains, one row each, looked up by name (rl-baselines3-zoo's ``ALGOS``).
+
+A row says what the rest of the product asks about an agent: its config section (``cfg.<name>``,
+a class in ``agent_config.py``; off-policy when it is an ``OffPolicyConfig``), the class that
+trains it, the networks its gradient step holds (the batch back-off's memory model), whether the
+warm start can imitate into its policy, which fine-tuning term keeps it near the demonstrations,
+and its colour in the report's plots. The config's agent sections, the CLI's and launchers'
+choices, the night's stages and the report all come from this table: adding an agent is its
+section, its row and its block in ``configs/default.yaml`` (docs/architecture.md).
+
+The references (uncontrolled, rule-based, the optimum) are ``trainer.references``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from trainer.agent_config import A2cConfig, AgentConfig, OffPolicyConfig, PpoConfig, SacConfig
+from trainer.errors import UsageError
+
+if TYPE_CHECKING:
+    from stable_baselines3.common.base_class import BaseAlgorithm
+
+
+@dataclass(frozen=True)
+class AgentSpec:
+    name: str
+    section: type[AgentConfig]   # its config section, cfg.<name>
+    algorithm: str               # "module:Class" that trains it (imported when needed: SB3 imports torch)
+    colour: str                  # its colour in every plot of the report
+    critics: int = 1             # critic networks a gradient step runs (targets included): the batch back-off
+    actors: int = 1              # actor networks a gradient step runs (targets included)
+    warm_start: bool = True      # the warm start (trainer.learn.imitation) can imitate into its policy
+    fine_tune_key: str | None = None  # warm_start.<key>: the strength of the term that keeps it near the demos
+
+    @property
+    def off_policy(self) -> bool:
+        """Learns from a replay buffer: its buffer needs RAM, its updates are timed apart from its steps."""
+        return issubclass(self.section, OffPolicyConfig)
+
+    def algorithm_class(self) -> type[BaseAlgorithm]:
+        module, _, name = self.algorithm.partition(":")
+        return getattr(importlib.import_module(module), name)  # SB3 imports torch: only when an agent is built
+
+
+ROSTER: dict[str, AgentSpec] = {spec.name: spec for spec in (
+    # SAC: an actor, two critics and their two targets (FastSAC: SB3's SAC, leaner; the same save format).
+    AgentSpec("sac", SacConfig, "trainer.learn.fast_sac:FastSAC", "#1f77b4", critics=4,
+              fine_tune_key="sac_bc_alpha"),
+    AgentSpec("ppo", PpoConfig, "stable_baselines3:PPO", "#ff7f0e"),
+    AgentSpec("a2c", A2cConfig, "stable_baselines3:A2C", "#2ca02c", fine_tune_key="a2c_bc_weight"),
+)}
+AGENTS: tuple[str, ...] = tuple(ROSTER)
+
+
+def agent_spec(name: str) -> AgentSpec:
+    try:
+        return ROSTER[name]
+    except KeyError:
+        raise UsageError(f"unknown agent {name!r}: expected one of {', '.join(AGENTS)}") from None
