@@ -59,6 +59,20 @@ def test_summary_takes_medians_and_ratios():
     assert "training simulator" in table and "64: 35,790" in table
 
 
+@pytest.mark.parametrize(("gradient_steps", "train_freq", "n_envs", "plain"), [
+    (1, 1, 16, {"gradient_steps": 1, "train_freq": 16}),   # the default: one update a step of all 16 sites
+    (16, 1, 16, {"gradient_steps": 1, "train_freq": 1}),   # the equal hyperparameters: one a step
+    (3, 2, 1, {"gradient_steps": 3, "train_freq": 2}),
+    (4, 1, 8, {"gradient_steps": 1, "train_freq": 2}),
+])
+def test_the_plain_sac_makes_the_products_updates_per_environment_step(gradient_steps, train_freq, n_envs, plain,
+                                                                      default_cfg):
+    from trainer.benchmark.trial import same_updates_per_step
+
+    section = default_cfg.sac.model_copy(update={"gradient_steps": gradient_steps, "train_freq": train_freq})
+    assert same_updates_per_step(section, n_envs) == plain
+
+
 @pytest.mark.slow
 def test_quick_benchmark_produces_every_figure(tmp_path):
     out = tmp_path / "bench.json"

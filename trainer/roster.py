@@ -49,7 +49,8 @@ ROSTER: dict[str, AgentSpec] = {spec.name: spec for spec in (
     # SAC: an actor, two critics and their two targets (FastSAC: SB3's SAC, leaner; the same save format).
     AgentSpec("sac", SacConfig, "trainer.learn.fast_sac:FastSAC", "#1f77b4", critics=4,
               fine_tune_key="sac_bc_alpha"),
-    AgentSpec("ppo", PpoConfig, "stable_baselines3:PPO", "#ff7f0e"),
+    # PPO: SB3's PPO with its gradient step in numpy on a CPU (the same update; the same save format).
+    AgentSpec("ppo", PpoConfig, "trainer.learn.fast_ppo:FastPPO", "#ff7f0e"),
     AgentSpec("a2c", A2cConfig, "stable_baselines3:A2C", "#2ca02c", fine_tune_key="a2c_bc_weight"),
 )}
 AGENTS: tuple[str, ...] = tuple(ROSTER)

@@ -44,9 +44,9 @@ class Sizes:
     """How much each measurement runs: defaults fit the whole benchmark in about 5 minutes on 2 cores."""
 
     env_steps: int = 600
-    onpolicy_steps: int = 2000
+    onpolicy_steps: int = 6144  # three of PPO's 2,048-step rollouts
     onpolicy_rollout: int | None = None  # None: the config's n_steps
-    sac_steps: int = 400
+    sac_steps: int = 1000
     sac_learning_starts: int = 100
     sac_updates: int = 50
     repeats: int = 2

@@ -10,6 +10,7 @@ import json
 import sys
 import tempfile
 import time
+from fractions import Fraction
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +20,7 @@ import psutil
 from stable_baselines3.common.callbacks import BaseCallback
 
 from trainer import logs
+from trainer.agent_config import OffPolicyConfig
 from trainer.benchmark.measure import Sizes, Trial, TrialKind
 from trainer.config import Config
 from trainer.controllers import PolicyController
@@ -162,7 +164,8 @@ def _train_plain(agent: str, env: gymnasium.Env, cfg: Config, device: str, steps
     """The plain recipe: SB3's own class on one environment, torch's default threads.
 
     PPO's rollout is the product's whole rollout; A2C's is one of the product's environments' share
-    (5 steps of each of 64 sites: 5), since A2C's hyperparameter is its steps per environment per update.
+    (5 steps of each of 64 sites: 5), since A2C's hyperparameter is its steps per environment per update;
+    SAC makes as many gradient steps per environment step as the product (:func:`same_updates_per_step`).
     """
     from stable_baselines3 import A2C, PPO, SAC
 
@@ -171,7 +174,10 @@ def _train_plain(agent: str, env: gymnasium.Env, cfg: Config, device: str, steps
 
     algo = {"sac": SAC, "ppo": PPO, "a2c": A2C}[agent]
     share = training_envs(cfg, agent, simulator_used(cfg, schema)) if agent == "a2c" and schema else 1
-    params = cfg.agent(agent).sb3_kwargs(share)
+    section = cfg.agent(agent)
+    params = section.sb3_kwargs(share)
+    if isinstance(section, OffPolicyConfig) and schema is not None:
+        params.update(same_updates_per_step(section, training_envs(cfg, agent, simulator_used(cfg, schema))))
     if params.get("normalize_advantage") and params["n_steps"] < 2:
         # One environment's share of a short rollout can be a single step: one advantage has no spread to
         # normalise (SB3 divides by its NaN standard deviation).
@@ -179,6 +185,14 @@ def _train_plain(agent: str, env: gymnasium.Env, cfg: Config, device: str, steps
     model = algo("MlpPolicy", env, seed=cfg.seed, device=device, verbose=0, **params)
     model.learn(steps, callback=callback)
     return model
+
+
+def same_updates_per_step(section: OffPolicyConfig, n_envs: int) -> dict[str, int]:
+    """The plain recipe's ``train_freq`` and ``gradient_steps`` on one environment for the product's updates per
+    environment step: SB3 counts both per step of all ``n_envs`` sites, so SAC's 16 sites with one update a step
+    of all 16 are one update every 16 steps, and 16 updates a step of 16 sites are one update a step."""
+    rate = Fraction(section.gradient_steps, section.train_freq * n_envs)
+    return {"gradient_steps": rate.numerator, "train_freq": rate.denominator}
 
 
 def _train_product(agent: str, cfg: Config, schema: Path, device: str, steps: int,
@@ -217,7 +231,7 @@ def _learn_and_evaluate(trial: Trial, cfg: Config, schema: Path, device: str) ->
             # The same environment, reward and episode windows as the product; SB3's own loop.
             env = _IgnoreResetSeed(StableBaselines3Wrapper(NormalizedObservationWrapper(
                 make_citylearn_env(cfg, schema, "train", cfg.seed))))
-            model = _train_plain(agent, env, cfg, device, steps)
+            model = _train_plain(agent, env, cfg, device, steps, schema=schema)
         else:
             model, _ = _train_product(agent, cfg, schema, device, steps)
         train_s = time.perf_counter() - started
