@@ -18,6 +18,7 @@ import yaml
 from click.testing import CliRunner
 
 from trainer.cli import cli
+from trainer.launch import AGENT_CHOICES
 
 from .conftest import tiny_overrides
 
@@ -198,7 +199,8 @@ def test_powershell_and_bash_offer_the_same_options_and_call_the_same_command():
     text = (LAUNCHERS / "launch_training_gpu_optimized.ps1").read_text()
     params = set(re.findall(r"^\s*\[(?:string|string\[\]|switch)\]\$(\w+)", text, re.M))
     assert params == {"Agent", "Extra", "Schedule", *PS_TO_LAUNCH}
-    assert "ValidateSet('all', 'sac', 'ppo', 'a2c', 'baseline')" in text
+    # The agents PowerShell accepts are the roster's (a new agent's row needs its name here too).
+    assert f"ValidateSet({', '.join(repr(a) for a in AGENT_CHOICES)})" in text
     launch_options = {opt for p in cli.commands["launch"].params for opt in (*p.opts, *p.secondary_opts)}
     for flag in PS_TO_LAUNCH.values():
         assert f"'{flag}'" in text, flag            # PowerShell passes it to `trainer launch`

@@ -28,7 +28,7 @@ def test_plan_calls_out_sac_with_1024_updates_per_step(tmp_path):
     cached = list((tmp_path / ".calibration").glob("*.json"))
     assert len(cached) == 1
     speeds = json.loads(cached[0].read_text())
-    assert speeds["sac_update_s"] > 0 and speeds["train_steps_per_s"]["sac"] < speeds["sac_env_steps_per_s"] / 100
+    assert speeds["update_s"]["sac"] > 0 and speeds["train_steps_per_s"]["sac"] < speeds["env_steps_per_s"]["sac"] / 100
 
 
 def test_second_plan_uses_the_cached_calibration(tmp_path):
@@ -90,7 +90,7 @@ def test_calibration_measures_the_environments_the_night_trains_on(site_schema, 
     monkeypatch.setattr(calibrate, "training_vec_env", factory)
     cfg = load_config()  # auto: the built-in site is one the simulator models
     for measure in (lambda: calibrate._onpolicy_speed(cfg, site_schema, "cpu", "ppo", "vector"),
-                    lambda: calibrate._sac_speed(cfg, site_schema, "cpu", "vector", 16)):
+                    lambda: calibrate._off_policy_speed(cfg, site_schema, "sac", "cpu", "vector", 16)):
         with pytest.raises(RuntimeError, match="measured"):
             measure()
     assert asked == [("vector", 64), ("vector", 16)]
@@ -101,7 +101,8 @@ def test_sac_on_many_sites_is_costed_per_site(site_schema, monkeypatch, tmp_path
     from trainer.night import calibrate
 
     # 1,000 env steps/s with no updates, 20 ms an update: one update per 16 sites' step.
-    monkeypatch.setattr(calibrate, "_sac_speed", lambda cfg, schema, device, simulator, n_envs: (1000.0, 0.02))
+    monkeypatch.setattr(calibrate, "_off_policy_speed",
+                        lambda cfg, schema, agent, device, simulator, n_envs: (1000.0, 0.02))
     monkeypatch.setattr(calibrate, "_eval_speed", lambda cfg, schema: 100.0)
     cfg = load_config(overrides=[f"output.root={tmp_path}"])
     speeds = calibrate.calibrate(cfg, site_schema, "cpu", ["sac"], refresh=True)

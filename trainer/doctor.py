@@ -21,7 +21,7 @@ from trainer.env import make_sb3_env
 from trainer.errors import TrainerError
 from trainer.learn.agents import TENSORBOARD_FIX, tensorboard_installed
 from trainer.learn.memory import GIB, Shapes, available_bytes, batch_bytes, host_available_bytes, replay_buffer_bytes
-from trainer.roster import AGENTS
+from trainer.roster import AGENTS, off_policy_agents
 from trainer.session import site_schema
 from trainer.sim.site import unsupported_reason
 
@@ -124,16 +124,23 @@ def check_gpu_switches(cfg) -> list[Check]:
     return checks
 
 
-def check_memory(cfg, shapes, device: str) -> list[Check]:
+def check_memory(cfg: Config, obs_act: tuple[int, int], device: str) -> list[Check]:
+    """The largest replay buffer against the host's RAM, the largest batch against the memory it may use."""
+
+    def shapes(agent: str) -> Shapes:
+        return Shapes(*obs_act, tuple(cfg.agent(agent).net_arch))
 
     checks = []
-    need, have = replay_buffer_bytes(shapes, cfg.sac.buffer_size), host_available_bytes()
-    status = PASS if need <= 0.5 * have else WARN if need <= have else FAIL
-    checks.append(Check("host RAM", status, f"SAC replay buffer {need / GIB:.2f} GiB of {have / GIB:.1f} GiB available",
-                        "" if status == PASS else "lower sac.buffer_size"))
+    have = host_available_bytes()
+    buffers = [(replay_buffer_bytes(shapes(a), cfg.agent(a).buffer_size), a) for a in off_policy_agents()]
+    if buffers:
+        need, agent = max(buffers)
+        status = PASS if need <= 0.5 * have else WARN if need <= have else FAIL
+        checks.append(Check("host RAM", status, f"{agent} replay buffer {need / GIB:.2f} GiB of {have / GIB:.1f} GiB "
+                            "available", "" if status == PASS else f"lower {agent}.buffer_size"))
     budget = available_bytes(device) * cfg.reliability.batch_memory_fraction
-    worst = max((batch_bytes(a, getattr(cfg.agent(a), "batch_size", getattr(cfg.agent(a), "n_steps", 1)), shapes), a)
-                for a in AGENTS)
+    worst = max((batch_bytes(a, getattr(cfg.agent(a), "batch_size", getattr(cfg.agent(a), "n_steps", 1)), shapes(a)),
+                 a) for a in AGENTS)
     where = "GPU" if device == "cuda" else "host"
     status = PASS if worst[0] <= budget else WARN
     checks.append(Check(f"{where} memory", status, f"largest batch ({worst[1]}) needs ~{worst[0] / GIB:.2f} GiB of "
@@ -226,26 +233,26 @@ def run_checks(load: Callable[[], Config], schema: str | None, dataset: str | No
     checks += [*check_gpu_switches(cfg), check_tensorboard(cfg)]
     checks.append(check_disk(Path(cfg.output.root)))
     try:
-        shapes, unmodelled = _dataset_shapes(cfg, schema, dataset)
+        obs_act, unmodelled = _dataset_shapes(cfg, schema, dataset)
         checks.append(Check("dataset", PASS, f"{schema or dataset or 'built-in site'} loads offline "
-                                             f"({shapes.obs} observations, {shapes.act} actions)"))
+                                             f"({obs_act[0]} observations, {obs_act[1]} actions)"))
     except TrainerError as exc:
         checks.append(Check("dataset", FAIL, str(exc), "pass --schema PATH or set CITYLEARN_LOCAL_DATASETS_PATH"))
         return checks
     checks.append(check_simulator(cfg.train.simulator, unmodelled))
     import torch
 
-    checks += check_memory(cfg, shapes, "cuda" if torch.cuda.is_available() and cfg.gpu.device != "cpu" else "cpu")
+    checks += check_memory(cfg, obs_act, "cuda" if torch.cuda.is_available() and cfg.gpu.device != "cpu" else "cpu")
     return checks
 
 
-def _dataset_shapes(cfg: Config, schema: str | None, dataset: str | None) -> tuple[Shapes, str | None]:
-    """The agents' shapes, and why the training simulator does not model the dataset (None: it does)."""
+def _dataset_shapes(cfg: Config, schema: str | None, dataset: str | None) -> tuple[tuple[int, int], str | None]:
+    """(observations, actions) of the dataset, and why the training simulator does not model it (None: it does)."""
     with site_schema(cfg, resolve_dataset(schema, dataset)) as path:
         env = make_sb3_env(cfg, path, "train", cfg.seed)
         try:
-            shapes = Shapes(env.observation_space.shape[0], env.action_space.shape[0], tuple(cfg.sac.net_arch))
-            return shapes, unsupported_reason(env.unwrapped)
+            obs_act = (env.observation_space.shape[0], env.action_space.shape[0])
+            return obs_act, unsupported_reason(env.unwrapped)
         finally:
             env.close()
 

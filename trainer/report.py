@@ -18,11 +18,14 @@ from trainer.learn.selection import references_path
 from trainer.lock import RunLock
 from trainer.metrics import HOURS_PER_YEAR, evaluation_window
 from trainer.night.state import ScheduleState
-from trainer.roster import AGENTS
+from trainer.references import REFERENCE_ROSTER
+from trainer.roster import AGENTS, ROSTER
 from trainer.run_dir import RunDir
 
-COLOURS = {"baseline": "#7f7f7f", "rbc": "#bcbd22", "optimum": "#9467bd", "sac": "#1f77b4", "ppo": "#ff7f0e",
-           "a2c": "#2ca02c"}
+# Each agent's and reference's colour, from their rosters; a name neither knows (a run of an agent since removed)
+# is drawn in OTHER_COLOUR.
+COLOURS = {name: spec.colour for name, spec in (*REFERENCE_ROSTER.items(), *ROSTER.items())}
+OTHER_COLOUR = "#333333"
 DEFAULT_TARGET_MET_PCT = (
     98.0  # trainer/configs/default.yaml's ev.target_met_pct, for run folders made before it existed
 )
@@ -75,7 +78,7 @@ def plot_co2(results: dict[str, dict[str, Any]], path: Path, target_pct: float =
     names = [n for n in results if results[n].get("co2_kg_per_year") is not None]
     values = [results[n]["co2_kg_per_year"] / 1000 for n in names]
     fig, (ax, ev_ax) = plt.subplots(2, 1, figsize=(8, 6), sharex=True, gridspec_kw={"height_ratios": [3, 1.4]})
-    bars = ax.bar(names, values, color=[COLOURS.get(n, "#333333") for n in names])
+    bars = ax.bar(names, values, color=[COLOURS.get(n, OTHER_COLOUR) for n in names])
     for bar, name in zip(bars, names):
         pct = results[name].get("co2_vs_baseline_pct")
         label = f"{bar.get_height():.1f} t" + (f"\n{pct:+.1f}%" if pct is not None and name != "baseline" else "")
@@ -98,7 +101,7 @@ def plot_co2(results: dict[str, dict[str, Any]], path: Path, target_pct: float =
         ax.legend(loc="upper center", ncol=2, fontsize=8)
     met = [results[n].get("ev_departure_soc_met_pct") for n in names]
     ev_bars = ev_ax.bar(
-        names, [m if m is not None else 0 for m in met], color=[COLOURS.get(n, "#333333") for n in names]
+        names, [m if m is not None else 0 for m in met], color=[COLOURS.get(n, OTHER_COLOUR) for n in names]
     )
     for bar, name, value in zip(ev_bars, names, met):
         unmet = results[name].get("ev_unmet_kwh")
@@ -171,24 +174,25 @@ def plot_learning_curves(run: RunDir, agents: list[str], path: Path, curve_days:
     fig, (co2_ax, ev_ax) = plt.subplots(2, 1, figsize=(8, 6), sharex=True, gridspec_kw={"height_ratios": [3, 1.4]})
     any_kept = False
     for agent, curve in curves.items():
-        co2_ax.plot(curve["step"], curve["co2_kg_per_year"] / 1000, label=agent, color=COLOURS[agent], marker="o")
-        ev_ax.plot(curve["step"], curve["ev_departure_soc_met_pct"], color=COLOURS[agent], marker="o")
+        colour = COLOURS.get(agent, OTHER_COLOUR)
+        co2_ax.plot(curve["step"], curve["co2_kg_per_year"] / 1000, label=agent, color=colour, marker="o")
+        ev_ax.plot(curve["step"], curve["ev_departure_soc_met_pct"], color=colour, marker="o")
         kept = kept_point(run, agent, curve)
         if kept is not None:  # the policy the agent deploys (trainer.learn.selection)
-            co2_ax.plot([kept[0]], [kept[1] / 1000], marker="*", markersize=16, color=COLOURS[agent],
+            co2_ax.plot([kept[0]], [kept[1] / 1000], marker="*", markersize=16, color=COLOURS.get(agent, OTHER_COLOUR),
                         markeredgecolor="black", linestyle="none")
             any_kept = True
     if any_kept:  # one neutral legend entry for every agent's star
         co2_ax.plot([], [], marker="*", markersize=12, color="white", markeredgecolor="black", linestyle="none",
                     label="deployed")
     held_out = read_json(references_path(run.root)) if references_path(run.root).is_file() else None
-    for name in ("baseline", "rbc"):
+    for name in (name for name, spec in REFERENCE_ROSTER.items() if spec.on_curve):
         if held_out is not None:
             reference = held_out.get(name) / 1000 if isinstance(held_out.get(name), (int, float)) else None
         else:
             reference = window_co2_t_per_year(run.agent(name).timeseries, curve_days * 24)
         if reference is not None:
-            co2_ax.axhline(reference, color=COLOURS[name], linestyle="--", linewidth=1.2, label=name)
+            co2_ax.axhline(reference, color=COLOURS.get(name, OTHER_COLOUR), linestyle="--", linewidth=1.2, label=name)
     co2_ax.set_ylabel("CO2, t/yr")
     window = (f"{curve_days} days of a held-out year (another draw of the site)" if held_out is not None
               else f"the first {curve_days} days of the dataset")
@@ -241,7 +245,7 @@ def plot_week(
     for ax, (column, label) in zip(axes, panels):
         for name, frame in series.items():
             values = frame[column].clip(lower=0) if column == "net_kwh" else frame[column]
-            ax.plot(frame["step"], values, label=name, color=COLOURS.get(name, "#333333"),
+            ax.plot(frame["step"], values, label=name, color=COLOURS.get(name, OTHER_COLOUR),
                     linestyle="--" if name == "baseline" else "-", linewidth=1.2)
         ax.set_ylabel(label, fontsize=9)
         ax.grid(alpha=0.3)

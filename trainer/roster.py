@@ -30,10 +30,12 @@ class AgentSpec:
     section: type[AgentConfig]   # its config section, cfg.<name>
     algorithm: str               # "module:Class" that trains it (imported when needed: SB3 imports torch)
     colour: str                  # its colour in every plot of the report
+    plain: str                   # "module:Class" of stable-baselines3's own, the benchmark's plain recipe
     critics: int = 1             # critic networks a gradient step runs (targets included): the batch back-off
     actors: int = 1              # actor networks a gradient step runs (targets included)
-    warm_start: bool = True      # the warm start (trainer.learn.imitation) can imitate into its policy
+    warm_start: bool = True      # its policy can imitate the optimum (a stochastic actor: trainer.learn.imitation)
     fine_tune_key: str | None = None  # warm_start.<key>: the strength of the term that keeps it near the demos
+    saved_keys: frozenset[str] = frozenset()  # what its SB3 class saves beyond SAC, PPO and A2C (model_file)
 
     @property
     def off_policy(self) -> bool:
@@ -41,19 +43,32 @@ class AgentSpec:
         return issubclass(self.section, OffPolicyConfig)
 
     def algorithm_class(self) -> type[BaseAlgorithm]:
-        module, _, name = self.algorithm.partition(":")
-        return getattr(importlib.import_module(module), name)  # SB3 imports torch: only when an agent is built
+        return _imported(self.algorithm)
+
+    def plain_class(self) -> type[BaseAlgorithm]:
+        return _imported(self.plain)
+
+
+def _imported(path: str) -> type[BaseAlgorithm]:
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)  # SB3 imports torch: only when an agent is built
 
 
 ROSTER: dict[str, AgentSpec] = {spec.name: spec for spec in (
     # SAC: an actor, two critics and their two targets (FastSAC: SB3's SAC, leaner; the same save format).
-    AgentSpec("sac", SacConfig, "trainer.learn.fast_sac:FastSAC", "#1f77b4", critics=4,
+    AgentSpec("sac", SacConfig, "trainer.learn.fast_sac:FastSAC", "#1f77b4", "stable_baselines3:SAC", critics=4,
               fine_tune_key="sac_bc_alpha"),
     # PPO: SB3's PPO with its gradient step in numpy on a CPU (the same update; the same save format).
-    AgentSpec("ppo", PpoConfig, "trainer.learn.fast_ppo:FastPPO", "#ff7f0e"),
-    AgentSpec("a2c", A2cConfig, "stable_baselines3:A2C", "#2ca02c", fine_tune_key="a2c_bc_weight"),
+    AgentSpec("ppo", PpoConfig, "trainer.learn.fast_ppo:FastPPO", "#ff7f0e", "stable_baselines3:PPO"),
+    AgentSpec("a2c", A2cConfig, "stable_baselines3:A2C", "#2ca02c", "stable_baselines3:A2C",
+              fine_tune_key="a2c_bc_weight"),
 )}
 AGENTS: tuple[str, ...] = tuple(ROSTER)
+
+
+def off_policy_agents(names: list[str] | tuple[str, ...] = AGENTS) -> list[str]:
+    """Those of ``names`` that learn from a replay buffer."""
+    return [name for name in names if agent_spec(name).off_policy]
 
 
 def agent_spec(name: str) -> AgentSpec:

@@ -25,6 +25,7 @@ from trainer.datasets import DatasetSource
 from trainer.device import cpu_cores, resolve_device
 from trainer.files import write_json_atomic
 from trainer.learn.agents import ENVS_PER_CORE
+from trainer.roster import AGENTS, agent_spec
 from trainer.session import site_schema
 
 
@@ -74,13 +75,16 @@ class Trial:
 def _bench_config(cfg: Config, sizes: Sizes) -> Config:
     """The config both sides train with: learning starts early and nothing periodic intervenes."""
     data = cfg.to_dict()
-    data["sac"]["learning_starts"] = min(cfg.sac.learning_starts, sizes.sac_learning_starts)
-    for agent in ("ppo", "a2c"):
+    for agent in AGENTS:
+        section = data[agent]
+        if agent_spec(agent).off_policy:
+            section["learning_starts"] = min(section["learning_starts"], sizes.sac_learning_starts)
+            continue
         if sizes.onpolicy_rollout is not None:
-            data[agent]["n_steps"] = sizes.onpolicy_rollout
-            data[agent]["n_envs"] = 0
-        if agent == "ppo":
-            data[agent]["batch_size"] = min(cfg.ppo.batch_size, data[agent]["n_steps"])
+            section["n_steps"] = sizes.onpolicy_rollout
+            section["n_envs"] = 0
+        if "batch_size" in section:  # PPO's minibatch within the rollout
+            section["batch_size"] = min(section["batch_size"], section["n_steps"])
     data["schedule"]["curve_every_steps"] = 10**9  # learning-curve evaluations are not training
     data["output"]["tensorboard"] = False
     return Config.model_validate(data)
@@ -173,7 +177,7 @@ def summarise(trials: list[Trial]) -> dict[str, Any]:
             row[f"{side}_steps_per_s"] = median(figures(side, agent, "steps_per_s"))
             row[f"{side}_peak_rss_mb"] = median(figures(side, agent, "peak_rss_mb"))
             row[f"{side}_tree_pss_mb"] = median(figures(side, agent, "tree_pss_mb"))
-            if agent == "sac":
+            if agent_spec(agent).off_policy:
                 row[f"{side}_updates_per_s"] = median(figures(side, agent, "updates_per_s"))
         row["product_n_envs"] = next(
             (
@@ -186,7 +190,7 @@ def summarise(trials: list[Trial]) -> dict[str, Any]:
         row["ratio"] = _ratio(row["product_steps_per_s"], row["plain_steps_per_s"])
         row["rss_ratio"] = _ratio(row["product_peak_rss_mb"], row["plain_peak_rss_mb"])
         row["pss_ratio"] = _ratio(row["product_tree_pss_mb"], row["plain_tree_pss_mb"])
-        if agent == "sac":
+        if agent_spec(agent).off_policy:
             row["updates_ratio"] = _ratio(row["product_updates_per_s"], row["plain_updates_per_s"])
         row["samples"] = len(figures(TrialKind.PRODUCT, agent, "steps_per_s"))
         out["agents"][agent] = row
@@ -294,8 +298,8 @@ def format_report(report: dict[str, Any]) -> str:
     for agent, a in s["agents"].items():
         envs = f" ({a['product_n_envs']} envs)" if a.get("product_n_envs", 1) and a.get("product_n_envs", 1) > 1 else ""
         row(f"{agent} training steps/s{envs}", a["plain_steps_per_s"], a["product_steps_per_s"], a["ratio"])
-        if agent == "sac":
-            row("sac gradient updates/s", a["plain_updates_per_s"], a["product_updates_per_s"], a["updates_ratio"])
+        if "updates_ratio" in a:
+            row(f"{agent} gradient updates/s", a["plain_updates_per_s"], a["product_updates_per_s"], a["updates_ratio"])
         row(f"{agent} peak RSS MB (trainer process)", a["plain_peak_rss_mb"], a["product_peak_rss_mb"], a["rss_ratio"])
         row(f"{agent} memory MB, all processes (PSS)", a["plain_tree_pss_mb"], a["product_tree_pss_mb"], a["pss_ratio"])
     if s["sweep"]:

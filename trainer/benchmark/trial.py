@@ -29,6 +29,7 @@ from trainer.device import apply_gpu_flags
 from trainer.env import make_citylearn_env, make_sb3_env, make_training_vec_env
 from trainer.metrics import run_episode
 from trainer.night.stages import RunContext, training_timesteps
+from trainer.roster import agent_spec
 from trainer.run_dir import RunDir
 
 if TYPE_CHECKING:
@@ -88,12 +89,13 @@ class _Stopwatch(BaseCallback):
 
 
 def _warmup(agent: str, cfg: Config) -> int:
-    """Steps before the stopwatch starts: SAC's collection without updates, one step otherwise."""
-    return cfg.sac.learning_starts + 1 if agent == "sac" else 1
+    """Steps before the stopwatch starts: an off-policy agent's collection without updates, one step otherwise."""
+    section = cfg.agent(agent)
+    return section.learning_starts + 1 if isinstance(section, OffPolicyConfig) else 1
 
 
 def _steps(agent: str, sizes: Sizes) -> int:
-    return sizes.sac_steps if agent == "sac" else sizes.onpolicy_steps
+    return sizes.sac_steps if agent_spec(agent).off_policy else sizes.onpolicy_steps
 
 
 def _env_rate(env: gymnasium.Env, steps: int) -> float:
@@ -152,10 +154,11 @@ def run_trial(trial: Trial, cfg: Config, schema: Path, device: str, sizes: Sizes
         model, n_envs = _train_product(agent, cfg, schema, device, _steps(agent, sizes), stopwatch)
     out: dict[str, Any] = {"steps_per_s": stopwatch.rate(), "n_envs": n_envs, "torch_threads": _threads(),
                            "tree_pss_mb": stopwatch.tree_pss_mb}
-    if agent == "sac":
+    section = cfg.agent(agent)
+    if isinstance(section, OffPolicyConfig):
         if hasattr(model, "defer_training"):
             model.defer_training = False  # time the update itself, not its deferral
-        out["updates_per_s"] = _update_rate(model, cfg.sac.batch_size, sizes.sac_updates)
+        out["updates_per_s"] = _update_rate(model, section.batch_size, sizes.sac_updates)
     return out
 
 
@@ -167,12 +170,10 @@ def _train_plain(agent: str, env: gymnasium.Env, cfg: Config, device: str, steps
     (5 steps of each of 64 sites: 5), since A2C's hyperparameter is its steps per environment per update;
     SAC makes as many gradient steps per environment step as the product (:func:`same_updates_per_step`).
     """
-    from stable_baselines3 import A2C, PPO, SAC
-
     from trainer.learn.agents import training_envs
     from trainer.sim.factory import simulator_used
 
-    algo = {"sac": SAC, "ppo": PPO, "a2c": A2C}[agent]
+    algo = agent_spec(agent).plain_class()
     share = training_envs(cfg, agent, simulator_used(cfg, schema)) if agent == "a2c" and schema else 1
     section = cfg.agent(agent)
     params = section.sb3_kwargs(share)

@@ -32,6 +32,7 @@ from trainer import logs
 from trainer.config import Config
 from trainer.env import make_sb3_env
 from trainer.optimum import OptimumReplay, OptimumUnavailable, site_model, solve
+from trainer.roster import agent_spec
 from trainer.signals import STOP
 
 
@@ -222,10 +223,10 @@ def keep_near_demonstrations(cfg: Config, schema: Path, agent: str, model: Any) 
     Called for a fresh and for a resumed stage alike (the demonstrations are not in a checkpoint;
     they are recomputed, or reused within a process). False where there is nothing to attach.
     """
-    settings = cfg.warm_start
-    strength = {"sac": settings.sac_bc_alpha, "a2c": settings.a2c_bc_weight}.get(agent, 0.0)
-    fine_tune = getattr(model, "fine_tune", None)
-    if settings.epochs <= 0 or strength <= 0 or (agent == "sac" and fine_tune is None):
+    settings, spec = cfg.warm_start, agent_spec(agent)
+    strength = float(getattr(settings, spec.fine_tune_key)) if spec.fine_tune_key else 0.0
+    fine_tune = getattr(model, "fine_tune", None)  # an off-policy learner's own term (FastSAC's TD3+BC)
+    if settings.epochs <= 0 or strength <= 0 or (spec.off_policy and fine_tune is None):
         return False
     try:
         demos = demonstrations(cfg, schema, cfg.seed)
@@ -245,6 +246,9 @@ def warm_start(cfg: Config, schema: Path, agent: str, model: Any) -> dict[str, A
     settings = cfg.warm_start
     log = logs.get().bind(agent=agent)
     if settings.epochs <= 0:
+        return None
+    if not agent_spec(agent).warm_start:
+        log.info("warm start skipped: this agent's policy cannot imitate (its roster row)")
         return None
     try:
         demos = demonstrations(cfg, schema, cfg.seed)

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainer.files import DamagedFile
+from trainer.roster import agent_spec
 
 if TYPE_CHECKING:
     import gymnasium
@@ -29,8 +30,8 @@ if TYPE_CHECKING:
 
     from trainer.config import Config
 
-# What SB3 2.3 writes into ``data`` for the product's SAC, PPO and A2C. A key outside this list would be
-# set on the model as it is: refused, since the product never writes one.
+# What SB3 2.3 writes into ``data`` for the product's SAC, PPO and A2C (another agent's roster row adds its own
+# ``saved_keys``). A key outside the list would be set on the model as it is: refused, the product never writes one.
 SAVED_KEYS = frozenset({
     "policy_class", "verbose", "policy_kwargs", "num_timesteps", "_total_timesteps", "_num_timesteps_at_start",
     "seed", "action_noise", "start_time", "learning_rate", "tensorboard_log", "_last_obs", "_last_episode_starts",
@@ -64,7 +65,7 @@ def load_model(cfg: Config, name: str, path: Path, device: str = "cpu", env: gym
     from trainer.learn.agents import algorithm
 
     fix = fix or _FIX
-    data = _read_data(path, fix)
+    data = _read_data(path, fix, SAVED_KEYS | agent_spec(name).saved_keys)
     spaces = _spaces(path, data, env, fix)
     replacements = {**_product_values(cfg, name, device), **spaces}
     custom = {key: replacements.get(key) for key, value in data.items() if _pickled(value)}
@@ -82,7 +83,7 @@ def load_model(cfg: Config, name: str, path: Path, device: str = "cpu", env: gym
 _FIX = "delete it (or its checkpoint folder) and train again, or resume from an earlier checkpoint"
 
 
-def _read_data(path: Path, fix: str) -> dict[str, Any]:
+def _read_data(path: Path, fix: str, saved_keys: frozenset[str]) -> dict[str, Any]:
     try:
         with zipfile.ZipFile(path) as archive:
             info = archive.getinfo("data")
@@ -95,7 +96,7 @@ def _read_data(path: Path, fix: str) -> dict[str, Any]:
         raise DamagedFile(f"{path} is not an SB3 model.zip ({type(exc).__name__}: {str(exc)[:160]}); {fix}") from None
     if not isinstance(data, dict):
         raise DamagedFile(f"{path}: its data entry is a JSON {type(data).__name__}, not an object; {fix}")
-    unknown = sorted(set(data) - SAVED_KEYS)
+    unknown = sorted(set(data) - saved_keys)
     if unknown:
         raise DamagedFile(f"{path} holds entries this product never writes ({', '.join(unknown[:5])}); it was not "
                           f"loaded: {fix}")

@@ -1,9 +1,9 @@
 """This machine's speeds with this config, measured once and cached.
 
-A short calibration measures the evaluation environment's speed, PPO's and A2C's training
-speed over one short rollout, and SAC's speed from its environment step and its
-gradient-update time measured apart (so a config with 1,024 updates per step is costed
-without being run). Results are cached per machine and config under
+A short calibration measures the evaluation environment's speed, each on-policy agent's (PPO's,
+A2C's) training speed over one short rollout, and each off-policy agent's (SAC's) from its
+environment step and its gradient-update time measured apart (so a config with 1,024 updates per
+step is costed without being run). Results are cached per machine and config under
 ``<output.root>/.calibration/``.
 """
 
@@ -16,12 +16,13 @@ import platform
 import socket
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trainer import logs
+from trainer.agent_config import OffPolicyConfig
 from trainer.config import Config
 from trainer.controllers import UncontrolledBaseline
 from trainer.device import agent_device, apply_cpu_threads
@@ -36,7 +37,7 @@ if TYPE_CHECKING:
     from stable_baselines3.common.base_class import BaseAlgorithm
 
 CALIBRATION_STEPS = 300
-SAC_UPDATES_MEASURED = 30
+UPDATES_MEASURED = 30  # an off-policy agent's gradient updates timed
 
 
 @dataclass
@@ -45,8 +46,8 @@ class Speeds:
 
     eval_steps_per_s: float
     train_steps_per_s: dict[str, float]
-    sac_env_steps_per_s: float | None = None
-    sac_update_s: float | None = None
+    env_steps_per_s: dict[str, float] = field(default_factory=dict)  # off-policy agents: stepping alone
+    update_s: dict[str, float] = field(default_factory=dict)  # off-policy agents: one gradient update
     measured_at: str = ""
     machine: str = ""
 
@@ -79,17 +80,18 @@ def calibrate(cfg: Config, schema: Path, device: str, agents: list[str], refresh
     for agent in agents:
         STOP.check("calibration")
         apply_cpu_threads(cfg, agent, simulator)  # as the stage will
-        if agent == "sac":
+        section = cfg.agent(agent)
+        if isinstance(section, OffPolicyConfig):
             n_envs = training_envs(cfg, agent, simulator)
-            env_rate, update_s = _sac_speed(cfg, schema, agent_device(cfg, agent), simulator, n_envs)
-            speeds.sac_env_steps_per_s, speeds.sac_update_s = env_rate, update_s
+            env_rate, update_s = _off_policy_speed(cfg, schema, agent, agent_device(cfg, agent), simulator, n_envs)
+            speeds.env_steps_per_s[agent], speeds.update_s[agent] = env_rate, update_s
             # SB3 takes gradient_steps updates every train_freq steps of all n_envs sites together.
-            update = update_s * cfg.sac.gradient_steps / (cfg.sac.train_freq * n_envs)
+            update = update_s * section.gradient_steps / (section.train_freq * n_envs)
             # Learning while stepping (a CityLearn worker) hides the environment's step behind the update,
             # but not the action choice and the bookkeeping around it: count half of the step, to be safe.
-            overlap = simulator == CITYLEARN and cfg.sac.learn_while_stepping
+            overlap = simulator == CITYLEARN and section.learns_while_stepping
             per_step = update + (0.5 if overlap else 1.0) / env_rate
-            speeds.train_steps_per_s["sac"] = 1 / per_step
+            speeds.train_steps_per_s[agent] = 1 / per_step
         else:
             speeds.train_steps_per_s[agent] = _onpolicy_speed(cfg, schema, agent_device(cfg, agent), agent,
                                                               simulator)
@@ -149,24 +151,26 @@ def _onpolicy_speed(cfg: Config, schema: Path, device: str, agent: str, simulato
         env.close()
 
 
-def _sac_speed(cfg: Config, schema: Path, device: str, simulator: str, n_envs: int) -> tuple[float, float]:
+def _off_policy_speed(cfg: Config, schema: Path, agent: str, device: str, simulator: str,
+                      n_envs: int) -> tuple[float, float]:
     """(environment steps/s without updates, seconds per gradient update at the configured batch)."""
     env, _ = training_vec_env(cfg, schema, n_envs, subprocesses=False, simulator=simulator)
     steps = max(CALIBRATION_STEPS, 20 * n_envs)
     try:
         with tempfile.TemporaryDirectory() as tmp:
             calibration_cfg = cfg.model_copy(deep=True)
-            calibration_cfg.sac.learning_starts = steps + n_envs  # collect only
-            calibration_cfg.sac.buffer_size = min(cfg.sac.buffer_size, steps * 2)
-            model = _quiet(build_model(calibration_cfg, "sac", env, device, cfg.seed, steps), tmp)
+            section = calibration_cfg.agent(agent)
+            section.learning_starts = steps + n_envs  # collect only
+            section.buffer_size = min(section.buffer_size, steps * 2)
+            model = _quiet(build_model(calibration_cfg, agent, env, device, cfg.seed, steps), tmp)
             start = time.perf_counter()
             model.learn(steps)
             env_rate = model.num_timesteps / (time.perf_counter() - start)
-            batch = min(cfg.sac.batch_size, 1 << 16)  # a batch backed off before training is never larger
+            batch = min(section.batch_size, 1 << 16)  # a batch backed off before training is never larger
             model.train(gradient_steps=2, batch_size=batch)  # warm-up
             start = time.perf_counter()
-            model.train(gradient_steps=SAC_UPDATES_MEASURED, batch_size=batch)
-            update_s = (time.perf_counter() - start) / SAC_UPDATES_MEASURED
+            model.train(gradient_steps=UPDATES_MEASURED, batch_size=batch)
+            update_s = (time.perf_counter() - start) / UPDATES_MEASURED
             return env_rate, update_s
     finally:
         env.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from pathlib import Path
 
+from trainer.agent_config import OffPolicyConfig
 from trainer.config import Config
 from trainer.datasets import DatasetSource
 from trainer.device import apply_gpu_flags, resolve_device
@@ -59,14 +60,17 @@ def fit_warnings(cfg: Config, speeds: Speeds, planned: list[PlannedStage]) -> li
             f"{agent}: {human_duration(stage.train_s)} at ~{rate:.3g} steps/s reaches ~{stage.planned_steps:,} of its "
             f"{stage.target_steps:,} timesteps"
         )
-        if agent == "sac" and speeds.sac_update_s is not None and cfg.sac.gradient_steps / cfg.sac.train_freq > 1:
-            updates = cfg.sac.gradient_steps / cfg.sac.train_freq
-            cost = updates * speeds.sac_update_s
+        section = cfg.agent(agent)
+        update_s = speeds.update_s.get(agent)
+        if (isinstance(section, OffPolicyConfig) and update_s is not None
+                and section.gradient_steps / section.train_freq > 1):
+            updates = section.gradient_steps / section.train_freq
+            cost = updates * update_s
             note += (
-                f"; gradient_steps={cfg.sac.gradient_steps} / train_freq={cfg.sac.train_freq} = {updates:g} gradient "
-                f"updates per environment step at ~{speeds.sac_update_s * 1000:.1f} ms each = {cost:.2f} s per step"
+                f"; gradient_steps={section.gradient_steps} / train_freq={section.train_freq} = {updates:g} gradient "
+                f"updates per environment step at ~{update_s * 1000:.1f} ms each = {cost:.2f} s per step"
             )
-            fit_rate = 1 / (1 / speeds.sac_env_steps_per_s + speeds.sac_update_s)
+            fit_rate = 1 / (1 / speeds.env_steps_per_s[agent] + update_s)
             note += (f"; with gradient_steps=1, train_freq=1 it would do ~{fit_rate:.0f} steps/s, "
                      f"~{int(fit_rate * stage.train_s):,} steps in the same slot")
         else:

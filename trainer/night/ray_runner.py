@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer import logs
+from trainer.agent_config import OffPolicyConfig
 from trainer.config import Config
 from trainer.config_files import load_config
 from trainer.device import ASSIGNED_CPUS_ENV, cpu_cores
@@ -41,6 +42,7 @@ from trainer.night.plan import REPORT_S
 from trainer.night.stages import evaluate_reference, record_results, train_agent
 from trainer.night.state import FINISHED, MIN_TRAIN_STEPS, ScheduleState, StageRecord, Status
 from trainer.report import write_report
+from trainer.roster import agent_spec
 from trainer.run_dir import RunDir
 from trainer.session import RunContext
 from trainer.signals import Stopped, handle_stop_signals
@@ -262,11 +264,13 @@ class Night:
 
 
 def stage_resources(cfg: Config, record: StageRecord, obs_act: tuple[int, int]) -> dict[str, Any]:
-    """Ray resources of one stage from the `ray` config: CPUs, GPUs, and SAC's memory from its replay buffer."""
+    """Ray resources of one stage from the `ray` config: CPUs, GPUs, and an off-policy agent's memory from its
+    replay buffer."""
     key = record.name if record.kind == StageKind.TRAIN else "eval"
     memory = cfg.ray.memory_headroom_gb * 1e9
-    if record.name == "sac":
-        memory += replay_buffer_bytes(Shapes(*obs_act, tuple(cfg.sac.net_arch)), cfg.sac.buffer_size)
+    section = cfg.agent(record.name) if record.kind == StageKind.TRAIN else None
+    if isinstance(section, OffPolicyConfig):
+        memory += replay_buffer_bytes(Shapes(*obs_act, tuple(section.net_arch)), section.buffer_size)
     return {"num_cpus": cfg.ray.num_cpus.get(key, 1.0), "num_gpus": cfg.ray.num_gpus.get(key, 0.0),
             "memory": int(memory)}
 
@@ -289,11 +293,12 @@ class RayNights:
             for record in night.state.stages:
                 needs = stage_resources(night.ctx.cfg, record, self.obs_act)["memory"]
                 if needs > resources.get("memory", float("inf")):
+                    buffer = record.kind == StageKind.TRAIN and agent_spec(record.name).off_policy
                     raise UsageError(
                         f"stage {record.name} needs {needs / 1e9:,.1f} GB of memory (ray.memory_headroom_gb"
-                        f"{', plus the replay buffer' if record.name == 'sac' else ''}) but the Ray cluster has "
+                        f"{', plus the replay buffer' if buffer else ''}) but the Ray cluster has "
                         f"{resources['memory'] / 1e9:,.1f} GB; Ray would never start it: lower ray.memory_headroom_gb"
-                        f"{' or sac.buffer_size' if record.name == 'sac' else ''}")
+                        f"{f' or {record.name}.buffer_size' if buffer else ''}")
         placed = lanes(self.nights, self.obs_act, cpus, gpus, datetime.now())
         self.say(render_lanes(placed, self.nights[0].state.deadline_dt(), cpus, gpus) + "\n")
         previous = {s: signal.signal(s, self._on_stop) for s in (signal.SIGINT, signal.SIGTERM)}
