@@ -182,7 +182,7 @@ def test_ray_gives_the_local_backend_s_results_with_the_same_seed(tmp_path):
     # Four environments on both backends, whatever this machine's cores (a local night sizes from them).
     sets = tiny_overrides("schedule.quick_timesteps={a2c: 300}", "schedule.quick_eval_days=1", "a2c.n_steps=100",
                           "a2c.n_envs=4", "ray.num_cpus={a2c: 2, eval: 1}")
-    results = {}
+    results, schedules = {}, {}
     for backend in ("local", "ray"):
         out = tmp_path / backend
         proc = subprocess.run([sys.executable, "-m", "trainer", "night", "--backend", backend, "--quick", "--agents",
@@ -190,8 +190,15 @@ def test_ray_gives_the_local_backend_s_results_with_the_same_seed(tmp_path):
                               cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, proc.stderr[-3000:]
         results[backend] = json.loads((out / "results.json").read_text())
+        schedules[backend] = [{**{k: s[k] for k in ("name", "kind", "status", "timesteps_target", "timesteps_done",
+                                                    "error")},
+                               "results": {k: v for k, v in (s["results"] or {}).items() if k != "steps_per_s"}}
+                              for s in json.loads((out / "schedule.json").read_text())["stages"]]
     assert list(results["local"]) == list(results["ray"]) == ["baseline", "rbc", "optimum", "a2c"]
     assert {k: v["co2_kg"] for k, v in results["local"].items()} == {k: v["co2_kg"] for k, v in results["ray"].items()}
+    # One driver owns the stages' lives: the same schedule.json on both, but for times, speeds, where each ran.
+    assert schedules["local"] == schedules["ray"]
+    assert [s["status"] for s in schedules["ray"]] == ["done"] * 5
 
 
 def test_a_stage_needing_more_memory_than_the_cluster_is_refused(tmp_path):

@@ -4,13 +4,28 @@ from __future__ import annotations
 
 import json
 from datetime import datetime, timedelta
+from types import SimpleNamespace
 
 import pytest
 
 from trainer.durations import parse_duration, resolve_finish_by
 from trainer.errors import UsageError
 from trainer.night.budget import StageSpec, allocate
-from trainer.night.state import DONE, FAILED, PENDING, RUNNING, SKIPPED, ScheduleState, plan, run
+from trainer.night.state import (
+    DONE,
+    FAILED,
+    PENDING,
+    RUNNING,
+    SKIPPED,
+    Night,
+    ScheduleState,
+    StageEvent,
+    StageJob,
+    StageOutcome,
+    drive,
+    plan,
+)
+from trainer.run_dir import RunDir
 
 START = datetime(2026, 11, 22, 22, 0, 0)
 # Targets far beyond an hour's training, so timed runs end by their slots.
@@ -25,8 +40,14 @@ class Interrupt(Exception):
     pass
 
 
-class FakeRunner:
-    """Stages that take exactly their estimated time on a fake clock."""
+SPECS = {name: StageSpec(name, "train", EVAL_S, WEIGHTS[name], target, SPEEDS[name]) if kind == "train" else
+         StageSpec(name, kind, REPORT_S if kind == "report" else EVAL_S) for name, kind, target in STAGES}
+
+
+class FakeExecutor:
+    """A backend whose stages take exactly their estimated time on a fake clock, one after another."""
+
+    parallel = False
 
     def __init__(self, clock, interrupt_at: str | None = None, fail: str | None = None, speed_factor: float = 1.0):
         self.clock = clock
@@ -34,39 +55,38 @@ class FakeRunner:
         self.fail = fail
         self.speed_factor = speed_factor
         self.calls: list[tuple] = []
+        self.pending: StageJob | None = None
 
-    def spec(self, record):
-        if record.kind == "train":
-            return StageSpec(
-                record.name, "train", EVAL_S, WEIGHTS[record.name], record.timesteps_target, SPEEDS[record.name]
-            )
-        return StageSpec(record.name, record.kind, REPORT_S if record.kind == "report" else EVAL_S)
+    def has_room(self):
+        return self.pending is None
 
-    def _maybe_fail(self, name):
-        if name == self.interrupt_at:
+    def submit(self, job, night):
+        self.pending = job
+
+    def wait(self):
+        job, self.pending = self.pending, None
+        if job.kind == "eval":
+            self.calls.append(("eval", job.name))
+        else:
+            limit, _ = job.slot(self.clock().timestamp())  # the driver skipped it if there was no time
+            self.calls.append(("train", job.name, job.target, limit, job.resume))
+        if job.name == self.interrupt_at:
             self.clock.advance(5)
-            raise Interrupt(name)
-        if name == self.fail:
-            raise RuntimeError(f"{name} exploded\nsecond line")
-
-    def run_eval(self, name):
-        self.calls.append(("eval", name))
-        self._maybe_fail(name)
-        self.clock.advance(EVAL_S)
-        return {"co2_kg_per_year": 100.0}
-
-    def run_train(self, agent, target, time_limit_s, resume):
-        self.calls.append(("train", agent, target, time_limit_s, resume))
-        self._maybe_fail(agent)
-        speed = SPEEDS[agent] * self.speed_factor
-        seconds = target / speed if time_limit_s is None else min(target / speed, time_limit_s)
+            raise Interrupt(job.name)
+        if job.name == self.fail:
+            return [StageEvent(job, StageOutcome(error=f"RuntimeError: {job.name} exploded\nsecond line"))]
+        if job.kind == "eval":
+            self.clock.advance(EVAL_S)
+            return [StageEvent(job, StageOutcome(metrics={"co2_kg_per_year": 100.0}))]
+        speed = SPEEDS[job.name] * self.speed_factor
+        seconds = job.target / speed if limit is None else min(job.target / speed, limit)
         self.clock.advance(seconds + EVAL_S)
-        return {"timesteps": int(seconds * speed), "checkpoint": f"{agent}/checkpoints/x"}
+        return [StageEvent(job, StageOutcome(metrics={"timesteps": int(seconds * speed),
+                                                      "checkpoint": f"{job.name}/checkpoints/x"}))]
 
-    def run_report(self):
+    def report(self):
         self.calls.append(("report",))
         self.clock.advance(REPORT_S)
-        return {}
 
 
 class Clock:
@@ -80,10 +100,17 @@ class Clock:
         self.now += timedelta(seconds=seconds)
 
 
-def new_state(tmp_path, deadline: datetime | None, clock: Clock, runner) -> ScheduleState:
+def new_state(tmp_path, deadline: datetime | None, clock: Clock, runner=None) -> ScheduleState:
     state = ScheduleState.new(tmp_path / "schedule.json", STAGES, clock(), deadline)
-    plan(state, runner, clock())
+    plan(state, SPECS, clock())
     state.save()
+    return state
+
+
+def run(state: ScheduleState, executor: FakeExecutor, clock: Clock) -> ScheduleState:
+    """The night's driver on the fake backend: the stages, then the report."""
+    ctx = SimpleNamespace(run=RunDir(state.path.parent), schema=state.path.parent / "schema.json")
+    drive([Night(ctx, state, SPECS, report=executor.report)], executor, clock)
     return state
 
 
@@ -150,7 +177,7 @@ def test_without_a_budget_each_stage_gets_what_its_target_needs():
 
 def test_untimed_schedule_runs_every_stage_to_its_target(tmp_path):
     clock = Clock(START)
-    runner = FakeRunner(clock)
+    runner = FakeExecutor(clock)
     state = run(new_state(tmp_path, None, clock, runner), runner, clock)
     assert [s.status for s in state.stages] == [DONE] * 6
     assert [s.timesteps_done for s in state.stages[2:5]] == [100_000, 500_000, 500_000]
@@ -160,7 +187,7 @@ def test_untimed_schedule_runs_every_stage_to_its_target(tmp_path):
 def test_timed_schedule_ends_by_the_deadline_and_stages_end_on_time(tmp_path):
     clock = Clock(START)
     deadline = START + timedelta(hours=1)
-    runner = FakeRunner(clock)
+    runner = FakeExecutor(clock)
     state = run(new_state(tmp_path, deadline, clock, runner), runner, clock)
     assert [s.status for s in state.stages] == [DONE] * 6
     assert clock() <= deadline
@@ -173,7 +200,7 @@ def test_timed_schedule_ends_by_the_deadline_and_stages_end_on_time(tmp_path):
 
 def test_unused_time_goes_to_the_stages_after(tmp_path):
     clock = Clock(START)
-    runner = FakeRunner(clock, speed_factor=4.0)  # sac reaches its target in a quarter of the planned time
+    runner = FakeExecutor(clock, speed_factor=4.0)  # sac reaches its target in a quarter of the planned time
     state = new_state(tmp_path, START + timedelta(hours=2), clock, runner)
     run(state, runner, clock)
     train = [c for c in runner.calls if c[0] == "train"]
@@ -186,10 +213,10 @@ def test_unused_time_goes_to_the_stages_after(tmp_path):
 
 def test_state_is_written_at_every_change(tmp_path):
     clock = Clock(START)
-    runner = FakeRunner(clock, interrupt_at="ppo")
+    runner = FakeExecutor(clock, interrupt_at="ppo")
     state = new_state(tmp_path, START + timedelta(hours=1), clock, runner)
     with pytest.raises(Interrupt):
-        run(state, runner, clock, interrupt_types=(Interrupt,))
+        run(state, runner, clock)
     saved = json.loads((tmp_path / "schedule.json").read_text())
     assert [s["status"] for s in saved["stages"]] == [DONE, DONE, DONE, RUNNING, PENDING, PENDING]
     assert saved["stages"][2]["actual_end"] and saved["stages"][3]["actual_start"]
@@ -200,16 +227,16 @@ def test_state_is_written_at_every_change(tmp_path):
 def test_resume_after_an_interruption_at_each_stage(tmp_path, stage):
     clock = Clock(START)
     deadline = START + timedelta(hours=1)
-    first = FakeRunner(clock, interrupt_at=stage)
+    first = FakeExecutor(clock, interrupt_at=stage)
     state = new_state(tmp_path, deadline, clock, first)
     with pytest.raises(Interrupt):
-        run(state, first, clock, interrupt_types=(Interrupt,))
+        run(state, first, clock)
     finished_before = [s.name for s in state.stages if s.status == DONE]
 
     clock.advance(60)  # the restart takes a minute
     resumed_state = ScheduleState.load(tmp_path / "schedule.json")
-    second = FakeRunner(clock)
-    plan(resumed_state, second, clock())
+    second = FakeExecutor(clock)
+    plan(resumed_state, SPECS, clock())
     run(resumed_state, second, clock)
     assert [s.status for s in resumed_state.stages] == [DONE] * 6
     rerun = [c[1] if len(c) > 1 else "report" for c in second.calls]
@@ -223,7 +250,7 @@ def test_resume_after_an_interruption_at_each_stage(tmp_path, stage):
 
 def test_a_failed_stage_is_recorded_and_the_night_goes_on(tmp_path):
     clock = Clock(START)
-    runner = FakeRunner(clock, fail="sac")
+    runner = FakeExecutor(clock, fail="sac")
     state = run(new_state(tmp_path, None, clock, runner), runner, clock)
     assert [s.status for s in state.stages] == [DONE, DONE, FAILED, DONE, DONE, DONE]
     assert state.stages[2].error == "RuntimeError: sac exploded"
@@ -232,7 +259,7 @@ def test_a_failed_stage_is_recorded_and_the_night_goes_on(tmp_path):
 
 def test_a_stage_with_no_time_left_is_skipped(tmp_path):
     clock = Clock(START)
-    runner = FakeRunner(clock)
+    runner = FakeExecutor(clock)
     # The evaluations and the report take 330 s of the 336: 6 s of training are not worth a model.
     state = new_state(tmp_path, START + timedelta(seconds=336), clock, runner)
     run(state, runner, clock)

@@ -25,7 +25,7 @@ from trainer.errors import UsageError
 from trainer.launch import AGENT_CHOICES, LaunchOptions, split_agent, start
 from trainer.learn.preflight import check_resume_config
 from trainer.metrics import format_table as results_table
-from trainer.night import install, plan, ray_runner, runner, stages, sweep
+from trainer.night import backends, install, plan, runner, stages, sweep
 from trainer.report import report_run
 from trainer.roster import AGENTS
 from trainer.run_dir import RunDir
@@ -119,19 +119,19 @@ def train(agent: str, config_files: tuple[str, ...], overrides: tuple[str, ...],
 def night(config_files: tuple[str, ...], overrides: tuple[str, ...], profile: str | None, schema: str | None,
           dataset: str | None, device: str | None, out: str | None, seed: int | None, quick: bool, agents: str | None,
           budget: str | None, finish_by: str | None, resume: str | None, force: bool, backend: str,
-          address: str | None, seeds: str | None) -> None:
+          backend_options: dict[str, Any], seeds: str | None) -> None:
     """Run the night now: baseline → rbc → optimum → each agent → report, within --budget or by --finish-by.
 
     `trainer schedule install` starts it every night instead.
     """
-    if backend == "ray":  # exit 2 with the install command, the address or the resources, before any folder
-        ray_runner.check_backend(address, session.resolve_config(config_files, overrides, seed=seed, device=device,
-                                                                 profile=profile))
+    # The backend's own checks (Ray: installed, its address, the resources) exit 2 before any folder is made.
+    backends.backend(backend).check(session.resolve_config(config_files, overrides, seed=seed, device=device,
+                                                           profile=profile), backend_options)
     if seeds or sweep.is_sweep_resume(resume):
         cfg, seed_list, folder, resuming = sweep.from_cli(config_files, overrides, profile, device, seeds, out, resume)
         with handle_stop_signals():
             click.echo(sweep.run_and_summarise(cfg, seed_list, folder, schema, dataset, agents, quick, budget,
-                                               finish_by, resuming, force, backend, address, click.echo))
+                                               finish_by, resuming, force, backend, backend_options, click.echo))
         return
     cfg, out = session.resolve_for_resume(resume, out, "results.json", config_files, overrides, seed=seed,
                                           device=device, profile=profile)
@@ -143,7 +143,7 @@ def night(config_files: tuple[str, ...], overrides: tuple[str, ...], profile: st
         targets = session.training_targets(cfg, chosen, quick, ctx.schema)
         with handle_stop_signals():
             state = runner.run_night(ctx, chosen, targets, deadline, resume is not None, force, click.echo, backend,
-                                     address)
+                                     backend_options)
         _print_results(ctx.run.results(), ctx.run)
         click.echo(f"report:  {ctx.run.report}")
         runner.raise_for_failures(state, ctx.run)
@@ -314,10 +314,11 @@ def sim_check(config_files: tuple[str, ...], overrides: tuple[str, ...], profile
 @click.option("--require-gpu", is_flag=True, help="Fail when CUDA is not available.")
 @opts.backend_options
 def doctor(config_files: tuple[str, ...], overrides: tuple[str, ...], profile: str | None, schema: str | None,
-           dataset: str | None, as_json: bool, require_gpu: bool, backend: str, address: str | None) -> None:
+           dataset: str | None, as_json: bool, require_gpu: bool, backend: str,
+           backend_options: dict[str, Any]) -> None:
     """Check Python, packages, CUDA, GPU and host memory, disk, dataset and config; say what to fix."""
     checks = run_checks(lambda: session.resolve_config(config_files, overrides, profile=profile), schema, dataset,
-                        require_gpu, backend, address)
+                        require_gpu, backend, backend_options)
     click.echo(json.dumps(checks_as_json(checks), indent=2) if as_json else format_table(checks))
     sys.exit(1 if any(c.status == FAIL for c in checks) else 0)
 

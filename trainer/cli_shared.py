@@ -140,11 +140,27 @@ resume_option = click.option("--resume", is_flag=False, flag_value=LATEST, defau
 force_option = click.option("--force", is_flag=True, help="Resume even though the config changed since the checkpoint.")
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of the table.")
 run_dir_argument = click.argument("run_dir", type=click.Path(file_okay=False))
-backend_options = options(
-    click.option("--backend", type=click.Choice(["local", "ray"]), default="local", show_default=True,
-                 help="Run the stages one after another here, or side by side on Ray (docs/ray.md)."),
-    click.option("--address", default=None, metavar="HOST:PORT",
-                 help="With --backend ray: an existing Ray cluster (default: a local Ray sized to this machine)."))
+def backend_options(fn: Callable) -> Callable:
+    """``--backend`` (a row of trainer.night.backends) and each backend's own options (Ray's ``--address``),
+    handed to the command as ``backend`` and ``backend_options``, the options of the backend chosen."""
+    from trainer.night.backends import BACKENDS, own_options
+
+    owned = {option: name for name, row in BACKENDS.items() for option in row.options}
+
+    @functools.wraps(fn)
+    def collected(*args: Any, backend: str, **kwargs: Any) -> Any:
+        given = {option: kwargs.pop(option, None) for option in owned}
+        if "backend_options" not in kwargs:  # not yet collected (`trainer schedule` hands `night` its own)
+            kwargs["backend_options"] = own_options(backend, given)
+        return fn(*args, backend=backend, **kwargs)
+
+    for option, name in owned.items():
+        metavar, text = BACKENDS[name].options[option]
+        collected = click.option(f"--{option.replace('_', '-')}", option, default=None, metavar=metavar,
+                                 help=f"With --backend {name}: {text}.")(collected)
+    where = "; ".join(f"{name}: {row.summary}" for name, row in BACKENDS.items())
+    return click.option("--backend", type=click.Choice(list(BACKENDS)), default="local", show_default=True,
+                        help=f"Where the stages run ({where}).")(collected)
 seeds_option = click.option("--seeds", default=None, metavar="1,2,3",
                             help="A seed sweep: one run folder per seed and sweep.md with mean ± sd (both backends).")
 night_options = options(run_options, quick_option, agents_option, time_options, resume_option, force_option,

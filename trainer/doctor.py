@@ -7,14 +7,16 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 from packaging.requirements import Requirement
 
 from monitor.nvml import Nvml, NvmlUnavailable
 from trainer import profiles
+from trainer.checks import FAIL, PASS, WARN, Check
 from trainer.config import Config
 from trainer.datasets import resolve_dataset
 from trainer.env import make_sb3_env
@@ -25,17 +27,8 @@ from trainer.roster import AGENTS, off_policy_agents
 from trainer.session import site_schema
 from trainer.sim.site import unsupported_reason
 
-PASS, WARN, FAIL = "pass", "warn", "fail"
 DISK_WARN_BYTES = 5 * GIB
 DISK_FAIL_BYTES = 500 * 1024**2
-
-
-@dataclass
-class Check:
-    name: str
-    status: str
-    detail: str
-    fix: str = ""
 
 
 def check_python() -> Check:
@@ -181,24 +174,6 @@ def check_tensorboard(cfg: Config) -> Check:
                  "curves go to progress.csv only", TENSORBOARD_FIX)
 
 
-def check_ray(address: str | None) -> Check:
-    """`--backend ray`: Ray installed at the pinned version; with an address, the cluster's preflight."""
-    from trainer.night import ray_runner  # imports the night's modules: only when asked for
-
-    try:
-        ray_runner.import_ray()
-        if address:
-            with ray_runner.ray_session(address):
-                pass
-    except TrainerError as exc:
-        return Check("ray", FAIL, str(exc), ray_runner.INSTALL if "needs Ray" in str(exc) else "")
-    except Exception as exc:  # a cluster that cannot be reached: say so with Ray's own words
-        return Check("ray", FAIL, f"cannot use the Ray cluster at {address}: {str(exc).splitlines()[0]}",
-                     "start it (ray start --head), check the address and RAY_AUTH_TOKEN (docs/ray.md)")
-    where = f"the cluster at {address} matches" if address else "a local Ray starts with the night"
-    return Check("ray", PASS, f"Ray {ray_runner.RAY_VERSION}; {where}")
-
-
 def check_profile() -> Check:
     name, why = profiles.detect()
     return Check("profile", PASS, f"--profile auto picks {name} ({why})")
@@ -219,11 +194,14 @@ def check_nvml() -> Check:
 
 
 def run_checks(load: Callable[[], Config], schema: str | None, dataset: str | None, require_gpu: bool,
-               backend: str = "local", address: str | None = None) -> list[Check]:
+               backend: str = "local", backend_options: dict[str, Any] | None = None) -> list[Check]:
     """Every check; a config or dataset that fails stops only the checks that need it."""
+    from trainer.night.backends import backend as backend_row  # the night's modules: only when a check runs
+
     checks = [check_python(), check_packages(), *check_torch_cuda(require_gpu), check_nvml(), check_profile()]
-    if backend == "ray":
-        checks.append(check_ray(address))
+    backend_check = backend_row(backend).doctor(backend_options or {})
+    if backend_check is not None:
+        checks.append(backend_check)
     try:
         cfg = load()
         checks.append(Check("config", PASS, "valid"))

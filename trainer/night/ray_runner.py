@@ -1,8 +1,10 @@
 """`trainer night --backend ray`: the night's stages as Ray tasks, side by side where their resources fit.
 
-The driver (this process) plans the night as the local backend does, submits one Ray task per
-stage (`ray.num_cpus`, `ray.num_gpus`, SAC's memory from its replay buffer) and alone writes
-``schedule.json``, ``results.json`` and the report. Each task runs in a fresh worker process
+:class:`RayBackend` is a row of ``trainer.night.backends``: the night's driver (``state.drive``, in this
+process) plans the night as on the local backend, hands it one job per stage, and alone writes
+``schedule.json``, ``results.json`` and the report; the backend submits one Ray task per stage
+(`ray.num_cpus`, `ray.num_gpus`, an off-policy agent's memory from its replay buffer) and reports each
+outcome back. Each task runs in a fresh worker process
 (``max_calls=1``), logs to ``logs/<stage>.jsonl`` and records each attempt (node, pid) in
 ``<stage>/attempts.jsonl``. A task whose worker dies (SIGKILL, a lost node) is run again by Ray
 (``ray.max_retries``) and resumes from its newest checkpoint; SIGTERM to a worker saves a
@@ -10,7 +12,7 @@ checkpoint, then the stage is run again. Ctrl+C or SIGTERM to the driver cancels
 stages, which save their checkpoints, and leaves the night resumable on either backend.
 
 Facts found by trying Ray 2.60 here are in ../shared/docs/ray-notes.md: exceptions with several
-arguments do not cross Ray (tasks return an outcome dict), ``address="local"`` so a stale cluster
+arguments do not cross Ray (tasks return a StageOutcome), ``address="local"`` so a stale cluster
 is never joined, stages sized from the resources Ray assigned them.
 """
 
@@ -20,28 +22,27 @@ import json
 import os
 import signal
 import socket
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import replace
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from trainer import logs
 from trainer.agent_config import OffPolicyConfig
+from trainer.checks import FAIL, PASS, Check
 from trainer.config import Config
 from trainer.config_files import load_config
 from trainer.device import ASSIGNED_CPUS_ENV, cpu_cores
 from trainer.env import make_sb3_env
-from trainer.errors import UsageError
+from trainer.errors import TrainerError, UsageError
 from trainer.learn.memory import Shapes, replay_buffer_bytes
 from trainer.learn.recovery import TrainingInterrupted
-from trainer.night.budget import StageKind, StageSpec
+from trainer.night.budget import StageKind
 from trainer.night.plan import REPORT_S
-from trainer.night.stages import evaluate_reference, record_results, train_agent
-from trainer.night.state import FINISHED, MIN_TRAIN_STEPS, ScheduleState, StageRecord, Status
-from trainer.report import write_report
+from trainer.night.stages import run_job
+from trainer.night.state import FINISHED, Night, StageEvent, StageJob, StageOutcome, StageRecord
 from trainer.roster import agent_spec
 from trainer.run_dir import RunDir
 from trainer.session import RunContext
@@ -205,62 +206,38 @@ def stage_device(assigned: dict[str, float]) -> str:
     return "cuda" if assigned.get("GPU", 0) > 0 else "cpu"
 
 
-def run_stage(job: dict[str, Any]) -> dict[str, Any]:
-    """One stage in a fresh Ray worker: an outcome dict, never an exception Ray cannot carry back."""
+def run_stage(job: StageJob) -> StageOutcome:
+    """One stage in a fresh Ray worker: its outcome, never an exception Ray cannot carry back."""
     import ray  # optional extra: imported where it runs
 
-    run = RunDir(Path(job["run"]))
+    run = RunDir(Path(job.run))
     assigned = ray.get_runtime_context().get_assigned_resources()
     device = stage_device(assigned)
     os.environ[ASSIGNED_CPUS_ENV] = str(max(int(assigned.get("CPU", 1)), 1))
-    logs.configure(run.logs / f"{job['name']}.jsonl")
+    logs.configure(run.logs / f"{job.name}.jsonl")
     cfg = load_config([run.config])
-    if job["kind"] == StageKind.TRAIN:
-        getattr(cfg, job["name"]).device = device
-    started = datetime.now().isoformat(timespec="seconds")
-    attempt = {"node": socket.gethostname(), "pid": os.getpid(), "started": started, "resources": assigned}
-    folder = run.agent(job["name"]).root
+    if job.kind == StageKind.TRAIN:
+        cfg.agent(job.name).device = device
+    attempt = {"node": socket.gethostname(), "pid": os.getpid(),
+               "started": datetime.now().isoformat(timespec="seconds"), "resources": assigned}
+    folder = run.agent(job.name).root
     folder.mkdir(parents=True, exist_ok=True)
     with open(folder / ATTEMPTS, "a", encoding="utf-8") as handle:
         handle.write(json.dumps(attempt) + "\n")
-    ctx = RunContext(cfg, run, Path(job["schema"]), device)
-    outcome: dict[str, Any] = {"attempt": attempt}
+    retried = (folder / "checkpoints").is_dir()  # an attempt after a killed one goes on from its checkpoint
     try:
         with handle_stop_signals():
-            if job["kind"] == StageKind.EVAL:
-                outcome["metrics"] = evaluate_reference(ctx, job["name"])
-            else:
-                limit = None if job["deadline"] is None else job["deadline"] - time.time() - job["reserve_s"]
-                if limit is not None and limit * job["steps_per_s"] < min(MIN_TRAIN_STEPS, job["target"]):
-                    return {**outcome, "skipped": f"no time left for training: {max(limit, 0):.0f} s before the "
-                                                  "deadline"}
-                resume = (folder / "checkpoints").is_dir()
-                outcome["metrics"] = train_agent(ctx, job["name"], job["target"], resume=resume, force=job["force"],
-                                                 time_limit_s=limit)
+            return run_job(RunContext(cfg, run, Path(job.schema), device), replace(job, resume=job.resume or retried))
     except TrainingInterrupted as exc:
-        if exc.signal_name == "SIGTERM" and not job.get("cancelled"):
-            raise StageRetry(f"{job['name']}: stopped by SIGTERM at step {exc.step}; run again from its "
+        if exc.signal_name == "SIGTERM":
+            raise StageRetry(f"{job.name}: stopped by SIGTERM at step {exc.step}; run again from its "
                              "checkpoint") from None
-        outcome["stopped"] = str(exc)
+        return StageOutcome(stopped=str(exc))
     except Stopped as exc:
-        outcome["stopped"] = str(exc)
-    return outcome
+        return StageOutcome(stopped=str(exc))
 
 
 # ------------------------------------------------------------------------------ the driver
-
-
-@dataclass
-class Night:
-    """One run folder's night on Ray: its context, state and what the planner knows of each stage."""
-
-    ctx: RunContext
-    state: ScheduleState
-    specs: dict[str, StageSpec]
-
-    @property
-    def run(self) -> RunDir:
-        return self.ctx.run
 
 
 def stage_resources(cfg: Config, record: StageRecord, obs_act: tuple[int, int]) -> dict[str, Any]:
@@ -275,17 +252,59 @@ def stage_resources(cfg: Config, record: StageRecord, obs_act: tuple[int, int]) 
             "memory": int(memory)}
 
 
-class RayNights:
-    """Drive one or more nights (a seed sweep) through one Ray queue."""
+class RayBackend:
+    """The nights' stages as Ray tasks, side by side where their resources fit; one queue for a seed sweep."""
 
-    def __init__(self, ray: Any, nights: list[Night], force: bool, obs_act: tuple[int, int],
-                 say: Callable[[str], None] = print):
-        self.ray, self.nights, self.force, self.obs_act, self.say = ray, nights, force, obs_act, say
-        self.running: dict[Any, tuple[Night, StageRecord]] = {}
+    summary = "side by side on Ray (docs/ray.md)"
+    options: ClassVar[dict[str, tuple[str, str]]] = {
+        "address": ("HOST:PORT", "an existing Ray cluster (default: a local Ray sized to this machine)")}
+    concurrent_nights = True
+    parallel = True
+
+    def __init__(self, ray: Any, nights: list[Night], obs_act: tuple[int, int], say: Callable[[str], None] = print):
+        self.ray, self.nights, self.obs_act, self.say = ray, nights, obs_act, say
+        self.running: dict[Any, tuple[StageJob, Night]] = {}
+        self.attempts: dict[StageJob, tuple[dict[str, Any], ...]] = {}
         self.stop_signal: int | None = None
         self.log = logs.get()
 
-    def run(self) -> list[ScheduleState]:
+    @classmethod
+    def check(cls, cfg: Config, options: dict[str, Any]) -> None:
+        check_backend(options.get("address"), cfg)
+
+    @classmethod
+    def doctor(cls, options: dict[str, Any]) -> Check:
+        """Ray installed at the pinned version; with an address, the cluster's preflight."""
+        address = options.get("address")
+        try:
+            import_ray()
+            if address:
+                with ray_session(address):
+                    pass
+        except TrainerError as exc:
+            return Check("ray", FAIL, str(exc), INSTALL if "needs Ray" in str(exc) else "")
+        except Exception as exc:  # a cluster that cannot be reached: say so with Ray's own words
+            return Check("ray", FAIL, f"cannot use the Ray cluster at {address}: {str(exc).splitlines()[0]}",
+                         "start it (ray start --head), check the address and RAY_AUTH_TOKEN (docs/ray.md)")
+        where = f"the cluster at {address} matches" if address else "a local Ray starts with the night"
+        return Check("ray", PASS, f"Ray {RAY_VERSION}; {where}")
+
+    @classmethod
+    @contextmanager
+    def open(cls, nights: list[Night], options: dict[str, Any], say: Callable[[str], None]) -> Iterator[RayBackend]:
+        first = nights[0].ctx
+        with ray_session(options.get("address"), shared=first.run.root) as ray:
+            executor = cls(ray, nights, observation_action_sizes(first.cfg, first.schema), say)
+            executor.fit()
+            previous = {s: signal.signal(s, executor._on_stop) for s in (signal.SIGINT, signal.SIGTERM)}
+            try:
+                yield executor
+            finally:
+                for s, handler in previous.items():
+                    signal.signal(s, handler)
+
+    def fit(self) -> None:
+        """Refuse a stage the cluster could never start, then say when each stage should run."""
         resources = self.ray.cluster_resources()
         cpus, gpus = resources.get("CPU", 1.0), resources.get("GPU", 0.0)
         for night in self.nights:
@@ -301,101 +320,50 @@ class RayNights:
                         f"{f' or {record.name}.buffer_size' if buffer else ''}")
         placed = lanes(self.nights, self.obs_act, cpus, gpus, datetime.now())
         self.say(render_lanes(placed, self.nights[0].state.deadline_dt(), cpus, gpus) + "\n")
-        previous = {s: signal.signal(s, self._on_stop) for s in (signal.SIGINT, signal.SIGTERM)}
-        try:
-            for night in self.nights:
-                for record in night.state.stages:
-                    if record.status not in FINISHED and record.kind != StageKind.REPORT:
-                        self._submit(night, record)
-            while self.running:
-                if self.stop_signal is not None:
-                    self._stop()
-                done, _ = self.ray.wait(list(self.running), num_returns=1, timeout=1.0)
-                for ref in done:
-                    self._finish(ref)
-                self._record_attempts()
-            for night in self.nights:
-                self._report(night)
-        finally:
-            for s, handler in previous.items():
-                signal.signal(s, handler)
-        return [night.state for night in self.nights]
 
     def _on_stop(self, signum: int, frame: Any) -> None:
         self.stop_signal = signum
 
-    def _submit(self, night: Night, record: StageRecord) -> None:
+    def has_room(self) -> bool:
+        return True  # Ray queues what its resources cannot start yet
+
+    def submit(self, job: StageJob, night: Night) -> None:
         cfg = night.ctx.cfg
-        spec = night.specs[record.name]
-        deadline = night.state.deadline_dt()
-        job = {"run": str(night.run.root), "schema": str(night.ctx.schema), "name": record.name,
-               "kind": str(record.kind), "target": record.timesteps_target, "force": self.force,
-               "deadline": deadline.timestamp() if deadline else None, "reserve_s": spec.fixed_s + REPORT_S,
-               "steps_per_s": spec.steps_per_s}
+        record = next(r for r in night.state.stages if r.name == job.name)
         resources = stage_resources(cfg, record, self.obs_act)
         task = self.ray.remote(max_calls=1)(run_stage).options(  # a fresh worker per attempt: no stale globals
             max_retries=cfg.ray.max_retries, retry_exceptions=[StageRetry], **resources)
-        ref = task.remote(job)
-        self.running[ref] = (night, record)
-        record.status = Status.RUNNING
-        record.actual_start = record.actual_start or datetime.now().isoformat(timespec="seconds")
-        night.state.save()
-        self.log.info("stage submitted to Ray", run=night.run.root.name, stage=record.name, **resources)
+        self.running[task.remote(job)] = (job, night)
+        self.log.info("stage submitted to Ray", run=night.ctx.run.root.name, stage=job.name, **resources)
 
-    def _finish(self, ref: Any) -> None:
-        night, record = self.running.pop(ref)
+    def wait(self) -> list[StageEvent]:
+        """Finished stages and news of the attempts of running ones, within a second; a stop signal cancels every
+        running stage (each saves its checkpoint) and raises, the night resumable."""
+        if self.stop_signal is not None:
+            self._stop()
+        done, _ = self.ray.wait(list(self.running), num_returns=1, timeout=1.0)
+        events = [self._outcome(ref) for ref in done]
+        for job, night in self.running.values():
+            attempts = _read_attempts(night.ctx.run, job.name)
+            if attempts != self.attempts.get(job, ()):
+                self.attempts[job] = attempts
+                events.append(StageEvent(job, attempts=attempts))
+        return [e for e in events if e is not None]
+
+    def _outcome(self, ref: Any) -> StageEvent | None:
+        job, night = self.running.pop(ref)
+        attempts = _read_attempts(night.ctx.run, job.name)
         try:
-            outcome = self.ray.get(ref)
-        except Exception as exc:  # retries used up, or cancelled: the stage failed or was stopped
+            return StageEvent(job, self.ray.get(ref), attempts)
+        except Exception as exc:  # retries used up, or cancelled
             if self.stop_signal is not None:
-                return  # stopped by the driver: stays RUNNING, resumable
+                return None  # stopped by the driver: it stays running, resumable
             cause = getattr(exc, "cause", None) or exc  # a RayTaskError carries the task's own exception
-            record.status, record.error = Status.FAILED, f"{type(cause).__name__}: {cause}".splitlines()[0][:500]
-            self.log.error("stage failed", stage=record.name, error=record.error)
-            self._end(night, record)
-            return
-        if "stopped" in outcome:
-            self.log.warning("stage stopped", stage=record.name, detail=outcome["stopped"])
-            return
-        if "skipped" in outcome:
-            record.status, record.error = Status.SKIPPED, outcome["skipped"]
-        else:
-            metrics = outcome["metrics"]
-            record_results(night.run, {record.name: metrics})
-            record.status = Status.DONE
-            record.timesteps_done = int(metrics.get("timesteps") or 0)
-            record.checkpoint = metrics.get("checkpoint")
-            record.results = {k: metrics.get(k) for k in ("co2_kg_per_year", "co2_vs_baseline_pct", "timesteps",
-                                                          "steps_per_s") if k in metrics} or None
-        self.log.info("stage done", stage=record.name, status=str(record.status), run=night.run.root.name)
-        self._end(night, record)
-
-    def _end(self, night: Night, record: StageRecord) -> None:
-        record.actual_end = datetime.now().isoformat(timespec="seconds")
-        self._read_attempts(night, record)
-        night.state.save()
-
-    def _record_attempts(self) -> None:
-        for night, record in list(self.running.values()):
-            if self._read_attempts(night, record):
-                night.state.save()
-
-    @staticmethod
-    def _read_attempts(night: Night, record: StageRecord) -> bool:
-        path = night.run.agent(record.name).root / ATTEMPTS
-        if not path.is_file():
-            return False
-        attempts = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-        changed = attempts != record.attempts
-        record.attempts = attempts
-        if attempts:  # queued behind other stages, it started when its first attempt did, not when submitted
-            record.actual_start = attempts[0]["started"]
-        return changed
+            return StageEvent(job, StageOutcome(error=f"{type(cause).__name__}: {cause}"), attempts)
 
     def _stop(self) -> None:
-        """Cancel every running stage (each saves its checkpoint), wait for them, and end the night resumable."""
         name = signal.Signals(self.stop_signal).name
-        running = [record.name for _, record in self.running.values()]
+        running = [job.name for job, _ in self.running.values()]
         self.say(f"[ray] {name}: the running stages save their checkpoints ({', '.join(running)})")
         refs = list(self.running)
         for ref in refs:
@@ -406,15 +374,13 @@ class RayNights:
             night.state.save()
         raise NightStopped(name, 128 + int(self.stop_signal), running)
 
-    def _report(self, night: Night) -> None:
-        record = next((r for r in night.state.stages if r.kind == StageKind.REPORT), None)
-        if record is None or record.status in FINISHED:
-            return
-        record.status, record.actual_start = Status.RUNNING, datetime.now().isoformat(timespec="seconds")
-        night.state.save()
-        write_report(night.run)
-        record.status, record.actual_end = Status.DONE, datetime.now().isoformat(timespec="seconds")
-        night.state.save()
+
+def _read_attempts(run: RunDir, name: str) -> tuple[dict[str, Any], ...]:
+    """Each attempt Ray made of a stage (node, pid, start), as its workers wrote them."""
+    path = run.agent(name).root / ATTEMPTS
+    if not path.is_file():
+        return ()
+    return tuple(json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip())
 
 
 def observation_action_sizes(cfg: Config, schema: Path) -> tuple[int, int]:
@@ -452,7 +418,7 @@ def lanes(nights: list[Night], obs_act: tuple[int, int], cpus: float, gpus: floa
                 train = min(train, max((deadline - now).total_seconds() - start - spec.fixed_s - REPORT_S, 0.0))
             end = start + train + spec.fixed_s
             busy.append((end, res["num_cpus"], res["num_gpus"]))
-            placed.append((night.run.root.name, record.name, now + _seconds(start), now + _seconds(end)))
+            placed.append((night.ctx.run.root.name, record.name, now + _seconds(start), now + _seconds(end)))
     return placed
 
 

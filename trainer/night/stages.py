@@ -26,6 +26,8 @@ from trainer.learn.selection import kept_summary, validation_schema
 from trainer.learn.trainer import StageTrainer
 from trainer.learn.trainer import summary as training_summary
 from trainer.metrics import METRIC_KEYS, compare_to_baseline, run_episode
+from trainer.night.budget import StageKind
+from trainer.night.state import StageJob, StageOutcome
 from trainer.references import BASELINE, REFERENCE_ROSTER, REFERENCES, ReferenceUnavailable
 from trainer.roster import AGENTS
 from trainer.run_dir import AgentDir, RunDir
@@ -164,6 +166,20 @@ def evaluate_model(ctx: RunContext, agent: str, model: BaseAlgorithm | None = No
     logs.get().info("evaluated", agent=agent, co2_kg_per_year=round(metrics["co2_kg_per_year"], 1),
                     seconds=metrics["eval_wall_s"])
     return metrics
+
+
+def run_job(ctx: RunContext, job: StageJob) -> StageOutcome:
+    """One stage of a night, wherever a backend runs it: a reference's evaluation, or an agent's training in the
+    time its slot leaves (skipped when that is too little to be worth a model). Its results are the driver's
+    to record. A stop signal (TrainingInterrupted, Stopped) propagates."""
+    if job.kind == StageKind.EVAL:
+        return StageOutcome(metrics=evaluate_reference(ctx, job.name))
+    limit, skipped = job.slot(time.time())
+    if skipped is not None:
+        return StageOutcome(skipped=skipped)
+    resume = job.resume and ctx.run.agent(job.name).checkpoints.is_dir()
+    metrics = train_agent(ctx, job.name, job.target, resume=resume, force=job.force, time_limit_s=limit)
+    return StageOutcome(metrics=metrics, time_limit_s=limit)
 
 
 def record_results(run: RunDir, new: dict[str, dict[str, Any]], rebuild: bool = False) -> dict[str, dict[str, Any]]:

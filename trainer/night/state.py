@@ -1,10 +1,12 @@
-"""The night as a state machine: baseline → rbc → each agent → report.
+"""The night as a state machine: baseline → rbc → each agent → report, on any backend.
 
 ``schedule.json`` in the run folder records every stage (status, planned and actual start
 and end, timesteps, checkpoint, results, error) and is rewritten atomically at every change.
-Each stage's time is re-planned from the real clock when it starts, so time a stage does
-not use goes to the stages after it. A stage that fails is marked failed and the night goes
-on; a stop signal leaves the interrupted stage ``running`` for ``--resume`` to continue.
+:func:`drive` is the only owner of a stage's life; a backend (``trainer.night.backends``) only
+places :class:`StageJob` s and reports :class:`StageOutcome` s. Each stage's time is re-planned
+from the real clock when it starts, so time a stage does not use goes to the stages after it. A
+stage that fails is marked failed and the night goes on; a stop signal leaves the interrupted
+stage ``running`` for ``--resume`` to continue.
 """
 
 from __future__ import annotations
@@ -14,11 +16,14 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from trainer import logs
 from trainer.files import read_typed, write_json_atomic
 from trainer.night.budget import StageKind, StageSpec, allocate, timeline
+
+if TYPE_CHECKING:
+    from trainer.session import RunContext
 
 
 class Status(StrEnum):
@@ -93,86 +98,195 @@ class ScheduleState:
         return [s for s in self.stages if s.status == FAILED]
 
 
-class StageRunner(Protocol):
-    """What the schedule needs from the world: estimates, and a way to run each kind of stage."""
+@dataclass(frozen=True)
+class StageJob:
+    """One stage as a backend places it: what a process needs to run it, wherever and whenever it starts."""
 
-    def spec(self, record: StageRecord) -> StageSpec: ...
-    def run_eval(self, name: str) -> dict[str, Any]: ...
-    def run_train(self, agent: str, target: int, time_limit_s: float | None, resume: bool) -> dict[str, Any]: ...
-    def run_report(self) -> dict[str, Any]: ...
+    run: str                      # the run folder
+    schema: str                   # the dataset's schema.json
+    name: str
+    kind: StageKind
+    target: int = 0               # training steps
+    resume: bool = False          # an interrupted stage goes on from its checkpoint
+    force: bool = False           # resume despite a changed config
+    deadline: float | None = None  # the night's deadline (POSIX seconds); None: untimed
+    reserve_s: float = 0.0        # of the time left, what the stage leaves for its evaluation and the stages after
+    steps_per_s: float = 0.0      # the planner's training speed
+
+    def slot(self, now: float) -> tuple[float | None, str | None]:
+        """Starting at ``now``: (the training stage's time limit in seconds, or None untimed; why it is skipped
+        instead, or None). The one rule for a stage the night has no time left for, on every backend."""
+        if self.kind != StageKind.TRAIN or self.deadline is None:
+            return None, None
+        limit = self.deadline - now - self.reserve_s
+        if limit * self.steps_per_s < min(MIN_TRAIN_STEPS, self.target):
+            return None, (f"no time left for training: {max(limit, 0):.0f} s in the plan "
+                          f"(~{max(limit, 0) * self.steps_per_s:.0f} steps) before the deadline")
+        return round(limit, 1), None
 
 
-def plan(state: ScheduleState, runner: StageRunner, now: datetime) -> None:
+@dataclass(frozen=True)
+class StageOutcome:
+    """How a stage ended where it ran: done with its metrics, skipped, failed or stopped."""
+
+    metrics: dict[str, Any] | None = None  # done
+    skipped: str | None = None             # why there was no time for it
+    error: str | None = None               # failed: one line
+    stopped: str | None = None             # a stop signal: it stays running, for --resume
+    time_limit_s: float | None = None
+
+
+@dataclass(frozen=True)
+class StageEvent:
+    """News of a submitted stage: its outcome, or (still running) the attempts a backend has made of it."""
+
+    job: StageJob
+    outcome: StageOutcome | None = None
+    attempts: tuple[dict[str, Any], ...] = ()
+
+
+class Executor(Protocol):
+    """Where a night's stages run (a backend): it places jobs; :func:`drive` owns every stage's life."""
+
+    parallel: bool  # stages side by side: each keeps only its own evaluation and the report in reserve
+
+    def has_room(self) -> bool: ...
+    def submit(self, job: StageJob, night: Night) -> None: ...
+    def wait(self) -> list[StageEvent]: ...  # the next events; may raise a stop, leaving its stages running
+
+
+def _nothing(*args: Any) -> None:
+    return None
+
+
+@dataclass
+class Night:
+    """One run folder's night: its stages' state, what the planner knows of each, and what it keeps."""
+
+    ctx: RunContext                                  # its config, run folder and dataset
+    state: ScheduleState
+    specs: dict[str, StageSpec]
+    force: bool = False
+    plan_text: str = ""
+    keep: Callable[[str, dict[str, Any]], Any] = _nothing  # a finished stage's metrics into results.json
+    report: Callable[[], Any] = _nothing                   # report.md, once every other stage has finished
+
+
+def plan(state: ScheduleState, specs: dict[str, StageSpec], now: datetime) -> None:
     """(Re)write planned start and end of every stage not finished yet, from ``now``."""
     open_stages = [s for s in state.stages if s.status not in FINISHED]
     deadline = state.deadline_dt()
     remaining = (deadline - now).total_seconds() if deadline else None
-    for record, planned in zip(open_stages, timeline([runner.spec(s) for s in open_stages], now, remaining)):
+    for record, planned in zip(open_stages, timeline([specs[s.name] for s in open_stages], now, remaining)):
         record.planned_start = planned.start.isoformat(timespec="seconds")
         record.planned_end = planned.end.isoformat(timespec="seconds")
 
 
-def run(state: ScheduleState, runner: StageRunner, clock: Callable[[], datetime],
-        interrupt_types: tuple[type[BaseException], ...] = ()) -> ScheduleState:
-    """Run every stage not finished yet, in order. Exceptions in ``interrupt_types`` propagate
-    (the stage stays ``running``); any other failure marks the stage failed and the night goes on."""
-    log = logs.get()
+def drive(nights: list[Night], executor: Executor, clock: Callable[[], datetime] = datetime.now) -> None:
+    """Run every stage not finished yet of every night on ``executor``, in order, then each night's report.
+
+    The only place a stage's status changes: started (``running``), skipped for lack of time, done with its
+    results, failed with its error line (the night goes on), stopped (left ``running`` for --resume). A stop
+    signal the executor raises propagates, the running stages left as they are.
+    """
+    queue = [(night, record) for night in nights for record in night.state.stages
+             if record.status not in FINISHED and record.kind != StageKind.REPORT]
+    running: dict[StageJob, tuple[Night, StageRecord]] = {}
+    while queue or running:
+        while queue and executor.has_room():
+            night, record = queue.pop(0)
+            job = _start(night, record, executor.parallel, clock)
+            if job is not None:
+                running[job] = (night, record)
+                executor.submit(job, night)
+        for event in executor.wait() if running else ():
+            night, record = running[event.job]
+            if event.attempts:
+                record.attempts = list(event.attempts)
+                record.actual_start = event.attempts[0].get("started") or record.actual_start
+            if event.outcome is not None:
+                del running[event.job]
+                _end(night, record, event.outcome, clock)
+            night.state.save()
+    for night in nights:
+        _report(night, clock)
+
+
+def _start(night: Night, record: StageRecord, parallel: bool, clock: Callable[[], datetime]) -> StageJob | None:
+    """Mark ``record`` running and make its job; None when it is skipped for lack of time instead."""
+    state, now = night.state, clock()
     deadline = state.deadline_dt()
-    for index, record in enumerate(state.stages):
-        if record.status in FINISHED:
-            continue
-        resume = record.status == RUNNING
-        now = clock()
-        open_specs = [runner.spec(s) for s in state.stages[index:] if s.status not in FINISHED]
-        remaining = (deadline - now).total_seconds() if deadline else None
-        alloc = allocate(open_specs, remaining)
-        slot = alloc[0]
-        if remaining is not None:
-            # Time the later stages' plans leave over is this stage's to use if it runs slow.
-            slack = remaining - sum(s.fixed_s for s in open_specs) - sum(alloc)
-            slot += max(slack, 0.0)
-        spec = open_specs[0]
-        record.status = RUNNING
-        record.actual_start = (
-            record.actual_start if resume and record.actual_start else now.isoformat(timespec="seconds")
-        )
-        record.time_limit_s = None if deadline is None or record.kind != StageKind.TRAIN else round(slot, 1)
-        if record.kind == StageKind.TRAIN and deadline is not None and \
-                slot * spec.steps_per_s < min(MIN_TRAIN_STEPS, record.timesteps_target):
-            _finish(state, record, SKIPPED, clock, error=f"no time left for training: {slot:.0f} s in the plan "
-                                                          f"(~{slot * spec.steps_per_s:.0f} steps) before the deadline")
-            log.warning("stage skipped", stage=record.name, reason=record.error)
-            continue
-        state.save()
-        # The night's live status: which stage of how many, and when this stage and the night should end.
-        log.info("stage started", stage=record.name, of=f"{index + 1}/{len(state.stages)}", kind=str(record.kind),
-                 resume=resume, time_limit_s=record.time_limit_s, ends=_clock(record.planned_end),
-                 night_ends=_clock(state.stages[-1].planned_end))
-        try:
-            if record.kind == StageKind.EVAL:
-                result = runner.run_eval(record.name)
-            elif record.kind == StageKind.TRAIN:
-                result = runner.run_train(record.name, record.timesteps_target, record.time_limit_s, resume)
-            else:
-                result = runner.run_report()
-        except interrupt_types:
-            raise
-        except KeyboardInterrupt:
-            raise
-        except Exception as exc:  # a failed stage must not end the night
-            _finish(state, record, FAILED, clock, error=f"{type(exc).__name__}: {exc}".splitlines()[0][:500])
-            log.error("stage failed", stage=record.name, error=record.error)
-            continue
-        record.timesteps_done = int(result.get("timesteps") or 0)
-        record.checkpoint = result.get("checkpoint")
-        record.results = {
-            k: result.get(k)
-            for k in ("co2_kg_per_year", "co2_vs_baseline_pct", "timesteps", "steps_per_s")
-            if k in result
-        } or None
-        _finish(state, record, DONE, clock)
-        log.info("stage done", stage=record.name, seconds=_seconds(record))
-    return state
+    resume = record.status == RUNNING
+    spec = night.specs[record.name]
+    reserve = spec.fixed_s
+    if deadline is not None and parallel:  # side by side: its own evaluation and the report
+        reserve += sum(night.specs[s.name].fixed_s for s in state.stages if s.kind == StageKind.REPORT)
+    elif deadline is not None:  # one after another: what the stages after it are planned to take
+        later = [s for s in state.stages[state.stages.index(record):] if s.status not in FINISHED]
+        open_specs = [night.specs[s.name] for s in later]
+        alloc = allocate(open_specs, (deadline - now).total_seconds())
+        reserve = sum(s.fixed_s for s in open_specs) + sum(alloc[1:])
+    job = StageJob(str(night.ctx.run.root), str(night.ctx.schema), record.name, record.kind,
+                   record.timesteps_target, resume, night.force, deadline.timestamp() if deadline else None,
+                   reserve, spec.steps_per_s)
+    if not parallel:  # it starts now: the slot is known
+        record.time_limit_s, skipped = job.slot(now.timestamp())
+        if skipped is not None:
+            _end(night, record, StageOutcome(skipped=skipped), clock)
+            return None
+    record.status = RUNNING
+    record.actual_start = record.actual_start if resume and record.actual_start else now.isoformat(timespec="seconds")
+    state.save()
+    index = state.stages.index(record)
+    # The night's live status: which stage of how many, and when this stage and the night should end.
+    logs.get().info("stage started", stage=record.name, of=f"{index + 1}/{len(state.stages)}", kind=str(record.kind),
+                    resume=resume, time_limit_s=record.time_limit_s, ends=_clock(record.planned_end),
+                    night_ends=_clock(state.stages[-1].planned_end), run=night.ctx.run.root.name)
+    return job
+
+
+def _end(night: Night, record: StageRecord, outcome: StageOutcome, clock: Callable[[], datetime]) -> None:
+    log = logs.get()
+    if outcome.stopped is not None:  # stays running: --resume continues it
+        log.warning("stage stopped", stage=record.name, detail=outcome.stopped)
+        return
+    if outcome.time_limit_s is not None:
+        record.time_limit_s = outcome.time_limit_s
+    if outcome.error is not None:
+        _finish(night.state, record, FAILED, clock, error=outcome.error.splitlines()[0][:500])
+        log.error("stage failed", stage=record.name, error=record.error)
+        return
+    if outcome.skipped is not None:
+        _finish(night.state, record, SKIPPED, clock, error=outcome.skipped)
+        log.warning("stage skipped", stage=record.name, reason=record.error)
+        return
+    result = outcome.metrics or {}
+    night.keep(record.name, result)
+    record.timesteps_done = int(result.get("timesteps") or 0)
+    record.checkpoint = result.get("checkpoint")
+    record.results = {k: result.get(k) for k in ("co2_kg_per_year", "co2_vs_baseline_pct", "timesteps", "steps_per_s")
+                      if k in result} or None
+    _finish(night.state, record, DONE, clock)
+    log.info("stage done", stage=record.name, seconds=_seconds(record), run=night.ctx.run.root.name)
+
+
+def _report(night: Night, clock: Callable[[], datetime]) -> None:
+    """The report stage, in the driver's process once every other stage of the night has finished."""
+    record = next((r for r in night.state.stages if r.kind == StageKind.REPORT), None)
+    if record is None or record.status in FINISHED:
+        return
+    record.status, record.actual_start = RUNNING, clock().isoformat(timespec="seconds")
+    night.state.save()
+    logs.get().info("stage started", stage=record.name, of=f"{len(night.state.stages)}/{len(night.state.stages)}",
+                    kind=str(record.kind), resume=False, time_limit_s=None, ends=_clock(record.planned_end),
+                    night_ends=_clock(record.planned_end), run=night.ctx.run.root.name)
+    try:
+        night.report()
+    except Exception as exc:  # the report of a finished night must not lose it: said, and failed
+        _end(night, record, StageOutcome(error=f"{type(exc).__name__}: {exc}"), clock)
+        return
+    _finish(night.state, record, DONE, clock)
+    logs.get().info("stage done", stage=record.name, seconds=_seconds(record), run=night.ctx.run.root.name)
 
 
 def _finish(

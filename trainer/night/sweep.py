@@ -1,7 +1,7 @@
 """Seed sweeps: the same night for several seeds, each an ordinary, separately resumable run folder,
 plus a sweep folder with ``sweep.json`` and ``sweep.md`` (mean ± sd across seeds per agent).
 
-On the local backend the nights run one after another; on Ray their stages share one queue.
+The nights run on one backend: one after another on the local one, their stages in one queue on Ray.
 """
 
 from __future__ import annotations
@@ -20,13 +20,13 @@ from trainer.datasets import resolve_dataset
 from trainer.errors import TrainerError, UsageError
 from trainer.files import DamagedFile, read_json, write_json_atomic, write_text_atomic
 from trainer.learn.preflight import check_resume_config
-from trainer.night import ray_runner
-from trainer.night.runner import prepare, run_night
-from trainer.night.state import ScheduleState
+from trainer.night.backends import backend
+from trainer.night.runner import prepare
+from trainer.night.state import Night, ScheduleState, drive
 from trainer.references import REFERENCES
 from trainer.roster import AGENTS
 from trainer.run_dir import RunDir
-from trainer.session import RunContext, open_run, training_targets
+from trainer.session import open_run, training_targets
 
 SWEEP = "sweep.json"
 SUMMARY = "sweep.md"
@@ -46,9 +46,10 @@ def sweep_folder(cfg: Config, out: str | None) -> Path:
 
 
 def run_sweep(cfg: Config, seeds: list[int], folder: Path, schema: str | None, dataset: str | None,
-              agents: list[str], quick: bool, deadline: datetime | None, resume: bool, force: bool, backend: str,
-              address: str | None, say: Callable[[str], None]) -> tuple[Path, list[ScheduleState]]:
-    """Every seed's night (resuming those begun), then the summary; returns the summary's path and the states."""
+              agents: list[str], quick: bool, deadline: datetime | None, resume: bool, force: bool, backend_name: str,
+              backend_options: dict[str, Any], say: Callable[[str], None]) -> tuple[Path, list[ScheduleState]]:
+    """Every seed's night (resuming those begun) on one backend, then the summary; returns the summary's path and
+    the states."""
     if resume and not is_sweep(folder):
         raise UsageError(f"--resume: {folder} is not a sweep folder (no {SWEEP}); pass the folder a --seeds night made")
     seeds = read_seeds(folder) if resume else seeds
@@ -60,42 +61,35 @@ def run_sweep(cfg: Config, seeds: list[int], folder: Path, schema: str | None, d
         for agent in agents if resume and (run / "config.yaml").is_file() else ():
             check_resume_config(run, agent, run_cfg, force)
 
-    def opened(stack: ExitStack, run: Path, run_cfg: Config) -> tuple[RunContext, bool]:
+    def night(stack: ExitStack, run: Path, run_cfg: Config) -> Night:
         resuming = resume and (run / "config.yaml").is_file()
         ctx = stack.enter_context(open_run(run_cfg, "schedule", run, schema, dataset, resuming=resuming,
                                            agents=agents))
         if not is_sweep(folder):  # sweep.json once the first night has passed its checks (and made the folder)
-            write_json_atomic(folder / SWEEP, {"seeds": seeds, "runs": [r.name for r in runs], "backend": backend})
-        return ctx, resuming
+            write_json_atomic(folder / SWEEP, {"seeds": seeds, "runs": [r.name for r in runs],
+                                               "backend": backend_name})
+        prepared = prepare(ctx, agents, training_targets(ctx.cfg, agents, quick, ctx.schema), deadline, resuming,
+                           force)
+        say(f"seed {ctx.cfg.seed}: {prepared.plan_text}\n")
+        return prepared
 
-    states = []
-    if backend == "local":  # one night after another, each logging to its own folder
+    chosen = backend(backend_name)
+    if chosen.concurrent_nights:  # every night's stages in one queue
+        with ExitStack() as stack:
+            nights = [night(stack, run, run_cfg) for run, run_cfg in zip(runs, seeded, strict=True)]
+            with chosen.open(nights, backend_options, say) as executor:
+                drive(nights, executor)
+    else:  # one night after another, each logging to its own folder
+        nights = []
         for run, run_cfg in zip(runs, seeded, strict=True):
             with ExitStack() as stack:
-                ctx, resuming = opened(stack, run, run_cfg)
-                targets = training_targets(run_cfg, agents, quick, ctx.schema)
-                states.append(run_night(ctx, agents, targets, deadline, resuming, force, say))
-    else:  # every night's stages in one Ray queue
-        with ExitStack() as stack:
-            contexts = [opened(stack, run, run_cfg) for run, run_cfg in zip(runs, seeded, strict=True)]
-            states = _on_ray(contexts, agents, quick, deadline, force, address, say)
+                nights.append(night(stack, run, run_cfg))
+                with chosen.open(nights[-1:], backend_options, say) as executor:
+                    drive(nights[-1:], executor)
     summary = summarise([read_json(r / "results.json") if (r / "results.json").is_file() else {} for r in runs],
                         seeds)
     write_text_atomic(folder / SUMMARY, summary)
-    return folder / SUMMARY, states
-
-
-def _on_ray(contexts: list[tuple[RunContext, bool]], agents: list[str], quick: bool, deadline: datetime | None,
-            force: bool, address: str | None, say: Callable[[str], None]) -> list[ScheduleState]:
-    nights = []
-    for ctx, resuming in contexts:
-        night = prepare(ctx, agents, training_targets(ctx.cfg, agents, quick, ctx.schema), deadline, resuming)
-        say(f"seed {ctx.cfg.seed}: {night.plan_text}\n")
-        nights.append(ray_runner.Night(ctx, night.state, night.specs))
-    first = contexts[0][0]
-    with ray_runner.ray_session(address, shared=first.run.root) as ray:
-        sizes = ray_runner.observation_action_sizes(first.cfg, first.schema)
-        return ray_runner.RayNights(ray, nights, force, sizes, say).run()
+    return folder / SUMMARY, [n.state for n in nights]
 
 
 def summarise(results: list[dict[str, dict[str, Any]]], seeds: list[int]) -> str:
@@ -152,11 +146,12 @@ def is_sweep_resume(resume: str | None) -> bool:
 
 def run_and_summarise(cfg: Config, seeds: list[int], folder: Path, schema: str | None, dataset: str | None,
                       agents: str | None, quick: bool, budget: str | None, finish_by: str | None, resuming: bool,
-                      force: bool, backend: str, address: str | None, say: Callable[[str], None]) -> str:
+                      force: bool, backend_name: str, backend_options: dict[str, Any],
+                      say: Callable[[str], None]) -> str:
     """`trainer night --seeds`: every seed's night, then the summary's text; a failed stage is an error after it."""
     cfg, chosen, deadline = session.night_plan(cfg, quick, agents, budget, finish_by)
     summary, states = run_sweep(cfg, seeds, folder, schema, dataset, chosen, quick, deadline, resuming, force,
-                                backend, address, say)
+                                backend_name, backend_options, say)
     if any(state.failed() for state in states):
         say(summary.read_text(encoding="utf-8"))
         raise TrainerError(f"some stages failed; see each seed's report.md under {folder}")
