@@ -17,10 +17,10 @@ from trainer.files import FIXES, DamagedFile, read_json, read_typed, write_text_
 from trainer.learn.selection import references_path
 from trainer.lock import RunLock
 from trainer.metrics import HOURS_PER_YEAR, evaluation_window
-from trainer.night.state import ScheduleState
 from trainer.references import REFERENCE_ROSTER
 from trainer.roster import AGENTS, ROSTER
 from trainer.run_dir import RunDir
+from trainer.schedule_file import ScheduleState
 
 # Each agent's and reference's colour, from their rosters; a name neither knows (a run of an agent since removed)
 # is drawn in OTHER_COLOUR.

@@ -28,11 +28,11 @@ from trainer.errors import UsageError
 from trainer.files import read_typed, write_json_atomic
 from trainer.learn.preflight import check_memory
 from trainer.lock import RunLock
-from trainer.night.state import ScheduleState
 from trainer.progress import live_console
 from trainer.roster import AGENTS
 from trainer.run_dir import RunDir, default_run_dir
 from trainer.scenario import SCHEMA_FILE, build_site
+from trainer.schedule_file import ScheduleState
 
 LATEST = "latest"  # --resume without a folder: --out, else the newest run
 

@@ -5,13 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from enum import StrEnum
 
-
-class StageKind(StrEnum):
-    EVAL = "eval"      # evaluate a reference
-    TRAIN = "train"    # train an agent, then evaluate it
-    REPORT = "report"  # write the morning report
+from trainer.schedule_file import StageKind
 
 
 @dataclass(frozen=True)

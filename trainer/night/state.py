@@ -12,90 +12,31 @@ stage ``running`` for ``--resume`` to continue.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
-from enum import StrEnum
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from trainer import logs
-from trainer.files import read_typed, write_json_atomic
-from trainer.night.budget import StageKind, StageSpec, allocate, timeline
+from trainer.night.budget import StageSpec, allocate, timeline
+from trainer.schedule_file import (  # noqa: F401  (the night's vocabulary, re-exported for its modules)
+    DONE,
+    FAILED,
+    FINISHED,
+    PENDING,
+    RUNNING,
+    SKIPPED,
+    ScheduleState,
+    StageKind,
+    StageRecord,
+    Status,
+)
 
 if TYPE_CHECKING:
     from trainer.session import RunContext
 
 
-class Status(StrEnum):
-    PENDING = "pending"
-    RUNNING = "running"    # also a stage a stop signal interrupted: --resume continues it
-    DONE = "done"
-    FAILED = "failed"
-    SKIPPED = "skipped"    # no time left in the night for it
-
-
-PENDING, RUNNING, DONE, FAILED, SKIPPED = Status
-FINISHED = (DONE, FAILED, SKIPPED)
 # A training slot too short to be worth a model: the stage is skipped rather than run for nothing.
 MIN_TRAIN_STEPS = 100
-
-
-@dataclass
-class StageRecord:
-    name: str
-    kind: StageKind
-    status: Status = Status.PENDING
-    planned_start: str | None = None
-    planned_end: str | None = None
-    actual_start: str | None = None
-    actual_end: str | None = None
-    timesteps_target: int = 0
-    timesteps_done: int = 0
-    time_limit_s: float | None = None
-    checkpoint: str | None = None
-    results: dict[str, Any] | None = None
-    error: str | None = None
-    attempts: list[dict[str, Any]] = field(default_factory=list)  # on Ray: each try's node, pid and start
-
-
-@dataclass
-class ScheduleState:
-    path: Path
-    created_at: str
-    deadline: str | None
-    budget_s: float | None
-    stages: list[StageRecord] = field(default_factory=list)
-
-    def save(self) -> None:
-        write_json_atomic(self.path, self.as_dict())
-
-    def as_dict(self) -> dict[str, Any]:
-        """``schedule.json``'s content."""
-        return {k: v for k, v in asdict(self).items() if k != "path"}
-
-    @classmethod
-    def load(cls, path: Path) -> ScheduleState:
-        return read_typed(path, cls, extra={"path": path})
-
-    @classmethod
-    def new(
-        cls, path: Path, names: list[tuple[str, StageKind, int]], now: datetime, deadline: datetime | None
-    ) -> ScheduleState:
-        budget = (deadline - now).total_seconds() if deadline else None
-        stages = [StageRecord(name, StageKind(kind), timesteps_target=target) for name, kind, target in names]
-        return cls(
-            path,
-            now.isoformat(timespec="seconds"),
-            deadline.isoformat(timespec="seconds") if deadline else None,
-            budget,
-            stages,
-        )
-
-    def deadline_dt(self) -> datetime | None:
-        return datetime.fromisoformat(self.deadline) if self.deadline else None
-
-    def failed(self) -> list[StageRecord]:
-        return [s for s in self.stages if s.status == FAILED]
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,84 @@
+"""The package's layers: imports run one way, so each part reads with only what lies below it.
+
+Each subpackage (``trainer.night``, ``trainer.learn``, ``trainer.sim``, ``trainer.benchmark``) and each
+top-level module is one node; every import between them counts, at the top of a module or inside a
+function, except those under ``if TYPE_CHECKING:`` (annotations only).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "trainer"
+# What every other part may import and which imports none of them.
+BASE = {"trainer.errors", "trainer.files", "trainer.durations", "trainer.logs", "trainer.checks",
+        "trainer.config_section", "trainer.agent_config", "trainer.roster", "trainer.config", "trainer.schedule_file"}
+
+
+def _node(module: str) -> str:
+    parts = module.split(".")
+    return ".".join(parts[:2])
+
+
+def _imports() -> dict[str, set[str]]:
+    """Each node's runtime imports of other nodes."""
+    modules = {".".join(p.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__")
+               for p in PACKAGE.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for path in PACKAGE.rglob("*.py"):
+        name = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__")
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        typing_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If)
+                       and "TYPE_CHECKING" in ast.unparse(block.test) for n in ast.walk(block)}
+        for node in ast.walk(tree):
+            if id(node) in typing_only:
+                continue
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("trainer"):
+                targets = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            else:
+                continue
+            for target in targets:
+                if target in modules and target != "trainer" and _node(target) != _node(name):
+                    graph.setdefault(_node(name), set()).add(_node(target))
+    return graph
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    done: set[str] = set()
+
+    def visit(node: str, path: list[str]) -> list[str] | None:
+        if node in path:
+            return path[path.index(node):] + [node]
+        if node in done:
+            return None
+        for nxt in sorted(graph.get(node, ())):
+            found = visit(nxt, [*path, node])
+            if found:
+                return found
+        done.add(node)
+        return None
+
+    for start in sorted(graph):
+        found = visit(start, [])
+        if found:
+            return found
+    return None
+
+
+def test_no_import_runs_up_the_layers():
+    graph = _imports()
+    assert {"trainer.night", "trainer.learn", "trainer.session"} <= set(graph)  # the walk sees the package
+    assert _cycle(graph) is None, " → ".join(_cycle(graph) or [])
+
+
+def test_the_base_imports_nothing_above_it():
+    above = {base: sorted(target for target in _imports().get(base, ()) if target not in BASE) for base in BASE}
+    assert {base: targets for base, targets in above.items() if targets} == {}
+
+
+def test_a_cycle_is_found_and_named():
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) is None
