@@ -14,7 +14,8 @@ import pytest
 
 from trainer.config_files import load_config
 from trainer.night.budget import StageKind
-from trainer.night.ray_runner import RAY_VERSION, import_ray, stage_resources
+from trainer.night.ray_cluster import RAY_VERSION, import_ray
+from trainer.night.ray_runner import stage_resources
 from trainer.night.state import StageRecord
 
 from .conftest import tiny_overrides
@@ -115,7 +116,7 @@ def test_ctrl_c_to_the_driver_checkpoints_the_stages_and_the_night_resumes_local
 
 def test_a_cluster_without_the_auth_token_is_refused_with_the_fix(monkeypatch, tmp_path):
     from trainer.errors import UsageError
-    from trainer.night.ray_runner import _token_present
+    from trainer.night.ray_cluster import _token_present
 
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.delenv("RAY_AUTH_TOKEN", raising=False)
@@ -258,14 +259,14 @@ def test_two_half_gpu_stages_run_at_once_and_a_no_gpu_stage_is_told_cpu(local_ra
 
 def test_the_cluster_preflight_probes_each_node(local_ray, tmp_path, monkeypatch):
     """The same checks as for --address, against a local Ray: versions, the config, the shared run folder."""
-    import trainer.night.ray_runner as ray_runner
+    import trainer.night.ray_cluster as ray_cluster
     from trainer.errors import UsageError
 
-    ray_runner.preflight(local_ray, tmp_path)  # this node sees the folder and loads the config
+    ray_cluster.preflight(local_ray, tmp_path)  # this node sees the folder and loads the config
     assert not list(tmp_path.glob(".ray-probe-*"))  # the probe file is cleaned up
-    monkeypatch.setattr(ray_runner, "RAY_VERSION", "0.0.0")  # as if the driver ran another Ray than the node
+    monkeypatch.setattr(ray_cluster, "RAY_VERSION", "0.0.0")  # as if the driver ran another Ray than the node
     with pytest.raises(UsageError, match=r"has Ray 2\.60\.0 and Python .*: install the same venv there"):
-        ray_runner.preflight(local_ray, tmp_path)
+        ray_cluster.preflight(local_ray, tmp_path)
 
 
 def test_the_plan_shows_which_stages_run_side_by_side(tmp_path):
@@ -309,7 +310,7 @@ def test_a_stage_no_machine_could_run_is_refused_before_any_folder(setting, mess
 
     from trainer.cli import cli
     from trainer.device import cpu_cores
-    from trainer.night.ray_runner import _local_gpus
+    from trainer.night.ray_cluster import _local_gpus
 
     result = CliRunner().invoke(cli, ["night", "--quick", "--backend", "ray", "--set", setting, "--out",
                                       str(tmp_path / "run")])

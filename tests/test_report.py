@@ -7,8 +7,8 @@ import json
 import pytest
 import yaml
 
-from trainer.metrics import compare_to_baseline
-from trainer.report import best_agent, write_report
+from trainer.metrics import best_agent, compare_to_baseline
+from trainer.report import write_report
 from trainer.run_dir import RunDir
 
 
@@ -110,7 +110,7 @@ def test_a_run_without_a_night_or_curves_leaves_those_out(tmp_path):
 def test_the_learning_curve_s_references_use_the_curve_s_window(tmp_path):
     import pandas as pd
 
-    from trainer.report import window_co2_t_per_year
+    from trainer.report_plots import window_co2_t_per_year
 
     hours = 24 * 10
     series = pd.DataFrame({"net_kwh": [10.0] * 24 * 7 + [-5.0] + [100.0] * (hours - 24 * 7 - 1),

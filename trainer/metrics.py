@@ -37,6 +37,7 @@ import pandas as pd
 
 from trainer.controllers import Controller
 from trainer.progress import Progress
+from trainer.roster import AGENTS
 from trainer.signals import STOP
 
 if TYPE_CHECKING:
@@ -236,3 +237,25 @@ def format_table(results: dict[str, dict[str, Any]]) -> str:
     lines.insert(1, "  ".join("-" * w for w in widths))
     window = evaluation_window(results)
     return "\n".join([*lines, f"({window})"] if window else lines)
+
+
+DEFAULT_TARGET_MET_PCT = (
+    98.0  # trainer/configs/default.yaml's ev.target_met_pct, for run folders made before it existed
+)
+
+
+def serves_cars(metrics: dict[str, Any], target_met_pct: float) -> bool:
+    """Whether a controller met the EV target (a site without chargers has nothing to miss)."""
+    met = metrics.get("ev_departure_soc_met_pct")
+    return met is None or met >= target_met_pct
+
+
+def best_agent(results: dict[str, dict[str, Any]], target_met_pct: float = DEFAULT_TARGET_MET_PCT) -> str | None:
+    """The trained agent with the least CO2 among those that serve the cars (None if none does).
+
+    A controller counts only if it cuts CO2 *and* serves the cars: leaving cars uncharged always
+    lowers imports, so an agent below the EV target is never recommended, whatever its CO2.
+    """
+    trained = [a for a in AGENTS if a in results and results[a].get("co2_kg_per_year") is not None
+               and serves_cars(results[a], target_met_pct)]
+    return min(trained, key=lambda a: results[a]["co2_kg_per_year"]) if trained else None
