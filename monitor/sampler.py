@@ -48,6 +48,9 @@ class Monitor:
     _low_warned: set[int] = field(default_factory=set)
     _stop: bool = False
 
+    def __post_init__(self) -> None:
+        self.file = JsonLinesFile(self.out, self.max_bytes, self.backups)
+
     # ------------------------------------------------------------------ one sample
 
     def sample(self) -> Record:
@@ -66,7 +69,7 @@ class Monitor:
             ram_used_bytes=int(memory.total - memory.available),
             ram_total_bytes=int(memory.total),
             watched_pid=self.watch_pid,
-            watched_rss_bytes=self._watched_rss(),
+            watched_rss_bytes=tree_rss_bytes(self.watch_pid),
         )
         return Record(
             time=datetime.fromtimestamp(now).astimezone().isoformat(timespec="seconds"),
@@ -77,23 +80,6 @@ class Monitor:
             host=host,
             warnings=[],
         )
-
-    def _watched_rss(self) -> int | None:
-        """Resident memory of the watched process and all its children (the trainer's environment workers)."""
-        if self.watch_pid is None:
-            return None
-        try:
-            root = psutil.Process(self.watch_pid)
-            tree = [root, *root.children(recursive=True)]
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            return None
-        total = 0
-        for proc in tree:
-            try:
-                total += int(proc.memory_info().rss)
-            except (psutil.NoSuchProcess, psutil.AccessDenied):
-                continue  # a worker that just ended
-        return total
 
     def _gpu_stage(self) -> bool:
         """Whether the running stage uses the GPU (the trainer's activity file says; without one, assume so).
@@ -135,25 +121,6 @@ class Monitor:
                 self._low_warned.discard(i)
         return found
 
-    # ------------------------------------------------------------------ the file
-
-    def write(self, record: Record) -> None:
-        self.out.parent.mkdir(parents=True, exist_ok=True)
-        if self.out.exists() and self.out.stat().st_size > self.max_bytes:
-            self._rotate()
-        with open(self.out, "a", encoding="utf-8") as handle:
-            handle.write(json.dumps(record, separators=(",", ":")) + "\n")
-
-    def _rotate(self) -> None:
-        for k in range(self.backups - 1, 0, -1):
-            older = self.out.with_name(f"{self.out.name}.{k}")
-            if older.exists():
-                os.replace(older, self.out.with_name(f"{self.out.name}.{k + 1}"))
-        if self.backups > 0:
-            os.replace(self.out, self.out.with_name(f"{self.out.name}.1"))
-        else:
-            self.out.unlink()
-
     # ------------------------------------------------------------------ the loop
 
     def watched_alive(self) -> bool:
@@ -167,11 +134,11 @@ class Monitor:
 
     def step(self) -> Record:
         record = self.sample()
-        self.write(record)
+        self.file.append(record)
         found = self.warnings(record)
         if found:
             warning = Record(**{**record, "kind": "warning", "gpus": [], "warnings": found})
-            self.write(warning)
+            self.file.append(warning)
             for message in found:
                 print(f"[gpu-monitor] warning: {message}", file=self.stderr, flush=True)
         return record
@@ -202,3 +169,49 @@ class Monitor:
 def _main_thread() -> bool:
 
     return threading.current_thread() is threading.main_thread()
+
+
+def tree_rss_bytes(pid: int | None) -> int | None:
+    """Resident memory of process ``pid`` and all its children (the trainer's environment workers)."""
+    if pid is None:
+        return None
+    try:
+        root = psutil.Process(pid)
+        tree = [root, *root.children(recursive=True)]
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return None
+    total = 0
+    for proc in tree:
+        try:
+            total += int(proc.memory_info().rss)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue  # a worker that just ended
+    return total
+
+
+@dataclass
+class JsonLinesFile:
+    """Records appended one JSON object a line; past ``max_bytes`` the file becomes ``.1`` (``.1`` becomes
+    ``.2``, and so on to ``backups``; the oldest is dropped) and a new one begins."""
+
+    path: Path
+    max_bytes: int
+    backups: int
+
+    def append(self, record: Record) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.path.exists() and self.path.stat().st_size > self.max_bytes:
+            self._rotate()
+        with open(self.path, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(record, separators=(",", ":")) + "\n")
+
+    def _rotate(self) -> None:
+        for k in range(self.backups - 1, 0, -1):
+            older = self.path.with_name(f"{self.path.name}.{k}")
+            if older.exists():
+                os.replace(older, self.path.with_name(f"{self.path.name}.{k + 1}"))
+        if self.backups > 0:
+            os.replace(self.path, self.path.with_name(f"{self.path.name}.1"))
+        else:
+            self.path.unlink()
+

@@ -11,7 +11,8 @@ import pytest
 from trainer.controllers import UncontrolledBaseline
 from trainer.env import make_citylearn_env, make_sb3_env
 from trainer.metrics import run_episode
-from trainer.optimum import BatteryModel, EvSession, OptimumReplay, OptimumUnavailable, SiteModel, site_model, solve
+from trainer.optimum import OptimumReplay, solve
+from trainer.optimum_model import BatteryModel, EvSession, OptimumUnavailable, SiteModel, site_model
 
 from .conftest import random_ev_curves
 

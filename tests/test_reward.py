@@ -8,7 +8,8 @@ import pytest
 from trainer.config_files import load_config
 from trainer.controllers import RuleBasedController, UncontrolledBaseline
 from trainer.env import ActionScale, make_sb3_env
-from trainer.optimum import OptimumReplay, site_model, solve
+from trainer.optimum import OptimumReplay, solve
+from trainer.optimum_model import site_model
 from trainer.reward import SiteScale, kwh_value, reward_terms, weighted_reward
 
 SCALE = SiteScale(scale_kw=100.0, carbon_max=0.5, price_max=0.4)

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 from trainer import logs
 from trainer.controllers import Controller, RuleBasedController, UncontrolledBaseline
 from trainer.metrics import HOURS_PER_YEAR
-from trainer.optimum import OptimumReplay, OptimumUnavailable, site_model, solve
+from trainer.optimum import OptimumReplay, solve
+from trainer.optimum_model import OptimumUnavailable, site_model
 
 if TYPE_CHECKING:
     from trainer.config import Config

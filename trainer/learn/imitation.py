@@ -31,7 +31,8 @@ import numpy as np
 from trainer import logs
 from trainer.config import Config
 from trainer.env import make_sb3_env
-from trainer.optimum import OptimumReplay, OptimumUnavailable, site_model, solve
+from trainer.optimum import OptimumReplay, solve
+from trainer.optimum_model import OptimumUnavailable, site_model
 from trainer.roster import agent_spec
 from trainer.signals import STOP
 

@@ -10,7 +10,15 @@ from typing import Any
 from trainer import logs
 from trainer.config import ReliabilityConfig
 from trainer.errors import TrainerError
-from trainer.learn.memory import GIB, BatchBackoff, Shapes, available_bytes, batch_bytes, memory_figures
+from trainer.learn.memory import (
+    GIB,
+    BatchBackoff,
+    Shapes,
+    available_bytes,
+    batch_bytes,
+    is_out_of_memory,
+    memory_figures,
+)
 from trainer.learn.state import Sizes
 
 
@@ -47,6 +55,15 @@ class NonFinite:
 
 
 Failure = OutOfMemory | NonFinite
+
+
+def failure_of(exc: BaseException) -> Failure | None:
+    """What a failed ``model.learn`` means for the stage: out of memory, a non-finite value, or (None) neither."""
+    if isinstance(exc, NonFiniteError):
+        return NonFinite(str(exc))
+    if is_out_of_memory(exc):
+        return OutOfMemory(f"{type(exc).__name__}: {str(exc)[:300]}")
+    return None
 
 
 def check_finite(model: Any) -> None:

@@ -20,14 +20,11 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pydantic import ValidationError
-
 from trainer import logs
 from trainer.agent_config import AgentConfig
-from trainer.checkpoint import Checkpoint, CheckpointStore, load_replay, restore_rng
+from trainer.checkpoint import Checkpoint
 from trainer.config import Config
 from trainer.device import agent_device, apply_cpu_threads
-from trainer.files import DamagedFile, first_problem
 from trainer.learn.agents import (
     apply_sizes,
     build_model,
@@ -37,12 +34,12 @@ from trainer.learn.agents import (
     training_envs,
 )
 from trainer.learn.imitation import keep_near_demonstrations, warm_start
-from trainer.learn.memory import Shapes, free_memory, is_out_of_memory
-from trainer.learn.model_file import load_model
+from trainer.learn.memory import Shapes, free_memory
 from trainer.learn.preflight import check_memory, check_resume_config
-from trainer.learn.recovery import Failure, NonFinite, NonFiniteError, OutOfMemory, Recovery, TrainingInterrupted
+from trainer.learn.recovery import Failure, OutOfMemory, Recovery, TrainingInterrupted, failure_of
 from trainer.learn.selection import BestPolicy
-from trainer.learn.state import Boundary, EpisodeTracker, Sizes, StopReason, TrainingState
+from trainer.learn.stage_checkpoints import StageCheckpoints
+from trainer.learn.state import EpisodeTracker, Sizes, StopReason
 from trainer.run_dir import AgentDir
 from trainer.signals import STOP
 from trainer.sim.factory import simulator_used, training_vec_env
@@ -63,14 +60,12 @@ class StageTrainer:
         self.section = self.cfg.agent(agent)
         self.rel = self.cfg.reliability
         self.folder = ctx.run.agent(agent)
-        self.store = CheckpointStore(self.folder.checkpoints, self.rel.keep_checkpoints)
         self.simulator = simulator_used(self.cfg, ctx.schema)
         self.n_envs = training_envs(self.cfg, agent, self.simulator)
         self.sizes = initial_sizes(self.section, agent, target, self.n_envs)
         self.device = agent_device(self.cfg, agent)
         self.recovery = Recovery(agent, self.device, self.rel, self.sizes)
-        self.last_checkpoint_step = 0
-        self.last_checkpoint: Checkpoint | None = None
+        self.checkpoints = StageCheckpoints(self.cfg, agent, target, self.folder, self.sizes, self.n_envs)
         self.stopped_by: StopReason | None = None
         self.time_limit_at = None if time_limit_s is None else time.monotonic() + time_limit_s
         self.extra_callbacks = callbacks or []
@@ -94,7 +89,7 @@ class StageTrainer:
         check_memory(self.cfg, self.ctx.schema, self.agent)  # again: memory may have gone since the night began
         self.recovery.fit_batch(Shapes(self.env.observation_space.shape[0], self.env.action_space.shape[0],
                                        tuple(self.section.net_arch)))
-        checkpoint = self.store.latest() if resume else None
+        checkpoint = self.checkpoints.store.latest() if resume else None
         if resume and checkpoint is None:
             self.log.warning("no valid checkpoint to resume from", folder=str(self.folder.checkpoints),
                              action="starting fresh")
@@ -107,28 +102,24 @@ class StageTrainer:
             model = self._fresh_model()
         fresh = checkpoint is None
         while True:
-            failure: Failure
             try:
                 self._learn(model, reset=fresh)
                 break
-            except NonFiniteError as exc:
-                failure = NonFinite(str(exc))
-            except Exception as exc:  # classified here; anything but out-of-memory is re-raised
-                if not is_out_of_memory(exc):
+            except Exception as exc:  # out of memory or a non-finite loss is recovered below; the rest re-raised
+                failure = failure_of(exc)
+                if failure is None:
                     raise
-                failure = OutOfMemory(f"{type(exc).__name__}: {str(exc)[:300]}")
             # Outside the except block: the failed step's frames and tensors can now be freed.
             step = model.num_timesteps
             model = None
             free_memory(self.device)
             model, fresh = self._recover(failure, step)
         if self.stopped_by is StopReason.SIGNAL:
-            raise TrainingInterrupted(STOP.name, STOP.exit_code, self.last_checkpoint_step,
-                                      self.last_checkpoint.path if self.last_checkpoint else None)
-        if self.timed_out:
-            model.num_timesteps = self.last_checkpoint_step  # steps after the boundary were not learned from
-        elif model.num_timesteps > self.last_checkpoint_step:
-            self.save_checkpoint(model, self.episodes.boundary(model, True))
+            raise TrainingInterrupted(STOP.name, STOP.exit_code, *self.checkpoints.last_point)
+        if self.timed_out:  # steps after the boundary were not learned from
+            model.num_timesteps = self.checkpoints.last_checkpoint_step
+        elif model.num_timesteps > self.checkpoints.last_checkpoint_step:
+            self.checkpoints.save_checkpoint(model, self.episodes.boundary(model, True))
         if self.curve is not None and not self.timed_out:
             self.curve.finish(model)  # the last policy is a candidate too
         return model
@@ -138,20 +129,6 @@ class StageTrainer:
             self.curve.close()
         if self.env is not None:
             self.env.close()
-
-    def save_checkpoint(self, model: BaseAlgorithm, boundary: Boundary) -> None:
-        state = TrainingState(
-            agent=self.agent, step=boundary.step, target=self.target, episode_indices=boundary.episode_indices,
-            at_episode_starts=boundary.at_episode_starts, n_envs=self.n_envs, batch_size=self.sizes.batch_size,
-            n_steps=self.sizes.n_steps, learning_rate=self.sizes.learning_rate,
-            nonfinite_rollbacks=self.sizes.nonfinite_rollbacks, backoffs=self.sizes.backoffs,
-            checkpoint_write_failures=self.store.failures, config_digest=self.cfg.digest(), config=self.cfg.to_dict())
-        saved = self.store.save(
-            model, state.to_dict(), boundary.rng, with_replay_buffer=hasattr(model, "replay_buffer")
-        )
-        self.last_checkpoint_step = boundary.step
-        if saved is not None:
-            self.last_checkpoint = saved
 
     # ------------------------------------------------------------------ models
 
@@ -163,7 +140,7 @@ class StageTrainer:
         from trainer.learn.callbacks import EvalCurve, ProgressCallback
         from trainer.learn.guard import CheckpointGuard
 
-        guard = CheckpointGuard(self, self.episodes, self.section.checkpoint_freq_steps, self.time_limit_at,
+        guard = CheckpointGuard(self.checkpoints, self.episodes, self.section.checkpoint_freq_steps, self.time_limit_at,
                                 self.rel.checkpoint_min_interval_s)
         if self.curve is not None:
             self.curve.close()
@@ -177,7 +154,7 @@ class StageTrainer:
         finally:
             self.stopped_by = guard.stopped_by
         if self.timed_out:
-            self.log.info("time slot used up", step=self.last_checkpoint_step, target=self.target)
+            self.log.info("time slot used up", step=self.checkpoints.last_checkpoint_step, target=self.target)
 
     def _ready(self, model: BaseAlgorithm) -> BaseAlgorithm:
         """One SB3 logger per stage (another would truncate progress.csv), the current sizes, the stepping worker."""
@@ -197,57 +174,39 @@ class StageTrainer:
         model = build_model(self.cfg, self.agent, self.env, self.device, self.cfg.seed, self.target)
         self.warm_start = warm_start(self.cfg, self.ctx.schema, self.agent, model)
         if self.warm_start is not None:  # evaluated like the agent at the end (results.json's warm_start)
-            try:
-                self.folder.root.mkdir(parents=True, exist_ok=True)
-                save_model_atomic(model, self.folder.warm_start)
-            except OSError as exc:
-                self.log.warning("warm start not saved: it will not be evaluated", path=str(self.folder.warm_start),
-                                 error=exc.strerror)
-        self.last_checkpoint_step = 0
+            save_warm_start(model, self.folder)
+        self.checkpoints.last_checkpoint_step = 0
         return self._ready(model)
 
     def _load(self, checkpoint: Checkpoint, adopt_state: bool) -> BaseAlgorithm:
-        model = load_model(self.cfg, self.agent, checkpoint.model, device=self.device, env=self.env)
-        if checkpoint.replay_buffer is not None:
-            load_replay(model, checkpoint.replay_buffer)
-        try:
-            state = TrainingState.from_dict(checkpoint.state)
-        except ValidationError as exc:  # a key of the wrong type
-            raise DamagedFile(f"{checkpoint.path / 'state.json'} is damaged: {first_problem(exc)}; delete that "
-                              "checkpoint folder to resume from the one before") from None
-        model.num_timesteps = state.step
+        model, state = self.checkpoints.model_at(checkpoint, self.env, self.device)
         if adopt_state:  # a resumed stage goes on with the sizes its checkpoint trained with
             if not self.sizes.adopt(state, self.n_envs):
                 self.log.warning("parallel environments changed since the checkpoint: rollout from the config",
                                  checkpoint_n_envs=state.n_envs, n_envs=self.n_envs)
-            self.store.failures = state.checkpoint_write_failures
-        restore_rng(model, checkpoint.rng())  # load() re-seeded every generator from the model's seed
+            self.checkpoints.store.failures = state.checkpoint_write_failures
         self.episodes.set_next(state, self.n_envs)
-        self.last_checkpoint_step = checkpoint.step
-        self.last_checkpoint = checkpoint
+        self.checkpoints.restored(checkpoint)
         return self._ready(model)
 
     # ------------------------------------------------------------------ failures
 
     def _recover(self, failure: Failure, step: int) -> tuple[BaseAlgorithm, bool]:
         if isinstance(failure, OutOfMemory):
-            self.recovery.back_off(step, failure.detail, self._last_path(), in_training=True)
+            self.recovery.back_off(step, failure.detail, self.checkpoints.last_path, in_training=True)
         else:
-            self.recovery.lower_learning_rate(step, failure.detail, self._last_path())
-        checkpoint = self.store.latest()
+            self.recovery.lower_learning_rate(step, failure.detail, self.checkpoints.last_path)
+        checkpoint = self.checkpoints.store.latest()
         if checkpoint is None:
             self.log.info("no checkpoint yet: restarting the stage", step=step)
             return self._fresh_model(), True
         return self._load(checkpoint, adopt_state=False), False
 
-    def _last_path(self) -> str:
-        return str(self.last_checkpoint.path) if self.last_checkpoint else "(none saved yet)"
-
 
 def summary(trainer: StageTrainer) -> dict[str, Any]:
     """What the stage's metrics record of its training: failures met, sizes it ended with, its warm start."""
     sizes = trainer.sizes
-    return {"checkpoint_write_failures": trainer.store.failures, "oom_backoffs": len(sizes.backoffs),
+    return {"checkpoint_write_failures": trainer.checkpoints.store.failures, "oom_backoffs": len(sizes.backoffs),
             "nonfinite_rollbacks": sizes.nonfinite_rollbacks, "final_batch_size": sizes.batch_size,
             "final_n_steps": sizes.n_steps, "final_learning_rate": sizes.learning_rate,
             "warm_start": trainer.warm_start}
@@ -278,6 +237,17 @@ def training_env(cfg: Config, schema: Path, agent: str, n_envs: int, simulator: 
     logs.get().info("training environments", agent=agent, n_envs=n_envs, simulator=simulator, workers=workers,
                     learn_while_stepping=overlap and workers)
     return TrainWhileStepping(env) if overlap and workers else env
+
+
+def save_warm_start(model: BaseAlgorithm, folder: AgentDir) -> None:
+    """The warm start's model beside the stage, evaluated like the agent at the end (results.json's warm_start);
+    a full disk costs that evaluation, not the stage."""
+    try:
+        folder.root.mkdir(parents=True, exist_ok=True)
+        save_model_atomic(model, folder.warm_start)
+    except OSError as exc:
+        logs.get().warning("warm start not saved: it will not be evaluated", path=str(folder.warm_start),
+                           error=exc.strerror)
 
 
 def keep_previous_progress(folder: AgentDir, step: int) -> None:

@@ -92,7 +92,8 @@ def train_agent(ctx: RunContext, agent: str, timesteps: int, resume: bool = Fals
         model.logger.dump(model.num_timesteps)
         trained_steps = int(model.num_timesteps)
         model, kept = _best_policy(ctx, agent, trainer, model)
-        _save_model(model, folder, agent, trainer.last_checkpoint.path if trainer.last_checkpoint else None)
+        last = trainer.checkpoints.last
+        _save_model(model, folder, agent, last.path if last else None)
     finally:
         trainer.close()
     log.info("trained", timesteps=trained_steps, seconds=round(wall, 1),
@@ -101,7 +102,7 @@ def train_agent(ctx: RunContext, agent: str, timesteps: int, resume: bool = Fals
     metrics.update(timesteps=trained_steps, train_wall_s=round(wall, 2),
                    steps_per_s=round(trained_steps / wall, 2) if wall > 0 else None, **training_summary(trainer),
                    ended_by="time slot" if trainer.timed_out else "target",
-                   checkpoint=str(trainer.last_checkpoint.path) if trainer.last_checkpoint else None, kept=kept)
+                   checkpoint=str(last.path) if last else None, kept=kept)
     if folder.warm_start.is_file():
         metrics["warm_start"] = {**(metrics.get("warm_start") or {}), **_evaluate_warm_start(ctx, agent)}
     write_json_atomic(folder.metrics, metrics)

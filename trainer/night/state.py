@@ -37,6 +37,8 @@ if TYPE_CHECKING:
 
 # A training slot too short to be worth a model: the stage is skipped rather than run for nothing.
 MIN_TRAIN_STEPS = 100
+# What schedule.json keeps of a finished stage's results (results.json has them all).
+RESULT_KEYS = ("co2_kg_per_year", "co2_vs_baseline_pct", "timesteps", "steps_per_s")
 
 
 @dataclass(frozen=True)
@@ -109,7 +111,7 @@ class Night:
     specs: dict[str, StageSpec]
     force: bool = False
     plan_text: str = ""
-    keep: Callable[[str, dict[str, Any]], Any] = _nothing  # a finished stage's metrics into results.json
+    keep: Callable[[str, dict[str, Any]], Any] = _nothing  # a finished stage's metrics into results.json: all of it
     report: Callable[[], Any] = _nothing                   # report.md, once every other stage has finished
 
 
@@ -202,11 +204,16 @@ def _end(night: Night, record: StageRecord, outcome: StageOutcome, clock: Callab
         log.warning("stage skipped", stage=record.name, reason=record.error)
         return
     result = outcome.metrics or {}
-    night.keep(record.name, result)
     record.timesteps_done = int(result.get("timesteps") or 0)
     record.checkpoint = result.get("checkpoint")
-    record.results = {k: result.get(k) for k in ("co2_kg_per_year", "co2_vs_baseline_pct", "timesteps", "steps_per_s")
-                      if k in result} or None
+    record.status = DONE
+    kept = night.keep(record.name, result)
+    # Every finished stage's figures as results.json now has them: a reference that finished before the baseline
+    # (side by side on Ray) gets its comparison with it once the baseline is in.
+    for done in night.state.stages:
+        figures = kept.get(done.name) if isinstance(kept, dict) else (result if done is record else None)
+        if done.status == DONE and figures is not None:
+            done.results = {k: figures.get(k) for k in RESULT_KEYS if k in figures} or None
     _finish(night.state, record, DONE, clock)
     log.info("stage done", stage=record.name, seconds=_seconds(record), run=night.ctx.run.root.name)
 

@@ -20,6 +20,7 @@ import numpy as np
 from trainer.config import Config
 from trainer.env import ActionScale, make_citylearn_env
 from trainer.ev_service import EvServiceGuard
+from trainer.optimum_model import site_model
 from trainer.sim.site import SiteTables, VectorSite
 
 # kWh and state-of-charge fractions: CityLearn keeps both in float32 and sums a building's devices in an
@@ -94,7 +95,7 @@ def _rbc(env: Any, cfg: Config) -> Any:
 
 
 def _optimum(env: Any, cfg: Config) -> Any:
-    from trainer.optimum import OptimumReplay, site_model, solve  # lazy: scipy's HiGHS
+    from trainer.optimum import OptimumReplay, solve  # lazy: scipy's HiGHS
 
     return OptimumReplay(solve(site_model(env, cfg.ev.margin_soc)))
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from trainer.optimum import EV_ACTION_PREFIX
+from trainer.optimum_model import EV_ACTION_PREFIX
 from trainer.sim.battery import BatteryBank, BatterySpec
 
 CONNECTED, INCOMING = 1, 2
