@@ -31,7 +31,7 @@ class NvmlUnavailable(RuntimeError):
 
 def _load():
     """The pynvml module (a seam the tests replace with a fake)."""
-    import pynvml
+    import pynvml  # lazy: the seam the tests replace; absent where no NVIDIA driver is
 
     return pynvml
 

@@ -82,3 +82,29 @@ def test_the_base_imports_nothing_above_it():
 def test_a_cycle_is_found_and_named():
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+def _lazy_imports_without_a_reason() -> list[str]:
+    """Imports inside functions whose group (consecutive imports) carries no comment saying why they are there."""
+    missing = []
+    for path in [*PACKAGE.rglob("*.py"), *(PACKAGE.parent / "monitor").rglob("*.py")]:
+        text = path.read_text(encoding="utf-8")
+        lines, tree = text.splitlines(), ast.parse(text)
+        typing_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If)
+                       and "TYPE_CHECKING" in ast.unparse(block.test) for n in ast.walk(block)}
+        for function in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+            for block in (n for n in ast.walk(function) if hasattr(n, "body") and isinstance(n.body, list)):
+                group: list[ast.stmt] = []
+                for statement in [*block.body, None]:
+                    if isinstance(statement, (ast.Import, ast.ImportFrom)) and id(statement) not in typing_only:
+                        group.append(statement)
+                        continue
+                    said = range(group[0].lineno - 2, group[-1].end_lineno) if group else ()  # the line above, its own
+                    if group and not any(lines[i].lstrip().startswith("#") or "  #" in lines[i] for i in said):
+                        missing.append(f"{path.relative_to(PACKAGE.parent)}:{group[0].lineno}")
+                    group = []
+    return sorted(set(missing))
+
+
+def test_every_lazy_import_says_why_it_is_lazy():
+    assert _lazy_imports_without_a_reason() == []

@@ -90,7 +90,7 @@ def capture_rng(model: BaseAlgorithm) -> dict[str, Any]:
 
 
 def restore_rng(model: BaseAlgorithm, state: dict[str, Any]) -> None:
-    import torch
+    import torch  # lazy: torch takes seconds to import
 
     version, words, gauss = state["python"]
     random.setstate((version, tuple(words), gauss))

@@ -143,6 +143,7 @@ run_dir_argument = click.argument("run_dir", type=click.Path(file_okay=False))
 def backend_options(fn: Callable) -> Callable:
     """``--backend`` (a row of trainer.night.backends) and each backend's own options (Ray's ``--address``),
     handed to the command as ``backend`` and ``backend_options``, the options of the backend chosen."""
+    # lazy: the night's modules, when a command declares --backend
     from trainer.night.backends import BACKENDS, own_options
 
     owned = {option: name for name, row in BACKENDS.items() for option in row.options}

@@ -30,7 +30,7 @@ def agent_device(cfg: Config, agent: str) -> str:
 
 def resolve_device(requested: str) -> str:
     """'auto' → 'cuda' when torch sees a GPU, else 'cpu'; 'cuda' without one is a usage error."""
-    import torch
+    import torch  # lazy: torch takes seconds to import
 
     if requested == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
@@ -60,7 +60,7 @@ def cpu_threads_for(cfg: Config, agent: str, simulator: str = "citylearn") -> in
 
 
 def apply_cpu_threads(cfg: Config, agent: str, simulator: str = "citylearn") -> int:
-    import torch
+    import torch  # lazy: torch takes seconds to import
 
     threads = cpu_threads_for(cfg, agent, simulator)
     torch.set_num_threads(threads)
@@ -69,7 +69,7 @@ def apply_cpu_threads(cfg: Config, agent: str, simulator: str = "citylearn") -> 
 
 def apply_gpu_flags(gpu: GpuConfig, device: str) -> dict[str, object]:
     """Set torch backend flags from `gpu` on CUDA; on CPU they do nothing, and the log says so."""
-    import torch
+    import torch  # lazy: torch takes seconds to import
 
     log = logs.get()
     if gpu.cpu_threads:

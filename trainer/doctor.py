@@ -102,7 +102,7 @@ def check_torch_cuda(require_gpu: bool) -> list[Check]:
 
 
 def check_gpu_switches(cfg) -> list[Check]:
-    import torch
+    import torch  # lazy: torch takes seconds to import
 
     checks = []
     if cfg.gpu.tf32 and torch.cuda.is_available() and torch.cuda.get_device_capability(0)[0] < 8:
@@ -218,7 +218,7 @@ def run_checks(load: Callable[[], Config], schema: str | None, dataset: str | No
         checks.append(Check("dataset", FAIL, str(exc), "pass --schema PATH or set CITYLEARN_LOCAL_DATASETS_PATH"))
         return checks
     checks.append(check_simulator(cfg.train.simulator, unmodelled))
-    import torch
+    import torch  # lazy: torch takes seconds to import
 
     checks += check_memory(cfg, obs_act, "cuda" if torch.cuda.is_available() and cfg.gpu.device != "cpu" else "cpu")
     return checks

@@ -153,6 +153,7 @@ class CentralAgentArrays(gymnasium.Wrapper):
     def __init__(
         self, env: CityLearnEnv, guard: EvServiceGuard | None = None, carbon_ahead_hours: tuple[int, ...] = ()
     ):
+        # lazy: CityLearn takes seconds to import
         from citylearn.wrappers import (
             NormalizedObservationWrapper,
             StableBaselines3Wrapper,
@@ -265,7 +266,7 @@ class _NormalisationPlan:
 
 def make_sb3_env(cfg: Config, schema: Path, purpose: Purpose, seed: int, eval_days: int | None = None):
     """CityLearn → flat normalised arrays for SB3, with SB3's Monitor for episode stats."""
-    from stable_baselines3.common.monitor import Monitor
+    from stable_baselines3.common.monitor import Monitor  # lazy: SB3 imports torch
 
     env = make_citylearn_env(cfg, schema, purpose, seed, eval_days)
     guard = EvServiceGuard(cfg.ev.margin_soc) if cfg.ev.guard else None
@@ -293,7 +294,7 @@ def make_training_vec_env(cfg: Config, schema: Path, seed: int, n_envs: int, sub
     Falls back to stepping them in this process (DummyVecEnv), with a warning, where worker
     processes cannot start.
     """
-    from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
+    from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv  # lazy: SB3 imports torch
 
     factories = [functools.partial(_training_env, cfg, schema, seed, i) for i in range(n_envs)]
     if subprocesses:

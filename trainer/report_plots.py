@@ -22,8 +22,11 @@ from trainer.run_dir import RunDir
 # is drawn in OTHER_COLOUR.
 COLOURS = {name: spec.colour for name, spec in (*REFERENCE_ROSTER.items(), *ROSTER.items())}
 OTHER_COLOUR = "#333333"
+
+
 def _pyplot():
-    import matplotlib
+    """matplotlib's pyplot drawing to files (imported here: it is slow, and only the report draws)."""
+    import matplotlib  # lazy: matplotlib, for the report's plots only
 
     matplotlib.use("Agg")  # files only: works without a display, in containers and over SSH
     import matplotlib.pyplot as plt
@@ -226,7 +229,7 @@ def plot_week(
 
 
 def plot_timeline(schedule: dict[str, Any] | None, path: Path) -> None:
-    import matplotlib.dates as mdates
+    import matplotlib.dates as mdates  # lazy: matplotlib, for the report's plots only
 
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(9, 3.5))
@@ -239,7 +242,7 @@ def plot_timeline(schedule: dict[str, Any] | None, path: Path) -> None:
                 s, e = datetime.fromisoformat(start), datetime.fromisoformat(end)
                 ax.barh(row + (0.2 if offset == 0 else -0.2), mdates.date2num(e) - mdates.date2num(s),
                         left=mdates.date2num(s), height=0.35, color=colour)
-    from matplotlib.lines import Line2D
+    from matplotlib.lines import Line2D  # lazy: matplotlib, for the report's plots only
     from matplotlib.patches import Patch
 
     labels = [f"{s['name']} ({'this report' if s['name'] == 'report' and s['status'] == 'running' else s['status']})"

@@ -130,7 +130,7 @@ def _sweep(cores: int) -> tuple[int, ...]:
 
 def machine() -> dict[str, Any]:
     """Cores, CPU model, GPU and versions: the figures mean nothing without them."""
-    import torch
+    import torch  # lazy: torch takes seconds to import
 
     cpu = platform.processor() or platform.machine()
     try:

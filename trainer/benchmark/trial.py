@@ -109,7 +109,7 @@ def _env_rate(env: gymnasium.Env, steps: int) -> float:
 
 
 def _plain_env(schema: Path):
-    from citylearn.citylearn import CityLearnEnv
+    from citylearn.citylearn import CityLearnEnv  # lazy: CityLearn takes seconds to import
     from citylearn.wrappers import NormalizedObservationWrapper, StableBaselines3Wrapper
 
     read_schema(schema)  # refuses a class the product does not load, as every environment it builds
@@ -170,7 +170,7 @@ def _train_plain(agent: str, env: gymnasium.Env, cfg: Config, device: str, steps
     (5 steps of each of 64 sites: 5), since A2C's hyperparameter is its steps per environment per update;
     SAC makes as many gradient steps per environment step as the product (:func:`same_updates_per_step`).
     """
-    from trainer.learn.agents import training_envs
+    from trainer.learn.agents import training_envs  # lazy: agents builds SB3 models (torch)
     from trainer.sim.factory import simulator_used
 
     algo = agent_spec(agent).plain_class()
@@ -199,7 +199,7 @@ def same_updates_per_step(section: OffPolicyConfig, n_envs: int) -> dict[str, in
 def _train_product(agent: str, cfg: Config, schema: Path, device: str, steps: int,
                    callback: BaseCallback | None = None) -> tuple[BaseAlgorithm, int]:
     """The product: a night's StageTrainer (in a throw-away run folder). Returns (model, n_envs)."""
-    from trainer.learn.trainer import StageTrainer
+    from trainer.learn.trainer import StageTrainer  # lazy: SB3 and torch
 
     apply_gpu_flags(cfg.gpu, device)
     with tempfile.TemporaryDirectory() as tmp:
@@ -221,6 +221,7 @@ class _IgnoreResetSeed(gymnasium.Wrapper):
 
 def _learn_and_evaluate(trial: Trial, cfg: Config, schema: Path, device: str) -> dict[str, Any]:
     """Train ``trial.agent`` for its timesteps with one side, then CO2 kg/year over the evaluation period."""
+    # lazy: CityLearn takes seconds to import
     from citylearn.wrappers import NormalizedObservationWrapper, StableBaselines3Wrapper
 
     agent = trial.agent
@@ -262,7 +263,7 @@ def _vec_env_rate(env: VecEnv, steps: int) -> float:
 
 
 def _threads() -> int:
-    import torch
+    import torch  # lazy: torch takes seconds to import
 
     return torch.get_num_threads()
 

@@ -72,7 +72,7 @@ def build_model(cfg: Config, name: str, env: VecEnv | gymnasium.Env, device: str
                 timesteps: int) -> BaseAlgorithm:
     n_envs = getattr(env, "num_envs", 1)
     params = fit_rollout(cfg.agent(name).sb3_kwargs(n_envs), timesteps, n_envs)
-    from trainer.learn.fast_sac import fast_optimizer_kwargs
+    from trainer.learn.fast_sac import fast_optimizer_kwargs  # lazy: SB3 and torch
 
     # Adam's fused kernel: the same update within rounding; PPO's minibatch of 64 trains 15 % faster on a CPU.
     params["policy_kwargs"]["optimizer_kwargs"] = fast_optimizer_kwargs(device)
@@ -108,7 +108,7 @@ def apply_sizes(model: BaseAlgorithm, batch_size: int | None, n_steps: int | Non
             gamma=model.gamma, gae_lambda=model.gae_lambda, n_envs=model.n_envs, **model.rollout_buffer_kwargs)
     model.learning_rate = learning_rate
     if learning_rate_end < 1:
-        from stable_baselines3.common.utils import get_linear_fn
+        from stable_baselines3.common.utils import get_linear_fn  # lazy: SB3 imports torch
 
         model.lr_schedule = get_linear_fn(learning_rate, learning_rate * learning_rate_end, 1.0)
     else:

@@ -104,7 +104,7 @@ def imitate(model: Any, demos: Demonstrations, epochs: int, learning_rate: float
     and the first updates would undo the imitation (measured: PPO fell from 83 % to 49 % of the
     optimum's cut in 60k steps with the actor alone warm-started).
     """
-    import torch
+    import torch  # lazy: torch takes seconds to import
 
     policy = model.policy
     sac = hasattr(policy, "actor") and hasattr(policy.actor, "get_action_dist_params")
@@ -151,7 +151,7 @@ def narrow_exploration(model: Any, std: float) -> None:
     SB3 makes it: narrowing its spread and temperature the same way made it worse, not better
     (from 79 % to below the uncontrolled site in 10k steps; docs/agent-quality.md).
     """
-    import torch
+    import torch  # lazy: torch takes seconds to import
 
     log_std = getattr(model.policy, "log_std", None)
     if isinstance(log_std, torch.nn.Parameter):
@@ -167,7 +167,7 @@ def start_temperature(model: Any, temperature: float) -> None:
     imitated policy is pulled to doing nothing (measured: 80 % of the optimum's cut to 10 % in 20k
     steps; docs/agent-quality.md). The temperature is then learned as SB3 does.
     """
-    import torch
+    import torch  # lazy: torch takes seconds to import
 
     log_temperature = getattr(model, "log_ent_coef", None)
     if isinstance(log_temperature, torch.Tensor):
@@ -192,7 +192,7 @@ class BehaviourCloningTerm:
 
     def __init__(self, policy: Any, observations: np.ndarray, actions: np.ndarray, weight: float,
                  batch_size: int) -> None:
-        import torch
+        import torch  # lazy: torch takes seconds to import
 
         self.policy = policy
         self.observations = torch.as_tensor(observations, device=policy.device)
@@ -205,7 +205,7 @@ class BehaviourCloningTerm:
         _ATTACHED[policy.optimizer] = policy.optimizer.register_step_pre_hook(self._before_step)
 
     def loss(self) -> Any:
-        import torch
+        import torch  # lazy: torch takes seconds to import
 
         index = torch.randint(len(self.observations), (self.batch_size,)).to(self.observations.device)
         policy = self.policy

@@ -21,7 +21,7 @@ OOM_MESSAGES = ("cuda out of memory", "out of memory", "cublas_status_alloc_fail
 
 
 def is_out_of_memory(exc: BaseException) -> bool:
-    import torch
+    import torch  # lazy: torch takes seconds to import
 
     typed = tuple(
         t for t in (getattr(torch, "OutOfMemoryError", None), getattr(torch.cuda, "OutOfMemoryError", None)) if t
@@ -39,7 +39,7 @@ def free_memory(device: str) -> None:
 
     gc.collect()
     if device == "cuda":
-        import torch
+        import torch  # lazy: torch takes seconds to import
 
         torch.cuda.empty_cache()
 
@@ -47,7 +47,7 @@ def free_memory(device: str) -> None:
 def available_bytes(device: str) -> int:
     """Free memory where the batch lives: the GPU's, or the host's available RAM."""
     if device == "cuda":
-        import torch
+        import torch  # lazy: torch takes seconds to import
 
         return int(torch.cuda.mem_get_info()[0])
 
@@ -63,7 +63,7 @@ def memory_figures(device: str) -> dict[str, int]:
 
     figures = {"host_available_bytes": int(psutil.virtual_memory().available)}
     if device == "cuda":
-        import torch
+        import torch  # lazy: torch takes seconds to import
 
         free, total = torch.cuda.mem_get_info()
         figures.update(gpu_free_bytes=int(free), gpu_total_bytes=int(total),

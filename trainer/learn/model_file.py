@@ -62,7 +62,7 @@ def load_model(cfg: Config, name: str, path: Path, device: str = "cpu", env: gym
     Raises :class:`DamagedFile` naming the file when it is not a model this product wrote for this site, and
     ``fix`` (or a default: delete it and train again).
     """
-    from trainer.learn.agents import algorithm
+    from trainer.learn.agents import algorithm  # lazy: agents builds SB3 models (torch)
 
     fix = fix or _FIX
     data = _read_data(path, fix, SAVED_KEYS | agent_spec(name).saved_keys)
@@ -110,7 +110,7 @@ def _pickled(value: Any) -> bool:
 def _product_values(cfg: Config, name: str, device: str) -> dict[str, Any]:
     """The values the product gave the model's constructor (the policy class, its arguments, the schedules'
     constants), read from an unbuilt model of the same config: SB3 turns them into schedules on load."""
-    from trainer.learn.agents import algorithm
+    from trainer.learn.agents import algorithm  # lazy: agents builds SB3 models (torch)
     from trainer.learn.fast_sac import fast_optimizer_kwargs
 
     params = cfg.agent(name).sb3_kwargs()
@@ -124,7 +124,7 @@ def _product_values(cfg: Config, name: str, device: str) -> dict[str, Any]:
 def _spaces(path: Path, data: dict[str, Any], env: gymnasium.Env | None, fix: str) -> dict[str, Any]:
     if env is not None:
         return {"observation_space": env.observation_space, "action_space": env.action_space}
-    import gymnasium
+    import gymnasium  # lazy: gymnasium, only to make boxes without an environment
     import numpy as np
 
     # The product's agents see observations min-max normalised into [0, 1] and act in [-1, 1]

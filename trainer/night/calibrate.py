@@ -128,7 +128,7 @@ def _eval_speed(cfg: Config, schema: Path) -> float:
 
 
 def _quiet(model: BaseAlgorithm, folder: str) -> BaseAlgorithm:
-    from stable_baselines3.common.logger import configure
+    from stable_baselines3.common.logger import configure  # lazy: SB3 imports torch
 
     model.set_logger(configure(folder, []))
     return model

@@ -8,7 +8,9 @@ Facts found by trying Ray 2.60 here are in ../shared/docs/ray-notes.md.
 from __future__ import annotations
 
 import os
+import platform
 import socket
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -100,7 +102,7 @@ def _local_gpus() -> int:
 
 def _probe(shared: str | None, token: str) -> dict[str, Any]:
     """On one node: its versions, whether the product's config loads, and whether it reads the driver's file."""
-    import platform as node_platform
+    import platform as node_platform  # on the Ray node the probe runs on
 
     import ray as node_ray
 
@@ -121,9 +123,6 @@ def _probe(shared: str | None, token: str) -> dict[str, Any]:
 def preflight(ray: Any, shared: Path | None = None) -> None:
     """An existing cluster: Ray and Python match the driver's, the product loads on every node, and every node
     sees ``shared`` (a probe file written here, read back there). One line per problem, with the fix."""
-    import platform
-    import uuid
-
     token = uuid.uuid4().hex
     probe_file = shared / f".ray-probe-{token}" if shared is not None else None
     if probe_file is not None:
