@@ -9,6 +9,7 @@ from click.testing import CliRunner
 
 from trainer.cli import cli
 from trainer.learn.selection import BestPolicy, Candidate
+from trainer.run_dir import AgentDir
 
 from .conftest import tiny_overrides
 
@@ -22,7 +23,7 @@ class FakeModel:
 
 
 def test_the_ev_target_comes_first_then_co2_and_ties_keep_the_earlier(tmp_path):
-    best = BestPolicy(tmp_path / "best", target_pct=98.0)
+    best = BestPolicy(AgentDir(tmp_path), target_pct=98.0)
     assert best.offer(FakeModel("warm"), Candidate(0, 45_000.0, 100.0))
     assert not best.offer(FakeModel("cheaper but strands cars"), Candidate(1000, 40_000.0, 90.0))
     assert not best.offer(FakeModel("tie"), Candidate(2000, 45_000.0, 100.0))
@@ -31,7 +32,7 @@ def test_the_ev_target_comes_first_then_co2_and_ties_keep_the_earlier(tmp_path):
     assert best.best == Candidate(3000, 44_000.0, 99.0) and best.last.step == 4000 and best.evaluated == 5
     assert best.model_path.read_text() == "better"
     # A resumed stage starts from what was kept: the selection goes on, it does not start again.
-    resumed = BestPolicy(tmp_path / "best", target_pct=98.0)
+    resumed = BestPolicy(AgentDir(tmp_path), target_pct=98.0)
     assert resumed.best == best.best
     assert not resumed.offer(FakeModel("after the resume"), Candidate(5000, 44_500.0, 100.0))
 
@@ -44,7 +45,7 @@ def test_a_damaged_selection_starts_again_with_a_warning(tmp_path):
     (folder / "model.zip").write_text("model")
     (folder / "best.json").write_text('{"step": "twelve"}')
     with capture_logs() as logged:
-        assert BestPolicy(folder, 98.0).best is None
+        assert BestPolicy(AgentDir(tmp_path), 98.0).best is None
     warning = next(e for e in logged if e["event"].startswith("the best policy so far is unreadable"))
     assert warning["path"] == str(folder / "best.json") and "ValueError" in warning["error"]
 

@@ -142,11 +142,11 @@ def write_report(run: RunDir) -> Path:
     run.plots.mkdir(parents=True, exist_ok=True)
     agents = [a for a in AGENTS if run.agent(a).root.is_dir()]
     target_pct = target_met_pct(run)
-    plot_co2(results, run.plots / "co2_by_agent.png", target_pct)
-    curves = plot_learning_curves(run, agents, run.plots / "learning_curves.png", curve_days(run))
-    best_shown = plot_week(run, results, run.plots / "representative_week.png", target_pct)
+    plot_co2(results, run.plot("co2_by_agent.png"), target_pct)
+    curves = plot_learning_curves(run, agents, run.plot("learning_curves.png"), curve_days(run))
+    best_shown = plot_week(run, results, run.plot("representative_week.png"), target_pct)
     if schedule:
-        plot_timeline(schedule, run.plots / "timeline.png")
+        plot_timeline(schedule, run.plot("timeline.png"))
 
     lines = [f"# Night report: {run.root.name}", "", *_headline(results, target_pct)]
     if schedule:
@@ -178,7 +178,7 @@ def write_report(run: RunDir) -> Path:
         lines += ["", "![Timeline](plots/timeline.png)", ""]
     if run.monitor.is_file():
         records = read_records(run.monitor)
-        plot_monitor(records, run.plots / "gpu.png", schedule)
+        plot_monitor(records, run.plot("gpu.png"), schedule)
         lines += [
             "## The machine",
             "",

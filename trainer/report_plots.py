@@ -12,7 +12,6 @@ import pandas as pd
 from pydantic import BaseModel
 
 from trainer.files import FIXES, DamagedFile, read_json, read_typed
-from trainer.learn.selection import references_path
 from trainer.metrics import DEFAULT_TARGET_MET_PCT, HOURS_PER_YEAR, best_agent, serves_cars
 from trainer.references import REFERENCE_ROSTER
 from trainer.roster import ROSTER
@@ -128,8 +127,8 @@ def kept_point(run: RunDir, agent: str, curve: pd.DataFrame) -> tuple[int, float
 def plot_learning_curves(run: RunDir, agents: list[str], path: Path, curve_days: int) -> bool:
     """Each agent's evaluations during training: CO2 on the curve's window with the references on the same
     window, and EV departures met. False (and no file) when no agent has a point yet."""
-    curves = {a: read_written_csv(run.agent(a).root / "eval_curve.csv", CURVE).sort_values("step") for a in agents
-              if (run.agent(a).root / "eval_curve.csv").is_file()}
+    curves = {a: read_written_csv(run.agent(a).curve, CURVE).sort_values("step") for a in agents
+              if run.agent(a).curve.is_file()}
     if not curves:
         return False
     plt = _pyplot()
@@ -147,7 +146,7 @@ def plot_learning_curves(run: RunDir, agents: list[str], path: Path, curve_days:
     if any_kept:  # one neutral legend entry for every agent's star
         co2_ax.plot([], [], marker="*", markersize=12, color="white", markeredgecolor="black", linestyle="none",
                     label="deployed")
-    held_out = read_json(references_path(run.root)) if references_path(run.root).is_file() else None
+    held_out = read_json(run.validation_references) if run.validation_references.is_file() else None
     for name in (name for name, spec in REFERENCE_ROSTER.items() if spec.on_curve):
         if held_out is not None:
             reference = held_out.get(name) / 1000 if isinstance(held_out.get(name), (int, float)) else None

@@ -50,6 +50,20 @@ class AgentDir:
         return self.root / "eval_timeseries.csv"
 
     @property
+    def curve(self) -> Path:
+        """The learning curve: each evaluation on the validation window (trainer.learn.callbacks)."""
+        return self.root / "eval_curve.csv"
+
+    @property
+    def attempts(self) -> Path:
+        """On Ray: each attempt at the stage (node, pid, start), one JSON line each."""
+        return self.root / "attempts.jsonl"
+
+    def previous_progress(self, step: int, n: int = 1) -> Path:
+        """progress.csv as it was before a resume from ``step`` (the ``n``-th such resume)."""
+        return self.root / (f"progress.before-{step:010d}.csv" if n == 1 else f"progress.before-{step:010d}-{n}.csv")
+
+    @property
     def checkpoints(self) -> Path:
         return self.root / "checkpoints"
 
@@ -57,6 +71,15 @@ class AgentDir:
     def best(self) -> Path:
         """The best policy seen on the validation window (trainer.learn.selection)."""
         return self.root / "best"
+
+    @property
+    def best_model(self) -> Path:
+        return self.best / "model.zip"
+
+    @property
+    def best_state(self) -> Path:
+        """Which step the best policy is from, and its validation figures."""
+        return self.best / "best.json"
 
     @property
     def warm_start(self) -> Path:
@@ -82,6 +105,12 @@ class RunDir:
     monitor = property(lambda self: self.root / "monitor.jsonl")
     record = property(lambda self: self.root / "run.json")
     activity = property(lambda self: self.root / "activity.json")
+    validation_site = property(lambda self: self.root / "validation-site")  # the built-in site's held-out draw
+    validation_references = property(lambda self: self.root / "validation-site" / "references.json")
+
+    def plot(self, name: str) -> Path:
+        """One of the report's plots (``report.PLOTS``, or gpu.png) under plots/."""
+        return self.plots / name
 
     def agent(self, name: str) -> AgentDir:
         return AgentDir(self.root / name)

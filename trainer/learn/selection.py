@@ -31,6 +31,7 @@ from trainer.metrics import run_episode
 from trainer.references import REFERENCE_ROSTER
 
 if TYPE_CHECKING:
+    from trainer.run_dir import AgentDir
     from trainer.session import RunContext
 
 VALIDATION_SEED_OFFSET = 1000
@@ -53,20 +54,12 @@ class Candidate:
 class BestPolicy:
     """The best policy a stage has seen, in ``<agent>/best/`` (``model.zip`` and ``best.json``)."""
 
-    def __init__(self, folder: Path, target_pct: float) -> None:
-        self.folder = folder
+    def __init__(self, agent: AgentDir, target_pct: float) -> None:
+        self.folder, self.model_path, self.state_path = agent.best, agent.best_model, agent.best_state
         self.target_pct = target_pct
         self.best: Candidate | None = self._read()
         self.last: Candidate | None = None
         self.evaluated = 0
-
-    @property
-    def model_path(self) -> Path:
-        return self.folder / "model.zip"
-
-    @property
-    def state_path(self) -> Path:
-        return self.folder / "best.json"
 
     def _read(self) -> Candidate | None:
         if not (self.state_path.is_file() and self.model_path.is_file()):
@@ -108,7 +101,7 @@ def validation_schema(ctx: RunContext) -> tuple[Path, bool]:
         return ctx.schema, False
     from trainer.scenario import build_site  # the built-in site: another draw of the same climate
 
-    folder = ctx.run.root / "validation-site"
+    folder = ctx.run.validation_site
     schema = folder / "schema.json"
     if not schema.is_file():
         # Built aside and renamed into place: stages side by side on Ray may both get here first.
@@ -142,14 +135,9 @@ def kept_summary(best: BestPolicy, final_step: int, held_out: bool) -> dict[str,
             "last_validation_co2_kg_per_year": None if best.last is None else round(best.last.co2_kg_per_year, 1)}
 
 
-def references_path(run_root: Path) -> Path:
-    """The references' CO2 on the validation window, for the learning curve's plot."""
-    return run_root / "validation-site" / "references.json"
-
-
 def record_references(ctx: RunContext, env: Any, held_out: bool) -> None:
     """The uncontrolled site and the RBC on the validation window (once per run): the curve's reference lines."""
-    path = references_path(ctx.run.root)
+    path = ctx.run.validation_references
     if path.is_file():
         return
     lines = {}

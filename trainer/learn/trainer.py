@@ -73,7 +73,7 @@ class StageTrainer:
         self.env: VecEnv | None = None
         self.episodes: EpisodeTracker | None = None
         self.warm_start: dict[str, Any] | None = None
-        self.best = BestPolicy(self.folder.best, self.cfg.ev.target_met_pct) if self.cfg.train.keep_best else None
+        self.best = BestPolicy(self.folder, self.cfg.ev.target_met_pct) if self.cfg.train.keep_best else None
         self.curve = None
         self._sb3_logger = None
 
@@ -144,7 +144,7 @@ class StageTrainer:
                                 self.rel.checkpoint_min_interval_s)
         if self.curve is not None:
             self.curve.close()
-        curve = self.curve = EvalCurve(self.ctx, self.agent, self.folder.root / "eval_curve.csv", best=self.best)
+        curve = self.curve = EvalCurve(self.ctx, self.agent, self.folder.curve, best=self.best)
         callbacks = [ProgressCallback(self.agent, self.target), guard, curve, *self.extra_callbacks]
         STOP.check(f"{self.agent}'s start-up")  # the workers and the warm start took a while
         try:
@@ -254,9 +254,8 @@ def keep_previous_progress(folder: AgentDir, step: int) -> None:
     """SB3's CSV logger truncates progress.csv: keep the curve of the run before a resume."""
     if step > 0 and folder.progress.is_file():
         # Two resumes from one checkpoint each keep theirs: never replace an earlier one.
-        kept = folder.root / f"progress.before-{step:010d}.csv"
         n = 1
-        while kept.exists():
+        while folder.previous_progress(step, n).exists():
             n += 1
-            kept = folder.root / f"progress.before-{step:010d}-{n}.csv"
+        kept = folder.previous_progress(step, n)
         folder.progress.rename(kept)

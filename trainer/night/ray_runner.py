@@ -49,8 +49,6 @@ from trainer.run_dir import RunDir
 from trainer.session import RunContext
 from trainer.signals import Stopped, handle_stop_signals
 
-ATTEMPTS = "attempts.jsonl"
-
 
 class StageRetry(Exception):
     """Raised in a task to have Ray run the stage again (it resumes from its checkpoint). One plain argument,
@@ -91,9 +89,9 @@ def run_stage(job: StageJob) -> StageOutcome:
                "started": datetime.now().isoformat(timespec="seconds"), "resources": assigned}
     folder = run.agent(job.name).root
     folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / ATTEMPTS, "a", encoding="utf-8") as handle:
+    with open(run.agent(job.name).attempts, "a", encoding="utf-8") as handle:
         handle.write(json.dumps(attempt) + "\n")
-    retried = (folder / "checkpoints").is_dir()  # an attempt after a killed one goes on from its checkpoint
+    retried = run.agent(job.name).checkpoints.is_dir()  # an attempt after a killed one goes on from its checkpoint
     try:
         with handle_stop_signals():
             return run_job(RunContext(cfg, run, Path(job.schema), device), replace(job, resume=job.resume or retried))
@@ -246,7 +244,7 @@ class RayBackend:
 
 def _read_attempts(run: RunDir, name: str) -> tuple[dict[str, Any], ...]:
     """Each attempt Ray made of a stage (node, pid, start), as its workers wrote them."""
-    path = run.agent(name).root / ATTEMPTS
+    path = run.agent(name).attempts
     if not path.is_file():
         return ()
     return tuple(json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip())

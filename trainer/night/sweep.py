@@ -58,11 +58,11 @@ def run_sweep(cfg: Config, seeds: list[int], folder: Path, schema: str | None, d
     runs = [folder / f"seed-{seed}" for seed in seeds]
     seeded = [cfg.model_copy(update={"seed": seed}) for seed in seeds]
     for run, run_cfg in zip(runs, seeded, strict=True):
-        for agent in agents if resume and (run / "config.yaml").is_file() else ():
+        for agent in agents if resume and RunDir(run).config.is_file() else ():
             check_resume_config(run, agent, run_cfg, force)
 
     def night(stack: ExitStack, run: Path, run_cfg: Config) -> Night:
-        resuming = resume and (run / "config.yaml").is_file()
+        resuming = resume and RunDir(run).config.is_file()
         ctx = stack.enter_context(open_run(run_cfg, "schedule", run, schema, dataset, resuming=resuming,
                                            agents=agents))
         if not is_sweep(folder):  # sweep.json once the first night has passed its checks (and made the folder)
@@ -86,8 +86,7 @@ def run_sweep(cfg: Config, seeds: list[int], folder: Path, schema: str | None, d
                 nights.append(night(stack, run, run_cfg))
                 with chosen.open(nights[-1:], backend_options, say) as executor:
                     drive(nights[-1:], executor)
-    summary = summarise([read_json(r / "results.json") if (r / "results.json").is_file() else {} for r in runs],
-                        seeds)
+    summary = summarise([RunDir(r).results() for r in runs], seeds)
     write_text_atomic(folder / SUMMARY, summary)
     return folder / SUMMARY, [n.state for n in nights]
 
@@ -121,7 +120,7 @@ def from_cli(config_files: tuple[str, ...], overrides: tuple[str, ...], profile:
     folder = Path(resume) if resume and resume != session.LATEST else None
     if folder is not None and is_sweep(folder):
         seeds = read_seeds(folder)
-        base = folder / f"seed-{seeds[0]}" / "config.yaml"  # a sweep's runs differ only in their seed
+        base = RunDir(folder / f"seed-{seeds[0]}").config  # a sweep's runs differ only in their seed
         cfg = session.resolve_config([base, *config_files] if base.is_file() else config_files, overrides,
                                      device=device)
         return cfg, seeds, folder, True
