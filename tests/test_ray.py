@@ -16,7 +16,7 @@ from trainer.config_files import load_config
 from trainer.night.budget import StageKind
 from trainer.night.ray_cluster import RAY_VERSION, import_ray
 from trainer.night.ray_runner import stage_resources
-from trainer.night.state import StageRecord
+from trainer.schedule_file import StageRecord
 
 from .conftest import tiny_overrides
 
@@ -275,8 +275,8 @@ def test_the_plan_shows_which_stages_run_side_by_side(tmp_path):
 
     from trainer.night.budget import StageSpec
     from trainer.night.ray_runner import Night, lanes
-    from trainer.night.state import ScheduleState
     from trainer.run_dir import RunDir
+    from trainer.schedule_file import ScheduleState
 
     cfg = load_config(overrides=["ray.num_cpus={sac: 1, ppo: 2, a2c: 2, eval: 1}",
                                  "ray.num_gpus={sac: 0.5, ppo: 0, a2c: 0, eval: 0}"])

@@ -11,21 +11,9 @@ import pytest
 from trainer.durations import parse_duration, resolve_finish_by
 from trainer.errors import UsageError
 from trainer.night.budget import StageSpec, allocate
-from trainer.night.state import (
-    DONE,
-    FAILED,
-    PENDING,
-    RUNNING,
-    SKIPPED,
-    Night,
-    ScheduleState,
-    StageEvent,
-    StageJob,
-    StageOutcome,
-    drive,
-    plan,
-)
+from trainer.night.state import Night, StageEvent, StageJob, StageOutcome, drive, plan
 from trainer.run_dir import RunDir
+from trainer.schedule_file import DONE, FAILED, PENDING, RUNNING, SKIPPED, ScheduleState
 
 START = datetime(2026, 11, 22, 22, 0, 0)
 # Targets far beyond an hour's training, so timed runs end by their slots.

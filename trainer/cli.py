@@ -160,7 +160,7 @@ def schedule(click_ctx: click.Context, **night_options: Any) -> None:
     if click_ctx.invoked_subcommand is None:
         click.echo("note: `trainer schedule` runs the night now; its name is `trainer night` "
                    "(`trainer schedule install` starts it every night)", err=True)
-        click_ctx.invoke(night, **night_options)
+        click_ctx.forward(night)  # the options as parsed: night collects its backend's own
 
 
 @command(schedule, "install")

@@ -150,10 +150,8 @@ def backend_options(fn: Callable) -> Callable:
 
     @functools.wraps(fn)
     def collected(*args: Any, backend: str, **kwargs: Any) -> Any:
-        given = {option: kwargs.pop(option, None) for option in owned}
-        if "backend_options" not in kwargs:  # not yet collected (`trainer schedule` hands `night` its own)
-            kwargs["backend_options"] = own_options(backend, given)
-        return fn(*args, backend=backend, **kwargs)
+        given = {option: kwargs.pop(option) for option in owned}
+        return fn(*args, backend=backend, backend_options=own_options(backend, given), **kwargs)
 
     for option, name in owned.items():
         metavar, text = BACKENDS[name].options[option]

@@ -87,7 +87,7 @@ class LocalBackend:
         write_json_atomic(ctx.run.activity, {"stage": job.name, "device": device})
         try:
             outcome = run_job(ctx, job)
-        except (TrainingInterrupted, Stopped, KeyboardInterrupt):
+        except (TrainingInterrupted, Stopped):
             raise
         except Exception as exc:  # a failed stage must not end the night
             outcome = StageOutcome(error=f"{type(exc).__name__}: {exc}")

@@ -43,9 +43,10 @@ from trainer.night.budget import StageKind
 from trainer.night.plan import REPORT_S
 from trainer.night.ray_cluster import INSTALL, RAY_VERSION, check_backend, check_fits, import_ray, ray_session
 from trainer.night.stages import run_job
-from trainer.night.state import FINISHED, Night, StageEvent, StageJob, StageOutcome, StageRecord
+from trainer.night.state import Night, StageEvent, StageJob, StageOutcome
 from trainer.roster import agent_spec
 from trainer.run_dir import RunDir
+from trainer.schedule_file import FINISHED, StageRecord
 from trainer.session import RunContext
 from trainer.signals import Stopped, handle_stop_signals
 
@@ -87,11 +88,11 @@ def run_stage(job: StageJob) -> StageOutcome:
         cfg.agent(job.name).device = device
     attempt = {"node": socket.gethostname(), "pid": os.getpid(),
                "started": datetime.now().isoformat(timespec="seconds"), "resources": assigned}
-    folder = run.agent(job.name).root
-    folder.mkdir(parents=True, exist_ok=True)
-    with open(run.agent(job.name).attempts, "a", encoding="utf-8") as handle:
+    folder = run.agent(job.name)
+    folder.root.mkdir(parents=True, exist_ok=True)
+    with open(folder.attempts, "a", encoding="utf-8") as handle:
         handle.write(json.dumps(attempt) + "\n")
-    retried = run.agent(job.name).checkpoints.is_dir()  # an attempt after a killed one goes on from its checkpoint
+    retried = folder.checkpoints.is_dir()  # an attempt after a killed one goes on from its checkpoint
     try:
         with handle_stop_signals():
             return run_job(RunContext(cfg, run, Path(job.schema), device), replace(job, resume=job.resume or retried))

@@ -18,10 +18,11 @@ from trainer.night.budget import StageKind
 from trainer.night.calibrate import calibrate
 from trainer.night.plan import build_plan, render, stage_specs
 from trainer.night.stages import record_results
-from trainer.night.state import FINISHED, Night, ScheduleState, drive, plan
+from trainer.night.state import Night, drive, plan
 from trainer.references import REFERENCES
 from trainer.report import write_report
 from trainer.run_dir import RunDir
+from trainer.schedule_file import FINISHED, ScheduleState
 from trainer.session import RunContext
 
 

@@ -18,11 +18,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from trainer import logs
 from trainer.night.budget import StageSpec, allocate, timeline
-from trainer.schedule_file import (  # noqa: F401  (the night's vocabulary, re-exported for its modules)
+from trainer.schedule_file import (
     DONE,
     FAILED,
     FINISHED,
-    PENDING,
     RUNNING,
     SKIPPED,
     ScheduleState,

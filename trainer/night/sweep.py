@@ -22,10 +22,11 @@ from trainer.files import DamagedFile, read_json, write_json_atomic, write_text_
 from trainer.learn.preflight import check_resume_config
 from trainer.night.backends import backend
 from trainer.night.runner import prepare
-from trainer.night.state import Night, ScheduleState, drive
+from trainer.night.state import Night, drive
 from trainer.references import REFERENCES
 from trainer.roster import AGENTS
 from trainer.run_dir import RunDir
+from trainer.schedule_file import ScheduleState
 from trainer.session import open_run, training_targets
 
 SWEEP = "sweep.json"
