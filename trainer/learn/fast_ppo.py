@@ -23,6 +23,7 @@ clipping, no KL early stop. Any other model trains with SB3's own ``train`` (log
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -126,15 +127,16 @@ def numpy_step_unsupported(model: PPO) -> str | None:
     return None
 
 
+@dataclass(frozen=True, slots=True)
 class StepTerms:
     """The losses and statistics of one minibatch, as SB3's ``PPO.train`` logs them."""
 
-    __slots__ = ("policy_loss", "value_loss", "entropy_loss", "clip_fraction", "approx_kl", "loss")
-
-    def __init__(self, policy_loss: float, value_loss: float, entropy_loss: float, clip_fraction: float,
-                 approx_kl: float, loss: float):
-        self.policy_loss, self.value_loss, self.entropy_loss = policy_loss, value_loss, entropy_loss
-        self.clip_fraction, self.approx_kl, self.loss = clip_fraction, approx_kl, loss
+    policy_loss: float
+    value_loss: float
+    entropy_loss: float
+    clip_fraction: float
+    approx_kl: float
+    loss: float
 
 
 class PolicyArrays:
