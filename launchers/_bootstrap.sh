@@ -29,12 +29,25 @@ install_stamp() {
   { cat "${PVBESS_ROOT}/pyproject.toml"; printf '%s\n' "${PVBESS_TORCH}"; } | sha256sum | cut -d' ' -f1
 }
 
-# Up to date: same stamp, and the extras asked for were installed (a [dev] venv serves a plain launch).
+# Up to date: same stamp, and every extra asked for installed (a [dev,ray,export] venv serves a launch's [export]).
 venv_current() {
-  local extras="$1" stamp_file="${PVBESS_VENV}/.pvbess-install"
+  local extras="$1" stamp_file="${PVBESS_VENV}/.pvbess-install" installed extra
   [[ -x "${PVBESS_VENV}/bin/python" && -f "${stamp_file}" ]] || return 1
   [[ "$(sed -n 1p "${stamp_file}")" == "$(install_stamp)" ]] || return 1
-  [[ -z "${extras}" || "$(sed -n 2p "${stamp_file}")" == "${extras}" ]]
+  installed=",$(sed -n 2p "${stamp_file}" | tr -d '[]'),"
+  for extra in $(tr -d '[]' <<<"${extras}" | tr ',' ' '); do
+    [[ "${installed}" == *",${extra},"* ]] || return 1
+  done
+}
+
+# The extras asked for and those installed before, as one [a,b] list: a reinstall keeps what a venv had.
+merged_extras() {
+  local extras="$1" stamp_file="${PVBESS_VENV}/.pvbess-install" all
+  all="$(tr -d '[]' <<<"${extras}")"
+  [[ -f "${stamp_file}" ]] && all="${all},$(sed -n 2p "${stamp_file}" | tr -d '[]')"
+  all="$(tr ',' '\n' <<<"${all}" | sed '/^$/d' | sort -u | paste -sd, -)"
+  [[ -n "${all}" ]] && printf '[%s]' "${all}"
+  return 0
 }
 
 ensure_venv() {
@@ -43,6 +56,7 @@ ensure_venv() {
   if venv_current "${extras}"; then
     return 0
   fi
+  extras="$(merged_extras "${extras}")"
   if [[ ! -x "${PVBESS_VENV}/bin/python" ]]; then
     python="$(find_python)" || die "Python 3.11 not found: install it, or set PYTHON=/path/to/python3.11"
     log "creating ${PVBESS_VENV} with ${python}"

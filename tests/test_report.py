@@ -85,6 +85,7 @@ def test_the_report_names_the_deployable_agent_and_flags_the_stranders(tmp_path)
     headline = report.splitlines()[2]
     assert headline.startswith("**Best agent: sac**, 34,000 kg CO2/year (-11.9% against the uncontrolled baseline, "
                                "51% of the optimum's cut), meeting 99.1% of EV departures.")
+    assert report.splitlines()[4].startswith(f"To take it to the site: `trainer export {tmp_path / 'run'}` writes it")
     # 0 % of departures met is a miss, not a falsy value read as 100 %.
     assert "Not recommended: ppo, a2c met fewer than 98% of EV departures" in report
     assert "| optimum | 29,650 |" in report and "CityLearn EV success" in report
@@ -96,7 +97,7 @@ def test_when_no_agent_serves_the_cars_the_report_says_so(tmp_path):
     results = {k: v for k, v in _results().items() if k != "sac"}
     report = write_report(_run(tmp_path, results)).read_text()
     assert "**No agent is worth deploying from this run**" in report
-    assert "Best agent" not in report
+    assert "Best agent" not in report and "trainer export" not in report
 
 
 def test_a_run_without_a_night_or_curves_leaves_those_out(tmp_path):

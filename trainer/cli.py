@@ -5,6 +5,7 @@ usage or config). Options shared by commands are declared once, below.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -24,6 +25,7 @@ from trainer.doctor import as_json as checks_as_json
 from trainer.errors import UsageError
 from trainer.launch import AGENT_CHOICES, LaunchOptions, split_agent, start
 from trainer.learn.preflight import check_resume_config
+from trainer.metrics import best_agent
 from trainer.metrics import format_table as results_table
 from trainer.night import backends, install, plan, runner, stages, sweep
 from trainer.report import report_run
@@ -146,6 +148,8 @@ def night(config_files: tuple[str, ...], overrides: tuple[str, ...], profile: st
                                      backend_options)
         _print_results(ctx.run.results(), ctx.run)
         click.echo(f"report:  {ctx.run.report}")
+        if best_agent(ctx.run.results(), cfg.ev.target_met_pct):
+            click.echo(f"export:  trainer export {ctx.run.root}   (the best agent as ONNX + controller.py)")
         runner.raise_for_failures(state, ctx.run)
 
 
@@ -323,6 +327,10 @@ def doctor(config_files: tuple[str, ...], overrides: tuple[str, ...], profile: s
     sys.exit(1 if any(c.status == FAIL for c in checks) else 0)
 
 
+# What `trainer export` imports beyond the product's own dependencies (pyproject.toml's export extra).
+EXPORT_PACKAGES = ("onnx", "onnxscript", "onnxruntime")
+
+
 @cli.group()
 def monitor() -> None:
     """The sidecar GPU monitor's records (python -m monitor writes them)."""
@@ -356,6 +364,31 @@ def evaluate(run_dir: str, device: str | None) -> None:
     with session.reopen_run(run_dir, device or "cpu") as ctx:
         State.log_file = ctx.run.log_file
         _print_results(stages.reevaluate(ctx), ctx.run)
+
+
+@command(cli, "export")
+@opts.run_dir_argument
+@click.option("--agent", type=click.Choice(AGENTS), default=None,
+              help="The agent to export (default: the one the report recommends).")
+@click.option("--out", type=click.Path(file_okay=False), default=None,
+              help="The export folder (default: RUN_DIR/export/<agent>; an earlier export there is replaced).")
+def export_command(run_dir: str, agent: str | None, out: str | None) -> None:
+    """Export an agent as ONNX with controller.py (numpy + onnxruntime only), proven on the night's evaluation."""
+    missing = [name for name in EXPORT_PACKAGES if importlib.util.find_spec(name) is None]
+    if missing:
+        raise UsageError(f"trainer export needs {', '.join(missing)} (the export extra): run "
+                         "./launchers/launch.sh once, or .venv/bin/pip install -e '.[export]' in the checkout")
+    from trainer.export import exporter  # lazy: the exporter imports torch and onnx
+
+    with session.reopen_run(run_dir, "cpu") as ctx:
+        State.log_file = ctx.run.log_file
+        name = exporter.choose_agent(ctx, agent)
+        target = Path(out) if out else exporter.default_out(ctx, name)
+        document = exporter.export_run(ctx, name, target)
+    proof = document["verification"]
+    click.echo(f"exported {name} to {target}: {proof['steps']:,} steps replayed through CityLearn, actions within "
+               f"{proof['max_action_difference']:.1e} of the product's, {proof['step_ms_median']:.3f} ms a step\n"
+               f"try it: cd {target} && python controller.py check")
 
 
 def main() -> None:

@@ -11,7 +11,7 @@ import functools
 import multiprocessing
 import os
 import signal
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
@@ -24,6 +24,7 @@ from trainer.datasets import read_schema
 from trainer.errors import DatasetError
 from trainer.ev_service import EvServiceGuard
 from trainer.signals import STOP, Stopped
+from trainer.standalone_controller import Normaliser
 
 if TYPE_CHECKING:
     from citylearn.citylearn import CityLearnEnv
@@ -177,18 +178,20 @@ class CentralAgentArrays(gymnasium.Wrapper):
 
     def reset(self, *, seed=None, options=None):
         observations, info = self.env.reset(options=options)
-        self._plan = _NormalisationPlan(self.env.unwrapped)
+        self._plan = _NormalisationPlan(self.env.unwrapped, self.carbon_ahead)
         return self._observe(observations), info
 
-    def _observe(self, observations) -> np.ndarray:
-        flat = self._plan(observations[0])
+    def raw(self, observations=None) -> np.ndarray:
+        """This step's raw observations in the plan's order (``plan.names``), the look-ahead included."""
+        env = self.env.unwrapped
+        flat = np.asarray((observations if observations is not None else env.observations)[0], dtype=float)
         if not len(self.carbon_ahead):
             return flat
-        env = self.env.unwrapped
-        low, span = carbon_scale(env)
         carbon = env.buildings[0].carbon_intensity.carbon_intensity
-        ahead = (carbon[np.minimum(env.time_step + self.carbon_ahead, len(carbon) - 1)] - low) / span
-        return np.concatenate([flat, np.clip(ahead, 0.0, 1.0)]).astype(np.float32)
+        return np.concatenate([flat, carbon[np.minimum(env.time_step + self.carbon_ahead, len(carbon) - 1)]])
+
+    def _observe(self, observations) -> np.ndarray:
+        return self._plan(self.raw(observations))
 
     def step(self, action):
         native = self.scale.to_native(action)
@@ -215,6 +218,11 @@ class CentralAgentArrays(gymnasium.Wrapper):
         self.env.unwrapped.episode_tracker._EpisodeTracker__episode = index - 1
 
 
+def carbon_ahead_name(hours: int) -> str:
+    """The raw observation of grid carbon intensity ``hours`` ahead (``observations.carbon_ahead_hours``)."""
+    return f"carbon_intensity_ahead_{hours}h"
+
+
 def carbon_scale(env: CityLearnEnv) -> tuple[float, float]:
     """(low, span) that normalise grid carbon intensity as CityLearn normalises the current one (first building)."""
     lows, highs = env.buildings[0].periodic_normalized_observation_space_limits
@@ -222,14 +230,32 @@ def carbon_scale(env: CityLearnEnv) -> tuple[float, float]:
     return low, max(float(highs["carbon_intensity"]) - low, 1e-9)
 
 
-class _NormalisationPlan:
-    """Index arrays that turn the central agent's raw observation list into normalised values."""
+@dataclass(frozen=True)
+class Feature:
+    """One input of the policy: a raw observation, how it is transformed (``cos``/``sin`` of a period, or
+    ``identity``) and the range it is min-max scaled from (clipped to [0, 1] where ``clip``)."""
 
-    def __init__(self, env: CityLearnEnv):
+    observation: str
+    transform: str
+    period: float
+    low: float
+    high: float
+    clip: bool = False
+
+
+def raw_observation_name(building: str, key: str, buildings: int) -> str:
+    """A raw observation's name: CityLearn's key, after its building's name on a site of several."""
+    return key if buildings == 1 else f"{building}.{key}"
+
+
+class _NormalisationPlan:
+    """The central agent's raw observation list, by name, and the features the policy reads from it."""
+
+    def __init__(self, env: CityLearnEnv, carbon_ahead: np.ndarray):
         periodic = env.buildings[0].get_periodic_observation_metadata()
         shared, seen = set(env.shared_observations), set()
-        source, period, low, high = [], [], [], []
-        position = 0
+        self.names: list[str] = []  # the raw list's positions
+        self.features: list[Feature] = []
         for i, building in enumerate(env.buildings):
             lows, highs = building.periodic_normalized_observation_space_limits
             for key in building.observations(normalize=False, periodic_normalization=False):
@@ -237,31 +263,23 @@ class _NormalisationPlan:
                     continue  # a shared observation appears once, in the first building's part
                 if key in shared:
                     seen.add(key)
-                names = (f"{key}_cos", f"{key}_sin") if key in periodic else (key,)
-                for name in names:
-                    source.append(position)
-                    period.append(max(periodic[key]) if key in periodic else 0)
-                    low.append(lows[name])
-                    high.append(highs[name])
-                position += 1
-        self.source = np.asarray(source)
-        period_arr = np.asarray(period, dtype=float)
-        self.is_cos = np.zeros(len(source), dtype=bool)
-        self.is_sin = np.zeros(len(source), dtype=bool)
-        cyclic = np.flatnonzero(period_arr > 0)
-        self.is_cos[cyclic[0::2]] = True  # each periodic observation expands to (cos, sin), in that order
-        self.is_sin[cyclic[1::2]] = True
-        self.angle_scale = np.where(period_arr > 0, 2 * np.pi / np.where(period_arr > 0, period_arr, 1), 0.0)
-        self.low = np.asarray(low, dtype=float)
-        span = np.asarray(high, dtype=float) - self.low
-        self.flat = span == 0  # CityLearn's Normalize maps a zero-width range to 0
-        self.inv_span = np.where(self.flat, 0.0, 1.0 / np.where(self.flat, 1.0, span))
+                name = key if key in shared else raw_observation_name(building.name, key, len(env.buildings))
+                self.names.append(name)
+                if key in periodic:  # expands to (cos, sin), in that order
+                    period = float(max(periodic[key]))
+                    self.features += [Feature(name, t, period, float(lows[f"{key}_{t}"]), float(highs[f"{key}_{t}"]))
+                                      for t in ("cos", "sin")]
+                else:
+                    self.features.append(Feature(name, "identity", 0.0, float(lows[key]), float(highs[key])))
+        low, span = carbon_scale(env)
+        for hours in carbon_ahead.tolist():
+            self.names.append(carbon_ahead_name(hours))
+            self.features.append(Feature(carbon_ahead_name(hours), "identity", 0.0, low, low + span, clip=True))
+        self.normalise = Normaliser.from_features([asdict(f) for f in self.features], self.names)
 
     def __call__(self, raw) -> np.ndarray:
-        values = np.asarray(raw, dtype=float)[..., self.source]  # one observation, or a batch (N, K)
-        angle = values * self.angle_scale
-        values = np.where(self.is_cos, np.cos(angle), np.where(self.is_sin, np.sin(angle), values))
-        return np.where(self.flat, 0.0, (values - self.low) * self.inv_span).astype(np.float32)
+        """One raw observation vector, or a batch (N, K), normalised."""
+        return self.normalise(raw)
 
 
 def make_sb3_env(cfg: Config, schema: Path, purpose: Purpose, seed: int, eval_days: int | None = None):

@@ -14,7 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from trainer.ev_service import ChargingPath
+from trainer.ev_service import charging_path
+from trainer.standalone_controller import ChargingPath
 
 SUPPORTED_ACTIONS = ("electrical_storage",)
 EV_ACTION_PREFIX = "electric_vehicle_storage_"
@@ -156,7 +157,7 @@ def _sessions(env: Any, b: int, building: Any, steps: int, margin_soc: float) ->
                 continue
             battery = ev.battery
             capacity = float(battery.capacity)
-            path = ChargingPath.of(charger, battery)  # CityLearn's physics; the LP takes each curve's best point
+            path = charging_path(charger, battery)  # CityLearn's physics; the LP takes each curve's best point
             best_battery = math.sqrt(max(path.power_efficiency.y))
             charger_eff = max(path.charger_curve.y) if path.charger_curve else path.charger_efficiency
             stored_per_grid = charger_eff * best_battery

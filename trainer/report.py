@@ -70,8 +70,8 @@ def _pct(value, spec: str) -> str:
     return "–" if value is None else f"{format(value, spec)}%"
 
 
-def _headline(results: dict[str, dict[str, Any]], target_pct: float) -> list[str]:
-    """The morning answer: which controller to deploy, judged by CO2 and EV service together."""
+def _headline(results: dict[str, dict[str, Any]], target_pct: float, run: RunDir) -> list[str]:
+    """The morning answer: which controller to deploy, judged by CO2 and EV service together, and how."""
     best = best_agent(results, target_pct)
     lines = []
     if best:
@@ -81,6 +81,9 @@ def _headline(results: dict[str, dict[str, Any]], target_pct: float) -> list[str
                      f"({_fmt(m.get('co2_vs_baseline_pct'), '+.1f')}% against the uncontrolled baseline"
                      + (f", {share:.0f}% of the optimum's cut" if share is not None else "")
                      + f"), meeting {_fmt(m.get('ev_departure_soc_met_pct'), '.1f')}% of EV departures.")
+        lines += ["", f"To take it to the site: `trainer export {run.root}` writes it as ONNX with a `controller.py` "
+                      "that needs only numpy and onnxruntime, the EV guard included, proven on this evaluation "
+                      "(docs/export.md)."]
     elif any(a in results for a in AGENTS):
         lines.append(f"**No agent is worth deploying from this run**: none both cut CO2 and met {target_pct:g}% of "
                      "EV departures (`ev.target_met_pct`).")
@@ -148,7 +151,7 @@ def write_report(run: RunDir) -> Path:
     if schedule:
         plot_timeline(schedule, run.plot("timeline.png"))
 
-    lines = [f"# Night report: {run.root.name}", "", *_headline(results, target_pct)]
+    lines = [f"# Night report: {run.root.name}", "", *_headline(results, target_pct, run)]
     if schedule:
         failed = [s for s in schedule["stages"] if s["status"] == "failed"]
         skipped = [s for s in schedule["stages"] if s["status"] == "skipped"]

@@ -105,6 +105,7 @@ class RunDir:
     monitor = property(lambda self: self.root / "monitor.jsonl")
     record = property(lambda self: self.root / "run.json")
     activity = property(lambda self: self.root / "activity.json")
+    export = property(lambda self: self.root / "export")  # trainer export's folders, one an agent
     validation_site = property(lambda self: self.root / "validation-site")  # the built-in site's held-out draw
     validation_references = property(lambda self: self.root / "validation-site" / "references.json")
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainer import logs
+from trainer.config import ScenarioConfig
 from trainer.files import DamagedFile, write_json_atomic
 from trainer.metrics import run_episode
 from trainer.references import REFERENCE_ROSTER
@@ -105,7 +106,13 @@ def validation_schema(ctx: RunContext) -> tuple[Path, bool]:
     schema = folder / "schema.json"
     if not schema.is_file():
         # Built aside and renamed into place: stages side by side on Ray may both get here first.
-        scenario = ctx.cfg.scenario.model_copy(update={"seed": ctx.cfg.scenario.seed + VALIDATION_SEED_OFFSET})
+        # The site's own scenario, which a built-in site passed by --schema need not share with the run's config
+        # (one an older version wrote, with keys since retired, falls back to the run's).
+        try:
+            site = ScenarioConfig.model_validate(data["pvbess_site"])
+        except ValueError:
+            site = ctx.cfg.scenario
+        scenario = site.model_copy(update={"seed": site.seed + VALIDATION_SEED_OFFSET})
         ctx.run.root.mkdir(parents=True, exist_ok=True)
         aside = Path(tempfile.mkdtemp(prefix=".validation-site-", dir=ctx.run.root))
         build_site(scenario, aside)

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from trainer.ev_service import _BISECTION_STEPS
 from trainer.sim.battery import BatteryBank, carried_soc, charged
 from trainer.sim.site import SiteTables
+from trainer.standalone_controller import BISECTION_STEPS
 
 
 @dataclass
@@ -102,7 +102,7 @@ class Sessions:
         bisect = search & ~closed
         if bisect.any():
             low = base.copy()
-            for _ in range(_BISECTION_STEPS):
+            for _ in range(BISECTION_STEPS):
                 mid = 0.5 * (low + high)
                 serves = self.reachable(self.stored_after(now, mid), later) >= goal
                 high = np.where(bisect & serves, mid, high)

@@ -19,7 +19,7 @@ import numpy as np
 from stable_baselines3.common.vec_env.base_vec_env import VecEnv
 
 from trainer.config import Config
-from trainer.env import CentralAgentArrays, carbon_scale, make_citylearn_env, site_scales
+from trainer.env import CentralAgentArrays, make_citylearn_env, site_scales
 from trainer.reward import TERMS, _grid_kwh_per_stored_kwh, kwh_value, mean_kwh_value
 from trainer.sim.ev import Guard, Sessions, Shortfalls, linear_paths
 from trainer.sim.site import SiteTables, VectorSite
@@ -34,7 +34,6 @@ class SimVecEnv(VecEnv):
         arrays = CentralAgentArrays(env, None, tuple(cfg.observations.carbon_ahead_hours))
         arrays.reset()
         self.plan, self.scale, self.carbon_ahead = arrays.plan, arrays.scale, arrays.carbon_ahead
-        self.carbon_low, self.carbon_span = carbon_scale(env)
         self.reward = _RewardTerms(cfg, env, tables)
         self.guard = Guard(cfg.ev.margin_soc) if cfg.ev.guard else None
         self.linear = linear_paths(tables)
@@ -79,13 +78,11 @@ class SimVecEnv(VecEnv):
     # ----------------------------------------------------------------- observations
 
     def _observations(self) -> np.ndarray:
-        flat = self.plan(self.site.observe())
-        if not len(self.carbon_ahead):
-            return flat
-        t = np.minimum(self.site.t, self.site.end)[:, None] + self.carbon_ahead[None, :]
-        carbon = self.tables.carbon[np.minimum(t, self.site.end[:, None]), 0]
-        ahead = np.clip((carbon - self.carbon_low) / self.carbon_span, 0.0, 1.0)
-        return np.concatenate([flat, ahead], axis=1).astype(np.float32)
+        raw = self.site.observe()
+        if len(self.carbon_ahead):
+            t = np.minimum(self.site.t, self.site.end)[:, None] + self.carbon_ahead[None, :]
+            raw = np.concatenate([raw, self.tables.carbon[np.minimum(t, self.site.end[:, None]), 0]], axis=1)
+        return self.plan(raw)
 
     # ----------------------------------------------------------------- VecEnv
 

@@ -1,0 +1,228 @@
+"""`trainer export`: each algorithm's policy exported, proven against the run's evaluation in CityLearn, and
+its controller.py acting with numpy and onnxruntime alone (torch, SB3, CityLearn and the product blocked)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from trainer.cli import cli
+from trainer.standalone_controller import CHECK_FILE, EXPECTED_PREFIX, SPEC_FILE, Controller, InputError
+
+from .conftest import tiny_overrides
+
+pytest.importorskip("onnxruntime", reason="trainer export needs the export extra (pip install -e '.[export]')")
+
+# Each algorithm on a short window; A2C on the V2G site, so the exported guard also holds discharging cars.
+CASES = {"sac": ("site_schema", 200), "ppo": ("site_schema", 256), "a2c": ("v2g_schema", 200)}
+# What a process running controller.py may not import: everything but numpy, onnxruntime and the stdlib.
+BLOCKED = ("torch", "stable_baselines3", "citylearn", "trainer", "gymnasium", "pandas", "onnx", "onnxscript",
+           "sklearn", "scipy", "click", "yaml", "pydantic")
+RUNNER = textwrap.dedent("""
+    import importlib.abc, runpy, sys
+    BLOCKED = {blocked!r}
+    class Refuse(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] in BLOCKED:
+                raise ImportError(f"controller.py imported {{name}}")
+    sys.meta_path.insert(0, Refuse())
+    sys.argv = ["controller.py", *sys.argv[1:]]
+    runpy.run_path("controller.py", run_name="__main__")
+""").format(blocked=BLOCKED)
+
+
+def standalone(folder: Path, *args: str) -> subprocess.CompletedProcess:
+    """``python controller.py ARGS`` in ``folder``, in an isolated interpreter that refuses the product's stack."""
+    return subprocess.run([sys.executable, "-I", "-c", RUNNER, *args], cwd=folder, capture_output=True, text=True,
+                          timeout=120)
+
+
+@pytest.fixture(scope="module")
+def exports(request, tmp_path_factory) -> dict[str, tuple[Path, Path, str]]:
+    """agent -> (run folder, export folder, the export command's output), each trained a few hundred steps."""
+    out = {}
+    for agent, (site, steps) in CASES.items():
+        run = tmp_path_factory.mktemp(f"run-{agent}")
+        sets = [arg for o in tiny_overrides() for arg in ("--set", o)]
+        trained = CliRunner().invoke(cli, ["train", agent, "--timesteps", str(steps), "--out", str(run), "--schema",
+                                           str(request.getfixturevalue(site)), "--device", "cpu", *sets])
+        assert trained.exit_code == 0, trained.output
+        exported = CliRunner().invoke(cli, ["export", str(run)])  # its only agent is the one the report recommends
+        assert exported.exit_code == 0, exported.output
+        out[agent] = (run, run / "export" / agent, exported.output)
+    return out
+
+
+@pytest.mark.parametrize("agent", list(CASES))
+def test_the_export_acts_as_the_product_did_in_citylearn(agent, exports):
+    run, folder, output = exports[agent]
+    assert sorted(p.name for p in folder.iterdir()) == ["README.md", CHECK_FILE, "controller.py", "policy.onnx",
+                                                        SPEC_FILE]
+    spec = json.loads((folder / SPEC_FILE).read_text())
+    proof = spec["verification"]
+    night = json.loads((run / "results.json").read_text())[agent]
+    assert proof["steps"] == night["eval_hours"] == 3 * 24 - 1  # the whole evaluation, replayed
+    assert proof["max_action_difference"] <= 1e-5
+    for key in ("co2_kg", "ev_departure_soc_met_pct", "cost", "grid_import_kwh"):
+        assert proof["figures"][key]["night"] == night[key]
+        assert proof["figures"][key]["exported"] == pytest.approx(night[key], rel=1e-4), key
+    assert spec["policy"]["agent"] == agent and spec["metrics"]["co2_kg_per_year"] == night["co2_kg_per_year"]
+    assert f"exported {agent} to {folder}" in output
+    # an untrained policy leaves cars short: the sample holds steps where the guard raised the EV actions
+    controller = Controller.load(folder)
+    assert controller.guard_on and len(controller.chargers) == (2 if agent == "a2c" else 4)
+
+
+@pytest.mark.parametrize("agent", list(CASES))
+def test_controller_py_checks_acts_and_gives_an_example_with_numpy_and_onnxruntime_only(agent, exports):
+    folder = exports[agent][1]
+    check = standalone(folder, "check")
+    assert check.returncode == 0, check.stderr
+    assert check.stdout.startswith("ok: 71 steps of the evaluation")
+    example = standalone(folder, "example")
+    assert example.returncode == 0, example.stderr
+    step = json.loads(example.stdout)
+    (folder.parent / f"{agent}-step.json").write_text(example.stdout)
+    acted = standalone(folder, "act", "--obs", str(folder.parent / f"{agent}-step.json"))
+    assert acted.returncode == 0, acted.stderr
+    actions = json.loads(acted.stdout)
+    row = next(iter(_sample(folder)))
+    spec = json.loads((folder / SPEC_FILE).read_text())
+    assert list(step) == [o["name"] for o in spec["observations"]]
+    for entry in spec["actions"]:  # the product's action for that step, guard applied, within 1e-5
+        assert actions[entry["name"]]["value"] == pytest.approx(float(row[EXPECTED_PREFIX + entry["name"]]), abs=1e-5)
+    battery = actions["electrical_storage"]
+    assert battery["kw"] == pytest.approx(battery["value"] * spec["actions"][0]["kw_per_unit"])
+
+
+def _sample(folder: Path) -> list[dict[str, str]]:
+    with (folder / CHECK_FILE).open(newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def test_the_exported_guard_keeps_a_discharge_only_where_the_car_is_still_served(exports):
+    controller = Controller.load(exports["a2c"][1])
+    charger = controller.chargers[0]
+    assert charger.charger["max_discharge_kw"] == pytest.approx(7.2)  # the V2G site's chargers discharge
+    capacity = controller.batteries[0]["capacity_kwh"]
+    path = controller._path(0, capacity)
+    position = {name: i for i, name in enumerate(controller.names)}
+    raw = np.zeros(len(controller.names))
+
+    def guarded(soc: float, required: float, hours_left: int) -> tuple[float, bool]:
+        for name, value in ((charger.connected, 1), (charger.soc, soc), (charger.capacity, capacity),
+                            (charger.required_soc, required), (charger.departure_time, hours_left)):
+            raw[position[name]] = value
+        native = np.zeros(len(controller.actions))
+        native[charger.action] = -1.0  # the policy asks for a full discharge
+        native, raised = controller.guarded(raw, native)
+        return float(native[charger.action]), raised[charger.action]
+
+    assert guarded(0.9, 0.3, 5) == (-1.0, False)  # plenty of slack: the discharge stands
+    # full power this step and the next three just serve it: the discharge becomes charging, and enough of it
+    reach = path.reachable(path.stored_after(0.3 * capacity, 1.0), 3)
+    needed = (reach - 0.5) / capacity - controller.margin_soc
+    action, raised = guarded(0.3, needed, 3)
+    assert raised and 0.0 < action <= 1.0
+    goal = (needed + controller.margin_soc) * capacity
+    assert path.reachable(path.stored_after(0.3 * capacity, action), 3) >= goal
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda s: s.pop("hour"), "missing observation 'hour'"),
+    (lambda s: s.update(solar_generation=float("nan")), "observation 'solar_generation' is nan: expected a finite"),
+    (lambda s: s.update(hour="noon"), "observation 'hour' is 'noon': expected a number"),
+    (lambda s: s.update(hour=25), "observation 'hour' is 25, outside 1..24"),
+    (lambda s: s.update(outdoor_dry_bulb_temperature=300.0), "outside"),
+    (lambda s: s.update(pressure=1.0), "unknown observation 'pressure'"),
+])
+def test_bad_observations_are_refused_in_one_line_with_exit_2(change, message, exports, tmp_path):
+    folder = exports["ppo"][1]
+    step = json.loads(standalone(folder, "example").stdout)
+    change(step)
+    path = tmp_path / "step.json"
+    path.write_text(json.dumps(step))
+    acted = standalone(folder, "act", "--obs", str(path))
+    assert acted.returncode == 2 and acted.stdout == ""
+    lines = acted.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {path}: ") and message in lines[0], acted.stderr
+    with pytest.raises(InputError, match=re.escape(message.split(":")[0])):
+        Controller.load(folder).act(step)
+
+
+def test_a_csv_of_steps_gives_a_csv_of_actions_in_kw(exports, tmp_path):
+    folder = exports["sac"][1]
+    acted = standalone(folder, "act", "--obs", str(folder / CHECK_FILE))  # the expected columns are ignored
+    assert acted.returncode == 0, acted.stderr
+    lines = acted.stdout.strip().splitlines()
+    assert lines[0].split(",")[0] == "electrical_storage_kw" and len(lines) == 1 + len(_sample(folder))
+
+
+def test_the_export_holds_no_pickle(exports):
+    for agent in CASES:
+        for path in exports[agent][1].iterdir():
+            data = path.read_bytes()
+            assert not data.startswith(b"\x80") and b"PK\x03\x04" not in data[:4], path  # no pickle, no zip
+    # the policy is an ONNX graph: a protobuf ModelProto that onnx reads back
+    onnx = pytest.importorskip("onnx")
+    model = onnx.load(str(exports["ppo"][1] / "policy.onnx"))
+    onnx.checker.check_model(model)
+    assert [i.name for i in model.graph.input] == ["observation"]
+
+
+def test_a_check_that_finds_a_difference_exits_1(exports, tmp_path):
+    folder = tmp_path / "tampered"
+    source = exports["ppo"][1]
+    folder.mkdir()
+    for path in source.iterdir():
+        (folder / path.name).write_bytes(path.read_bytes())
+    rows = (folder / CHECK_FILE).read_text().splitlines()
+    header = rows[0].split(",")
+    column = header.index(EXPECTED_PREFIX + "electrical_storage")
+    cells = rows[5].split(",")
+    cells[column] = repr(float(cells[column]) + 0.01)
+    rows[5] = ",".join(cells)
+    (folder / CHECK_FILE).write_text("\n".join(rows) + "\n")
+    check = standalone(folder, "check")
+    assert check.returncode == 1 and check.stdout.startswith("MISMATCH") and "(row 5)" in check.stdout
+
+
+def test_export_refuses_a_folder_that_is_not_an_export_and_a_run_without_the_agent(exports, tmp_path):
+    run = exports["ppo"][0]
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    result = CliRunner().invoke(cli, ["export", str(run), "--out", str(mine)])
+    assert result.exit_code == 2 and "exists and is not an export" in result.output
+    assert (mine / "notes.txt").read_text() == "keep me"
+    result = CliRunner().invoke(cli, ["export", str(run), "--agent", "sac"])
+    assert result.exit_code == 2 and "has no trained sac" in result.output and "trainer train sac" in result.output
+
+
+def test_export_names_the_extra_it_needs(exports, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "onnxruntime" else real(name, *a))
+    result = CliRunner().invoke(cli, ["export", str(exports["ppo"][0])])
+    assert result.exit_code == 2 and "needs onnxruntime (the export extra)" in result.output
+    assert ".[export]" in result.output
+
+
+def test_a_spec_of_another_version_is_refused(exports, tmp_path):
+    folder = tmp_path / "old"
+    folder.mkdir()
+    spec = json.loads((exports["ppo"][1] / SPEC_FILE).read_text())
+    (folder / SPEC_FILE).write_text(json.dumps({**spec, "version": 99}))
+    (folder / "controller.py").write_bytes((exports["ppo"][1] / "controller.py").read_bytes())
+    result = standalone(folder, "check")
+    assert result.returncode == 2 and "version 99: expected 'pvbess-controller' version 1" in result.stderr

@@ -1,0 +1,256 @@
+"""``trainer export``: a run's deployed policy as a folder that acts without this product, and the proof.
+
+The folder holds ``policy.onnx`` (the deterministic action), ``spec.json`` (trainer.export.spec),
+``controller.py`` (trainer/standalone_controller.py, unchanged), ``check.csv`` (a sample of the
+evaluation's raw observations with the product's actions) and a README. Before it is put in place the
+evaluation is replayed through CityLearn with the *exported* controller acting, and the product's own
+policy and guard are asked the same step: the actions must agree within ``CHECK_TOLERANCE`` at every
+step and CO2, EV service and cost must be the night's. Nothing in the folder is a pickle.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import shutil
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from trainer import logs, standalone_controller
+from trainer.env import CentralAgentArrays, make_citylearn_env
+from trainer.errors import TrainerError, UsageError
+from trainer.ev_service import EvServiceGuard
+from trainer.export import onnx_policy, spec
+from trainer.files import write_json_atomic, write_text_atomic
+from trainer.learn.model_file import load_model
+from trainer.metrics import best_agent, evaluation_window, run_episode
+from trainer.report import target_met_pct
+from trainer.roster import agent_spec
+from trainer.session import RunContext
+from trainer.standalone_controller import CHECK_FILE, CHECK_TOLERANCE, EXPECTED_PREFIX, SPEC_FILE, Controller
+
+POLICY_FILE = "policy.onnx"
+SAMPLE_ROWS = 1000  # check.csv: evenly spaced steps of the evaluation (the policy and the guard are per step)
+# The exported controller's year against the night's evaluation of the same agent: the same actions within
+# CHECK_TOLERANCE give the same figures to this relative tolerance.
+FIGURE_TOLERANCE = 1e-4
+COMPARED = ("co2_kg", "ev_departure_soc_met_pct", "cost", "grid_import_kwh")
+
+
+@dataclass
+class _Replay:
+    """What the replay saw: each step's raw observations and the product's actions, and the largest difference."""
+
+    raw: list[np.ndarray] = field(default_factory=list)
+    product: list[np.ndarray] = field(default_factory=list)
+    worst: float = 0.0
+    worst_step: int = -1
+    seconds: list[float] = field(default_factory=list)
+
+
+class _ExportedActing:
+    """A controller for ``run_episode``: the exported folder acts; the product's policy and guard are asked too."""
+
+    def __init__(self, exported: Controller, model: Any, arrays: CentralAgentArrays, guard: EvServiceGuard | None):
+        self.exported, self.model, self.arrays, self.guard = exported, model, arrays, guard
+        self.replay = _Replay()
+
+    def act(self, obs: np.ndarray, env: Any) -> np.ndarray:
+        raw = self.arrays.raw()
+        started = time.perf_counter()
+        native, _ = self.exported.native(raw)
+        self.replay.seconds.append(time.perf_counter() - started)
+        action, _ = self.model.predict(obs, deterministic=True)
+        product = self.arrays.scale.to_native(action)
+        if self.guard is not None:
+            product = self.guard.apply(env, product)
+        diff = float(np.max(np.abs(native - product)))
+        if diff > self.replay.worst:
+            self.replay.worst, self.replay.worst_step = diff, len(self.replay.raw)
+        self.replay.raw.append(raw)
+        self.replay.product.append(product)
+        return self.arrays.scale.to_agent(native)
+
+
+def default_out(ctx: RunContext, agent: str) -> Path:
+    return ctx.run.export / agent
+
+
+def choose_agent(ctx: RunContext, agent: str | None) -> str:
+    results = ctx.run.results()
+    if agent is not None:
+        agent_spec(agent)  # an unknown name is refused with the roster's list
+        if not ctx.run.agent(agent).model.is_file():
+            raise UsageError(f"{ctx.run.root} has no trained {agent}: no {ctx.run.agent(agent).model} "
+                             f"(train it first: trainer train {agent} --resume {ctx.run.root})")
+        return agent
+    best = best_agent(results, target_met_pct(ctx.run))
+    if best is None:
+        raise UsageError(f"{ctx.run.root}: no trained agent meets the EV target, so none is recommended; "
+                         "pass --agent NAME to export one anyway")
+    return best
+
+
+def export_run(ctx: RunContext, agent: str, out: Path) -> dict[str, Any]:
+    """Export ``agent`` of the run into ``out`` (replaced whole, only once the proof holds); returns its spec."""
+    cfg, log = ctx.cfg, logs.get().bind(agent=agent)
+    model = load_model(cfg, agent, ctx.run.agent(agent).model, fix=f"train it again: trainer train {agent} --resume "
+                       f"{ctx.run.root}")
+    _refuse_to_replace(out)
+    env = make_citylearn_env(cfg, ctx.schema, "eval", ctx.seed, eval_days=cfg.schedule.eval_days)
+    arrays = CentralAgentArrays(env, None, tuple(cfg.observations.carbon_ahead_hours))
+    arrays.reset()
+    plan = arrays.plan
+    assert plan is not None  # reset made it
+    staging = out.with_name(f".{out.name}.partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        staging.mkdir(parents=True)
+    except OSError as exc:
+        raise UsageError(f"cannot write the export to {out}: {exc.strerror} (choose another --out)") from None
+    try:
+        log.info("exporting the policy as ONNX")
+        onnx_policy.write_onnx(model.policy, len(plan.features), staging / POLICY_FILE)
+        results = ctx.run.results()
+        document = spec.spec(
+            env, plan, currency=cfg.scenario.currency, guard_on=cfg.ev.guard, margin_soc=cfg.ev.margin_soc,
+            policy=_policy_entry(agent, model, staging / POLICY_FILE, len(plan.features)),
+            site=_site_entry(ctx, env), metrics=_metrics_entry(results, agent), run=_run_entry(ctx, agent))
+        write_json_atomic(staging / SPEC_FILE, document)
+        shutil.copyfile(standalone_controller.__file__, staging / "controller.py")
+        log.info("replaying the evaluation with the exported controller", hours=env.time_steps - 1)
+        acting = _ExportedActing(Controller.load(staging), model, arrays,
+                                 EvServiceGuard(cfg.ev.margin_soc) if cfg.ev.guard else None)
+        figures = run_episode(acting, arrays, label=f"{agent} export")
+    finally:
+        env.close()
+    try:
+        document["verification"] = _verify(acting.replay, figures, results.get(agent, {}))
+        _write_sample(staging / CHECK_FILE, plan.names, [a["name"] for a in document["actions"]], acting.replay)
+        write_json_atomic(staging / SPEC_FILE, document)
+        write_text_atomic(staging / "README.md", _readme(document))
+        if out.exists():
+            shutil.rmtree(out)
+        staging.replace(out)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    log.info("exported", out=str(out), max_action_difference=acting.replay.worst)
+    return document
+
+
+def _refuse_to_replace(out: Path) -> None:
+    """An existing --out is replaced only when it is an export: never a folder of the user's."""
+    if not out.exists():
+        return
+    if out.is_dir() and not any(out.iterdir()):
+        return
+    try:
+        previous = json.loads((out / SPEC_FILE).read_text(encoding="utf-8")).get("format")
+    except (OSError, ValueError, AttributeError):
+        previous = None
+    if previous != standalone_controller.FORMAT:
+        raise UsageError(f"{out} exists and is not an export: choose another --out, or empty it")
+
+
+def _verify(replay: _Replay, figures: dict[str, Any], night: dict[str, Any]) -> dict[str, Any]:
+    """The proof: every step's actions, and the year's figures against the night's own evaluation."""
+    step_ms = 1000 * np.asarray(replay.seconds)
+    out: dict[str, Any] = {
+        "steps": len(replay.raw), "max_action_difference": replay.worst, "tolerance": CHECK_TOLERANCE,
+        "step_ms_median": round(float(np.median(step_ms)), 4),
+        "step_ms_p99": round(float(np.percentile(step_ms, 99)), 4),
+        "figures": {k: {"exported": figures.get(k), "night": night.get(k)} for k in COMPARED},
+    }
+    if replay.worst > CHECK_TOLERANCE:
+        raise TrainerError(f"the exported controller's actions differ from the product's by {replay.worst:.2e} at "
+                           f"step {replay.worst_step} of the evaluation (tolerance {CHECK_TOLERANCE:g}); nothing was "
+                           "exported: report this with the run folder")
+    for key in COMPARED:
+        exported, expected = figures.get(key), night.get(key)
+        if exported is None or expected is None:
+            continue
+        if abs(exported - expected) > FIGURE_TOLERANCE * max(abs(expected), 1.0):
+            raise TrainerError(f"the exported controller's {key} over the evaluation is {exported:,.2f}, the night's "
+                               f"{expected:,.2f}; nothing was exported: re-evaluate the run (trainer evaluate RUN_DIR) "
+                               "if it was trained with another version, else report this with the run folder")
+    return out
+
+
+def _write_sample(path: Path, names: list[str], actions: list[str], replay: _Replay) -> None:
+    rows = np.unique(np.linspace(0, len(replay.raw) - 1, min(SAMPLE_ROWS, len(replay.raw))).astype(int))
+    with path.open("w", encoding="utf-8", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow([*names, *(EXPECTED_PREFIX + a for a in actions)])
+        for i in rows:  # repr of a float reads back to the same float
+            writer.writerow([repr(float(v)) for v in (*replay.raw[i], *replay.product[i])])
+
+
+def _policy_entry(agent: str, model: Any, path: Path, features: int) -> dict[str, Any]:
+    return {
+        "file": POLICY_FILE, "input": onnx_policy.INPUT, "output": onnx_policy.OUTPUT,
+        "input_shape": ["batch", features], "output_shape": ["batch", int(np.prod(model.action_space.shape))],
+        "agent": agent, "algorithm": type(model).__name__,
+        "action": "deterministic, in [-1, 1]: the controller clips it and maps it to each action's range",
+        "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+    }
+
+
+def _site_entry(ctx: RunContext, env: Any) -> dict[str, Any]:
+    return {
+        "schema": str(ctx.schema), "built_in": ctx.schema.parent == ctx.run.site,
+        "buildings": [b.name for b in env.buildings], "hours_per_step": env.seconds_per_time_step / 3600,
+        "battery_kwh": [float(b.electrical_storage.capacity) for b in env.buildings],
+        "battery_kw": [float(b.electrical_storage.nominal_power) for b in env.buildings],
+        "chargers": [c.charger_id for b in env.buildings for c in b.electric_vehicle_chargers or []],
+    }
+
+
+def _metrics_entry(results: dict[str, dict[str, Any]], agent: str) -> dict[str, Any]:
+    keys = ("co2_kg_per_year", "co2_vs_baseline_pct", "co2_share_of_optimum_pct", "ev_departure_soc_met_pct",
+            "cost", "grid_import_kwh", "peak_kw", "eval_hours", "timesteps")
+    metrics = results.get(agent, {})
+    return {"evaluated": evaluation_window(results) or "the whole period of the dataset",
+            **{k: metrics.get(k) for k in keys}, "kept": metrics.get("kept")}
+
+
+def _run_entry(ctx: RunContext, agent: str) -> dict[str, Any]:
+    return {"folder": str(ctx.run.root.resolve()), "agent": agent, "seed": ctx.seed,
+            "model": str(ctx.run.agent(agent).model.relative_to(ctx.run.root)),
+            "exported_at": datetime.now(UTC).isoformat(timespec="seconds")}
+
+
+def _readme(document: dict[str, Any]) -> str:
+    metrics, proof = document["metrics"], document["verification"]
+    share = metrics.get("co2_share_of_optimum_pct")
+    return "\n".join([
+        f"# {document['policy']['agent']} controller, exported {document['run']['exported_at']}",
+        "",
+        f"From {document['run']['folder']} (seed {document['run']['seed']}). In the night's evaluation "
+        f"({metrics['evaluated']}): {_num(metrics.get('co2_kg_per_year'), ',.0f')} kg CO2 a year, "
+        f"{_num(share, '.0f')} % of the optimum's cut, {_num(metrics.get('ev_departure_soc_met_pct'), '.1f')} % of EV "
+        "departures met.",
+        "",
+        "Needs Python 3 with numpy and onnxruntime only:",
+        "",
+        "```bash",
+        "python controller.py check              # the evaluation's sample, replayed: exit 0 when it acts as trained",
+        "python controller.py example > step.json   # one step of raw observations: a template for live data",
+        "python controller.py act --obs step.json   # the actions in kW, with the EV guard applied",
+        "```",
+        "",
+        f"Replayed through CityLearn before it was written: {proof['steps']:,} steps, largest difference from the "
+        f"product's actions {proof['max_action_difference']:.1e}; {proof['step_ms_median']:.3f} ms a step (median).",
+        "spec.json names every observation, its unit and the range accepted, and every action. "
+        "See docs/export.md in pvbess-trainer for wiring it to live data.",
+        "",
+    ])
+
+
+def _num(value: Any, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
