@@ -50,6 +50,12 @@ merged_extras() {
   return 0
 }
 
+# pip's last lines, then the one-line error: why an install failed, without its whole log.
+pip_failed() {
+  tail -n 15 "$1" >&2
+  die "$2 (pip's whole output: $1)"
+}
+
 ensure_venv() {
   local extras="${1:-}" python stamp_file
   stamp_file="${PVBESS_VENV}/.pvbess-install"
@@ -62,17 +68,19 @@ ensure_venv() {
     log "creating ${PVBESS_VENV} with ${python}"
     "${python}" -m venv "${PVBESS_VENV}" || die "could not create ${PVBESS_VENV} (is the venv module installed? apt install python3.11-venv)"
   fi
-  local started=${SECONDS}
-  log "installing dependencies (the first run takes a few minutes; pip's progress follows)"
+  local started=${SECONDS} pip_log="${PVBESS_VENV}/pip-install.log"
+  # pip's few hundred lines go to a log, not the console: a first launch shows its steps, and pip's last
+  # lines where one fails.
+  : >"${pip_log}"
+  log "installing dependencies (the first run takes a few minutes; pip's output: ${pip_log})"
   log "step 1/2: ${PVBESS_TORCH}"
   # shellcheck disable=SC2086 # PVBESS_TORCH is a list of requirement specifiers
-  "${PVBESS_VENV}/bin/python" -m pip install --disable-pip-version-check --progress-bar on ${PVBESS_TORCH} \
-    | { grep -av '^Requirement already satisfied' || true; } >&2 \
-    || die "could not install ${PVBESS_TORCH}; set PVBESS_TORCH to the torch you want"
+  "${PVBESS_VENV}/bin/python" -m pip install --disable-pip-version-check --progress-bar off ${PVBESS_TORCH} \
+    >>"${pip_log}" 2>&1 || pip_failed "${pip_log}" "could not install ${PVBESS_TORCH}; set PVBESS_TORCH to the torch you want"
   log "step 1/2 done after $((SECONDS - started)) s; step 2/2: pvbess-trainer${extras} and its dependencies"
-  "${PVBESS_VENV}/bin/python" -m pip install --disable-pip-version-check --progress-bar on \
-    -e "${PVBESS_ROOT}${extras}" | { grep -av '^Requirement already satisfied' || true; } >&2 \
-    || die "could not install pvbess-trainer into ${PVBESS_VENV}"
+  "${PVBESS_VENV}/bin/python" -m pip install --disable-pip-version-check --progress-bar off \
+    -e "${PVBESS_ROOT}${extras}" >>"${pip_log}" 2>&1 \
+    || pip_failed "${pip_log}" "could not install pvbess-trainer into ${PVBESS_VENV}"
   printf '%s\n%s\n' "$(install_stamp)" "${extras}" >"${stamp_file}"
   log "environment ready after $((SECONDS - started)) s"
 }

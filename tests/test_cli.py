@@ -115,3 +115,16 @@ def test_config_doc_shows_the_allowed_values_and_the_current_value():
     assert lines["schedule.budget"].endswith("[str or null]  = null")
     assert lines["schedule.agents"].endswith('[list of sac|ppo|a2c]  = ["sac", "ppo", "a2c"]')
     assert "Literal" not in result.output and "Union" not in result.output
+
+
+def test_the_console_script_puts_click_s_usage_errors_in_the_product_s_one_line_form():
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "trainer", "train", "banana"], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.splitlines() == ["error: Invalid value for '{sac|ppo|a2c}': 'banana' is not one of 'sac', "
+                                        "'ppo', 'a2c'. (trainer train -h for help)"]
+    assert subprocess.run([sys.executable, "-m", "trainer", "--version"], capture_output=True, timeout=120
+                          ).returncode == 0

@@ -226,3 +226,16 @@ def test_a_spec_of_another_version_is_refused(exports, tmp_path):
     (folder / "controller.py").write_bytes((exports["ppo"][1] / "controller.py").read_bytes())
     result = standalone(folder, "check")
     assert result.returncode == 2 and "version 99: expected 'pvbess-controller' version 1" in result.stderr
+
+
+def test_a_failed_proof_writes_nothing_and_keeps_the_earlier_export(exports, monkeypatch):
+    from trainer.export import exporter
+
+    run, folder, _ = exports["ppo"]
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    monkeypatch.setattr(exporter, "CHECK_TOLERANCE", -1.0)  # no difference is small enough: the proof fails
+    result = CliRunner().invoke(cli, ["export", str(run)])
+    assert result.exit_code == 1 and "differ from the product's" in result.output
+    assert "nothing was exported" in result.output
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+    assert not [p.name for p in folder.parent.iterdir() if p.name.endswith(".partial")]  # none left beside it

@@ -110,3 +110,22 @@ def test_sac_on_many_sites_is_costed_per_site(site_schema, monkeypatch, tmp_path
     on_citylearn = calibrate.calibrate(load_config(overrides=[f"output.root={tmp_path}", "train.simulator=citylearn"]),
                                        site_schema, "cpu", ["sac"], refresh=True)
     assert on_citylearn.train_steps_per_s["sac"] == pytest.approx(1 / (0.02 + 0.5 / 1000))  # learning while stepping
+
+
+def test_a_plan_that_ends_well_before_its_deadline_says_the_budget_is_a_cap():
+    from datetime import datetime, timedelta
+
+    from trainer.night.budget import PlannedStage
+    from trainer.night.plan import render
+
+    start = datetime(2026, 11, 25, 22, 0)
+    planned = [PlannedStage("ppo", start, start + timedelta(minutes=30), 1700.0, 2_000_000, 2_000_000),
+               PlannedStage("report", start + timedelta(minutes=30), start + timedelta(minutes=31), 0.0, 0, 0)]
+
+    class Speeds:
+        machine, measured_at = "test box", "today"
+
+    text = render(planned, start + timedelta(hours=8), [], Speeds())
+    assert ("the night ends 7.5 h early: the budget is a cap, and the agents' timesteps (ppo.timesteps 2,000,000) "
+            "end the night; to use the time, raise them (--set ppo.timesteps=...)") in text
+    assert "ends" not in render(planned, start + timedelta(minutes=35), [], Speeds()).split("planned end")[1]

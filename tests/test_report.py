@@ -93,6 +93,21 @@ def test_the_report_names_the_deployable_agent_and_flags_the_stranders(tmp_path)
     assert (tmp_path / "run" / "plots" / "co2_by_agent.png").stat().st_size > 0
 
 
+def test_the_headline_names_the_training_steps_and_a_raised_peak_and_cost_its_currency(tmp_path):
+    results = _results()
+    results["baseline"]["peak_kw"] = 67.0
+    results["sac"].update(timesteps=4_096, peak_kw=81.4)
+    run = _run(tmp_path, results)
+    run.config.write_text(yaml.safe_dump({"ev": {"target_met_pct": 98.0}, "scenario": {"currency": "EUR"}}))
+    report = write_report(run).read_text()
+    assert report.splitlines()[2].endswith("meeting 99.1% of EV departures, after 4,096 training steps. Its peak "
+                                           "import is 81 kW, 21% above the uncontrolled site's 67 kW.")
+    assert "| CityLearn EV success | cost EUR | peak kW |" in report
+    results["sac"]["peak_kw"] = 70.0  # within a tenth of the baseline's: not worth a sentence
+    run.results_json.write_text(json.dumps(results))
+    assert "Its peak import" not in write_report(run).read_text()
+
+
 def test_when_no_agent_serves_the_cars_the_report_says_so(tmp_path):
     results = {k: v for k, v in _results().items() if k != "sac"}
     report = write_report(_run(tmp_path, results)).read_text()
@@ -127,7 +142,10 @@ def test_a_short_evaluation_is_stated_with_the_table():
     from trainer.metrics import evaluation_window, format_table
 
     quick = {"baseline": {"co2_kg_per_year": 1.0, "eval_hours": 28 * 24 - 1}}
-    stated = "evaluated on the first 28 days of the dataset; CO2 per year is scaled from them"
+    stated = ("evaluated on the first 28 days of the dataset: CO2 per year is scaled from them; cost and grid import "
+              "are those days' totals")
     assert evaluation_window(quick) == stated
     assert format_table(quick).endswith(f"({stated})")
+    quick["baseline"]["cost"] = 5_089.0
+    assert "  cost EUR  " in format_table(quick, "EUR").splitlines()[0]  # its unit, from the run's config
     assert evaluation_window({"baseline": {"eval_hours": 8759}}) is None

@@ -13,6 +13,7 @@ from typing import Any
 
 import click
 import yaml
+from click.exceptions import NoArgsIsHelpError
 
 from monitor.summary import format_summary, read_records, summarise
 from trainer import benchmark, logs, session
@@ -28,7 +29,7 @@ from trainer.learn.preflight import check_resume_config
 from trainer.metrics import best_agent
 from trainer.metrics import format_table as results_table
 from trainer.night import backends, install, plan, runner, stages, sweep
-from trainer.report import report_run
+from trainer.report import currency, report_run
 from trainer.roster import AGENTS
 from trainer.run_dir import RunDir
 from trainer.scenario import build_site
@@ -38,7 +39,7 @@ from trainer.sim.site import Unsupported
 
 
 def _print_results(results: dict, run: RunDir) -> None:
-    click.echo(results_table(results))
+    click.echo(results_table(results, currency(run)))
     click.echo(f"\nresults: {run.results_json}")
 
 
@@ -140,7 +141,7 @@ def night(config_files: tuple[str, ...], overrides: tuple[str, ...], profile: st
     cfg, chosen, deadline = session.night_plan(cfg, quick, agents, budget, finish_by)
     for agent in chosen if resume is not None else ():
         check_resume_config(Path(out), agent, cfg, force)
-    with session.open_run(cfg, "schedule", out, schema, dataset, resuming=resume is not None, agents=chosen) as ctx:
+    with session.open_run(cfg, "night", out, schema, dataset, resuming=resume is not None, agents=chosen) as ctx:
         State.opened(ctx, "night")
         targets = session.training_targets(cfg, chosen, quick, ctx.schema)
         with handle_stop_signals():
@@ -392,4 +393,20 @@ def export_command(run_dir: str, agent: str | None, out: str | None) -> None:
 
 
 def main() -> None:
-    cli(prog_name="trainer")
+    """The console script: Click's own usage errors in the product's one-line form (``error: ...``, exit 2)."""
+    try:
+        returned = cli.main(prog_name="trainer", standalone_mode=False)
+    except NoArgsIsHelpError as exc:  # a group called without a command: its help, as Click prints it
+        click.echo(exc.format_message())
+        sys.exit(exc.exit_code)
+    except click.UsageError as exc:
+        hint = f" ({exc.ctx.command_path} -h for help)" if exc.ctx is not None else ""
+        click.echo(f"error: {exc.format_message()}{hint}", err=True)
+        sys.exit(exc.exit_code)
+    except click.ClickException as exc:
+        click.echo(f"error: {exc.format_message()}", err=True)
+        sys.exit(exc.exit_code)
+    except click.Abort:
+        click.echo("error: aborted", err=True)
+        sys.exit(1)
+    sys.exit(returned if isinstance(returned, int) else 0)  # --help and --version return 0

@@ -80,8 +80,8 @@ class ScenarioConfig(Section):
     tariff_summer_peak_per_kwh: float = doc("Peak price per kWh in June-September.", ge=0)
     currency: str = doc("Currency symbol of the tariff, used in the report.", min_length=1, max_length=8)
     train_episode_days: int = doc(
-        "Length of a training episode in days (evaluation always runs the full year).", ge=1, le=365
-    )
+        "Length of a training episode in days (evaluation covers schedule.eval_days: the whole period by default).",
+        ge=1, le=365)
 
 
 class RewardConfig(Section):

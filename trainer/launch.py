@@ -32,6 +32,7 @@ from trainer.doctor import FAIL, format_table, run_checks
 from trainer.durations import deadline
 from trainer.errors import TrainerError, UsageError
 from trainer.metrics import format_table as results_table
+from trainer.report import currency
 from trainer.roster import AGENTS
 from trainer.run_dir import RunDir, default_run_dir
 from trainer.session import LATEST, newest_run
@@ -122,7 +123,7 @@ def choose_run_dir(options: LaunchOptions, cfg: Config) -> Path:
         if found is None:
             raise UsageError(f"--resume: no run folder under {cfg.output.root} to resume; pass --resume RUN_DIR")
         return found
-    command = "schedule" if options.agent == "all" else options.agent
+    command = "night" if options.agent == "all" else options.agent
     return default_run_dir(cfg, f"launch-{command}").root
 
 
@@ -245,7 +246,7 @@ class Launch:
         if self.run.monitor.is_file():
             self.say("[launch] GPU status after the run:\n" + format_summary(summarise(read_records(self.run.monitor))))
         if code != 0 and self.run.results_json.is_file():  # a trainer that finished has printed them
-            self.say("[launch] results so far:\n" + results_table(self.run.results()))
+            self.say("[launch] results so far:\n" + results_table(self.run.results(), currency(self.run)))
         self.say(f"[launch] trainer exited with {code}")
 
 

@@ -220,11 +220,14 @@ def evaluation_window(results: dict[str, dict[str, Any]]) -> str | None:
     if not hours or max(hours) >= HOURS_PER_YEAR - 24:
         return None
     days = ", ".join(f"{h / 24:.0f}" for h in sorted(hours))  # an evaluation steps all but its last hour
-    return f"evaluated on the first {days} days of the dataset; CO2 per year is scaled from them"
+    return (f"evaluated on the first {days} days of the dataset: CO2 per year is scaled from them; cost and grid "
+            "import are those days' totals")
 
 
-def format_table(results: dict[str, dict[str, Any]]) -> str:
-    header = ["agent"] + [label for _, label, _ in TABLE_COLUMNS]
+def format_table(results: dict[str, dict[str, Any]], currency: str | None = None) -> str:
+    """The console's table; ``currency`` (the run's ``scenario.currency``) labels the cost column."""
+    header = ["agent"] + [f"{label} {currency}" if key == "cost" and currency else label
+                          for key, label, _ in TABLE_COLUMNS]
     rows = [header]
     for agent, metrics in results.items():
         row = [agent]

@@ -35,6 +35,14 @@ def target_met_pct(run: RunDir) -> float:
     return float((data.get("ev") or {}).get("target_met_pct", DEFAULT_TARGET_MET_PCT))
 
 
+def currency(run: RunDir) -> str | None:
+    """The run's scenario.currency: the unit of every cost (None for older run folders without a config)."""
+    if not run.config.is_file():
+        return None
+    data = yaml.safe_load(run.config.read_text(encoding="utf-8")) or {}
+    return (data.get("scenario") or {}).get("currency")
+
+
 def curve_days(run: RunDir) -> int:
     """The run's schedule.curve_eval_days: the window each learning-curve evaluation covers."""
     data = yaml.safe_load(run.config.read_text(encoding="utf-8")) or {} if run.config.is_file() else {}
@@ -45,10 +53,11 @@ def _fmt(value, spec: str) -> str:
     return "–" if value is None else format(value, spec)
 
 
-def _table(results: dict[str, dict[str, Any]]) -> list[str]:
+def _table(results: dict[str, dict[str, Any]], unit: str | None) -> list[str]:
     rbc = results.get("rbc", {}).get("co2_kg_per_year")
     lines = ["| agent | CO2 kg/yr | vs baseline | vs rbc | share of optimum | EV targets met | EV unmet kWh | "
-             "CityLearn EV success | cost | peak kW | PV self-use | train steps | steps/s | train time |",
+             f"CityLearn EV success | cost{f' {unit}' if unit else ''} | peak kW | PV self-use | train steps | "
+             "steps/s | train time |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for name, m in results.items():
         co2 = m.get("co2_kg_per_year")
@@ -70,6 +79,9 @@ def _pct(value, spec: str) -> str:
     return "–" if value is None else f"{format(value, spec)}%"
 
 
+PEAK_WORTH_SAYING = 1.1  # the headline names a peak import this much above the uncontrolled site's
+
+
 def _headline(results: dict[str, dict[str, Any]], target_pct: float, run: RunDir) -> list[str]:
     """The morning answer: which controller to deploy, judged by CO2 and EV service together, and how."""
     best = best_agent(results, target_pct)
@@ -80,7 +92,12 @@ def _headline(results: dict[str, dict[str, Any]], target_pct: float, run: RunDir
         lines.append(f"**Best agent: {best}**, {m['co2_kg_per_year']:,.0f} kg CO2/year "
                      f"({_fmt(m.get('co2_vs_baseline_pct'), '+.1f')}% against the uncontrolled baseline"
                      + (f", {share:.0f}% of the optimum's cut" if share is not None else "")
-                     + f"), meeting {_fmt(m.get('ev_departure_soc_met_pct'), '.1f')}% of EV departures.")
+                     + f"), meeting {_fmt(m.get('ev_departure_soc_met_pct'), '.1f')}% of EV departures"
+                     + (f", after {m['timesteps']:,} training steps." if m.get("timesteps") else "."))
+        peak, base_peak = m.get("peak_kw"), results.get("baseline", {}).get("peak_kw")
+        if peak and base_peak and peak > PEAK_WORTH_SAYING * base_peak:  # a CO2 cut can cost the site's connection
+            lines[-1] += (f" Its peak import is {peak:,.0f} kW, {100 * (peak / base_peak - 1):.0f}% above the "
+                          f"uncontrolled site's {base_peak:,.0f} kW.")
         lines += ["", f"To take it to the site: `trainer export {run.root}` writes it as ONNX with a `controller.py` "
                       "that needs only numpy and onnxruntime, the EV guard included, proven on this evaluation "
                       "(docs/export.md)."]
@@ -105,9 +122,10 @@ NOTES = [
     "cut of the perfect-foresight linear program (`optimum`'s `lp_co2_kg` in results.json; the `optimum` row is that "
     "dispatch replayed through CityLearn, what perfect foresight really reaches). `EV targets met` counts departures "
     "within 1% SoC of their target; `CityLearn EV success` is CityLearn's own `evaluate_v2` rate, which allows 5% SoC, "
-    "so it can read higher. `citylearn_kpis` in results.json are ratios to CityLearn's \"without storage\" reference, "
-    "which also removes every charger's consumption (the site with every car stranded): compare controllers with the "
-    "columns here, which are all against the uncontrolled baseline.",
+    "so it can read higher. `cost` is what the grid imports cost at the tariff over the evaluation period (exports are "
+    "not credited); `peak kW` is the highest hourly import in it. `citylearn_kpis` in results.json are ratios to "
+    "CityLearn's \"without storage\" reference, which also removes every charger's consumption (the site with every "
+    "car stranded): compare controllers with the columns here, which are all against the uncontrolled baseline.",
 ]
 
 
@@ -162,8 +180,8 @@ def write_report(run: RunDir) -> Path:
         for stage in skipped:
             lines.append(f"- {stage['name']} skipped: {stage['error']}")
     window = evaluation_window(results)
-    lines += ["", "## Results", "", *([f"*{window[0].upper()}{window[1:]}.*", ""] if window else []), *_table(results),
-              "", *NOTES, ""]
+    lines += ["", "## Results", "", *([f"*{window[0].upper()}{window[1:]}.*", ""] if window else []),
+              *_table(results, currency(run)), "", *NOTES, ""]
     lines += ["![CO2 per agent](plots/co2_by_agent.png)", ""]
     lines += _deployed(results)
     if curves:

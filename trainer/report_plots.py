@@ -43,7 +43,9 @@ def plot_co2(results: dict[str, dict[str, Any]], path: Path, target_pct: float =
     for bar, name in zip(bars, names):
         pct = results[name].get("co2_vs_baseline_pct")
         label = f"{bar.get_height():.1f} t" + (f"\n{pct:+.1f}%" if pct is not None and name != "baseline" else "")
-        ax.annotate(label, (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom", fontsize=9)
+        # Inside the bar, below its top: the reference lines run across the tops, and would cross a label there.
+        ax.annotate(label, (bar.get_x() + bar.get_width() / 2, bar.get_height()), xytext=(0, -4),
+                    textcoords="offset points", ha="center", va="top", fontsize=9, color="white", fontweight="bold")
         if not serves_cars(results[name], target_pct):
             bar.set_hatch("//")
             bar.set_alpha(0.5)
@@ -69,7 +71,9 @@ def plot_co2(results: dict[str, dict[str, Any]], path: Path, target_pct: float =
         text = "no EVs" if value is None else f"{value:.0f}%" + (f"\n{_energy(unmet)} unmet" if unmet else "")
         ev_ax.annotate(text, (bar.get_x() + bar.get_width() / 2, max(bar.get_height(), 2)), ha="center",
                        va="bottom", fontsize=8)
-    ev_ax.axhline(target_pct, color="#d62728", linestyle="--", linewidth=1)
+    ev_ax.axhline(target_pct, color="#d62728", linestyle="--", linewidth=1,
+                  label=f"EV target: {target_pct:g}% of departures (ev.target_met_pct)")
+    ev_ax.legend(loc="upper right", fontsize=7)
     ev_ax.set_ylim(0, 135)
     ev_ax.set_ylabel("EV departures\nmet %")
     fig.tight_layout()
@@ -215,10 +219,15 @@ def plot_week(
         cars = axes[2].twinx()
         cars.fill_between(week["step"], week["ev_connected"], step="mid", color="#999999", alpha=0.15, label="cars")
         cars.set_ylabel("cars connected", fontsize=8, color="#777777")
+        from matplotlib.ticker import MaxNLocator  # lazy: matplotlib, for the report's plots only
+
+        cars.yaxis.set_major_locator(MaxNLocator(integer=True))  # cars come whole
     if {"day_type", "month", "hour"} <= set(week.columns):
+        # A dataset's hours carry no year, so each day is named by its weekday, month and day of the dataset.
         midnights = week[week["hour"] == 1]
-        axes[-1].set_xticks(midnights["step"], [f"{DAYS[int(d) - 1]}\n{MONTHS[int(m) - 1]}" for d, m in
-                                                zip(midnights["day_type"], midnights["month"])], fontsize=8)
+        axes[-1].set_xticks(midnights["step"], [f"{DAYS[int(d) - 1]} {MONTHS[int(m) - 1]}\nday {int(t) // 24 + 1}"
+                                                for d, m, t in zip(midnights["day_type"], midnights["month"],
+                                                                   midnights["step"])], fontsize=8)
     axes[0].legend(loc="upper right", fontsize=8)
     axes[0].set_title("A representative week (the median week of baseline imports)")
     fig.tight_layout()
@@ -251,8 +260,9 @@ def plot_timeline(schedule: dict[str, Any] | None, path: Path) -> None:
     times = [datetime.fromisoformat(t) for s in stages for t in (s.get("planned_start"), s.get("actual_end")) if t]
     short_night = bool(times) and (max(times) - min(times)).total_seconds() < 1800
     ax.xaxis.set_major_formatter(mdates.DateFormatter("%H:%M:%S" if short_night else "%H:%M"))
-    handles = [Patch(color="#c6dbef", label="planned"), Patch(color="#2171b5", label="actual (done)"),
-               Patch(color="#d62728", label="failed")]
+    handles = [Patch(color="#c6dbef", label="planned"), Patch(color="#2171b5", label="actual (done)")]
+    handles += [Patch(color=_status_colour(status), label=status) for status in ("failed", "skipped")
+                if any(s["status"] == status for s in stages)]  # only what happened this night
     if schedule and schedule.get("deadline"):
         ax.axvline(mdates.date2num(datetime.fromisoformat(schedule["deadline"])), color="#d62728", linestyle="--")
         handles.append(Line2D([], [], color="#d62728", linestyle="--", label="deadline"))

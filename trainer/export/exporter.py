@@ -103,18 +103,32 @@ def export_run(ctx: RunContext, agent: str, out: Path) -> dict[str, Any]:
     model = load_model(cfg, agent, ctx.run.agent(agent).model, fix=f"train it again: trainer train {agent} --resume "
                        f"{ctx.run.root}")
     _refuse_to_replace(out)
-    env = make_citylearn_env(cfg, ctx.schema, "eval", ctx.seed, eval_days=cfg.schedule.eval_days)
-    arrays = CentralAgentArrays(env, None, tuple(cfg.observations.carbon_ahead_hours))
-    arrays.reset()
-    plan = arrays.plan
-    assert plan is not None  # reset made it
-    staging = out.with_name(f".{out.name}.partial")
+    staging = out.with_name(f".{out.name}.partial")  # beside it: the rename into place cannot cross disks
     shutil.rmtree(staging, ignore_errors=True)
     try:
         staging.mkdir(parents=True)
     except OSError as exc:
         raise UsageError(f"cannot write the export to {out}: {exc.strerror} (choose another --out)") from None
     try:
+        document, replay = _build(ctx, agent, model, staging, log)
+        if out.exists():
+            shutil.rmtree(out)
+        staging.replace(out)
+    finally:  # a failure anywhere leaves no half-written export, and an earlier one where it was
+        shutil.rmtree(staging, ignore_errors=True)
+    log.info("exported", out=str(out), max_action_difference=replay.worst)
+    return document
+
+
+def _build(ctx: RunContext, agent: str, model: Any, staging: Path, log: Any) -> tuple[dict[str, Any], _Replay]:
+    """Write the export into ``staging`` and prove it on the evaluation; raises where the proof fails."""
+    cfg = ctx.cfg
+    env = make_citylearn_env(cfg, ctx.schema, "eval", ctx.seed, eval_days=cfg.schedule.eval_days)
+    try:
+        arrays = CentralAgentArrays(env, None, tuple(cfg.observations.carbon_ahead_hours))
+        arrays.reset()
+        plan = arrays.plan
+        assert plan is not None  # reset made it
         log.info("exporting the policy as ONNX")
         onnx_policy.write_onnx(model.policy, len(plan.features), staging / POLICY_FILE)
         results = ctx.run.results()
@@ -130,18 +144,11 @@ def export_run(ctx: RunContext, agent: str, out: Path) -> dict[str, Any]:
         figures = run_episode(acting, arrays, label=f"{agent} export")
     finally:
         env.close()
-    try:
-        document["verification"] = _verify(acting.replay, figures, results.get(agent, {}))
-        _write_sample(staging / CHECK_FILE, plan.names, [a["name"] for a in document["actions"]], acting.replay)
-        write_json_atomic(staging / SPEC_FILE, document)
-        write_text_atomic(staging / "README.md", _readme(document))
-        if out.exists():
-            shutil.rmtree(out)
-        staging.replace(out)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    log.info("exported", out=str(out), max_action_difference=acting.replay.worst)
-    return document
+    document["verification"] = _verify(acting.replay, figures, results.get(agent, {}))
+    _write_sample(staging / CHECK_FILE, plan.names, [a["name"] for a in document["actions"]], acting.replay)
+    write_json_atomic(staging / SPEC_FILE, document)
+    write_text_atomic(staging / "README.md", _readme(document))
+    return document, acting.replay
 
 
 def _refuse_to_replace(out: Path) -> None:

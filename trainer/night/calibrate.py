@@ -72,7 +72,8 @@ def calibrate(cfg: Config, schema: Path, device: str, agents: list[str], refresh
         logs.get().info("calibration from cache", path=str(cache))
         return cached
     log = logs.get()
-    log.info("calibrating", agents=agents, steps=CALIBRATION_STEPS, device=device)
+    log.info("calibrating: measuring each agent on this machine (under a minute; later plans read the cache)",
+             agents=agents, steps=CALIBRATION_STEPS, device=device)
     speeds = Speeds(eval_steps_per_s=_eval_speed(cfg, schema), train_steps_per_s={},
                     measured_at=datetime.now().isoformat(timespec="seconds"),
                     machine=f"{socket.gethostname()} ({os.cpu_count()} CPUs, {device})")

@@ -87,6 +87,18 @@ def human_duration(seconds: float) -> str:
     return f"{seconds:.0f} s"
 
 
+SPARE_WORTH_SAYING = 0.25  # a plan that leaves this share of its budget unused says why, and how to use it
+
+
+def _using_spare(planned: list[PlannedStage]) -> str:
+    trained = [s for s in planned if s.target_steps]
+    if not trained:
+        return ""
+    steps = ", ".join(f"{s.name}.timesteps {s.target_steps:,}" for s in trained)
+    return (f", and the agents' timesteps ({steps}) end the night; to use the time, raise them (--set "
+            f"{trained[0].name}.timesteps=...) or train several seeds (trainer night --seeds 1,2,3)")
+
+
 def render(planned: list[PlannedStage], deadline: datetime | None, notes: list[str], speeds: Speeds) -> str:
     lines = [f"plan ({speeds.machine}; speeds measured {speeds.measured_at})"]
     for stage in planned:
@@ -96,6 +108,9 @@ def render(planned: list[PlannedStage], deadline: datetime | None, notes: list[s
     if deadline is not None:
         end = planned[-1].end if planned else datetime.now()
         lines.append(f"  deadline {deadline:%a %H:%M}; planned end {end:%a %H:%M}")
+        spare = (deadline - end).total_seconds()
+        if planned and spare > SPARE_WORTH_SAYING * (deadline - planned[0].start).total_seconds():
+            lines.append(f"  the night ends {human_duration(spare)} early: the budget is a cap{_using_spare(planned)}")
     for note in notes:
         lines.append(f"  ! {note}")
     return "\n".join(lines)

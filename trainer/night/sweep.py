@@ -64,7 +64,7 @@ def run_sweep(cfg: Config, seeds: list[int], folder: Path, schema: str | None, d
 
     def night(stack: ExitStack, run: Path, run_cfg: Config) -> Night:
         resuming = resume and RunDir(run).config.is_file()
-        ctx = stack.enter_context(open_run(run_cfg, "schedule", run, schema, dataset, resuming=resuming,
+        ctx = stack.enter_context(open_run(run_cfg, "night", run, schema, dataset, resuming=resuming,
                                            agents=agents))
         if not is_sweep(folder):  # sweep.json once the first night has passed its checks (and made the folder)
             write_json_atomic(folder / SWEEP, {"seeds": seeds, "runs": [r.name for r in runs],
