@@ -22,8 +22,10 @@ from .conftest import tiny_overrides
 
 pytest.importorskip("onnxruntime", reason="trainer export needs the export extra (pip install -e '.[export]')")
 
-# Each algorithm on a short window; A2C on the V2G site, so the exported guard also holds discharging cars.
-CASES = {"sac": ("site_schema", 200), "ppo": ("site_schema", 256), "a2c": ("v2g_schema", 200)}
+# Each algorithm on a short window; PPO with the carbon look-ahead among its observations, A2C on the V2G site, so
+# the exported guard also meets discharging cars.
+CASES = {"sac": ("site_schema", 200, ()), "ppo": ("site_schema", 256, ("observations.carbon_ahead_hours=[3,12]",)),
+         "a2c": ("v2g_schema", 200, ())}
 # What a process running controller.py may not import: everything but numpy, onnxruntime and the stdlib.
 BLOCKED = ("torch", "stable_baselines3", "citylearn", "trainer", "gymnasium", "pandas", "onnx", "onnxscript",
            "sklearn", "scipy", "click", "yaml", "pydantic")
@@ -50,9 +52,9 @@ def standalone(folder: Path, *args: str) -> subprocess.CompletedProcess:
 def exports(request, tmp_path_factory) -> dict[str, tuple[Path, Path, str]]:
     """agent -> (run folder, export folder, the export command's output), each trained a few hundred steps."""
     out = {}
-    for agent, (site, steps) in CASES.items():
+    for agent, (site, steps, extra) in CASES.items():
         run = tmp_path_factory.mktemp(f"run-{agent}")
-        sets = [arg for o in tiny_overrides() for arg in ("--set", o)]
+        sets = [arg for o in tiny_overrides(*extra) for arg in ("--set", o)]
         trained = CliRunner().invoke(cli, ["train", agent, "--timesteps", str(steps), "--out", str(run), "--schema",
                                            str(request.getfixturevalue(site)), "--device", "cpu", *sets])
         assert trained.exit_code == 0, trained.output
@@ -80,6 +82,12 @@ def test_the_export_acts_as_the_product_did_in_citylearn(agent, exports):
     # an untrained policy leaves cars short: the sample holds steps where the guard raised the EV actions
     controller = Controller.load(folder)
     assert controller.guard_on and len(controller.chargers) == (2 if agent == "a2c" else 4)
+    ahead = [o for o in spec["observations"] if "_ahead_" in o["name"]]
+    assert [o["name"] for o in ahead] == (["carbon_intensity_ahead_3h", "carbon_intensity_ahead_12h"]
+                                          if agent == "ppo" else [])
+    assert all(o["unit"] == "kg CO2 per kWh from the grid" for o in ahead)
+    clipped = [f["observation"] for f in spec["features"] if f["clip"]]
+    assert clipped == [o["name"] for o in ahead]  # the look-ahead is scaled as the current intensity, clipped
 
 
 @pytest.mark.parametrize("agent", list(CASES))
