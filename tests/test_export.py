@@ -247,3 +247,19 @@ def test_a_failed_proof_writes_nothing_and_keeps_the_earlier_export(exports, mon
     assert "nothing was exported" in result.output
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
     assert not [p.name for p in folder.parent.iterdir() if p.name.endswith(".partial")]  # none left beside it
+
+
+def test_a_damaged_export_is_named_in_one_line(exports, tmp_path):
+    folder = tmp_path / "damaged"
+    folder.mkdir()
+    for path in exports["ppo"][1].iterdir():
+        (folder / path.name).write_bytes(path.read_bytes())
+    (folder / "policy.onnx").write_bytes(b"not a graph")
+    check = standalone(folder, "check")
+    assert check.returncode == 2 and check.stderr.startswith(f"error: {folder / 'policy.onnx'} could not be loaded")
+    spec = json.loads((folder / SPEC_FILE).read_text())
+    del spec["features"]
+    (folder / SPEC_FILE).write_text(json.dumps(spec))
+    check = standalone(folder, "check")
+    assert check.returncode == 2 and "is not a whole export (no 'features')" in check.stderr
+    assert len(check.stderr.strip().splitlines()) == 1

@@ -311,7 +311,10 @@ class Controller:
             raise InputError(f"{path} not found: pass the export folder that `trainer export` wrote") from None
         except (OSError, ValueError) as exc:
             raise InputError(f"{path} could not be read ({exc}): export the run again") from None
-        return cls(spec, folder)
+        try:
+            return cls(spec, folder)
+        except (KeyError, TypeError, AttributeError) as exc:  # an edited or truncated spec
+            raise InputError(f"{path} is not a whole export (no {exc}): export the run again") from None
 
     # -- inputs
 
@@ -344,13 +347,17 @@ class Controller:
     def policy_actions(self, features: np.ndarray) -> np.ndarray:
         """The policy's deterministic actions in [-1, 1] for a batch of normalised observations."""
         if self._session is None:
-            import onnxruntime  # lazy: `example` and input errors need no runtime
-
+            try:
+                import onnxruntime  # lazy: `example` and input errors need no runtime
+            except ImportError:
+                raise InputError("the controller needs onnxruntime: pip install onnxruntime numpy") from None
             options = onnxruntime.SessionOptions()
             options.intra_op_num_threads = 1  # one step of a small network: threads cost more than they give
-            policy = self.spec["policy"]
-            self._session = onnxruntime.InferenceSession(str(self.folder / policy["file"]), options,
-                                                         providers=["CPUExecutionProvider"])
+            path = self.folder / self.spec["policy"]["file"]
+            try:
+                self._session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+            except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own classes for a missing or bad file
+                raise InputError(f"{path} could not be loaded ({type(exc).__name__}): export the run again") from None
         (out,) = self._session.run([self.spec["policy"]["output"]], {self.spec["policy"]["input"]: features})
         return np.clip(np.asarray(out, dtype=float), -1.0, 1.0)
 
