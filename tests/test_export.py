@@ -23,7 +23,8 @@ from .conftest import tiny_overrides
 pytest.importorskip("onnxruntime", reason="trainer export needs the export extra (pip install -e '.[export]')")
 
 # Each algorithm on a short window; PPO with the carbon look-ahead among its observations, A2C on the V2G site, so
-# the exported guard also meets discharging cars.
+# the exported guard also meets discharging cars (and its validation year is a V2G site too: built from the site's
+# own scenario, not the run's config).
 CASES = {"sac": ("site_schema", 200, ()), "ppo": ("site_schema", 256, ("observations.carbon_ahead_hours=[3,12]",)),
          "a2c": ("v2g_schema", 200, ())}
 # What a process running controller.py may not import: everything but numpy, onnxruntime and the stdlib.

@@ -328,10 +328,6 @@ def doctor(config_files: tuple[str, ...], overrides: tuple[str, ...], profile: s
     sys.exit(1 if any(c.status == FAIL for c in checks) else 0)
 
 
-# What `trainer export` imports beyond the product's own dependencies (pyproject.toml's export extra).
-EXPORT_PACKAGES = ("onnx", "onnxscript", "onnxruntime")
-
-
 @cli.group()
 def monitor() -> None:
     """The sidecar GPU monitor's records (python -m monitor writes them)."""
@@ -365,6 +361,10 @@ def evaluate(run_dir: str, device: str | None) -> None:
     with session.reopen_run(run_dir, device or "cpu") as ctx:
         State.log_file = ctx.run.log_file
         _print_results(stages.reevaluate(ctx), ctx.run)
+
+
+# What `trainer export` imports beyond the product's own dependencies (pyproject.toml's export extra).
+EXPORT_PACKAGES = ("onnx", "onnxscript", "onnxruntime")
 
 
 @command(cli, "export")

@@ -174,11 +174,11 @@ class CentralAgentArrays(gymnasium.Wrapper):
         self.scale = ActionScale.of(env)
         self.action_space = self.scale.agent_space
         self.guard = guard
-        self._plan: _NormalisationPlan | None = None
+        self._plan: NormalisationPlan | None = None
 
     def reset(self, *, seed=None, options=None):
         observations, info = self.env.reset(options=options)
-        self._plan = _NormalisationPlan(self.env.unwrapped, self.carbon_ahead)
+        self._plan = NormalisationPlan(self.env.unwrapped, self.carbon_ahead)
         return self._observe(observations), info
 
     def raw(self, observations=None) -> np.ndarray:
@@ -204,7 +204,7 @@ class CentralAgentArrays(gymnasium.Wrapper):
         return self._observe(observations), float(reward[0]), False, bool(terminated or truncated), info
 
     @property
-    def plan(self) -> _NormalisationPlan | None:
+    def plan(self) -> NormalisationPlan | None:
         """The normalisation of this episode's raw observations (None before the first reset)."""
         return self._plan
 
@@ -248,7 +248,7 @@ def raw_observation_name(building: str, key: str, buildings: int) -> str:
     return key if buildings == 1 else f"{building}.{key}"
 
 
-class _NormalisationPlan:
+class NormalisationPlan:
     """The central agent's raw observation list, by name, and the features the policy reads from it."""
 
     def __init__(self, env: CityLearnEnv, carbon_ahead: np.ndarray):

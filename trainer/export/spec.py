@@ -20,7 +20,7 @@ from trainer.standalone_controller import FORMAT, VERSION
 if TYPE_CHECKING:
     from citylearn.citylearn import CityLearnEnv
 
-    from trainer.env import _NormalisationPlan
+    from trainer.env import NormalisationPlan
 
 # (CityLearn's observation key, as a pattern; its unit; whether its range is fixed by definition). A range fixed
 # by definition is enforced as it is; a measured one (weather, load, prices) accepts half its span again on each
@@ -72,7 +72,7 @@ def _unit(key: str, currency: str) -> tuple[str, bool]:
     return "as in the dataset's CSV", False
 
 
-def observations(env: CityLearnEnv, plan: _NormalisationPlan, currency: str) -> list[dict[str, Any]]:
+def observations(env: CityLearnEnv, plan: NormalisationPlan, currency: str) -> list[dict[str, Any]]:
     """Each raw observation: its name, unit and the range the controller accepts."""
     periodic = env.buildings[0].get_periodic_observation_metadata()
     limits: dict[str, tuple[float, float]] = {}
@@ -144,7 +144,7 @@ def guard(env: CityLearnEnv, names: list[str], enabled: bool, margin_soc: float)
             "hours": float(env.seconds_per_time_step) / 3600.0, "chargers": chargers, "ev_batteries": batteries}
 
 
-def spec(env: CityLearnEnv, plan: _NormalisationPlan, *, currency: str, guard_on: bool, margin_soc: float,
+def spec(env: CityLearnEnv, plan: NormalisationPlan, *, currency: str, guard_on: bool, margin_soc: float,
          policy: dict[str, Any], site: dict[str, Any], metrics: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
     return {
         "format": FORMAT,
