@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 # side of what the training data held: a hotter day passes, a reading in W instead of kW does not.
 UNITS: tuple[tuple[str, str, bool], ...] = (
     (r"month", "month of the year, 1-12", True),
-    (r"day_type", "day of the week, 1 = Monday ... 7 = Sunday", True),
+    (r"day_type", "day of the week, 1-7 as the dataset counts them (the built-in site: 1 = Monday)", True),
     (r"hour", "hour of the day, 1-24: the hour that ends at this step", True),
     (r"outdoor_dry_bulb_temperature(_predicted_\d+)?", "degC", False),
     (r"outdoor_relative_humidity(_predicted_\d+)?", "%", False),
