@@ -147,9 +147,10 @@ def night(config_files: tuple[str, ...], overrides: tuple[str, ...], profile: st
         with handle_stop_signals():
             state = runner.run_night(ctx, chosen, targets, deadline, resume is not None, force, click.echo, backend,
                                      backend_options)
-        _print_results(ctx.run.results(), ctx.run)
+        results = ctx.run.results()
+        _print_results(results, ctx.run)
         click.echo(f"report:  {ctx.run.report}")
-        if best_agent(ctx.run.results(), cfg.ev.target_met_pct):
+        if best_agent(results, cfg.ev.target_met_pct):
             click.echo(f"export:  trainer export {ctx.run.root}   (the best agent as ONNX + controller.py)")
         runner.raise_for_failures(state, ctx.run)
 

@@ -175,23 +175,26 @@ class CentralAgentArrays(gymnasium.Wrapper):
         self.action_space = self.scale.agent_space
         self.guard = guard
         self._plan: NormalisationPlan | None = None
+        self._raw = np.zeros(0)
 
     def reset(self, *, seed=None, options=None):
         observations, info = self.env.reset(options=options)
         self._plan = NormalisationPlan(self.env.unwrapped, self.carbon_ahead)
         return self._observe(observations), info
 
-    def raw(self, observations=None) -> np.ndarray:
+    @property
+    def raw(self) -> np.ndarray:
         """This step's raw observations in the plan's order (``plan.names``), the look-ahead included."""
-        env = self.env.unwrapped
-        flat = np.asarray((observations if observations is not None else env.observations)[0], dtype=float)
-        if not len(self.carbon_ahead):
-            return flat
-        carbon = env.buildings[0].carbon_intensity.carbon_intensity
-        return np.concatenate([flat, carbon[np.minimum(env.time_step + self.carbon_ahead, len(carbon) - 1)]])
+        return self._raw
 
     def _observe(self, observations) -> np.ndarray:
-        return self._plan(self.raw(observations))
+        env = self.env.unwrapped
+        self._raw = np.asarray(observations[0], dtype=float)
+        if len(self.carbon_ahead):
+            carbon = env.buildings[0].carbon_intensity.carbon_intensity
+            ahead = carbon[np.minimum(env.time_step + self.carbon_ahead, len(carbon) - 1)]
+            self._raw = np.concatenate([self._raw, ahead])
+        return self._plan(self._raw)
 
     def step(self, action):
         native = self.scale.to_native(action)

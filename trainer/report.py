@@ -27,26 +27,25 @@ from trainer.schedule_file import ScheduleState
 PLOTS = ("co2_by_agent.png", "learning_curves.png", "representative_week.png", "timeline.png")
 
 
+def _recorded(run: RunDir, section: str, key: str, default: Any) -> Any:
+    """A value of the run's config.yaml, or ``default`` where an older run folder lacks the file or the key."""
+    data = yaml.safe_load(run.config.read_text(encoding="utf-8")) if run.config.is_file() else None
+    return ((data or {}).get(section) or {}).get(key, default)
+
+
 def target_met_pct(run: RunDir) -> float:
-    """The run's ev.target_met_pct (its config.yaml), or the default for older run folders."""
-    if not run.config.is_file():
-        return DEFAULT_TARGET_MET_PCT
-    data = yaml.safe_load(run.config.read_text(encoding="utf-8")) or {}
-    return float((data.get("ev") or {}).get("target_met_pct", DEFAULT_TARGET_MET_PCT))
+    """The run's ev.target_met_pct."""
+    return float(_recorded(run, "ev", "target_met_pct", DEFAULT_TARGET_MET_PCT))
 
 
 def currency(run: RunDir) -> str | None:
-    """The run's scenario.currency: the unit of every cost (None for older run folders without a config)."""
-    if not run.config.is_file():
-        return None
-    data = yaml.safe_load(run.config.read_text(encoding="utf-8")) or {}
-    return (data.get("scenario") or {}).get("currency")
+    """The run's scenario.currency: the unit of every cost."""
+    return _recorded(run, "scenario", "currency", None)
 
 
 def curve_days(run: RunDir) -> int:
     """The run's schedule.curve_eval_days: the window each learning-curve evaluation covers."""
-    data = yaml.safe_load(run.config.read_text(encoding="utf-8")) or {} if run.config.is_file() else {}
-    return int((data.get("schedule") or {}).get("curve_eval_days", 7))
+    return int(_recorded(run, "schedule", "curve_eval_days", 7))
 
 
 def _fmt(value, spec: str) -> str:

@@ -29,7 +29,7 @@ import json
 import math
 import os
 import sys
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -122,8 +122,7 @@ class ChargingPath:
                 {k: plain(getattr(self, k)) for k in BATTERY_FIELDS})
 
     def with_capacity(self, capacity_kwh: float) -> ChargingPath:
-        values = {f.name: getattr(self, f.name) for f in fields(self)}
-        return ChargingPath(**{**values, "capacity_kwh": capacity_kwh, "degraded_capacity_kwh": capacity_kwh})
+        return replace(self, capacity_kwh=capacity_kwh, degraded_capacity_kwh=capacity_kwh)
 
     def stored_after(self, energy_init: float, action: float) -> float:
         """Stored kWh after one step that starts at ``energy_init`` with ``action`` in [-1, 1] (< 0 discharges)."""

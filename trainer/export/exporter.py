@@ -30,7 +30,6 @@ from trainer.export import onnx_policy, spec
 from trainer.files import write_json_atomic, write_text_atomic
 from trainer.learn.model_file import load_model
 from trainer.metrics import best_agent, evaluation_window, run_episode
-from trainer.report import target_met_pct
 from trainer.roster import agent_spec
 from trainer.session import RunContext
 from trainer.standalone_controller import CHECK_FILE, CHECK_TOLERANCE, EXPECTED_PREFIX, SPEC_FILE, Controller
@@ -62,7 +61,7 @@ class _ExportedActing:
         self.replay = _Replay()
 
     def act(self, obs: np.ndarray, env: Any) -> np.ndarray:
-        raw = self.arrays.raw()
+        raw = self.arrays.raw
         started = time.perf_counter()
         native, _ = self.exported.native(raw)
         self.replay.seconds.append(time.perf_counter() - started)
@@ -90,7 +89,7 @@ def choose_agent(ctx: RunContext, agent: str | None) -> str:
             raise UsageError(f"{ctx.run.root} has no trained {agent}: no {ctx.run.agent(agent).model} "
                              f"(train it first: trainer train {agent} --resume {ctx.run.root})")
         return agent
-    best = best_agent(results, target_met_pct(ctx.run))
+    best = best_agent(results, ctx.cfg.ev.target_met_pct)
     if best is None:
         raise UsageError(f"{ctx.run.root}: no trained agent meets the EV target, so none is recommended; "
                          "pass --agent NAME to export one anyway")
