@@ -100,3 +100,31 @@ def test_a2c_s_gradient_steps_are_pulled_toward_the_demonstrations(site_schema, 
         optimizer.zero_grad()
         optimizer.step()  # the term alone: the policy's mean walks toward the demonstrations
     assert distance() < 0.8 * before
+
+
+def test_the_warm_start_also_imitates_other_years_of_the_built_in_site(site_schema, tmp_path):
+    from trainer.learn.imitation import DRAW_SEED_OFFSET, training_demonstrations
+
+    cfg = load_config(overrides=["warm_start.extra_draws=1"])
+    demos = training_demonstrations(cfg, site_schema, cfg.seed, tmp_path / "draws")
+    drawn = json.loads((tmp_path / "draws" / "draw-1" / "schema.json").read_text())
+    assert drawn["pvbess_site"]["seed"] == cfg.scenario.seed + DRAW_SEED_OFFSET
+    assert demos.periods == (8759, 8759) and demos.observations.shape == (2 * 8759, 48)
+    own = demonstrations(cfg, site_schema, cfg.seed)
+    assert np.array_equal(demos.observations[:8759], own.observations)
+    assert not np.array_equal(demos.observations[8759:], own.observations)  # another year, not a copy
+    # Each year's returns end with its own period: the first year's last step is worth its own reward.
+    returns = demos.returns(0.99)
+    assert returns[8758] == pytest.approx(demos.rewards[8758])
+    assert returns[0] == pytest.approx(own.returns(0.99)[0])
+    # Without a folder for the draws (or on any other dataset) the dataset's own demonstrations.
+    assert training_demonstrations(cfg, site_schema, cfg.seed, None) is own
+
+
+def test_another_draw_is_only_of_the_built_in_site(tmp_path):
+    from trainer.scenario import another_draw
+
+    schema = tmp_path / "schema.json"
+    schema.write_text(json.dumps({"buildings": {}}))
+    assert another_draw(schema, tmp_path / "draw", 2000, load_config().scenario) is None
+    assert not (tmp_path / "draw").exists()

@@ -103,3 +103,49 @@ def test_a_damaged_validation_site_is_named_with_the_fix(tmp_path, site_schema, 
     with pytest.raises(DamagedFile, match=r"validation-site holds no schema.json .*delete the folder"):
         validation_schema(ctx)
     assert not list((tmp_path / "run").glob(".validation-site-*"))  # nothing left aside
+
+
+def test_a_policy_must_beat_its_warm_start_over_the_whole_held_out_year_too(monkeypatch, tiny_cfg, tmp_path):
+    from trainer.learn import selection
+    from trainer.run_dir import RunDir
+    from trainer.session import RunContext
+
+    class Env:
+        def close(self) -> None:
+            pass
+
+    year: dict[str, tuple[float, float]] = {}  # each policy's CO2 kg/yr and departures met over the held-out year
+    monkeypatch.setattr(selection, "validation_schema", lambda ctx: (tmp_path / "schema.json", True))
+    monkeypatch.setattr(selection, "make_sb3_env", lambda *args, **kwargs: Env())
+    monkeypatch.setattr(selection, "PolicyController", lambda agent, model: model)
+    monkeypatch.setattr(selection, "run_episode", lambda model, env: dict(
+        zip(("co2_kg_per_year", "ev_departure_soc_met_pct"), year[model.name])))
+    ctx = RunContext(tiny_cfg, RunDir(tmp_path / "run"), tmp_path / "schema.json", "cpu")
+    kept = {"step": 4000, "final_step": 9000, "why": "a later policy was worse on the validation window",
+            "held_out": True, "validation_co2_kg_per_year": 44_210.4}
+    chosen, warm = FakeModel("step 4000"), FakeModel("warm start")
+
+    def confirm():
+        return selection.confirm_over_the_year(ctx, "sac", chosen, warm, kept, 98.0, warm_start_window=44_298.9)
+
+    # Better on the window, worse over the year: the warm start is deployed, and the report says why.
+    year.update({"step 4000": (44_530.0, 100.0), "warm start": (44_480.0, 100.0)})
+    model, summary = confirm()
+    assert model is warm and summary["step"] == 0 and summary["validation_co2_kg_per_year"] == 44_298.9
+    assert summary["why"] == ("the policy of step 4,000 beat it on the validation window but not over the whole "
+                              "held-out year by more than 0.2% (44.53 against 44.48 t/yr)")
+    assert summary["year"] == {"co2_kg_per_year": 44_530.0, "warm_start_co2_kg_per_year": 44_480.0}
+    # A tie keeps the warm start, and so does a gain within the margin (0.2 %: the noise between two years);
+    # cheaper CO2 that strands cars does not beat it either.
+    year["step 4000"] = (44_480.0, 100.0)
+    assert confirm()[0] is warm
+    year["step 4000"] = (44_400.0, 100.0)
+    assert confirm()[0] is warm
+    year["step 4000"] = (43_000.0, 90.0)
+    assert confirm()[0] is warm
+    # Better over the year as well: the window's pick stands.
+    year["step 4000"] = (44_300.0, 100.0)
+    model, summary = confirm()
+    assert model is chosen and summary["step"] == 4000 and summary["validation_co2_kg_per_year"] == 44_210.4
+    assert summary["why"].endswith("and it beat its warm start over the whole held-out year by more than 0.2% "
+                                   "(44.30 against 44.48 t/yr)")

@@ -122,8 +122,13 @@ class ObservationsConfig(Section):
 
 
 class WarmStartConfig(Section):
-    epochs: int = doc("Epochs of imitating the optimum's dispatch before a fresh agent learns from the reward "
-                      "(0 = off: learn from scratch; docs/agent-quality.md).", ge=0, le=1000)
+    epochs: int = doc("Epochs of imitating the optimum's dispatch before a fresh agent learns from the reward, each "
+                      "as many samples as the dataset's period, drawn from all the demonstrations (0 = off: learn from "
+                      "scratch; docs/agent-quality.md).", ge=0, le=2000)
+    extra_draws: int = doc("Other years of the built-in site's climate (its scenario.seed + 2000, 2001, ...) whose "
+                           "optimum the policy imitates too, built once into the run's demonstration-sites/: a policy "
+                           "that keeps to the optimum in closed loop (any other dataset has its one period).",
+                           ge=0, le=20)
     learning_rate: float = doc("Adam learning rate of the imitation.", gt=0, le=1)
     batch_size: int = doc("Minibatch size of the imitation.", ge=1)
     policy_std: float = doc("PPO's and A2C's exploration standard deviation after the imitation (SB3 starts at 1, "

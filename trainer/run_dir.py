@@ -107,6 +107,8 @@ class RunDir:
     activity = property(lambda self: self.root / "activity.json")
     export = property(lambda self: self.root / "export")  # trainer export's folders, one an agent
     validation_site = property(lambda self: self.root / "validation-site")  # the built-in site's held-out draw
+    # The built-in site's other draws whose optimum the warm start imitates too (warm_start.extra_draws).
+    demonstration_sites = property(lambda self: self.root / "demonstration-sites")
     validation_references = property(lambda self: self.root / "validation-site" / "references.json")
 
     def plot(self, name: str) -> Path:

@@ -13,6 +13,8 @@ describes the site and its uncontrolled CO2.
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
@@ -20,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 from trainer.config import ScenarioConfig
-from trainer.files import refuse_links_out
+from trainer.files import DamagedFile, refuse_links_out
 from trainer.scenario_series import (
     HOURS_PER_YEAR,
     charger_names,
@@ -213,3 +215,33 @@ def build_site(cfg: ScenarioConfig, out_dir: Path) -> Path:
     schema_path = out_dir / SCHEMA_FILE
     schema_path.write_text(json.dumps(_schema(cfg), indent=2, sort_keys=False) + "\n", encoding="utf-8")
     return schema_path
+
+
+def another_draw(schema: Path, folder: Path, seed_offset: int, fallback: ScenarioConfig) -> Path | None:
+    """The built-in site of ``schema`` drawn again with its ``scenario.seed`` + ``seed_offset``: another year of the
+    same climate and equipment, built once into ``folder``. None where ``schema`` is any other dataset.
+
+    The draw takes the site's own scenario (a built-in site passed by --schema need not share the run's config);
+    one an older version wrote, with keys since retired, falls back to ``fallback``. Built aside and renamed into
+    place: stages side by side on Ray may both get here first.
+    """
+    data = json.loads(schema.read_text(encoding="utf-8"))
+    if "pvbess_site" not in data:
+        return None
+    drawn = folder / SCHEMA_FILE
+    if not drawn.is_file():
+        try:
+            site = ScenarioConfig.model_validate(data["pvbess_site"])
+        except ValueError:
+            site = fallback
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        aside = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
+        build_site(site.model_copy(update={"seed": site.seed + seed_offset}), aside)
+        try:
+            aside.rename(folder)
+        except OSError:  # another stage's is already there: use it
+            shutil.rmtree(aside, ignore_errors=True)
+        if not drawn.is_file():
+            raise DamagedFile(f"{folder} holds no {SCHEMA_FILE} (a damaged copy of the site): delete the folder and "
+                              "run again; it is built anew")
+    return drawn

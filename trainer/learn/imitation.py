@@ -8,10 +8,13 @@ charge it (measured: PPO at 150k steps left the battery empty all year; docs/age
 The perfect-foresight optimum (trainer.optimum) knows the whole training period in advance, so its
 dispatch is not a policy an agent can run; but replayed through the training site it is a set of
 demonstrations, (observation, action) pairs, that a policy can imitate from what it sees at each
-step. Imitated by supervised regression (behaviour cloning) for a few epochs, a policy captures
-most of the optimum's cut, and the cloned policy is a causal controller: on a year it has never
-seen (another draw of the built-in site) it keeps that share (measured). Reinforcement learning
-then goes on from there with the reward.
+step. Imitated by supervised regression (behaviour cloning), a policy captures most of the
+optimum's cut, and the cloned policy is a causal controller: on a year it has never seen (another
+draw of the built-in site) it keeps that share (measured). On the built-in site it also imitates
+the optimum of other years of the same climate (``warm_start.extra_draws``): one year is a single
+trajectory, and a policy fitted to it alone drifts off it in closed loop by as much as its
+initialisation decides (docs/agent-quality.md). Reinforcement learning then goes on from there
+with the reward.
 
 Only a fresh stage is warm-started (a resumed one loads its checkpoint). The demonstrations are
 computed once per process for a dataset and config (a second agent of the night reuses them).
@@ -43,19 +46,36 @@ class Demonstrations:
     actions: np.ndarray  # (steps, action size) in the agents' [-1, 1] space
     rewards: np.ndarray  # (steps,) the product's reward for each step
     seconds: float
+    periods: tuple[int, ...] = ()  # steps of each period, in order (the dataset's, then each draw's); () = one
+
+    @property
+    def period_steps(self) -> int:
+        """Steps of the dataset's own period (an epoch of imitation draws this many samples)."""
+        return self.periods[0] if self.periods else len(self.actions)
 
     def returns(self, gamma: float) -> np.ndarray:
-        """Discounted return from each step to the period's end (what a critic of this policy should say)."""
+        """Discounted return from each step to its period's end (what a critic of this policy should say)."""
         out = np.empty(len(self.rewards), dtype=np.float64)
+        ends = set(np.cumsum(self.periods).tolist()) if self.periods else set()
         running = 0.0
         for t in range(len(self.rewards) - 1, -1, -1):
+            if t + 1 in ends:
+                running = 0.0
             running = self.rewards[t] + gamma * running
             out[t] = running
         return out.astype(np.float32)
 
+    @classmethod
+    def joined(cls, parts: list[Demonstrations]) -> Demonstrations:
+        return cls(np.concatenate([p.observations for p in parts]), np.concatenate([p.actions for p in parts]),
+                   np.concatenate([p.rewards for p in parts]), sum(p.seconds for p in parts),
+                   tuple(len(p.actions) for p in parts))
+
 
 _CACHE: dict[tuple[str, str, int], Demonstrations] = {}
 _UNAVAILABLE: dict[tuple[str, str, int], str] = {}  # why not, for a dataset the optimum does not model
+# Extra draws of the built-in site take scenario.seed + this + k (the validation year takes + 1000).
+DRAW_SEED_OFFSET = 2000
 
 
 def demonstrations(cfg: Config, schema: Path, seed: int) -> Demonstrations:
@@ -93,6 +113,26 @@ def demonstrations(cfg: Config, schema: Path, seed: int) -> Demonstrations:
     return result
 
 
+def training_demonstrations(cfg: Config, schema: Path, seed: int, draws: Path | None) -> Demonstrations:
+    """The dataset's demonstrations and, on the built-in site, those of ``warm_start.extra_draws`` other years of its
+    climate (built once under ``draws``; None: the dataset's alone).
+
+    One year's demonstrations are a single trajectory: a policy fitted to them drifts off it in closed loop, and how
+    far depends on its initialisation (measured: SAC's imitation of one year reached 85.8-91.9 % of the optimum's cut
+    over three seeds; with three more years 91.2-93.7 %; docs/agent-quality.md).
+    """
+    from trainer.scenario import another_draw  # lazy: pvlib and pandas
+
+    parts = [demonstrations(cfg, schema, seed)]
+    if draws is not None:
+        for k in range(cfg.warm_start.extra_draws):
+            drawn = another_draw(schema, draws / f"draw-{k + 1}", DRAW_SEED_OFFSET + k, cfg.scenario)
+            if drawn is None:
+                break  # not the built-in site: the dataset has its one period
+            parts.append(demonstrations(cfg, drawn, seed))
+    return parts[0] if len(parts) == 1 else Demonstrations.joined(parts)
+
+
 def imitate(model: Any, demos: Demonstrations, epochs: int, learning_rate: float, batch_size: int,
             seed: int) -> tuple[float, float]:
     """Regress the actor onto the demonstrations' actions and the critic onto their returns.
@@ -118,7 +158,9 @@ def imitate(model: Any, demos: Demonstrations, epochs: int, learning_rate: float
     errors = (float("nan"), float("nan"))
     for _ in range(epochs):
         STOP.check("the warm start")
-        order = torch.randperm(len(observations), generator=generator).to(device)
+        # An epoch is as many samples as the dataset's period, drawn from all the demonstrations: the imitation takes
+        # as long with extra draws as without.
+        order = torch.randperm(len(observations), generator=generator)[:demos.period_steps].to(device)
         actor_total = critic_total = 0.0
         for start in range(0, len(order), batch_size):
             batch = order[start:start + batch_size]
@@ -217,7 +259,7 @@ class BehaviourCloningTerm:
         self.loss().backward()  # adds to the gradients the step is about to apply
 
 
-def keep_near_demonstrations(cfg: Config, schema: Path, agent: str, model: Any) -> bool:
+def keep_near_demonstrations(cfg: Config, schema: Path, agent: str, model: Any, draws: Path | None = None) -> bool:
     """Keep the agent's fine-tuning near the demonstrations it was warm-started on: SAC's TD3+BC term
     (``warm_start.sac_bc_alpha``), A2C's behaviour-cloning term (``warm_start.a2c_bc_weight``).
 
@@ -230,7 +272,7 @@ def keep_near_demonstrations(cfg: Config, schema: Path, agent: str, model: Any) 
     if settings.epochs <= 0 or strength <= 0 or (spec.off_policy and fine_tune is None):
         return False
     try:
-        demos = demonstrations(cfg, schema, cfg.seed)
+        demos = training_demonstrations(cfg, schema, cfg.seed, draws)
     except OptimumUnavailable:
         return False  # the warm start said so
     if fine_tune is not None:
@@ -242,7 +284,7 @@ def keep_near_demonstrations(cfg: Config, schema: Path, agent: str, model: Any) 
     return True
 
 
-def warm_start(cfg: Config, schema: Path, agent: str, model: Any) -> dict[str, Any] | None:
+def warm_start(cfg: Config, schema: Path, agent: str, model: Any, draws: Path | None = None) -> dict[str, Any] | None:
     """Imitate the optimum before learning (``warm_start.epochs`` > 0); None where it is off or not possible."""
     settings = cfg.warm_start
     log = logs.get().bind(agent=agent)
@@ -252,7 +294,7 @@ def warm_start(cfg: Config, schema: Path, agent: str, model: Any) -> dict[str, A
         log.info("warm start skipped: this agent's policy cannot imitate (its roster row)")
         return None
     try:
-        demos = demonstrations(cfg, schema, cfg.seed)
+        demos = training_demonstrations(cfg, schema, cfg.seed, draws)
     except OptimumUnavailable as exc:
         log.warning("warm start skipped: the optimum is not available for this dataset", reason=str(exc))
         return None
@@ -261,7 +303,8 @@ def warm_start(cfg: Config, schema: Path, agent: str, model: Any) -> dict[str, A
                                         cfg.seed)
     narrow_exploration(model, settings.policy_std)
     start_temperature(model, settings.sac_temperature)
-    summary = {"steps": len(demos.actions), "epochs": settings.epochs, "actor_mse": round(actor_error, 5),
+    summary = {"steps": len(demos.actions), "periods": len(demos.periods) or 1, "epochs": settings.epochs,
+               "actor_mse": round(actor_error, 5),
                "critic_mse": round(critic_error, 4),
                "demonstrations_s": round(demos.seconds, 1), "imitation_s": round(time.perf_counter() - started, 1)}
     log.info("warm start: the policy imitates the optimum", **summary)

@@ -163,7 +163,7 @@ class StageTrainer:
         model.set_logger(self._sb3_logger)
         apply_sizes(model, self.sizes.batch_size, self.sizes.n_steps, self.sizes.learning_rate,
                     self.section.learning_rate_end)
-        keep_near_demonstrations(self.cfg, self.ctx.schema, self.agent, model)
+        keep_near_demonstrations(self.cfg, self.ctx.schema, self.agent, model, self.ctx.run.demonstration_sites)
         from trainer.learn.fast_sac import TrainWhileStepping  # lazy: SB3 and torch
 
         if isinstance(self.env, TrainWhileStepping):
@@ -172,7 +172,7 @@ class StageTrainer:
 
     def _fresh_model(self) -> BaseAlgorithm:
         model = build_model(self.cfg, self.agent, self.env, self.device, self.cfg.seed, self.target)
-        self.warm_start = warm_start(self.cfg, self.ctx.schema, self.agent, model)
+        self.warm_start = warm_start(self.cfg, self.ctx.schema, self.agent, model, self.ctx.run.demonstration_sites)
         if self.warm_start is not None:  # evaluated like the agent at the end (results.json's warm_start)
             save_warm_start(model, self.folder)
         self.checkpoints.last_checkpoint_step = 0

@@ -22,7 +22,7 @@ from trainer.files import DamagedFile, read_json, write_json_atomic, write_text_
 from trainer.learn.agents import save_model_atomic
 from trainer.learn.model_file import load_model
 from trainer.learn.recovery import StageFailed
-from trainer.learn.selection import kept_summary, validation_schema
+from trainer.learn.selection import confirm_over_the_year, kept_summary, validation_schema
 from trainer.learn.trainer import StageTrainer
 from trainer.learn.trainer import summary as training_summary
 from trainer.metrics import METRIC_KEYS, compare_to_baseline, run_episode
@@ -122,7 +122,24 @@ def _best_policy(ctx: RunContext, agent: str, trainer: StageTrainer,
                         validation_co2_kg_per_year=kept["validation_co2_kg_per_year"],
                         last_validation_co2_kg_per_year=kept["last_validation_co2_kg_per_year"])
         model = load_model(ctx.cfg, agent, best.model_path, device=agent_device(ctx.cfg, agent))
+    folder = ctx.run.agent(agent)
+    if kept["step"] != 0 and kept["held_out"] and folder.warm_start.is_file():
+        warm = load_model(ctx.cfg, agent, folder.warm_start, device=agent_device(ctx.cfg, agent))
+        model, kept = confirm_over_the_year(ctx, agent, model, warm, kept, best.target_pct,
+                                            _curve_figure(folder, step=0))
+        logs.get().info("the deployed policy over the whole held-out year", agent=agent, step=kept["step"],
+                        **kept["year"])
     return model, kept
+
+
+def _curve_figure(folder: AgentDir, step: int) -> float | None:
+    """The validation curve's CO2 at ``step`` (None where the curve lacks it)."""
+    try:
+        curve = pd.read_csv(folder.curve)
+        rows = curve[curve["step"] == step]
+        return None if rows.empty else float(rows["co2_kg_per_year"].iloc[0])
+    except (OSError, ValueError, KeyError):
+        return None
 
 
 def _evaluate_warm_start(ctx: RunContext, agent: str) -> dict[str, Any]:
