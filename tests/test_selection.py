@@ -120,7 +120,8 @@ def test_a_policy_must_beat_its_warm_start_over_the_whole_held_out_year_too(monk
     monkeypatch.setattr(selection, "PolicyController", lambda agent, model: model)
     monkeypatch.setattr(selection, "run_episode", lambda model, env: dict(
         zip(("co2_kg_per_year", "ev_departure_soc_met_pct"), year[model.name])))
-    ctx = RunContext(tiny_cfg, RunDir(tmp_path / "run"), tmp_path / "schema.json", "cpu")
+    cfg = tiny_cfg.model_copy(update={"schedule": tiny_cfg.schedule.model_copy(update={"eval_days": None})})
+    ctx = RunContext(cfg, RunDir(tmp_path / "run"), tmp_path / "schema.json", "cpu")
     kept = {"step": 4000, "final_step": 9000, "why": "a later policy was worse on the validation window",
             "held_out": True, "validation_co2_kg_per_year": 44_210.4}
     chosen, warm = FakeModel("step 4000"), FakeModel("warm start")
@@ -149,3 +150,6 @@ def test_a_policy_must_beat_its_warm_start_over_the_whole_held_out_year_too(monk
     assert model is chosen and summary["step"] == 4000 and summary["validation_co2_kg_per_year"] == 44_210.4
     assert summary["why"].endswith("and it beat its warm start over the whole held-out year by more than 0.2% "
                                    "(44.30 against 44.48 t/yr)")
+    # A short evaluation (--quick) confirms over as many days of the held-out year, and says so.
+    ctx = RunContext(tiny_cfg, RunDir(tmp_path / "run"), tmp_path / "schema.json", "cpu")
+    assert "over the held-out year's first 3 days by more than 0.2%" in confirm()[1]["why"]

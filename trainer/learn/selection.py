@@ -144,6 +144,8 @@ def confirm_over_the_year(ctx: RunContext, agent: str, chosen: Any, warm_start: 
     year = {"co2_kg_per_year": round(figures["deployed"].co2_kg_per_year, 1),
             "warm_start_co2_kg_per_year": round(figures["warm_start"].co2_kg_per_year, 1)}
     versus = f"{year['co2_kg_per_year'] / 1000:,.2f} against {year['warm_start_co2_kg_per_year'] / 1000:,.2f} t/yr"
+    days = ctx.cfg.schedule.eval_days
+    period = "the whole held-out year" if days is None else f"the held-out year's first {days} days"
     # Leaving the warm start must be worth more than the difference between two years of the same pair.
     (serves, co2), (warm_serves, warm_co2) = figures["deployed"].key(target_pct), figures["warm_start"].key(target_pct)
     if not (serves < warm_serves or (serves == warm_serves and co2 < (1 - YEAR_MARGIN) * warm_co2)):
@@ -151,9 +153,9 @@ def confirm_over_the_year(ctx: RunContext, agent: str, chosen: Any, warm_start: 
         window = kept["validation_co2_kg_per_year"] if warm_start_window is None else round(warm_start_window, 1)
         return warm_start, {**kept, "step": 0, "year": year, "validation_co2_kg_per_year": window,
                             "why": (f"the policy of step {curve_step:,} beat it on the validation window but not over "
-                                    f"the whole held-out year by more than {YEAR_MARGIN:.1%} ({versus})")}
-    return chosen, {**kept, "year": year, "why": f"{kept['why']}, and it beat its warm start over the whole held-out "
-                                                 f"year by more than {YEAR_MARGIN:.1%} ({versus})"}
+                                    f"{period} by more than {YEAR_MARGIN:.1%} ({versus})")}
+    return chosen, {**kept, "year": year, "why": f"{kept['why']}, and it beat its warm start over {period} by more "
+                                                 f"than {YEAR_MARGIN:.1%} ({versus})"}
 
 
 def record_references(ctx: RunContext, env: Any, held_out: bool) -> None:
