@@ -128,3 +128,13 @@ def test_another_draw_is_only_of_the_built_in_site(tmp_path):
     schema.write_text(json.dumps({"buildings": {}}))
     assert another_draw(schema, tmp_path / "draw", 2000, load_config().scenario) is None
     assert not (tmp_path / "draw").exists()
+
+
+def test_the_plan_s_imitation_speed_is_measured_on_the_agent_s_own_model(site_schema, cfg):
+    import math
+
+    from trainer.learn.imitation import imitation_update_s
+
+    model = build_model(cfg, "sac", make_sb3_env(cfg, site_schema, "train", cfg.seed), "cpu", cfg.seed, 1000)
+    seconds = imitation_update_s(model, 64, updates=3)
+    assert seconds > 0 and math.isfinite(seconds)

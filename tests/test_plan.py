@@ -104,8 +104,10 @@ def test_sac_on_many_sites_is_costed_per_site(site_schema, monkeypatch, tmp_path
     monkeypatch.setattr(calibrate, "_off_policy_speed",
                         lambda cfg, schema, agent, device, simulator, n_envs: (1000.0, 0.02))
     monkeypatch.setattr(calibrate, "_eval_speed", lambda cfg, schema: 100.0)
+    monkeypatch.setattr(calibrate, "_imitation_speed", lambda cfg, schema, agent, device, simulator: 0.004)
     cfg = load_config(overrides=[f"output.root={tmp_path}"])
     speeds = calibrate.calibrate(cfg, site_schema, "cpu", ["sac"], refresh=True)
+    assert speeds.imitation_update_s == {"sac": 0.004}  # the warm start is on by default
     assert speeds.train_steps_per_s["sac"] == pytest.approx(1 / (0.02 / 16 + 1 / 1000))
     on_citylearn = calibrate.calibrate(load_config(overrides=[f"output.root={tmp_path}", "train.simulator=citylearn"]),
                                        site_schema, "cpu", ["sac"], refresh=True)
@@ -129,3 +131,25 @@ def test_a_plan_that_ends_well_before_its_deadline_says_the_budget_is_a_cap():
     assert ("the night ends 7.5 h early: the budget is a cap, and the agents' timesteps (ppo.timesteps 2,000,000) "
             "end the night; to use the time, raise them (--set ppo.timesteps=...)") in text
     assert "ends" not in render(planned, start + timedelta(minutes=35), [], Speeds()).split("planned end")[1]
+
+
+def test_the_plan_counts_each_warm_start_and_the_night_s_demonstrations_once(site_schema, tmp_path):
+    import math
+
+    from trainer.config_files import load_config
+    from trainer.night.calibrate import Speeds
+    from trainer.night.plan import DEMONSTRATION_SOLVE_S, SAFETY, warm_start_s
+
+    cfg = load_config()  # 400 epochs of 8,759 samples in minibatches of 256; three more years of the built-in site
+    speeds = Speeds(eval_steps_per_s=1000.0, train_steps_per_s={}, imitation_update_s={"sac": 0.003, "ppo": 0.001})
+    minibatches = 400 * math.ceil(8759 / 256)
+    year = 8759 / 1000.0 * SAFETY + DEMONSTRATION_SOLVE_S
+    estimate = warm_start_s(cfg, site_schema, speeds, ["sac", "ppo"])
+    assert estimate["sac"] == pytest.approx(minibatches * 0.003 * SAFETY + 4 * year)  # the demonstrations, once
+    assert estimate["ppo"] == pytest.approx(minibatches * 0.001 * SAFETY)
+    # Another dataset has its one year; with the warm start off there is nothing to count.
+    other = tmp_path / "schema.json"
+    other.write_text(json.dumps({"simulation_start_time_step": 0, "simulation_end_time_step": 8759}))
+    assert warm_start_s(cfg, other, speeds, ["ppo"])["ppo"] == pytest.approx(minibatches * 0.001 * SAFETY + year)
+    off = load_config(overrides=["warm_start.epochs=0"])
+    assert warm_start_s(off, site_schema, speeds, ["sac", "ppo"]) == {}

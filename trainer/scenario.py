@@ -217,6 +217,11 @@ def build_site(cfg: ScenarioConfig, out_dir: Path) -> Path:
     return schema_path
 
 
+def is_built_in(schema: Path) -> bool:
+    """Whether ``schema`` is a built-in site (it carries the scenario it was built from)."""
+    return "pvbess_site" in json.loads(schema.read_text(encoding="utf-8"))
+
+
 def another_draw(schema: Path, folder: Path, seed_offset: int, fallback: ScenarioConfig) -> Path | None:
     """The built-in site of ``schema`` drawn again with its ``scenario.seed`` + ``seed_offset``: another year of the
     same climate and equipment, built once into ``folder``. None where ``schema`` is any other dataset.
@@ -225,13 +230,12 @@ def another_draw(schema: Path, folder: Path, seed_offset: int, fallback: Scenari
     one an older version wrote, with keys since retired, falls back to ``fallback``. Built aside and renamed into
     place: stages side by side on Ray may both get here first.
     """
-    data = json.loads(schema.read_text(encoding="utf-8"))
-    if "pvbess_site" not in data:
+    if not is_built_in(schema):
         return None
     drawn = folder / SCHEMA_FILE
     if not drawn.is_file():
         try:
-            site = ScenarioConfig.model_validate(data["pvbess_site"])
+            site = ScenarioConfig.model_validate(json.loads(schema.read_text(encoding="utf-8"))["pvbess_site"])
         except ValueError:
             site = fallback
         folder.parent.mkdir(parents=True, exist_ok=True)

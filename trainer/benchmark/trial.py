@@ -151,7 +151,11 @@ def run_trial(trial: Trial, cfg: Config, schema: Path, device: str, sizes: Sizes
         model, n_envs = _train_plain(agent, _plain_env(schema), cfg, device, _steps(agent, sizes), stopwatch,
                                      schema), 1
     else:
-        model, n_envs = _train_product(agent, cfg, schema, device, _steps(agent, sizes), stopwatch)
+        # The warm start's length changes what a policy knows, not how fast it then trains: one epoch of one year
+        # keeps the imitation term SAC's and A2C's updates carry, without a minute of imitation before the clock.
+        brief = cfg.warm_start.model_copy(update={"epochs": min(cfg.warm_start.epochs, 1), "extra_draws": 0})
+        model, n_envs = _train_product(agent, cfg.model_copy(update={"warm_start": brief}), schema, device,
+                                       _steps(agent, sizes), stopwatch)
     out: dict[str, Any] = {"steps_per_s": stopwatch.rate(), "n_envs": n_envs, "torch_threads": _threads(),
                            "tree_pss_mb": stopwatch.tree_pss_mb}
     section = cfg.agent(agent)

@@ -184,6 +184,19 @@ def imitate(model: Any, demos: Demonstrations, epochs: int, learning_rate: float
     return errors
 
 
+def imitation_update_s(model: Any, batch_size: int, updates: int = 10) -> float:
+    """Seconds one minibatch of the imitation takes for ``model`` on this machine (the night's plan counts the
+    warm start with it). Trains ``model`` on zeros: call it on a model built to be measured."""
+    obs_size, action_size = model.observation_space.shape[0], model.action_space.shape[0]
+    samples = batch_size * updates
+    zeros = Demonstrations(np.zeros((samples, obs_size), np.float32), np.zeros((samples, action_size), np.float32),
+                           np.zeros(samples, np.float32), 0.0)
+    imitate(model, zeros, 1, 1e-4, batch_size, 0)  # warm-up: the first minibatches allocate
+    started = time.perf_counter()
+    imitate(model, zeros, 1, 1e-4, batch_size, 0)
+    return (time.perf_counter() - started) / updates
+
+
 def narrow_exploration(model: Any, std: float) -> None:
     """Start PPO's and A2C's Gaussian exploration at ``std`` (SB3 starts it at 1).
 

@@ -29,7 +29,8 @@ from trainer.device import agent_device, apply_cpu_threads
 from trainer.env import make_sb3_env
 from trainer.files import write_json_atomic
 from trainer.learn.agents import build_model, training_envs
-from trainer.roster import AGENTS
+from trainer.roster import AGENTS, agent_spec
+from trainer.scenario import is_built_in
 from trainer.signals import STOP
 from trainer.sim.factory import CITYLEARN, VECTOR, simulator_used, training_vec_env
 
@@ -48,18 +49,18 @@ class Speeds:
     train_steps_per_s: dict[str, float]
     env_steps_per_s: dict[str, float] = field(default_factory=dict)  # off-policy agents: stepping alone
     update_s: dict[str, float] = field(default_factory=dict)  # off-policy agents: one gradient update
+    imitation_update_s: dict[str, float] = field(default_factory=dict)  # warm-started agents: one imitation minibatch
     measured_at: str = ""
     machine: str = ""
 
 
 def _cache_key(cfg: Config, schema: Path, device: str) -> str:
-    relevant = {k: cfg.to_dict()[k] for k in ("scenario", *AGENTS, "reward", "seed", "gpu", "train")}
+    relevant = {k: cfg.to_dict()[k] for k in ("scenario", *AGENTS, "reward", "seed", "gpu", "train", "warm_start")}
     relevant["eval_days"] = cfg.schedule.eval_days
     machine = f"{socket.gethostname()}|{platform.machine()}|{os.cpu_count()}|{device}"
     # The built-in site is the same wherever it was generated: key it by its config, not its path.
-    builtin = "pvbess_site" in json.loads(schema.read_text(encoding="utf-8"))
     blob = json.dumps(
-        {"m": machine, "c": relevant, "s": "builtin" if builtin else str(schema)}, sort_keys=True
+        {"m": machine, "c": relevant, "s": "builtin" if is_built_in(schema) else str(schema)}, sort_keys=True
     ).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 
@@ -96,6 +97,9 @@ def calibrate(cfg: Config, schema: Path, device: str, agents: list[str], refresh
         else:
             speeds.train_steps_per_s[agent] = _onpolicy_speed(cfg, schema, agent_device(cfg, agent), agent,
                                                               simulator)
+        if cfg.warm_start.epochs > 0 and agent_spec(agent).warm_start:
+            speeds.imitation_update_s[agent] = _imitation_speed(cfg, schema, agent, agent_device(cfg, agent),
+                                                                simulator)
         log.info("calibrated", agent=agent, steps_per_s=round(speeds.train_steps_per_s[agent], 2))
     write_json_atomic(cache, asdict(speeds))  # a kill mid-write leaves the old cache or none, never half
     return speeds
@@ -148,6 +152,18 @@ def _onpolicy_speed(cfg: Config, schema: Path, device: str, agent: str, simulato
             start = time.perf_counter()
             model.learn(steps)
             return model.num_timesteps / (time.perf_counter() - start)
+    finally:
+        env.close()
+
+
+def _imitation_speed(cfg: Config, schema: Path, agent: str, device: str, simulator: str) -> float:
+    """Seconds one minibatch of the warm start's imitation takes (trainer.learn.imitation)."""
+    from trainer.learn.imitation import imitation_update_s  # lazy: torch
+
+    env, _ = training_vec_env(cfg, schema, 1, subprocesses=False, simulator=simulator)
+    try:
+        return imitation_update_s(build_model(cfg, agent, env, device, cfg.seed, CALIBRATION_STEPS),
+                                  cfg.warm_start.batch_size)
     finally:
         env.close()
 

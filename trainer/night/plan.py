@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from datetime import datetime
 from pathlib import Path
 
@@ -13,10 +14,14 @@ from trainer.env import schema_length
 from trainer.night.budget import PlannedStage, StageKind, StageSpec, timeline
 from trainer.night.calibrate import Speeds, calibrate
 from trainer.references import REFERENCES
+from trainer.roster import agent_spec
+from trainer.scenario import is_built_in
 from trainer.session import site_schema, training_targets
 
 REPORT_S = 20.0
 OPTIMUM_SOLVE_S = 10.0  # a year of the built-in site solves in ~1-2 s on 2 cores; padded for larger sites
+# A year of the warm start's demonstrations beyond its replay: the linear program and, for a draw, building the site.
+DEMONSTRATION_SOLVE_S = 3.0
 # Estimates are padded so the night ends by the deadline even when a stage runs a little slow.
 SAFETY = 1.15
 
@@ -39,13 +44,35 @@ def stage_specs(
     }
     # A warm-started agent's warm start is evaluated like the agent too (results.json's warm_start).
     agent_eval_s = policy_eval_s * (2 if cfg.warm_start.epochs > 0 else 1)
+    warm_starts = warm_start_s(cfg, schema, speeds, agents)
     # The validation (learning-curve) evaluations take up to their share of a stage; with a four-week window
     # they do take it, on CityLearn and on the simulator alike (measured: a 20-minute night's SAC overran by 3 min).
     training_share = 1.0 - cfg.schedule.curve_max_share
     for agent in agents:
-        specs[agent] = StageSpec(agent, StageKind.TRAIN, agent_eval_s, float(cfg.schedule.weights.get(agent, 1.0)),
+        specs[agent] = StageSpec(agent, StageKind.TRAIN, agent_eval_s + warm_starts.get(agent, 0.0),
+                                 float(cfg.schedule.weights.get(agent, 1.0)),
                                  targets[agent], speeds.train_steps_per_s[agent] / SAFETY * training_share)
     return specs
+
+
+def warm_start_s(cfg: Config, schema: Path, speeds: Speeds, agents: list[str]) -> dict[str, float]:
+    """Each warm-started agent's imitation (``warm_start.epochs`` of the period's minibatches at the calibrated
+    speed), the first one's also the demonstrations: each year's optimum solved and replayed in CityLearn, the
+    dataset's and, on the built-in site, ``warm_start.extra_draws`` more (a night computes them once)."""
+    settings = cfg.warm_start
+    if settings.epochs <= 0:
+        return {}
+    period = schema_length(schema) - 1
+    years = 1 + (settings.extra_draws if is_built_in(schema) else 0)
+    demonstrations_s = years * (period / speeds.eval_steps_per_s * SAFETY + DEMONSTRATION_SOLVE_S)
+    out = {}
+    for agent in agents:
+        if not agent_spec(agent).warm_start:
+            continue
+        minibatches = settings.epochs * math.ceil(period / settings.batch_size)
+        out[agent] = minibatches * speeds.imitation_update_s.get(agent, 0.0) * SAFETY + demonstrations_s
+        demonstrations_s = 0.0
+    return out
 
 
 def fit_warnings(cfg: Config, speeds: Speeds, planned: list[PlannedStage]) -> list[str]:
