@@ -186,6 +186,41 @@ def test_timed_schedule_ends_by_the_deadline_and_stages_end_on_time(tmp_path):
     assert sac.timesteps_done == int(limits[0] * SPEEDS["sac"])  # ended by its slot, short of its target
 
 
+def test_a_warm_start_runs_inside_its_stage_s_slot_and_later_ones_keep_theirs(tmp_path):
+    setup = 120.0  # each training stage's warm start, before it trains
+    specs_with_setup = {name: StageSpec(spec.name, spec.kind, spec.fixed_s, spec.weight, spec.target_steps,
+                                        spec.steps_per_s, setup_s=setup if spec.kind == "train" else 0.0)
+                        for name, spec in SPECS.items()}
+
+    class WarmStarting(FakeExecutor):
+        def wait(self):
+            job = self.pending
+            if job.kind == "train":  # the warm start takes its time out of the stage's own limit
+                limit, _ = job.slot(self.clock().timestamp())
+                self.calls.append(("train", job.name, job.target, limit, job.resume))
+                self.pending = None
+                self.clock.advance(setup)
+                seconds = min(job.target / SPEEDS[job.name], limit - setup)
+                self.clock.advance(seconds + EVAL_S)
+                return [StageEvent(job, StageOutcome(metrics={"timesteps": int(seconds * SPEEDS[job.name]),
+                                                              "checkpoint": f"{job.name}/checkpoints/x"}))]
+            return super().wait()
+
+    clock = Clock(START)
+    deadline = START + timedelta(hours=1)
+    runner = WarmStarting(clock)
+    state = ScheduleState.new(tmp_path / "schedule.json", STAGES, clock(), deadline)
+    plan(state, specs_with_setup, clock())
+    ctx = SimpleNamespace(run=RunDir(tmp_path), schema=tmp_path / "schema.json")
+    drive([Night(ctx, state, specs_with_setup, report=runner.report)], runner, clock)
+    assert [s.status for s in state.stages] == [DONE] * 6 and clock() <= deadline
+    # 3600 s - 5 evaluations x 60 s - 30 s report - 3 warm starts x 120 s = 2910 s of training, split 2:1:1;
+    # sac's slot holds its own warm start and its training, and leaves ppo's and a2c's warm starts to them.
+    limits = [c[3] for c in runner.calls if c[0] == "train"]
+    assert limits[0] == pytest.approx(setup + 2910 / 2, abs=0.1)
+    assert state.stages[2].timesteps_done == int(2910 / 2 * SPEEDS["sac"])
+
+
 def test_unused_time_goes_to_the_stages_after(tmp_path):
     clock = Clock(START)
     runner = FakeExecutor(clock, speed_factor=4.0)  # sac reaches its target in a quarter of the planned time

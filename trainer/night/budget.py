@@ -19,6 +19,7 @@ class StageSpec:
     weight: float = 0.0             # share of the training time
     target_steps: int = 0
     steps_per_s: float = 0.0        # measured training speed
+    setup_s: float = 0.0            # before training, inside the stage's time limit (the warm start)
 
     @property
     def needed_train_s(self) -> float:
@@ -38,7 +39,7 @@ def allocate(stages: list[StageSpec], available_s: float | None) -> list[float]:
     if available_s is None:
         return needs
     alloc = [0.0] * len(stages)
-    remaining = max(available_s - sum(s.fixed_s for s in stages), 0.0)
+    remaining = max(available_s - sum(s.fixed_s + s.setup_s for s in stages), 0.0)
     active = [i for i, s in enumerate(stages) if s.kind == StageKind.TRAIN and needs[i] > 0]
     while active and remaining > 0:
         total_weight = sum(stages[i].weight for i in active)
@@ -73,7 +74,7 @@ def timeline(stages: list[StageSpec], start: datetime, available_s: float | None
     alloc = allocate(stages, available_s)
     out, clock = [], start
     for spec, train_s in zip(stages, alloc):
-        duration = (train_s if train_s != float("inf") else 0.0) + spec.fixed_s
+        duration = (train_s if train_s != float("inf") else 0.0) + spec.setup_s + spec.fixed_s
         steps = (
             spec.target_steps
             if spec.kind == StageKind.TRAIN and train_s >= spec.needed_train_s

@@ -49,9 +49,9 @@ def stage_specs(
     # they do take it, on CityLearn and on the simulator alike (measured: a 20-minute night's SAC overran by 3 min).
     training_share = 1.0 - cfg.schedule.curve_max_share
     for agent in agents:
-        specs[agent] = StageSpec(agent, StageKind.TRAIN, agent_eval_s + warm_starts.get(agent, 0.0),
-                                 float(cfg.schedule.weights.get(agent, 1.0)),
-                                 targets[agent], speeds.train_steps_per_s[agent] / SAFETY * training_share)
+        specs[agent] = StageSpec(agent, StageKind.TRAIN, agent_eval_s, float(cfg.schedule.weights.get(agent, 1.0)),
+                                 targets[agent], speeds.train_steps_per_s[agent] / SAFETY * training_share,
+                                 setup_s=warm_starts.get(agent, 0.0))
     return specs
 
 

@@ -283,8 +283,9 @@ def lanes(nights: list[Night], obs_act: tuple[int, int], cpus: float, gpus: floa
                 start = min(b[0] for b in running)
             train = spec.needed_train_s if spec.needed_train_s != float("inf") else 0.0
             if deadline is not None:
-                train = min(train, max((deadline - now).total_seconds() - start - spec.fixed_s - REPORT_S, 0.0))
-            end = start + train + spec.fixed_s
+                train = min(train, max((deadline - now).total_seconds() - start - spec.setup_s - spec.fixed_s
+                                       - REPORT_S, 0.0))
+            end = start + spec.setup_s + train + spec.fixed_s
             busy.append((end, res["num_cpus"], res["num_gpus"]))
             placed.append((night.ctx.run.root.name, record.name, now + _seconds(start), now + _seconds(end)))
     return placed

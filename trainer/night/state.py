@@ -167,7 +167,8 @@ def _start(night: Night, record: StageRecord, parallel: bool, clock: Callable[[]
         later = [s for s in state.stages[state.stages.index(record):] if s.status not in FINISHED]
         open_specs = [night.specs[s.name] for s in later]
         alloc = allocate(open_specs, (deadline - now).total_seconds())
-        reserve = sum(s.fixed_s for s in open_specs) + sum(alloc[1:])
+        # Its own warm start runs inside its limit; the later stages' are theirs to keep.
+        reserve = sum(s.fixed_s for s in open_specs) + sum(s.setup_s for s in open_specs[1:]) + sum(alloc[1:])
     job = StageJob(str(night.ctx.run.root), str(night.ctx.schema), record.name, record.kind,
                    record.timesteps_target, resume, night.force, deadline.timestamp() if deadline else None,
                    reserve, spec.steps_per_s)
