@@ -153,3 +153,33 @@ def test_a_policy_must_beat_its_warm_start_over_the_whole_held_out_year_too(monk
     # A short evaluation (--quick) confirms over as many days of the held-out year, and says so.
     ctx = RunContext(tiny_cfg, RunDir(tmp_path / "run"), tmp_path / "schema.json", "cpu")
     assert "over the held-out year's first 3 days by more than 0.2%" in confirm()[1]["why"]
+
+
+def test_an_unreadable_warm_start_leaves_the_window_s_pick_deployed(monkeypatch, tiny_cfg, tmp_path):
+    from types import SimpleNamespace
+
+    from trainer.files import DamagedFile
+    from trainer.night import stages
+    from trainer.run_dir import RunDir
+    from trainer.session import RunContext
+
+    ctx = RunContext(tiny_cfg, RunDir(tmp_path / "run"), tmp_path / "schema.json", "cpu")
+    folder = ctx.run.agent("sac")
+    folder.root.mkdir(parents=True)
+    folder.warm_start.write_text("not a model")
+    best = BestPolicy(folder, target_pct=98.0)
+    assert best.offer(FakeModel("pick"), Candidate(4000, 44_000.0, 100.0))
+
+    def load(cfg, agent, path, device=None):
+        if path == folder.warm_start:
+            raise DamagedFile(f"{path} is not an SB3 model.zip")
+        return "the window's pick"
+
+    def confirm(*args, **kwargs):
+        raise AssertionError("nothing to confirm against")
+
+    monkeypatch.setattr(stages, "validation_schema", lambda ctx: (tmp_path / "schema.json", True))
+    monkeypatch.setattr(stages, "load_model", load)
+    monkeypatch.setattr(stages, "confirm_over_the_year", confirm)
+    model, kept = stages._best_policy(ctx, "sac", SimpleNamespace(best=best), SimpleNamespace(num_timesteps=9000))
+    assert model == "the window's pick" and kept["step"] == 4000 and "year" not in kept

@@ -124,7 +124,12 @@ def _best_policy(ctx: RunContext, agent: str, trainer: StageTrainer,
         model = load_model(ctx.cfg, agent, best.model_path, device=agent_device(ctx.cfg, agent))
     folder = ctx.run.agent(agent)
     if kept["step"] != 0 and kept["held_out"] and folder.warm_start.is_file():
-        warm = load_model(ctx.cfg, agent, folder.warm_start, device=agent_device(ctx.cfg, agent))
+        try:
+            warm = load_model(ctx.cfg, agent, folder.warm_start, device=agent_device(ctx.cfg, agent))
+        except DamagedFile as exc:  # the trained policy is not lost for it: deployed as the window chose
+            logs.get().warning("the warm start is unreadable: the window's pick is deployed unconfirmed", agent=agent,
+                               error=str(exc))
+            return model, kept
         model, kept = confirm_over_the_year(ctx, agent, model, warm, kept, best.target_pct,
                                             _curve_figure(folder, step=0))
         logs.get().info("the deployed policy over the whole held-out year", agent=agent, step=kept["step"],
