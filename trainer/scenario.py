@@ -230,12 +230,13 @@ def another_draw(schema: Path, folder: Path, seed_offset: int, fallback: Scenari
     one an older version wrote, with keys since retired, falls back to ``fallback``. Built aside and renamed into
     place: stages side by side on Ray may both get here first.
     """
-    if not is_built_in(schema):
+    data = json.loads(schema.read_text(encoding="utf-8"))
+    if "pvbess_site" not in data:  # not a built-in site (is_built_in's test, on the schema read once)
         return None
     drawn = folder / SCHEMA_FILE
     if not drawn.is_file():
         try:
-            site = ScenarioConfig.model_validate(json.loads(schema.read_text(encoding="utf-8"))["pvbess_site"])
+            site = ScenarioConfig.model_validate(data["pvbess_site"])
         except ValueError:
             site = fallback
         folder.parent.mkdir(parents=True, exist_ok=True)

@@ -37,6 +37,7 @@ from trainer.env import make_sb3_env
 from trainer.optimum import OptimumReplay, solve
 from trainer.optimum_model import OptimumUnavailable, site_model
 from trainer.roster import agent_spec
+from trainer.scenario import another_draw
 from trainer.signals import STOP
 
 
@@ -121,8 +122,6 @@ def training_demonstrations(cfg: Config, schema: Path, seed: int, draws: Path | 
     far depends on its initialisation (measured: SAC's imitation of one year reached 85.8-91.9 % of the optimum's cut
     over three seeds; with three more years 91.2-93.7 %; docs/agent-quality.md).
     """
-    from trainer.scenario import another_draw  # lazy: pvlib and pandas
-
     parts = [demonstrations(cfg, schema, seed)]
     if draws is not None:
         for k in range(cfg.warm_start.extra_draws):

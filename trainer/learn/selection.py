@@ -29,6 +29,7 @@ from trainer.env import make_sb3_env
 from trainer.files import write_json_atomic
 from trainer.metrics import run_episode
 from trainer.references import REFERENCE_ROSTER
+from trainer.scenario import another_draw
 
 if TYPE_CHECKING:
     from trainer.run_dir import AgentDir
@@ -99,8 +100,7 @@ class BestPolicy:
 
 def validation_schema(ctx: RunContext) -> tuple[Path, bool]:
     """(the schema validation runs on, whether it is held out from the final evaluation)."""
-    from trainer.scenario import another_draw  # the built-in site: another draw of the same climate
-
+    # The built-in site: another draw of the same climate; any other dataset: its own first days.
     drawn = another_draw(ctx.schema, ctx.run.validation_site, VALIDATION_SEED_OFFSET, ctx.cfg.scenario)
     return (ctx.schema, False) if drawn is None else (drawn, True)
 
