@@ -45,6 +45,7 @@ def test_a_warm_started_policy_cuts_co2_and_serves_every_car(site_schema, cfg, a
     if agent == "sac":
         assert float(model.log_ent_coef.detach().exp()) == pytest.approx(cfg.warm_start.sac_temperature)
         assert attached and len(model.fine_tune.observations) == 8759 and model.fine_tune.alpha == 1.0
+        assert model.fine_tune.critic_updates == cfg.warm_start.sac_critic_updates > 0
     else:
         assert not attached  # PPO's clipped objective keeps its start without a term (docs/agent-quality.md)
     # January's four weeks (the optimum cuts 14.5 % there).

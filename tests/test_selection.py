@@ -183,3 +183,25 @@ def test_an_unreadable_warm_start_leaves_the_window_s_pick_deployed(monkeypatch,
     monkeypatch.setattr(stages, "confirm_over_the_year", confirm)
     model, kept = stages._best_policy(ctx, "sac", SimpleNamespace(best=best), SimpleNamespace(num_timesteps=9000))
     assert model == "the window's pick" and kept["step"] == 4000 and "year" not in kept
+
+
+def test_an_unreadable_warm_start_leaves_the_report_without_its_comparison(monkeypatch, tiny_cfg, tmp_path):
+    from trainer.files import DamagedFile
+    from trainer.night import stages
+    from trainer.run_dir import RunDir
+    from trainer.session import RunContext
+
+    ctx = RunContext(tiny_cfg, RunDir(tmp_path / "run"), tmp_path / "schema.json", "cpu")
+    folder = ctx.run.agent("sac")
+    folder.root.mkdir(parents=True)
+    folder.warm_start.write_text("not a model")
+
+    def load(cfg, agent, path, device=None):
+        raise DamagedFile(f"{path} is not an SB3 model.zip")
+
+    def evaluate(*args, **kwargs):
+        raise AssertionError("nothing to evaluate")
+
+    monkeypatch.setattr(stages, "load_model", load)
+    monkeypatch.setattr(stages, "_eval_env", evaluate)
+    assert stages._evaluate_warm_start(ctx, "sac") == {"unreadable": f"{folder.warm_start} is not an SB3 model.zip"}

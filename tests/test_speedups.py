@@ -145,6 +145,28 @@ def test_the_imitation_term_keeps_sacs_actor_near_its_demonstrations():
     assert _sac(FastSAC).fine_tune.imitation_loss(None, torch.ones(1), 8) == 0.0  # nothing attached: SB3's SAC
 
 
+def test_sacs_critics_learn_alone_for_their_first_updates_then_the_actor_moves():
+    # warm_start.sac_critic_updates: the actor and the temperature wait while the critics learn, counted in
+    # SB3's _n_updates (a checkpoint restores it), so a call that straddles the boundary moves the actor after it.
+    model = _sac(FastSAC)
+    done = model._n_updates  # _sac's learn(64) trained already
+    model.fine_tune.attach(np.zeros((8, 12), np.float32), np.zeros((8, 3), np.float32), 1.0, model.device,
+                           critic_updates=done + 30)
+    actor = {k: v.clone() for k, v in model.actor.state_dict().items()}
+    critic = {k: v.clone() for k, v in model.critic.state_dict().items()}
+    temperature = model.log_ent_coef.detach().clone()
+    model.train(gradient_steps=30, batch_size=32)
+    assert all(torch.equal(v, model.actor.state_dict()[k]) for k, v in actor.items())
+    assert not all(torch.equal(v, model.critic.state_dict()[k]) for k, v in critic.items())
+    assert torch.equal(temperature, model.log_ent_coef.detach())
+    assert "train/critic_loss" in model.logger.name_to_value
+    model.train(gradient_steps=5, batch_size=32)  # the actor's turn
+    assert not all(torch.equal(v, model.actor.state_dict()[k]) for k, v in actor.items())
+    assert not torch.equal(temperature, model.log_ent_coef.detach())
+    assert [model.fine_tune.actor_learns(done + n) for n in (0, 29, 30)] == [False, False, True]
+    assert _sac(FastSAC).fine_tune.actor_learns(0)  # nothing attached: SB3's SAC from the first update
+
+
 def test_a_decaying_learning_rate_reaches_its_share_at_the_stage_s_last_step():
     model = _sac(FastSAC)  # 64 steps taken
     apply_sizes(model, None, None, 1e-3, 0.1)

@@ -138,6 +138,10 @@ class WarmStartConfig(Section):
                                  "to the middle of its range).", gt=0, le=10)
     sac_bc_alpha: float = doc("TD3+BC's alpha for SAC after the imitation: the actor's loss keeps it near the "
                               "demonstrations, weighted mean |Q| / alpha (larger imitates less; 0 = off).", ge=0)
+    sac_critic_updates: int = doc("SAC's first gradient updates after the imitation train its critics alone (actor and "
+                                  "temperature wait): the imitation fitted them at the demonstrations' actions only, "
+                                  "so their slope in the action, which the actor follows, means nothing yet (0 = off; "
+                                  "docs/agent-quality.md).", ge=0)
     a2c_bc_weight: float = doc("A2C after the imitation: each gradient step adds this weight times the mean squared "
                                "distance of its policy's mean to the demonstrations' actions (a behaviour-cloning "
                                "term, as DAPG adds; larger imitates more; 0 = off).", ge=0)

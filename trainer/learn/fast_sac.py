@@ -17,6 +17,9 @@ FastSAC ``model.zip`` loads with ``stable_baselines3.SAC.load``) and removes tha
   synchronisation per call instead of four per gradient step (what costs most on a GPU);
 - with :class:`TrainWhileStepping` around an environment in a worker process, each update runs
   while the environment computes the next step (``sac.learn_while_stepping``).
+
+After a warm start, :class:`FineTuning` changes the algorithm on purpose: the critics learn alone
+for the first updates, then the actor's loss keeps it near the demonstrations.
 """
 
 from __future__ import annotations
@@ -91,14 +94,16 @@ class FastSAC(SAC):
 
             actions_pi, log_prob = self.actor.action_log_prob(replay_data.observations)
             log_prob = log_prob.reshape(-1, 1)
+            actor_learns = self.fine_tune.actor_learns(self._n_updates + gradient_step)
 
             if self.ent_coef_optimizer is not None and self.log_ent_coef is not None:
                 ent_coef = torch.exp(self.log_ent_coef.detach())
-                ent_coef_loss = -(self.log_ent_coef * (log_prob + self.target_entropy).detach()).mean()
-                ent_coef_losses.append(ent_coef_loss.detach())
-                self.ent_coef_optimizer.zero_grad()
-                ent_coef_loss.backward()
-                self.ent_coef_optimizer.step()
+                if actor_learns:  # the temperature waits with the actor
+                    ent_coef_loss = -(self.log_ent_coef * (log_prob + self.target_entropy).detach()).mean()
+                    ent_coef_losses.append(ent_coef_loss.detach())
+                    self.ent_coef_optimizer.zero_grad()
+                    ent_coef_loss.backward()
+                    self.ent_coef_optimizer.step()
             else:
                 ent_coef = self.ent_coef_tensor
             ent_coefs.append(ent_coef.detach())
@@ -117,21 +122,9 @@ class FastSAC(SAC):
             critic_loss.backward()
             self.critic.optimizer.step()
 
-            # The actor's gradient flows through the critics' activations, not into their weights.
-            for param in critic_params:
-                param.requires_grad_(False)
-            try:
-                q_values_pi = torch.cat(self.critic(replay_data.observations, actions_pi), dim=1)
-                min_qf_pi, _ = torch.min(q_values_pi, dim=1, keepdim=True)
-                actor_loss = (ent_coef * log_prob - min_qf_pi).mean()
-                actor_loss = actor_loss + self.fine_tune.imitation_loss(self.actor, min_qf_pi, batch_size)
-                actor_losses.append(actor_loss.detach())
-                self.actor.optimizer.zero_grad()
-                actor_loss.backward()
-                self.actor.optimizer.step()
-            finally:
-                for param in critic_params:
-                    param.requires_grad_(True)
+            if actor_learns:
+                actor_losses.append(self._actor_step(replay_data.observations, actions_pi, log_prob, ent_coef,
+                                                     critic_params, batch_size))
 
             if gradient_step % self.target_update_interval == 0:
                 with torch.no_grad():
@@ -143,10 +136,31 @@ class FastSAC(SAC):
         self._n_updates += gradient_steps
         self.logger.record("train/n_updates", self._n_updates, exclude="tensorboard")
         self.logger.record("train/ent_coef", _mean(ent_coefs))
-        self.logger.record("train/actor_loss", _mean(actor_losses))
+        if actor_losses:  # none while the critics learn alone
+            self.logger.record("train/actor_loss", _mean(actor_losses))
         self.logger.record("train/critic_loss", _mean(critic_losses))
         if ent_coef_losses:
             self.logger.record("train/ent_coef_loss", _mean(ent_coef_losses))
+
+
+    def _actor_step(self, observations: torch.Tensor, actions_pi: torch.Tensor, log_prob: torch.Tensor,
+                    ent_coef: torch.Tensor, critic_params: list[torch.Tensor], batch_size: int) -> torch.Tensor:
+        """One step of the actor (SB3's loss plus FineTuning's term); returns its loss, on the device."""
+        # The actor's gradient flows through the critics' activations, not into their weights.
+        for param in critic_params:
+            param.requires_grad_(False)
+        try:
+            q_values_pi = torch.cat(self.critic(observations, actions_pi), dim=1)
+            min_qf_pi, _ = torch.min(q_values_pi, dim=1, keepdim=True)
+            actor_loss = (ent_coef * log_prob - min_qf_pi).mean()
+            actor_loss = actor_loss + self.fine_tune.imitation_loss(self.actor, min_qf_pi, batch_size)
+            self.actor.optimizer.zero_grad()
+            actor_loss.backward()
+            self.actor.optimizer.step()
+        finally:
+            for param in critic_params:
+                param.requires_grad_(True)
+        return actor_loss.detach()
 
 
 class FineTuning:
@@ -159,17 +173,31 @@ class FineTuning:
     know better (measured: from 80 % of the optimum's cut to 35 % in 20k steps; docs/agent-quality.md).
     The batches are drawn with torch's global generator, which a checkpoint saves: a resume draws
     the same ones.
+
+    Before the actor moves, the critics learn alone for ``critic_updates`` gradient updates (the
+    temperature waits too). The imitation fitted them to the demonstrations' returns at the
+    demonstrations' actions only, so their slope in the action, which is all the actor follows,
+    is arbitrary until they have seen the warm start's own exploring rollouts (measured: with
+    2,000 such updates SAC improved on its warm start where without them it drifted off it;
+    docs/agent-quality.md). Counted in SB3's ``_n_updates``, which a checkpoint restores.
     """
 
     def __init__(self) -> None:
         self.alpha = 0.0
+        self.critic_updates = 0
         self.observations: torch.Tensor | None = None
         self.actions: torch.Tensor | None = None
 
-    def attach(self, observations: np.ndarray, actions: np.ndarray, alpha: float, device: torch.device) -> None:
+    def attach(self, observations: np.ndarray, actions: np.ndarray, alpha: float, device: torch.device,
+               critic_updates: int = 0) -> None:
         self.observations = torch.as_tensor(observations, device=device)
         self.actions = torch.as_tensor(actions, device=device)
         self.alpha = alpha
+        self.critic_updates = critic_updates
+
+    def actor_learns(self, update: int) -> bool:
+        """Whether gradient update ``update`` (0 = the first of the stage) moves the actor, or the critics alone."""
+        return update >= self.critic_updates
 
     def imitation_loss(self, actor, q_values: torch.Tensor, batch_size: int) -> torch.Tensor | float:
         if self.alpha <= 0 or self.observations is None:

@@ -273,7 +273,8 @@ class BehaviourCloningTerm:
 
 def keep_near_demonstrations(cfg: Config, schema: Path, agent: str, model: Any, draws: Path | None = None) -> bool:
     """Keep the agent's fine-tuning near the demonstrations it was warm-started on: SAC's TD3+BC term
-    (``warm_start.sac_bc_alpha``), A2C's behaviour-cloning term (``warm_start.a2c_bc_weight``).
+    (``warm_start.sac_bc_alpha``) after its critics' first updates alone (``warm_start.sac_critic_updates``),
+    A2C's behaviour-cloning term (``warm_start.a2c_bc_weight``).
 
     Called for a fresh and for a resumed stage alike (the demonstrations are not in a checkpoint;
     they are recomputed, or reused within a process). False where there is nothing to attach.
@@ -281,18 +282,20 @@ def keep_near_demonstrations(cfg: Config, schema: Path, agent: str, model: Any, 
     settings, spec = cfg.warm_start, agent_spec(agent)
     strength = float(getattr(settings, spec.fine_tune_key)) if spec.fine_tune_key else 0.0
     fine_tune = getattr(model, "fine_tune", None)  # an off-policy learner's own term (FastSAC's TD3+BC)
-    if settings.epochs <= 0 or strength <= 0 or (spec.off_policy and fine_tune is None):
+    critic_updates = settings.sac_critic_updates if fine_tune is not None else 0
+    if settings.epochs <= 0 or (strength <= 0 and critic_updates <= 0) or (spec.off_policy and fine_tune is None):
         return False
     try:
         demos = training_demonstrations(cfg, schema, cfg.seed, draws)
     except OptimumUnavailable:
         return False  # the warm start said so
     if fine_tune is not None:
-        fine_tune.attach(demos.observations, demos.actions, strength, model.device)
+        fine_tune.attach(demos.observations, demos.actions, strength, model.device, critic_updates)
     else:  # the optimizer's hook keeps the term (a model attribute would be pickled into every checkpoint)
         BehaviourCloningTerm(model.policy, demos.observations, demos.actions, strength, settings.batch_size)
     logs.get().bind(agent=agent).info("fine-tuning keeps the policy near the demonstrations",
-                                      strength=strength, steps=len(demos.actions))
+                                      strength=strength, steps=len(demos.actions),
+                                      **({"critic_first_updates": critic_updates} if fine_tune is not None else {}))
     return True
 
 

@@ -150,7 +150,12 @@ def _curve_figure(folder: AgentDir, step: int) -> float | None:
 def _evaluate_warm_start(ctx: RunContext, agent: str) -> dict[str, Any]:
     """The stage's warm start evaluated like the agent (the same period and metrics), for the report's comparison."""
     folder = ctx.run.agent(agent)
-    model = load_model(ctx.cfg, agent, folder.warm_start, device=agent_device(ctx.cfg, agent))
+    try:
+        model = load_model(ctx.cfg, agent, folder.warm_start, device=agent_device(ctx.cfg, agent))
+    except DamagedFile as exc:  # a comparison for the report: the trained agent is saved and evaluated without it
+        logs.get().warning("the warm start is unreadable: the report cannot compare the agent with it", agent=agent,
+                           error=str(exc))
+        return {"unreadable": str(exc)}
     env = _eval_env(ctx)
     try:
         metrics = run_episode(PolicyController(agent, model), env)
