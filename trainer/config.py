@@ -187,7 +187,8 @@ class ScheduleConfig(Section):
     quick_eval_days: int = doc("Evaluation length in days with --quick (at most eval_days), so a smoke run is quick.",
                                ge=1)
     quick_warm_start_epochs: int = doc("Imitation epochs with --quick (at most warm_start.epochs), of the dataset's "
-                                       "own period only (no extra draws), so a smoke run is quick.", ge=0)
+                                       "own period only (no extra draws) and with no SAC critics-first phase, so a "
+                                       "smoke run is quick.", ge=0)
 
     @field_validator("budget", "finish_by")
     @classmethod
