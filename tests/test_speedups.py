@@ -145,7 +145,7 @@ def test_the_imitation_term_keeps_sacs_actor_near_its_demonstrations():
     assert _sac(FastSAC).fine_tune.imitation_loss(None, torch.ones(1), 8) == 0.0  # nothing attached: SB3's SAC
 
 
-def test_sacs_critics_learn_alone_for_their_first_updates_then_the_actor_moves():
+def test_sacs_critics_learn_alone_for_their_first_updates_then_the_actor_moves(tmp_path):
     # warm_start.sac_critic_updates: the actor and the temperature wait while the critics learn, counted in
     # SB3's _n_updates (a checkpoint restores it), so a call that straddles the boundary moves the actor after it.
     model = _sac(FastSAC)
@@ -165,6 +165,8 @@ def test_sacs_critics_learn_alone_for_their_first_updates_then_the_actor_moves()
     assert not torch.equal(temperature, model.log_ent_coef.detach())
     assert [model.fine_tune.actor_learns(done + n) for n in (0, 29, 30)] == [False, False, True]
     assert _sac(FastSAC).fine_tune.actor_learns(0)  # nothing attached: SB3's SAC from the first update
+    model.save(tmp_path / "model.zip")  # a checkpoint's model: a resumed stage counts on from where it was
+    assert FastSAC.load(tmp_path / "model.zip", device="cpu")._n_updates == done + 35
 
 
 def test_a_decaying_learning_rate_reaches_its_share_at_the_stage_s_last_step():

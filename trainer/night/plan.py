@@ -42,8 +42,7 @@ def stage_specs(
         "optimum": StageSpec("optimum", StageKind.EVAL, eval_s * 1.1 + OPTIMUM_SOLVE_S),
         "report": StageSpec("report", StageKind.REPORT, REPORT_S),
     }
-    # A warm-started agent's warm start is evaluated like the agent too (results.json's warm_start).
-    agent_eval_s = policy_eval_s * (2 if cfg.warm_start.epochs > 0 else 1)
+    agent_eval_s = policy_eval_s * policy_evaluations(cfg, schema)
     warm_starts = warm_start_s(cfg, schema, speeds, agents)
     # The validation (learning-curve) evaluations take up to their share of a stage; with a four-week window
     # they do take it, on CityLearn and on the simulator alike (measured: a 20-minute night's SAC overran by 3 min).
@@ -53,6 +52,16 @@ def stage_specs(
                                  targets[agent], speeds.train_steps_per_s[agent] / SAFETY * training_share,
                                  setup_s=warm_starts.get(agent, 0.0))
     return specs
+
+
+def policy_evaluations(cfg: Config, schema: Path) -> int:
+    """Evaluations as long as the final one that a trained stage runs after training: its deployed policy; its warm
+    start (results.json's warm_start); and, where a held-out year exists (the built-in site) and the selection keeps
+    the best, the year's confirmation of a pick against the warm start (trainer.learn.selection: two more; measured
+    ~45 s on 2 cores, the minute a 20-minute night's last agent lost while the plan left it out)."""
+    if cfg.warm_start.epochs <= 0:
+        return 1
+    return 4 if cfg.train.keep_best and is_built_in(schema) else 2
 
 
 def warm_start_s(cfg: Config, schema: Path, speeds: Speeds, agents: list[str]) -> dict[str, float]:
