@@ -10,6 +10,7 @@ from stable_baselines3 import PPO
 from stable_baselines3.common.logger import configure
 
 from trainer.learn.fast_ppo import FastPPO, numpy_step_unsupported
+from trainer.learn.imitation import BehaviourCloningTerm
 
 # 128-step rollouts in minibatches of 48 end each epoch on a short one, on purpose: SB3 warns of it.
 pytestmark = pytest.mark.filterwarnings("ignore:You have specified a mini-batch size")
@@ -34,11 +35,13 @@ class _Chase(gymnasium.Env):
         return self.obs, reward, False, self.t >= 20, {}
 
 
-def _trained(cls, activation=torch.nn.Tanh, rollouts=3, **kwargs) -> PPO:
+def _trained(cls, activation=torch.nn.Tanh, rollouts=3, before_learning=None, **kwargs) -> PPO:
     policy_kwargs = {"optimizer_kwargs": {"fused": True}, "net_arch": [16, 8], "activation_fn": activation}
     model = cls("MlpPolicy", _Chase(), n_steps=128, batch_size=48, n_epochs=4, seed=3, device="cpu",
                 policy_kwargs=policy_kwargs, **kwargs)
     model.set_logger(configure(None, []))
+    if before_learning is not None:
+        before_learning(model)
     model.learn(128 * rollouts)
     return model
 
@@ -64,6 +67,24 @@ def test_numpy_update_equals_sb3s_within_float32_rounding(activation, settings):
                 "train/approx_kl", "train/clip_fraction", "train/std", "train/explained_variance"):
         assert ours.logger.name_to_value[key] == pytest.approx(theirs.logger.name_to_value[key], rel=1e-4, abs=1e-6)
     assert ours.logger.name_to_value["train/n_updates"] == theirs.logger.name_to_value["train/n_updates"] == 12
+
+
+def test_a_behaviour_cloning_term_on_the_optimizer_adds_to_the_numpy_gradient():
+    # The warm start's term (trainer.learn.imitation) is hooked before the optimizer's step; autograd must add to
+    # the numpy arrays' torch views in place, or FastPPO's next minibatch would write gradients Adam never sees.
+    rng = np.random.default_rng(0)
+    observations = rng.standard_normal((200, 7)).astype(np.float32)
+    actions = np.clip(-observations[:, 3:6], -1, 1)  # away from what the reward asks: the term pulls against it
+
+    def attach(model):
+        BehaviourCloningTerm(model.policy, observations, actions, weight=5.0, batch_size=32)
+
+    settings = {"learning_rate": 0.01}
+    ours, theirs = _trained(FastPPO, before_learning=attach, **settings), _trained(PPO, before_learning=attach,
+                                                                                    **settings)
+    assert numpy_step_unsupported(ours) is None
+    assert _largest_difference(ours, theirs) < 2e-5
+    assert _largest_difference(ours, _trained(FastPPO, **settings)) > 0.05  # the term changed the update
 
 
 def test_a_fast_ppo_model_is_an_sb3_ppo_file_both_ways(tmp_path):

@@ -13,7 +13,7 @@ from trainer.config_files import load_config
 from trainer.controllers import PolicyController, UncontrolledBaseline
 from trainer.env import make_sb3_env
 from trainer.learn.agents import build_model
-from trainer.learn.imitation import demonstrations, keep_near_demonstrations, warm_start
+from trainer.learn.imitation import demonstrations, keep_near_demonstrations, time_with_the_term, warm_start
 from trainer.metrics import run_episode
 
 from .conftest import tiny_overrides
@@ -40,14 +40,15 @@ def test_a_warm_started_policy_cuts_co2_and_serves_every_car(site_schema, cfg, a
     model = build_model(cfg, agent, env, "cpu", cfg.seed, 1000)
     summary = warm_start(cfg, site_schema, agent, model)
     assert summary["epochs"] == 20 and summary["actor_mse"] < 0.15
-    # SAC goes on at a temperature on this reward's scale, held near the demonstrations; PPO has neither.
-    attached = keep_near_demonstrations(cfg, site_schema, agent, model)
+    # SAC goes on at a temperature on this reward's scale, held near the demonstrations by its own term; PPO by a
+    # behaviour-cloning term hooked on its optimizer.
+    assert keep_near_demonstrations(cfg, site_schema, agent, model)
     if agent == "sac":
         assert float(model.log_ent_coef.detach().exp()) == pytest.approx(cfg.warm_start.sac_temperature)
-        assert attached and len(model.fine_tune.observations) == 8759 and model.fine_tune.alpha == 1.0
+        assert len(model.fine_tune.observations) == 8759 and model.fine_tune.alpha == 1.0
         assert model.fine_tune.critic_updates == cfg.warm_start.sac_critic_updates > 0
     else:
-        assert not attached  # PPO's clipped objective keeps its start without a term (docs/agent-quality.md)
+        assert len(model.policy.optimizer._optimizer_step_pre_hooks) == 1
     # January's four weeks (the optimum cuts 14.5 % there).
     cloned = run_episode(PolicyController(agent, model), make_sb3_env(cfg, site_schema, "eval", 0, eval_days=28))
     base = run_episode(UncontrolledBaseline(), make_sb3_env(cfg, site_schema, "eval", 0, eval_days=28))
@@ -76,10 +77,11 @@ def test_a_fresh_stage_records_its_warm_start(tmp_path):
     assert metrics["warm_start"]["epochs"] == 2 and metrics["warm_start"]["steps"] == 8759
 
 
-def test_a2c_s_gradient_steps_are_pulled_toward_the_demonstrations(site_schema, cfg):
+@pytest.mark.parametrize("agent", ["a2c", "ppo"])
+def test_policy_gradient_steps_are_pulled_toward_the_demonstrations(site_schema, cfg, agent):
     import torch
 
-    model = build_model(cfg, "a2c", make_sb3_env(cfg, site_schema, "train", cfg.seed), "cpu", cfg.seed, 1000)
+    model = build_model(cfg, agent, make_sb3_env(cfg, site_schema, "train", cfg.seed), "cpu", cfg.seed, 1000)
     demos = demonstrations(cfg, site_schema, cfg.seed)
     observations, actions = torch.as_tensor(demos.observations), torch.as_tensor(demos.actions)
 
@@ -92,15 +94,25 @@ def test_a2c_s_gradient_steps_are_pulled_toward_the_demonstrations(site_schema, 
     optimizer.zero_grad()
     optimizer.step()  # no policy gradient and no term: nothing moves
     assert distance() == before
-    assert keep_near_demonstrations(cfg, site_schema, "a2c", model)
-    assert keep_near_demonstrations(cfg, site_schema, "a2c", model)
+    assert keep_near_demonstrations(cfg, site_schema, agent, model)
+    assert keep_near_demonstrations(cfg, site_schema, agent, model)
     assert len(optimizer._optimizer_step_pre_hooks) == 1  # attached twice (a resumed model): still one term
     for group in optimizer.param_groups:
-        group["lr"] = 1e-3  # A2C's own 1e-5 would take thousands of steps to show it
+        group["lr"] = 1e-3  # the agents' own 1e-5 and 1e-4 would take many steps to show it
     for _ in range(30):
         optimizer.zero_grad()
         optimizer.step()  # the term alone: the policy's mean walks toward the demonstrations
     assert distance() < 0.8 * before
+
+
+@pytest.mark.parametrize("agent,weight,hooks", [("ppo", 10.0, 1), ("ppo", 0.0, 0), ("a2c", 10.0, 1)])
+def test_a_calibration_times_the_term_its_stage_will_carry(site_schema, agent, weight, hooks):
+    cfg = load_config(overrides=[f"warm_start.{agent}_bc_weight={weight}"])
+    model = build_model(cfg, agent, make_sb3_env(cfg, site_schema, "train", cfg.seed), "cpu", cfg.seed, 1000)
+    time_with_the_term(cfg, agent, model)
+    assert len(model.policy.optimizer._optimizer_step_pre_hooks) == hooks
+    model.policy.optimizer.zero_grad()
+    model.policy.optimizer.step()  # the stand-in term runs: its batch has the policy's shapes
 
 
 def test_the_warm_start_also_imitates_other_years_of_the_built_in_site(site_schema, tmp_path):

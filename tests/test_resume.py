@@ -62,17 +62,17 @@ def params(model) -> dict[str, torch.Tensor]:
 
 
 # CityLearn itself, and the training simulator: two PPO sites in one process, SAC on one and on two sites,
-# with the windows it draws itself; SAC warm-started and held near its demonstrations (their batches are
-# drawn from torch's generator, which the checkpoint restores).
+# with the windows it draws itself; PPO (its numpy update), SAC and A2C warm-started and held near their
+# demonstrations (their batches are drawn from torch's generator, which the checkpoint restores).
 CITYLEARN = ("train.simulator=citylearn",)
 SIMULATOR = ("train.simulator=vector",)
 
 
 @pytest.mark.parametrize("agent,extra", [
     ("sac", CITYLEARN), ("ppo", CITYLEARN), ("a2c", CITYLEARN), ("ppo", (*PARALLEL, *CITYLEARN)),
-    ("ppo", (*PARALLEL, *SIMULATOR)), ("sac", SIMULATOR), ("sac", ("sac.n_envs=2", *SIMULATOR)),
+    ("ppo", ("warm_start.epochs=1", *PARALLEL, *SIMULATOR)), ("sac", SIMULATOR), ("sac", ("sac.n_envs=2", *SIMULATOR)),
     ("sac", ("warm_start.epochs=1", *SIMULATOR)), ("a2c", ("warm_start.epochs=1", *SIMULATOR)),
-], ids=["sac", "ppo", "a2c", "ppo-2-workers", "ppo-2-simulated", "sac-simulated", "sac-2-simulated",
+], ids=["sac", "ppo", "a2c", "ppo-2-workers", "ppo-2-simulated-fine-tuned", "sac-simulated", "sac-2-simulated",
         "sac-fine-tuned", "a2c-fine-tuned"])
 def test_straight_equals_stop_and_resume(agent, extra, tmp_path, site_schema):
     straight = StageTrainer(context(tmp_path, "straight", site_schema, agent, extra), agent, 2 * N)

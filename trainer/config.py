@@ -142,9 +142,10 @@ class WarmStartConfig(Section):
                                   "temperature wait): the imitation fitted them at the demonstrations' actions only, "
                                   "so their slope in the action, which the actor follows, means nothing yet (0 = off; "
                                   "docs/agent-quality.md).", ge=0)
-    a2c_bc_weight: float = doc("A2C after the imitation: each gradient step adds this weight times the mean squared "
+    ppo_bc_weight: float = doc("PPO after the imitation: each gradient step adds this weight times the mean squared "
                                "distance of its policy's mean to the demonstrations' actions (a behaviour-cloning "
                                "term, as DAPG adds; larger imitates more; 0 = off).", ge=0)
+    a2c_bc_weight: float = doc("The same term for A2C (0 = off).", ge=0)
 
 
 class TrainConfig(Section):

@@ -59,7 +59,8 @@ ROSTER: dict[str, AgentSpec] = {spec.name: spec for spec in (
     AgentSpec("sac", SacConfig, "trainer.learn.fast_sac:FastSAC", "#1f77b4", "stable_baselines3:SAC", critics=4,
               fine_tune_key="sac_bc_alpha"),
     # PPO: SB3's PPO with its gradient step in numpy on a CPU (the same update; the same save format).
-    AgentSpec("ppo", PpoConfig, "trainer.learn.fast_ppo:FastPPO", "#ff7f0e", "stable_baselines3:PPO"),
+    AgentSpec("ppo", PpoConfig, "trainer.learn.fast_ppo:FastPPO", "#ff7f0e", "stable_baselines3:PPO",
+              fine_tune_key="ppo_bc_weight"),
     AgentSpec("a2c", A2cConfig, "stable_baselines3:A2C", "#2ca02c", "stable_baselines3:A2C",
               fine_tune_key="a2c_bc_weight"),
 )}

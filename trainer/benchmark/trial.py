@@ -152,7 +152,7 @@ def run_trial(trial: Trial, cfg: Config, schema: Path, device: str, sizes: Sizes
                                      schema), 1
     else:
         # The warm start's length changes what a policy knows, not how fast it then trains: one epoch of one year
-        # keeps the imitation term SAC's and A2C's updates carry, without a minute of imitation before the clock.
+        # keeps the imitation term every agent's updates carry, without a minute of imitation before the clock.
         # SAC's first updates of critics alone are cheaper than the rest of its stage: a short trial times the rest.
         brief = cfg.warm_start.model_copy(update={"epochs": min(cfg.warm_start.epochs, 1), "extra_draws": 0,
                                                   "sac_critic_updates": 0})

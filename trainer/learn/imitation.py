@@ -239,8 +239,10 @@ class BehaviourCloningTerm:
 
     A2C takes one unclipped step per rollout along a noisy gradient; on two seeds of three it left its warm
     start from the first 100k steps on, whatever the learning rate; with this term (weight 10) it held or
-    improved it on all three (docs/agent-quality.md). Hooked before torch's ``Optimizer.step`` (after SB3
-    has clipped the policy gradient), so SB3's loop is untouched; batches are drawn with torch's global
+    improved it on all three. PPO with it improved on its warm start where without it the selection kept
+    the warm start (docs/agent-quality.md). Hooked before torch's ``Optimizer.step`` (after SB3 or
+    FastPPO has clipped the policy gradient; FastPPO's gradients are torch views of its numpy arrays, and
+    autograd adds to them in place), so neither loop is touched; batches are drawn with torch's global
     generator, which a checkpoint saves: a resume draws the same ones.
     """
 
@@ -271,16 +273,34 @@ class BehaviourCloningTerm:
         self.loss().backward()  # adds to the gradients the step is about to apply
 
 
+def term_strength(cfg: Config, agent: str) -> float:
+    """The strength of the term that keeps ``agent`` near its demonstrations (its roster row's key; 0 = none)."""
+    key = agent_spec(agent).fine_tune_key
+    return float(getattr(cfg.warm_start, key)) if key and cfg.warm_start.epochs > 0 else 0.0
+
+
+def time_with_the_term(cfg: Config, agent: str, model: Any) -> None:
+    """Hook a behaviour-cloning term on stand-in demonstrations onto an on-policy ``model`` whose stage will carry
+    one, so that a calibration times the update the stage runs (on PPO's numpy minibatch the term's torch pass
+    costs ~70 % more update; docs/benchmarks.md)."""
+    strength = term_strength(cfg, agent)
+    if strength <= 0 or agent_spec(agent).off_policy:
+        return
+    rows = cfg.warm_start.batch_size
+    zeros = np.zeros((rows, *model.observation_space.shape), np.float32)
+    BehaviourCloningTerm(model.policy, zeros, np.zeros((rows, *model.action_space.shape), np.float32), strength, rows)
+
+
 def keep_near_demonstrations(cfg: Config, schema: Path, agent: str, model: Any, draws: Path | None = None) -> bool:
     """Keep the agent's fine-tuning near the demonstrations it was warm-started on: SAC's TD3+BC term
     (``warm_start.sac_bc_alpha``) after its critics' first updates alone (``warm_start.sac_critic_updates``),
-    A2C's behaviour-cloning term (``warm_start.a2c_bc_weight``).
+    PPO's and A2C's behaviour-cloning term (``warm_start.ppo_bc_weight``, ``warm_start.a2c_bc_weight``).
 
     Called for a fresh and for a resumed stage alike (the demonstrations are not in a checkpoint;
     they are recomputed, or reused within a process). False where there is nothing to attach.
     """
     settings, spec = cfg.warm_start, agent_spec(agent)
-    strength = float(getattr(settings, spec.fine_tune_key)) if spec.fine_tune_key else 0.0
+    strength = term_strength(cfg, agent)
     fine_tune = getattr(model, "fine_tune", None)  # an off-policy learner's own term (FastSAC's TD3+BC)
     critic_updates = settings.sac_critic_updates if fine_tune is not None else 0
     if settings.epochs <= 0 or (strength <= 0 and critic_updates <= 0) or (spec.off_policy and fine_tune is None):
@@ -289,13 +309,13 @@ def keep_near_demonstrations(cfg: Config, schema: Path, agent: str, model: Any, 
         demos = training_demonstrations(cfg, schema, cfg.seed, draws)
     except OptimumUnavailable:
         return False  # the warm start said so
+    log = logs.get().bind(agent=agent, strength=strength, steps=len(demos.actions))
     if fine_tune is not None:
         fine_tune.attach(demos.observations, demos.actions, strength, model.device, critic_updates)
+        log = log.bind(critic_first_updates=critic_updates)
     else:  # the optimizer's hook keeps the term (a model attribute would be pickled into every checkpoint)
         BehaviourCloningTerm(model.policy, demos.observations, demos.actions, strength, settings.batch_size)
-    logs.get().bind(agent=agent).info("fine-tuning keeps the policy near the demonstrations",
-                                      strength=strength, steps=len(demos.actions),
-                                      **({"critic_first_updates": critic_updates} if fine_tune is not None else {}))
+    log.info("fine-tuning keeps the policy near the demonstrations")
     return True
 
 

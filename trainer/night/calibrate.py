@@ -29,6 +29,7 @@ from trainer.device import agent_device, apply_cpu_threads
 from trainer.env import make_sb3_env
 from trainer.files import write_json_atomic
 from trainer.learn.agents import build_model, training_envs
+from trainer.learn.imitation import time_with_the_term
 from trainer.roster import AGENTS, agent_spec
 from trainer.scenario import is_built_in
 from trainer.signals import STOP
@@ -149,6 +150,7 @@ def _onpolicy_speed(cfg: Config, schema: Path, device: str, agent: str, simulato
     try:
         with tempfile.TemporaryDirectory() as tmp:
             model = _quiet(build_model(cfg, agent, env, device, cfg.seed, steps), tmp)
+            time_with_the_term(cfg, agent, model)
             start = time.perf_counter()
             model.learn(steps)
             return model.num_timesteps / (time.perf_counter() - start)
