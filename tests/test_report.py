@@ -149,3 +149,20 @@ def test_a_short_evaluation_is_stated_with_the_table():
     quick["baseline"]["cost"] = 5_089.0
     assert "  cost EUR  " in format_table(quick, "EUR").splitlines()[0]  # its unit, from the run's config
     assert evaluation_window({"baseline": {"eval_hours": 8759}}) is None
+
+
+def test_the_learning_curve_shows_each_agent_against_its_warm_start(tmp_path):
+    import pandas as pd
+
+    from trainer.report_plots import change_since_first, plot_learning_curves
+
+    # Fine-tuning moves a few tenths of a percent around a warm start near 44 t/yr, beside references at 48-51.
+    curve = pd.DataFrame({"step": [0, 1000, 2000], "co2_kg_per_year": [44000.0, 43780.0, 44132.0],
+                          "ev_departure_soc_met_pct": [100.0, 100.0, 100.0]})
+    assert change_since_first(curve).round(3).tolist() == [0.0, -0.5, 0.3]
+    run = _run(tmp_path, _results())
+    run.agent("sac").root.mkdir(parents=True, exist_ok=True)
+    curve.to_csv(run.agent("sac").curve, index=False)
+    run.agent("sac").metrics.write_text(json.dumps({"kept": {"step": 1000}}))  # its star in both panels
+    assert plot_learning_curves(run, ["sac"], tmp_path / "curves.png", 28)
+    assert (tmp_path / "curves.png").stat().st_size > 0

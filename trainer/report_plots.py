@@ -128,25 +128,38 @@ def kept_point(run: RunDir, agent: str, curve: pd.DataFrame) -> tuple[int, float
     return None if rows.empty else (int(kept["step"]), float(rows["co2_kg_per_year"].iloc[-1]))
 
 
+def change_since_first(curve: pd.DataFrame) -> pd.Series:
+    """Each point's CO2 against the curve's first (step 0: the warm start, where the agent has one), in %."""
+    first = float(curve["co2_kg_per_year"].iloc[0])
+    return (curve["co2_kg_per_year"] / first - 1) * 100
+
+
 def plot_learning_curves(run: RunDir, agents: list[str], path: Path, curve_days: int) -> bool:
     """Each agent's evaluations during training: CO2 on the curve's window with the references on the same
-    window, and EV departures met. False (and no file) when no agent has a point yet."""
+    window; the same against each agent's first point, on a scale where fine-tuning's moves of a few tenths of a
+    percent around a warm start show; and EV departures met. False (and no file) when no agent has a point yet."""
     curves = {a: read_written_csv(run.agent(a).curve, CURVE).sort_values("step") for a in agents
               if run.agent(a).curve.is_file()}
     if not curves:
         return False
     plt = _pyplot()
-    fig, (co2_ax, ev_ax) = plt.subplots(2, 1, figsize=(8, 6), sharex=True, gridspec_kw={"height_ratios": [3, 1.4]})
+    fig, (co2_ax, change_ax, ev_ax) = plt.subplots(3, 1, figsize=(8, 7.5), sharex=True,
+                                                   gridspec_kw={"height_ratios": [3, 1.8, 1.2]})
     any_kept = False
     for agent, curve in curves.items():
         colour = COLOURS.get(agent, OTHER_COLOUR)
+        change = change_since_first(curve)
         co2_ax.plot(curve["step"], curve["co2_kg_per_year"] / 1000, label=agent, color=colour, marker="o")
+        change_ax.plot(curve["step"], change, color=colour, marker="o", markersize=4)
         ev_ax.plot(curve["step"], curve["ev_departure_soc_met_pct"], color=colour, marker="o")
         kept = kept_point(run, agent, curve)
         if kept is not None:  # the policy the agent deploys (trainer.learn.selection)
-            co2_ax.plot([kept[0]], [kept[1] / 1000], marker="*", markersize=16, color=COLOURS.get(agent, OTHER_COLOUR),
-                        markeredgecolor="black", linestyle="none")
+            star = {"marker": "*", "markersize": 16, "color": colour, "markeredgecolor": "black", "linestyle": "none"}
+            co2_ax.plot([kept[0]], [kept[1] / 1000], **star)
+            change_ax.plot([kept[0]], [change[curve["step"] == kept[0]].iloc[-1]], **star)
             any_kept = True
+    change_ax.axhline(0, color="black", linewidth=0.8)
+    change_ax.set_ylabel("CO2 against its\nstep 0, %")
     if any_kept:  # one neutral legend entry for every agent's star
         co2_ax.plot([], [], marker="*", markersize=12, color="white", markeredgecolor="black", linestyle="none",
                     label="deployed")
@@ -162,12 +175,14 @@ def plot_learning_curves(run: RunDir, agents: list[str], path: Path, curve_days:
     window = (f"{curve_days} days of a held-out year (another draw of the site)" if held_out is not None
               else f"the first {curve_days} days of the dataset")
     co2_ax.set_title(f"Validation: {window}, per year\n"
-                     "(the table covers the whole evaluation period; a star: the policy deployed)", fontsize=10)
+                     "(the table covers the whole evaluation period; a star: the policy deployed;\n"
+                     "middle: each agent against its step 0, its warm start where it has one; below 0 is better)",
+                     fontsize=10)
     co2_ax.legend(loc="best", fontsize=8)
     ev_ax.set_ylabel("EV departures\nmet %")
     ev_ax.set_ylim(0, 105)
     ev_ax.set_xlabel("environment steps")
-    for ax in (co2_ax, ev_ax):
+    for ax in (co2_ax, change_ax, ev_ax):
         ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
