@@ -160,6 +160,7 @@ def test_the_learning_curve_shows_each_agent_against_its_warm_start(tmp_path):
     curve = pd.DataFrame({"step": [0, 1000, 2000], "co2_kg_per_year": [44000.0, 43780.0, 44132.0],
                           "ev_departure_soc_met_pct": [100.0, 100.0, 100.0]})
     assert change_since_first(curve).round(3).tolist() == [0.0, -0.5, 0.3]
+    assert change_since_first(curve.assign(co2_kg_per_year=[0.0, 10.0, 0.0])).isna().all()  # no share of nothing
     run = _run(tmp_path, _results())
     run.agent("sac").root.mkdir(parents=True, exist_ok=True)
     curve.to_csv(run.agent("sac").curve, index=False)

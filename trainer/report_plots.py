@@ -129,9 +129,10 @@ def kept_point(run: RunDir, agent: str, curve: pd.DataFrame) -> tuple[int, float
 
 
 def change_since_first(curve: pd.DataFrame) -> pd.Series:
-    """Each point's CO2 against the curve's first (step 0: the warm start, where the agent has one), in %."""
+    """Each point's CO2 against the curve's first (step 0: the warm start, where the agent has one), in %; not a
+    number where the first point imported nothing (a site that exports all month has no share to draw)."""
     first = float(curve["co2_kg_per_year"].iloc[0])
-    return (curve["co2_kg_per_year"] / first - 1) * 100
+    return (curve["co2_kg_per_year"] / first - 1) * 100 if first > 0 else curve["co2_kg_per_year"] * float("nan")
 
 
 def plot_learning_curves(run: RunDir, agents: list[str], path: Path, curve_days: int) -> bool:
