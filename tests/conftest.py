@@ -38,6 +38,21 @@ def tiny_overrides(*extra: str) -> list[str]:
     return [*TINY, *extra]
 
 
+def variant(schema: Path, folder: Path, edit=None, steps: int | None = None) -> Path:
+    """A copy of ``schema`` in ``folder`` reading the original's CSVs, shortened to ``steps`` and edited."""
+    data = json.loads(schema.read_text())
+    data["root_directory"] = str(schema.parent.resolve())
+    if steps is not None:
+        data["simulation_start_time_step"] = 0
+        data["simulation_end_time_step"] = steps - 1
+    if edit is not None:
+        edit(data)
+    folder.mkdir(parents=True, exist_ok=True)
+    out = folder / "schema.json"
+    out.write_text(json.dumps(data))
+    return out
+
+
 def random_ev_curves(schema_path: Path, folder: Path) -> Path:
     """A copy of the site in ``folder`` with its cars' battery curves left out, so CityLearn draws random ones
     (as where an official dataset leaves them out)."""

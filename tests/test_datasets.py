@@ -12,13 +12,16 @@ from trainer.controllers import RuleBasedController
 from trainer.env import make_sb3_env
 from trainer.metrics import run_episode
 
-from .conftest import OFFICIAL, tiny_overrides
+from .conftest import OFFICIAL, tiny_overrides, variant
 
 
 def test_train_ppo_on_the_official_dataset(tmp_path, official_schema):
+    # Its 17 buildings and files over one week: the training simulator reads a whole period through CityLearn
+    # first (a year of this dataset: a minute and a half on 2 cores).
+    week = variant(official_schema, tmp_path / "week", steps=7 * 24)
     out = tmp_path / "official"
     sets = [a for o in tiny_overrides("schedule.eval_days=1") for a in ("--set", o)]
-    result = CliRunner().invoke(cli, ["train", "ppo", "--timesteps", "128", "--schema", str(official_schema),
+    result = CliRunner().invoke(cli, ["train", "ppo", "--timesteps", "128", "--schema", str(week),
                                       "--out", str(out), "--device", "cpu", *sets])
     assert result.exit_code == 0, result.output
     results = json.loads((out / "results.json").read_text())

@@ -1,4 +1,4 @@
-"""The reward on hand-computed cases, and the ranking it gives whole-year fixed policies."""
+"""The reward on hand-computed cases, and the ranking it gives fixed policies over four weeks."""
 
 from __future__ import annotations
 
@@ -63,11 +63,16 @@ class _Fixed:
         return scale.to_agent(native)
 
 
+# Four weeks rank the policies as the whole year does (measured: every order below holds at 14, 28 and 60
+# days) in a tenth of its time.
+DAYS = 28
+
+
 def _score(cfg, schema, controller) -> tuple[float, dict[str, float], float]:
-    """(episode reward, per-term sums, unmet kWh at departures) over the evaluation period."""
+    """(episode reward, per-term sums, unmet kWh at departures) over the first ``DAYS``."""
     from trainer.metrics import run_episode
 
-    env = make_sb3_env(cfg, schema, "eval", cfg.seed)
+    env = make_sb3_env(cfg, schema, "eval", cfg.seed, eval_days=DAYS)
     reward = env.unwrapped.reward_function
     totals = {"reward": 0.0}
     terms: dict[str, float] = {}
@@ -88,9 +93,9 @@ def _score(cfg, schema, controller) -> tuple[float, dict[str, float], float]:
 
 @pytest.fixture(scope="module")
 def year_scores(site_schema):
-    """Whole-year scores of five fixed policies with the guard off (the reward alone judges them)."""
+    """Four-week scores of five fixed policies with the guard off (the reward alone judges them)."""
     cfg = load_config(overrides=["ev.guard=false"])
-    env = make_sb3_env(cfg, site_schema, "eval", cfg.seed)
+    env = make_sb3_env(cfg, site_schema, "eval", cfg.seed, eval_days=DAYS)
     env.reset()
     solution = solve(site_model(env.unwrapped, cfg.ev.margin_soc))
     env.close()
@@ -105,7 +110,6 @@ def year_scores(site_schema):
     return {name: _score(cfg, site_schema, policy) for name, policy in policies.items()}, value
 
 
-@pytest.mark.slow
 def test_the_reward_ranks_serving_cars_above_stranding_them(year_scores):
     scores, _ = year_scores
     reward = {name: score[0] for name, score in scores.items()}
@@ -115,11 +119,10 @@ def test_the_reward_ranks_serving_cars_above_stranding_them(year_scores):
     assert scores["strand"][1]["co2"] < scores["uncontrolled"][1]["co2"]
 
 
-@pytest.mark.slow
 def test_the_ev_term_adds_up_to_the_final_shortfall(year_scores):
     scores, value = year_scores
     _, terms, unmet_kwh = scores["strand"]
-    assert unmet_kwh > 10_000  # a year of stranded cars
+    assert unmet_kwh > 1_000  # four weeks of stranded cars (2,390 kWh)
     assert terms["ev"] / value == pytest.approx(unmet_kwh, rel=1e-6)
     for name in ("optimum replay", "rbc", "uncontrolled"):
         assert scores[name][1]["ev"] == 0.0 and scores[name][2] == 0.0

@@ -205,3 +205,29 @@ def test_an_unreadable_warm_start_leaves_the_report_without_its_comparison(monke
     monkeypatch.setattr(stages, "load_model", load)
     monkeypatch.setattr(stages, "_eval_env", evaluate)
     assert stages._evaluate_warm_start(ctx, "sac") == {"unreadable": f"{folder.warm_start} is not an SB3 model.zip"}
+
+
+def test_a_stage_its_time_slot_ends_offers_its_last_policy_too(monkeypatch, site_schema, tmp_path):
+    """The slot ends mid-rollout: the policy of the last checkpoint is evaluated and can be deployed."""
+    from types import SimpleNamespace
+
+    from trainer.config_files import load_config
+    from trainer.learn import guard
+    from trainer.night.stages import train_agent
+    from trainer.run_dir import RunDir
+    from trainer.session import RunContext
+
+    calls = [0]
+
+    def monotonic() -> float:  # the guard's clock only: the slot is up at the 300th step of 4 sites (1,200)
+        calls[0] += 1
+        return 0.0 if calls[0] < 300 else float("inf")
+
+    monkeypatch.setattr(guard, "time", SimpleNamespace(monotonic=monotonic))
+    cfg = load_config(overrides=tiny_overrides("schedule.curve_every_steps=1000000", "ppo.n_envs=4"))
+    metrics = train_agent(RunContext(cfg, RunDir(tmp_path / "run"), site_schema, "cpu"), "ppo", 10_000,
+                          time_limit_s=1e9)
+    assert metrics["ended_by"] == "time slot" and metrics["timesteps"] == 9 * 128  # nine whole rollouts
+    curve = (tmp_path / "run" / "ppo" / "eval_curve.csv").read_text().splitlines()
+    assert [row.split(",")[0] for row in curve[1:]] == ["0", "1152"]  # the first policy and the slot's last
+    assert metrics["kept"]["final_step"] == 1152

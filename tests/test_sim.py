@@ -8,7 +8,6 @@ variant, and the official 2022 dataset (17 buildings, batteries and PV).
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,22 +18,9 @@ from trainer.sim.battery import curve_at
 from trainer.sim.parity import POLICIES, TOLERANCE, ParityCheck
 from trainer.sim.site import SiteTables, Unsupported, VectorSite
 
+from .conftest import variant
+
 TWO_WEEKS = 14 * 24
-
-
-def variant(schema: Path, folder: Path, edit=None, steps: int | None = None) -> Path:
-    """A copy of ``schema`` in ``folder`` reading the original's CSVs, shortened to ``steps`` and edited."""
-    data = json.loads(schema.read_text())
-    data["root_directory"] = str(schema.parent.resolve())
-    if steps is not None:
-        data["simulation_start_time_step"] = 0
-        data["simulation_end_time_step"] = steps - 1
-    if edit is not None:
-        edit(data)
-    folder.mkdir(parents=True, exist_ok=True)
-    out = folder / "schema.json"
-    out.write_text(json.dumps(data))
-    return out
 
 
 def _v2g(data: dict) -> None:

@@ -95,10 +95,11 @@ class EvalCurve(BaseCallback):
         self._not_before = self.clock() + took * (1 - self.share) / self.share
 
     def finish(self, model: Any) -> None:
-        """After learn(): the last policy is a candidate too (unless it was just evaluated)."""
+        """After learn(): the last policy is a candidate too (unless it was just evaluated). A stage that its time
+        slot ended has rewound ``model.num_timesteps`` to its last checkpoint, whose policy the model holds."""
         if self.best is None or self._last_evaluated == model.num_timesteps:
             return
-        self.model = model
+        self.model, self.num_timesteps = model, model.num_timesteps
         self.evaluate()
         self._last_evaluated = model.num_timesteps
 

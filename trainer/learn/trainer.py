@@ -120,8 +120,8 @@ class StageTrainer:
             model.num_timesteps = self.checkpoints.last_checkpoint_step
         elif model.num_timesteps > self.checkpoints.last_checkpoint_step:
             self.checkpoints.save_checkpoint(model, self.episodes.boundary(model, True))
-        if self.curve is not None and not self.timed_out:
-            self.curve.finish(model)  # the last policy is a candidate too
+        if self.curve is not None:  # the last policy is a candidate too, also where the time slot ended the stage
+            self.curve.finish(model)
         return model
 
     def close(self) -> None:
