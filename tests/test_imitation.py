@@ -45,7 +45,7 @@ def test_a_warm_started_policy_cuts_co2_and_serves_every_car(site_schema, cfg, a
     assert keep_near_demonstrations(cfg, site_schema, agent, model)
     if agent == "sac":
         assert float(model.log_ent_coef.detach().exp()) == pytest.approx(cfg.warm_start.sac_temperature)
-        assert len(model.fine_tune.observations) == 8759 and model.fine_tune.alpha == 1.0
+        assert len(model.fine_tune.observations) == 8759 and model.fine_tune.alpha == 0.25
         assert model.fine_tune.critic_updates == cfg.warm_start.sac_critic_updates > 0
     else:
         assert len(model.policy.optimizer._optimizer_step_pre_hooks) == 1
@@ -151,3 +151,26 @@ def test_the_plan_s_imitation_speed_is_measured_on_the_agent_s_own_model(site_sc
     model = build_model(cfg, "sac", make_sb3_env(cfg, site_schema, "train", cfg.seed), "cpu", cfg.seed, 1000)
     seconds = imitation_update_s(model, 64, updates=3)
     assert seconds > 0 and math.isfinite(seconds)
+
+
+def test_an_identical_imitation_is_reused_to_the_bit(site_schema, cfg, monkeypatch):
+    """A night's PPO and A2C build the same policy from the same seed: the second copies the first's imitation."""
+    import torch
+
+    from trainer.learn import imitation
+
+    monkeypatch.setattr(imitation, "_IMITATED", {})
+    env = make_sb3_env(cfg, site_schema, "train", cfg.seed)
+    args = (demonstrations(cfg, site_schema, cfg.seed), 2, cfg.warm_start.learning_rate, cfg.warm_start.batch_size,
+            cfg.seed)
+    first, reused = imitation.imitate_once(build_model(cfg, "ppo", env, "cpu", cfg.seed, 1000), *args)
+    assert not reused
+    a2c = build_model(cfg, "a2c", env, "cpu", cfg.seed, 1000)
+    second, reused = imitation.imitate_once(a2c, *args)
+    assert reused and second == first and not a2c.policy.training
+    fresh = build_model(cfg, "a2c", env, "cpu", cfg.seed, 1000)
+    assert imitation.imitate(fresh, *args) == first
+    for name, weights in fresh.policy.state_dict().items():
+        assert torch.equal(a2c.policy.state_dict()[name], weights), name
+    # Another seed's policy starts elsewhere: imitated afresh.
+    assert not imitation.imitate_once(build_model(cfg, "a2c", env, "cpu", cfg.seed + 1, 1000), *args)[1]

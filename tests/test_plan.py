@@ -73,6 +73,7 @@ def test_the_calibration_follows_the_simulator_agents_train_on(site_schema):
     citylearn = _cache_key(load_config(overrides=["train.simulator=citylearn"]), site_schema, "cpu")
     simulated = _cache_key(load_config(), site_schema, "cpu")
     assert citylearn != simulated  # speeds measured on one are never used for the other
+    assert _cache_key(load_config(overrides=["seed=7"]), site_schema, "cpu") == simulated  # each seed trains as fast
 
 
 def test_calibration_measures_the_environments_the_night_trains_on(site_schema, monkeypatch):

@@ -56,7 +56,8 @@ class Speeds:
 
 
 def _cache_key(cfg: Config, schema: Path, device: str) -> str:
-    relevant = {k: cfg.to_dict()[k] for k in ("scenario", *AGENTS, "reward", "seed", "gpu", "train", "warm_start")}
+    # Not the training seed: a night per seed (trainer night --seeds) trains as fast under each.
+    relevant = {k: cfg.to_dict()[k] for k in ("scenario", *AGENTS, "reward", "gpu", "train", "warm_start")}
     relevant["eval_days"] = cfg.schedule.eval_days
     machine = f"{socket.gethostname()}|{platform.machine()}|{os.cpu_count()}|{device}"
     # The built-in site is the same wherever it was generated: key it by its config, not its path.
