@@ -174,3 +174,7 @@ def test_an_identical_imitation_is_reused_to_the_bit(site_schema, cfg, monkeypat
         assert torch.equal(a2c.policy.state_dict()[name], weights), name
     # Another seed's policy starts elsewhere: imitated afresh.
     assert not imitation.imitate_once(build_model(cfg, "a2c", env, "cpu", cfg.seed + 1, 1000), *args)[1]
+    # What the night's plan counts on (its calibration records each agent's digest).
+    digests = {agent: imitation.policy_digest(build_model(cfg, agent, env, "cpu", cfg.seed, 1000))
+               for agent in ("sac", "ppo", "a2c")}
+    assert digests["ppo"] == digests["a2c"] != digests["sac"]

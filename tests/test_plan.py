@@ -105,10 +105,10 @@ def test_sac_on_many_sites_is_costed_per_site(site_schema, monkeypatch, tmp_path
     monkeypatch.setattr(calibrate, "_off_policy_speed",
                         lambda cfg, schema, agent, device, simulator, n_envs: (1000.0, 0.02))
     monkeypatch.setattr(calibrate, "_eval_speed", lambda cfg, schema: 100.0)
-    monkeypatch.setattr(calibrate, "_imitation_speed", lambda cfg, schema, agent, device, simulator: 0.004)
+    monkeypatch.setattr(calibrate, "_imitation_speed", lambda cfg, schema, agent, device, simulator: (0.004, "p"))
     cfg = load_config(overrides=[f"output.root={tmp_path}"])
     speeds = calibrate.calibrate(cfg, site_schema, "cpu", ["sac"], refresh=True)
-    assert speeds.imitation_update_s == {"sac": 0.004}  # the warm start is on by default
+    assert speeds.imitation_update_s == {"sac": 0.004} and speeds.imitation_policy == {"sac": "p"}  # on by default
     assert speeds.train_steps_per_s["sac"] == pytest.approx(1 / (0.02 / 16 + 1 / 1000))
     on_citylearn = calibrate.calibrate(load_config(overrides=[f"output.root={tmp_path}", "train.simulator=citylearn"]),
                                        site_schema, "cpu", ["sac"], refresh=True)
@@ -154,6 +154,13 @@ def test_the_plan_counts_each_warm_start_and_the_night_s_demonstrations_once(sit
     assert warm_start_s(cfg, other, speeds, ["ppo"])["ppo"] == pytest.approx(minibatches * 0.001 * SAFETY + year)
     off = load_config(overrides=["warm_start.epochs=0"])
     assert warm_start_s(off, site_schema, speeds, ["sac", "ppo"]) == {}
+    # A2C starts from PPO's policy: the night imitates it once, whichever comes first.
+    shared = Speeds(eval_steps_per_s=1000.0, train_steps_per_s={}, imitation_update_s={"ppo": 0.001, "a2c": 0.002},
+                    imitation_policy={"ppo": "64x64", "a2c": "64x64"})
+    assert warm_start_s(cfg, site_schema, shared, ["ppo", "a2c"])["a2c"] == 0.0
+    assert warm_start_s(cfg, site_schema, shared, ["a2c", "ppo"])["ppo"] == 0.0
+    shared.imitation_policy = {}  # a calibration from before the digests: each imitates
+    assert warm_start_s(cfg, site_schema, shared, ["ppo", "a2c"])["a2c"] == pytest.approx(minibatches * 0.002 * SAFETY)
 
 
 def test_a_trained_stage_counts_its_evaluations_after_training(site_schema, tmp_path):

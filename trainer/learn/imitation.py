@@ -191,19 +191,26 @@ _IMITATED: dict[str, tuple[dict[str, Any], tuple[float, float]]] = {}
 _IMITATED_KEPT = 4
 
 
-def imitation_key(model: Any, demos: Demonstrations, epochs: int, learning_rate: float, batch_size: int,
-                  seed: int) -> str:
-    """A digest of everything :func:`imitate` reads: the policy's class, device, threads and initial weights, the
-    demonstrations, the settings and the seed (its minibatches come from a generator of its own)."""
+def policy_digest(model: Any) -> str:
+    """A digest of what :func:`imitate` reads of ``model``: its policy's class, device, threads and weights, and
+    its discount (the critic's targets). Two agents with the same digest imitate to the same weights."""
     import torch  # lazy: torch takes seconds to import
 
     policy = model.policy
     digest = hashlib.sha256(f"{type(policy).__module__}.{type(policy).__qualname__} {policy.device} "
-                            f"{torch.get_num_threads()} {epochs} {learning_rate} {batch_size} {seed} "
-                            f"{float(model.gamma)} {demos.periods}".encode())
+                            f"{torch.get_num_threads()} {float(model.gamma)}".encode())
     for name, tensor in policy.state_dict().items():
         digest.update(name.encode())
         digest.update(tensor.detach().cpu().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def imitation_key(model: Any, demos: Demonstrations, epochs: int, learning_rate: float, batch_size: int,
+                  seed: int) -> str:
+    """A digest of everything :func:`imitate` reads: the policy (:func:`policy_digest`), the demonstrations, the
+    settings and the seed (its minibatches come from a generator of its own)."""
+    digest = hashlib.sha256(f"{policy_digest(model)} {epochs} {learning_rate} {batch_size} {seed} "
+                            f"{demos.periods}".encode())
     for array in (demos.observations, demos.actions, demos.rewards):
         digest.update(array.tobytes())
     return digest.hexdigest()

@@ -51,6 +51,9 @@ class Speeds:
     env_steps_per_s: dict[str, float] = field(default_factory=dict)  # off-policy agents: stepping alone
     update_s: dict[str, float] = field(default_factory=dict)  # off-policy agents: one gradient update
     imitation_update_s: dict[str, float] = field(default_factory=dict)  # warm-started agents: one imitation minibatch
+    # Warm-started agents: their fresh policy's digest (imitation.policy_digest). Agents that share one imitate once
+    # a night: a night's PPO and A2C build the same policy, and the second reuses the first's weights.
+    imitation_policy: dict[str, str] = field(default_factory=dict)
     measured_at: str = ""
     machine: str = ""
 
@@ -100,8 +103,8 @@ def calibrate(cfg: Config, schema: Path, device: str, agents: list[str], refresh
             speeds.train_steps_per_s[agent] = _onpolicy_speed(cfg, schema, agent_device(cfg, agent), agent,
                                                               simulator)
         if cfg.warm_start.epochs > 0 and agent_spec(agent).warm_start:
-            speeds.imitation_update_s[agent] = _imitation_speed(cfg, schema, agent, agent_device(cfg, agent),
-                                                                simulator)
+            speeds.imitation_update_s[agent], speeds.imitation_policy[agent] = _imitation_speed(
+                cfg, schema, agent, agent_device(cfg, agent), simulator)
         log.info("calibrated", agent=agent, steps_per_s=round(speeds.train_steps_per_s[agent], 2))
     write_json_atomic(cache, asdict(speeds))  # a kill mid-write leaves the old cache or none, never half
     return speeds
@@ -159,14 +162,16 @@ def _onpolicy_speed(cfg: Config, schema: Path, device: str, agent: str, simulato
         env.close()
 
 
-def _imitation_speed(cfg: Config, schema: Path, agent: str, device: str, simulator: str) -> float:
-    """Seconds one minibatch of the warm start's imitation takes (trainer.learn.imitation)."""
-    from trainer.learn.imitation import imitation_update_s  # lazy: torch
+def _imitation_speed(cfg: Config, schema: Path, agent: str, device: str, simulator: str) -> tuple[float, str]:
+    """Seconds one minibatch of the warm start's imitation takes (trainer.learn.imitation), and the digest of the
+    policy it starts from."""
+    from trainer.learn.imitation import imitation_update_s, policy_digest  # lazy: torch
 
     env, _ = training_vec_env(cfg, schema, 1, subprocesses=False, simulator=simulator)
     try:
-        return imitation_update_s(build_model(cfg, agent, env, device, cfg.seed, CALIBRATION_STEPS),
-                                  cfg.warm_start.batch_size)
+        model = build_model(cfg, agent, env, device, cfg.seed, CALIBRATION_STEPS)
+        digest = policy_digest(model)  # before the timing trains it
+        return imitation_update_s(model, cfg.warm_start.batch_size), digest
     finally:
         env.close()
 

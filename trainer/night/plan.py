@@ -68,19 +68,23 @@ def policy_evaluations(cfg: Config, schema: Path) -> int:
 
 def warm_start_s(cfg: Config, schema: Path, speeds: Speeds, agents: list[str]) -> dict[str, float]:
     """Each warm-started agent's imitation (``warm_start.epochs`` of the period's minibatches at the calibrated
-    speed), the first one's also the demonstrations: each year's optimum solved and replayed in CityLearn, the
-    dataset's and, on the built-in site, ``warm_start.extra_draws`` more (a night computes them once)."""
+    speed; none for one whose policy an earlier agent imitated: the night reuses it), the first one's also the
+    demonstrations: each year's optimum solved and replayed in CityLearn, the dataset's and, on the built-in
+    site, ``warm_start.extra_draws`` more (a night computes them once)."""
     settings = cfg.warm_start
     if settings.epochs <= 0:
         return {}
     period = schema_length(schema) - 1
     years = 1 + (settings.extra_draws if is_built_in(schema) else 0)
     demonstrations_s = years * (period / speeds.eval_steps_per_s * SAFETY + DEMONSTRATION_SOLVE_S)
-    out = {}
+    out, imitated = {}, set()
     for agent in agents:
         if not agent_spec(agent).warm_start:
             continue
-        minibatches = settings.epochs * math.ceil(period / settings.batch_size)
+        policy = speeds.imitation_policy.get(agent)  # None from a calibration before it was recorded: imitates
+        minibatches = 0 if policy in imitated else settings.epochs * math.ceil(period / settings.batch_size)
+        if policy is not None:
+            imitated.add(policy)
         out[agent] = minibatches * speeds.imitation_update_s.get(agent, 0.0) * SAFETY + demonstrations_s
         demonstrations_s = 0.0
     return out
