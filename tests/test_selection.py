@@ -77,6 +77,7 @@ def test_a_stage_that_unlearns_deploys_its_warm_start(tmp_path):
     assert CliRunner().invoke(cli, ["report", str(run)]).exit_code == 0
     report = (run / "report.md").read_text()
     assert "- **ppo** deploys its warm start (step 0) of 2,048 steps" in report
+    assert "(the validation window, in a held-out year: " in report and " t/yr, the last policy " in report
     assert (run / "plots" / "learning_curves.png").stat().st_size > 0
 
 
