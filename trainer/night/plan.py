@@ -44,7 +44,7 @@ def stage_specs(
     }
     agent_eval_s = policy_eval_s * policy_evaluations(cfg, schema)
     if cfg.train.keep_best:  # the last policy's evaluation on the validation window, after the slot (its candidacy)
-        agent_eval_s += min(cfg.schedule.curve_eval_days * 24, eval_steps) / speeds.eval_steps_per_s * SAFETY * 1.25
+        agent_eval_s += policy_eval_s * min(cfg.schedule.curve_eval_days * 24, eval_steps) / eval_steps
     warm_starts = warm_start_s(cfg, schema, speeds, agents)
     # The validation (learning-curve) evaluations take up to their share of a stage; with a four-week window
     # they do take it, on CityLearn and on the simulator alike (measured: a 20-minute night's SAC overran by 3 min).
