@@ -36,6 +36,7 @@ TOY_PLUGIN = textwrap.dedent('''
         summary = "each stage here, noted"
         options = {"note": ("FILE", "where to note each stage placed")}
         concurrent_nights = False
+        one_process = True
         parallel = False
 
         @classmethod

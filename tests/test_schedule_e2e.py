@@ -48,6 +48,7 @@ def test_timed_quick_schedule_writes_results_and_a_complete_report(tmp_path):
     for name in PLOTS:
         assert f"(plots/{name})" in report
     assert "| sac | done |" in report
+    assert "| report | this report |" in report and "| report | running |" not in report
     curve = (out / "sac" / "eval_curve.csv").read_text().splitlines()
     assert curve[0] == "step,co2_kg_per_year,ev_departure_soc_met_pct,seconds" and len(curve) >= 3
 

@@ -19,10 +19,11 @@ from trainer.report_plots import (
     plot_monitor,
     plot_timeline,
     plot_week,
+    stage_status,
 )
 from trainer.roster import AGENTS
 from trainer.run_dir import RunDir
-from trainer.schedule_file import ScheduleState
+from trainer.schedule_file import RUNNING, ScheduleState
 
 PLOTS = ("co2_by_agent.png", "learning_curves.png", "representative_week.png", "timeline.png")
 
@@ -193,8 +194,8 @@ def write_report(run: RunDir) -> Path:
         lines += ["## The night", "", "| stage | status | planned | actual | steps |",
                   "| --- | --- | --- | --- | ---: |"]
         for s in schedule["stages"]:
-            lines.append(f"| {s['name']} | {s['status']} | {_hm(s['planned_start'])}–{_hm(s['planned_end'])} | "
-                         f"{_hm(s['actual_start'])}–{_hm(s['actual_end'])} | {s['timesteps_done'] or '–'} |")
+            lines.append(f"| {s['name']} | {stage_status(s)} | {_hm(s['planned_start'])}–{_hm(s['planned_end'])} | "
+                         f"{_actual(s)} | {s['timesteps_done'] or '–'} |")
         lines += ["", "![Timeline](plots/timeline.png)", ""]
     if run.monitor.is_file():
         records = read_records(run.monitor)
@@ -212,6 +213,12 @@ def write_report(run: RunDir) -> Path:
     lines += ["Metric definitions: `trainer/metrics.py`; the run's config: `config.yaml`.", ""]
     write_text_atomic(run.report, "\n".join(lines))
     return run.report
+
+
+def _actual(stage: dict[str, Any]) -> str:
+    if stage["status"] == RUNNING:  # started, not ended: "from 03:32:41", not "03:32:41––"
+        return f"from {_hm(stage['actual_start'])}"
+    return f"{_hm(stage['actual_start'])}–{_hm(stage['actual_end'])}"
 
 
 def _hm(text: str | None) -> str:

@@ -16,6 +16,7 @@ from trainer.metrics import DEFAULT_TARGET_MET_PCT, HOURS_PER_YEAR, best_agent, 
 from trainer.references import REFERENCE_ROSTER
 from trainer.roster import ROSTER
 from trainer.run_dir import RunDir
+from trainer.schedule_file import RUNNING, StageKind
 
 # Each agent's and reference's colour, from their rosters; a name neither knows (a run of an agent since removed)
 # is drawn in OTHER_COLOUR.
@@ -269,8 +270,7 @@ def plot_timeline(schedule: dict[str, Any] | None, path: Path) -> None:
     from matplotlib.lines import Line2D  # lazy: matplotlib, for the report's plots only
     from matplotlib.patches import Patch
 
-    labels = [f"{s['name']} ({'this report' if s['name'] == 'report' and s['status'] == 'running' else s['status']})"
-              for s in reversed(stages)]
+    labels = [f"{s['name']} ({stage_status(s)})" for s in reversed(stages)]
     ax.set_yticks(range(len(stages)), labels, fontsize=8)
     ax.xaxis_date()
     times = [datetime.fromisoformat(t) for s in stages for t in (s.get("planned_start"), s.get("actual_end")) if t]
@@ -336,6 +336,14 @@ def plot_monitor(records: list[dict[str, Any]], path: Path, schedule: dict[str, 
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def stage_status(stage: dict[str, Any]) -> str:
+    """A schedule stage's status as the report shows it."""
+    # The night writes its report while the report stage runs: the report would call itself "running".
+    if stage["kind"] == StageKind.REPORT and stage["status"] == RUNNING:
+        return "this report"
+    return stage["status"]
 
 
 def _status_colour(status: str) -> str:

@@ -35,6 +35,8 @@ class Backend(Protocol):
     summary: ClassVar[str]                         # what it does, for --backend's help
     options: ClassVar[dict[str, tuple[str, str]]]  # its own options: name -> (metavar, help)
     concurrent_nights: ClassVar[bool]              # a sweep's nights share it at once (else one after another)
+    one_process: ClassVar[bool]                    # every stage in this process: a stage reuses an earlier one's
+                                                   # demonstrations and imitation, and the plan counts them once
 
     @classmethod
     def check(cls, cfg: Config, options: dict[str, Any]) -> None: ...  # before any folder: UsageError to refuse
@@ -53,6 +55,7 @@ class LocalBackend:
     summary = "one after another in this process"
     options: ClassVar[dict[str, tuple[str, str]]] = {}
     concurrent_nights = False
+    one_process = True
     parallel = False
 
     def __init__(self) -> None:

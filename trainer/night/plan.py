@@ -27,9 +27,10 @@ SAFETY = 1.15
 
 
 def stage_specs(
-    cfg: Config, schema: Path, speeds: Speeds, agents: list[str], targets: dict[str, int]
+    cfg: Config, schema: Path, speeds: Speeds, agents: list[str], targets: dict[str, int], one_process: bool = True
 ) -> dict[str, StageSpec]:
-    """What the planner knows of each stage (evaluation times padded by SAFETY)."""
+    """What the planner knows of each stage (evaluation times padded by SAFETY); ``one_process``: the backend runs
+    every stage in this process, so a stage reuses what an earlier one computed (backends.py)."""
     eval_steps = schema_length(schema) - 1 if cfg.schedule.eval_days is None else min(
         cfg.schedule.eval_days * 24, schema_length(schema)) - 1
     eval_s = eval_steps / speeds.eval_steps_per_s * SAFETY
@@ -45,7 +46,7 @@ def stage_specs(
     agent_eval_s = policy_eval_s * policy_evaluations(cfg, schema)
     if cfg.train.keep_best:  # the last policy's evaluation on the validation window, after the slot (its candidacy)
         agent_eval_s += policy_eval_s * min(cfg.schedule.curve_eval_days * 24, eval_steps) / eval_steps
-    warm_starts = warm_start_s(cfg, schema, speeds, agents)
+    warm_starts = warm_start_s(cfg, schema, speeds, agents, one_process)
     # The validation (learning-curve) evaluations take up to their share of a stage; with a four-week window
     # they do take it, on CityLearn and on the simulator alike (measured: a 20-minute night's SAC overran by 3 min).
     training_share = 1.0 - cfg.schedule.curve_max_share
@@ -66,11 +67,13 @@ def policy_evaluations(cfg: Config, schema: Path) -> int:
     return 4 if cfg.train.keep_best and is_built_in(schema) else 2
 
 
-def warm_start_s(cfg: Config, schema: Path, speeds: Speeds, agents: list[str]) -> dict[str, float]:
+def warm_start_s(cfg: Config, schema: Path, speeds: Speeds, agents: list[str],
+                 one_process: bool = True) -> dict[str, float]:
     """Each warm-started agent's imitation (``warm_start.epochs`` of the period's minibatches at the calibrated
     speed; none for one whose policy an earlier agent imitated: the night reuses it), the first one's also the
     demonstrations: each year's optimum solved and replayed in CityLearn, the dataset's and, on the built-in
-    site, ``warm_start.extra_draws`` more (a night computes them once)."""
+    site, ``warm_start.extra_draws`` more (a night computes them once). Both are reused only within a process:
+    where each stage is its own (``one_process`` False: Ray), every agent computes its own."""
     settings = cfg.warm_start
     if settings.epochs <= 0:
         return {}
@@ -83,10 +86,11 @@ def warm_start_s(cfg: Config, schema: Path, speeds: Speeds, agents: list[str]) -
             continue
         policy = speeds.imitation_policy.get(agent)  # None from a calibration before it was recorded: imitates
         minibatches = 0 if policy in imitated else settings.epochs * math.ceil(period / settings.batch_size)
-        if policy is not None:
-            imitated.add(policy)
         out[agent] = minibatches * speeds.imitation_update_s.get(agent, 0.0) * SAFETY + demonstrations_s
-        demonstrations_s = 0.0
+        if one_process:  # the agents after it reuse both
+            demonstrations_s = 0.0
+            if policy is not None:
+                imitated.add(policy)
     return out
 
 
@@ -159,8 +163,9 @@ def render(planned: list[PlannedStage], deadline: datetime | None, notes: list[s
 
 
 def build_plan(cfg: Config, schema: Path, speeds: Speeds, agents: list[str], targets: dict[str, int],
-               start: datetime, deadline: datetime | None) -> tuple[list[PlannedStage], list[str]]:
-    specs = stage_specs(cfg, schema, speeds, agents, targets)
+               start: datetime, deadline: datetime | None,
+               one_process: bool = True) -> tuple[list[PlannedStage], list[str]]:
+    specs = stage_specs(cfg, schema, speeds, agents, targets, one_process)
     order = [*REFERENCES, *agents, "report"]
     available = (deadline - start).total_seconds() if deadline else None
     planned = timeline([specs[n] for n in order], start, available)

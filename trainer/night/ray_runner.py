@@ -127,6 +127,7 @@ class RayBackend:
     options: ClassVar[dict[str, tuple[str, str]]] = {
         "address": ("HOST:PORT", "an existing Ray cluster (default: a local Ray sized to this machine)")}
     concurrent_nights = True
+    one_process = False  # a fresh worker process per stage attempt (max_calls=1)
     parallel = True
 
     def __init__(self, ray: Any, nights: list[Night], obs_act: tuple[int, int], say: Callable[[str], None] = print):

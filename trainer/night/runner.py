@@ -27,11 +27,12 @@ from trainer.session import RunContext
 
 
 def prepare(ctx: RunContext, agents: list[str], targets: dict[str, int], deadline: datetime | None,
-            resume: bool, force: bool = False) -> Night:
-    """Calibrate, (re)plan and return the night with the plan's text (its first screen)."""
+            resume: bool, force: bool = False, one_process: bool = True) -> Night:
+    """Calibrate, (re)plan and return the night with the plan's text (its first screen); ``one_process``: the
+    backend's (backends.py)."""
     speeds = calibrate(ctx.cfg, ctx.schema, ctx.device, agents)
     now = datetime.now()  # after calibrating: the plan starts when the first stage can
-    specs = stage_specs(ctx.cfg, ctx.schema, speeds, agents, targets)
+    specs = stage_specs(ctx.cfg, ctx.schema, speeds, agents, targets, one_process)
     if resume and ctx.run.schedule.is_file():
         state = ScheduleState.load(ctx.run.schedule)
         deadline = state.deadline_dt()  # the same deadline as the night began with
@@ -45,7 +46,7 @@ def prepare(ctx: RunContext, agents: list[str], targets: dict[str, int], deadlin
     state.save()
     remaining = [s.name for s in state.stages if s.status not in FINISHED]
     planned, notes = build_plan(ctx.cfg, ctx.schema, speeds, [a for a in agents if a in remaining], targets, now,
-                                deadline)
+                                deadline, one_process)
     text = render([p for p in planned if p.name in remaining], deadline, notes, speeds)
     return Night(ctx, state, specs, force, text, keep=lambda name, metrics: record_results(ctx.run, {name: metrics}),
                  report=lambda: write_report(ctx.run))
@@ -55,9 +56,10 @@ def run_night(ctx: RunContext, agents: list[str], targets: dict[str, int], deadl
               force: bool, say: Callable[[str], None], backend_name: str = "local",
               backend_options: dict[str, Any] | None = None) -> ScheduleState:
     """Plan the night, say the plan, run every stage not finished yet; a stop signal propagates."""
-    night = prepare(ctx, agents, targets, deadline, resume, force)
+    chosen = backend(backend_name)
+    night = prepare(ctx, agents, targets, deadline, resume, force, chosen.one_process)
     say(night.plan_text + "\n")
-    with backend(backend_name).open([night], backend_options or {}, say) as executor:
+    with chosen.open([night], backend_options or {}, say) as executor:
         drive([night], executor)
     return night.state
 

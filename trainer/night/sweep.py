@@ -62,6 +62,8 @@ def run_sweep(cfg: Config, seeds: list[int], folder: Path, schema: str | None, d
         for agent in agents if resume and RunDir(run).config.is_file() else ():
             check_resume_config(run, agent, run_cfg, force)
 
+    chosen = backend(backend_name)
+
     def night(stack: ExitStack, run: Path, run_cfg: Config) -> Night:
         resuming = resume and RunDir(run).config.is_file()
         ctx = stack.enter_context(open_run(run_cfg, "night", run, schema, dataset, resuming=resuming,
@@ -70,11 +72,10 @@ def run_sweep(cfg: Config, seeds: list[int], folder: Path, schema: str | None, d
             write_json_atomic(folder / SWEEP, {"seeds": seeds, "runs": [r.name for r in runs],
                                                "backend": backend_name})
         prepared = prepare(ctx, agents, training_targets(ctx.cfg, agents, quick, ctx.schema), deadline, resuming,
-                           force)
+                           force, chosen.one_process)
         say(f"seed {ctx.cfg.seed}: {prepared.plan_text}\n")
         return prepared
 
-    chosen = backend(backend_name)
     if chosen.concurrent_nights:  # every night's stages in one queue
         with ExitStack() as stack:
             nights = [night(stack, run, run_cfg) for run, run_cfg in zip(runs, seeded, strict=True)]
