@@ -116,7 +116,8 @@ def test_a_calibration_times_the_term_its_stage_will_carry(site_schema, agent, w
 
 
 def test_the_warm_start_also_imitates_other_years_of_the_built_in_site(site_schema, tmp_path):
-    from trainer.learn.imitation import DRAW_SEED_OFFSET, training_demonstrations
+    from trainer.learn.imitation import training_demonstrations
+    from trainer.scenario import DRAW_SEED_OFFSET
 
     cfg = load_config(overrides=["warm_start.extra_draws=1"])
     demos = training_demonstrations(cfg, site_schema, cfg.seed, tmp_path / "draws")

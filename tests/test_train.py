@@ -82,6 +82,37 @@ def test_evaluate_reproduces_a_runs_results(tmp_path, site_schema):
         assert after[agent]["co2_kg"] == before[agent]["co2_kg"]  # deterministic, bit for bit
     assert after["ppo"]["timesteps"] == 128  # training figures are kept
 
+    # --unseen-year: the same controllers over a year of the site no stage saw, results.json untouched
+    (out / "ppo" / "warm_start.zip").write_bytes((out / "ppo" / "model.zip").read_bytes())
+    kept = (out / "results.json").read_bytes()
+    unseen = CliRunner().invoke(cli, ["evaluate", str(out), "--unseen-year"])
+    assert unseen.exit_code == 0, unseen.output
+    assert (out / "results.json").read_bytes() == kept
+    site = json.loads((out / "unseen-year" / "site" / "schema.json").read_text())
+    assert site["pvbess_site"]["seed"] == load_config().scenario.seed + 3000
+    year = json.loads((out / "unseen-year" / "results.json").read_text())
+    assert list(year) == ["baseline", "rbc", "optimum", "ppo", "ppo warm start"]
+    assert year["ppo"]["co2_kg"] != after["ppo"]["co2_kg"]  # another year's weather, load and cars
+    assert year["ppo warm start"]["co2_kg"] == year["ppo"]["co2_kg"]  # the same policy, evaluated alike
+    assert year["baseline"]["co2_share_of_optimum_pct"] == 0
+    assert year["optimum"]["co2_share_of_optimum_pct"] == pytest.approx(100, abs=1)  # its dispatch, replayed
+    assert "unseen-year/results.json" in unseen.output and "ppo warm start" in unseen.output
+
+
+def test_unseen_year_needs_the_built_in_site(tmp_path, site_schema, default_cfg):
+    from trainer.errors import UsageError
+    from trainer.night.stages import evaluate_unseen_year
+    from trainer.run_dir import RunDir
+    from trainer.session import RunContext
+
+    from .conftest import variant
+
+    dataset = variant(site_schema, tmp_path / "dataset", edit=lambda data: data.pop("pvbess_site"))
+    ctx = RunContext(default_cfg, RunDir(tmp_path / "run"), dataset, "cpu")
+    with pytest.raises(UsageError, match="a dataset with one period: --unseen-year needs the built-in site"):
+        evaluate_unseen_year(ctx)
+    assert not (tmp_path / "run" / "unseen-year" / "results.json").exists()
+
 
 def test_learning_curve_evaluations_take_at_most_their_share_of_the_stage():
     from types import SimpleNamespace

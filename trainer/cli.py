@@ -357,10 +357,18 @@ def report_command(run_dir: str) -> None:
 @command(cli)
 @opts.run_dir_argument
 @opts.device_option
-def evaluate(run_dir: str, device: str | None) -> None:
+@click.option("--unseen-year", is_flag=True,
+              help="Instead, run the references, each deployed model and its warm start over a year of the built-in "
+                   "site no stage trained on; write RUN_DIR/unseen-year/results.json (results.json untouched).")
+def evaluate(run_dir: str, device: str | None, unseen_year: bool) -> None:
     """Re-evaluate every saved model of RUN_DIR and the references; rewrite results.json."""
     with session.reopen_run(run_dir, device or "cpu") as ctx:
         State.log_file = ctx.run.log_file
+        if unseen_year:
+            click.echo(results_table(stages.evaluate_unseen_year(ctx), currency(ctx.run)))
+            click.echo(f"\nresults over a year no stage saw ({ctx.run.unseen_year / 'site'}): "
+                       f"{ctx.run.unseen_year / 'results.json'}")
+            return
         _print_results(stages.reevaluate(ctx), ctx.run)
 
 

@@ -110,6 +110,8 @@ class RunDir:
     # The built-in site's other draws whose optimum the warm start imitates too (warm_start.extra_draws).
     demonstration_sites = property(lambda self: self.root / "demonstration-sites")
     validation_references = property(lambda self: self.root / "validation-site" / "references.json")
+    # trainer evaluate --unseen-year: a year of the built-in site nothing trained on (site/) and the figures there.
+    unseen_year = property(lambda self: self.root / "unseen-year")
 
     def plot(self, name: str) -> Path:
         """One of the report's plots (``report.PLOTS``, or gpu.png) under plots/."""

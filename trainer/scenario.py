@@ -222,6 +222,12 @@ def is_built_in(schema: Path) -> bool:
     return "pvbess_site" in json.loads(schema.read_text(encoding="utf-8"))
 
 
+# The built-in site's other years by their offset from scenario.seed: each use has its own, none sees another's.
+VALIDATION_SEED_OFFSET = 1000  # the selection's validation window and held-out year (<run>/validation-site/)
+DRAW_SEED_OFFSET = 2000  # + k: the years whose optimum the warm start imitates too (<run>/demonstration-sites/)
+UNSEEN_YEAR_SEED_OFFSET = 3000  # trainer evaluate --unseen-year (<run>/unseen-year/): used by nothing else
+
+
 def another_draw(schema: Path, folder: Path, seed_offset: int, fallback: ScenarioConfig) -> Path | None:
     """The built-in site of ``schema`` drawn again with its ``scenario.seed`` + ``seed_offset``: another year of the
     same climate and equipment, built once into ``folder``. None where ``schema`` is any other dataset.

@@ -40,7 +40,7 @@ from trainer.env import make_sb3_env
 from trainer.optimum import OptimumReplay, solve
 from trainer.optimum_model import OptimumUnavailable, site_model
 from trainer.roster import agent_spec
-from trainer.scenario import another_draw
+from trainer.scenario import DRAW_SEED_OFFSET, another_draw
 from trainer.signals import STOP
 
 
@@ -78,8 +78,6 @@ class Demonstrations:
 
 _CACHE: dict[tuple[str, str, int], Demonstrations] = {}
 _UNAVAILABLE: dict[tuple[str, str, int], str] = {}  # why not, for a dataset the optimum does not model
-# Extra draws of the built-in site take scenario.seed + this + k (the validation year takes + 1000).
-DRAW_SEED_OFFSET = 2000
 
 
 def demonstrations(cfg: Config, schema: Path, seed: int) -> Demonstrations:

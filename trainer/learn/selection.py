@@ -29,13 +29,12 @@ from trainer.env import make_sb3_env
 from trainer.files import write_json_atomic
 from trainer.metrics import run_episode
 from trainer.references import REFERENCE_ROSTER
-from trainer.scenario import another_draw
+from trainer.scenario import VALIDATION_SEED_OFFSET, another_draw
 
 if TYPE_CHECKING:
     from trainer.run_dir import AgentDir
     from trainer.session import RunContext
 
-VALIDATION_SEED_OFFSET = 1000
 # A policy beats its warm start over the held-out year only by more than this share of the warm start's CO2: the same
 # two policies differed by up to 0.17 % more on the evaluation year than on the held-out one (docs/agent-quality.md).
 YEAR_MARGIN = 0.002
