@@ -179,7 +179,7 @@ def evaluate_unseen_year(ctx: RunContext) -> dict[str, dict[str, Any]]:
     long as the run's own evaluation; written to ``<run>/unseen-year/results.json``, results.json untouched.
 
     The evaluation year is the one the agents train on, so this is where a controller shows it is causal, not a
-    memorised year: measured, the 20-minute night's agents lose 1.5-2.5 points of the optimum's cut there
+    memorised year: measured, the nights' agents lose 1.3-2.5 points of the optimum's cut there
     (docs/agent-quality.md).
     """
     folder = ctx.run.unseen_year
