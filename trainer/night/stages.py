@@ -187,15 +187,15 @@ def evaluate_unseen_year(ctx: RunContext) -> dict[str, dict[str, Any]]:
     if schema is None:
         raise UsageError(f"{ctx.run.root} was run on {ctx.schema}, a dataset with one period: --unseen-year needs the "
                          "built-in site, which can draw another year of its climate; evaluate without it")
-    models = {}
+    controllers: dict[str, PolicyController] = {}  # by the row's name; every model is loaded before anything runs
     for agent in AGENTS:
         agent_dir = ctx.run.agent(agent)
-        if agent_dir.model.is_file():  # every model is loaded first: a damaged one stops before anything runs
-            models[agent] = _load(ctx, agent)
+        if agent_dir.model.is_file():
+            controllers[agent] = PolicyController(agent, _load(ctx, agent))
         if agent_dir.warm_start.is_file():
-            models[f"{agent} warm start"] = load_model(
+            controllers[f"{agent} warm start"] = PolicyController(agent, load_model(
                 ctx.cfg, agent, agent_dir.warm_start, device=agent_device(ctx.cfg, agent),
-                fix=f"delete it to evaluate without it; trainer train {agent} writes it again")
+                fix=f"delete it to evaluate without it; trainer train {agent} writes it again"))
 
     def open_env():
         return make_sb3_env(ctx.cfg, schema, "eval", ctx.seed, eval_days=ctx.cfg.schedule.eval_days)
@@ -212,10 +212,10 @@ def evaluate_unseen_year(ctx: RunContext) -> dict[str, dict[str, Any]]:
             results[name] = {**run_episode(controller, env, label=f"{name}, unseen year"), **own}
         finally:
             env.close()
-    for name, model in models.items():
+    for name, policy in controllers.items():
         env = open_env()
         try:
-            results[name] = run_episode(PolicyController(name.split()[0], model), env, label=f"{name}, unseen year")
+            results[name] = run_episode(policy, env, label=f"{name}, unseen year")
         finally:
             env.close()
     compare_to_baseline(results)
