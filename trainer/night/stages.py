@@ -46,6 +46,11 @@ def _eval_env(ctx: RunContext):
     return make_sb3_env(ctx.cfg, ctx.schema, "eval", ctx.seed, eval_days=ctx.cfg.schedule.eval_days)
 
 
+def _skipped(why: ReferenceUnavailable) -> dict[str, Any]:
+    """A reference's entry where it cannot be prepared for this dataset: the reason, and no figures."""
+    return {"skipped": str(why), "co2_kg": None, "co2_kg_per_year": None}
+
+
 def evaluate_reference(ctx: RunContext, name: str) -> dict[str, Any]:
     """Evaluate a reference of ``trainer.references`` over the evaluation period."""
     log = logs.get().bind(agent=name)
@@ -56,7 +61,7 @@ def evaluate_reference(ctx: RunContext, name: str) -> dict[str, Any]:
         controller, own = REFERENCE_ROSTER[name].prepare(ctx.cfg, lambda: _eval_env(ctx))
     except ReferenceUnavailable as exc:
         log.warning("reference skipped", reason=str(exc))
-        metrics: dict[str, Any] = {"skipped": str(exc), "co2_kg": None, "co2_kg_per_year": None}
+        metrics = _skipped(exc)
         write_json_atomic(folder.metrics, metrics)
         return metrics
     env = _eval_env(ctx)
@@ -205,7 +210,7 @@ def evaluate_unseen_year(ctx: RunContext) -> dict[str, dict[str, Any]]:
         try:
             controller, own = spec.prepare(ctx.cfg, open_env)
         except ReferenceUnavailable as exc:
-            results[name] = {"skipped": str(exc), "co2_kg": None, "co2_kg_per_year": None}
+            results[name] = _skipped(exc)
             continue
         env = open_env()
         try:
