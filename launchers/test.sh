@@ -15,7 +15,9 @@ main() {
   fi
   log "ruff: lint (rules in pyproject.toml)"
   "${PVBESS_VENV}/bin/ruff" check trainer monitor tests
-  exec "${PVBESS_VENV}/bin/python" -m pytest "$@"
+  # One worker per core, at most four (each imports torch and CityLearn, and many start nights of their own);
+  # a later -n in the arguments wins: -n 0 runs everything in this process, as a debugger wants.
+  exec "${PVBESS_VENV}/bin/python" -m pytest -n auto --maxprocesses 4 "$@"
 }
 
 main "$@"
