@@ -169,15 +169,15 @@ def test_the_plan_counts_each_warm_start_and_the_night_s_demonstrations_once(sit
 
 
 def test_a_trained_stage_counts_its_evaluations_after_training(site_schema, tmp_path):
-    # The deployed policy and its warm start over the evaluation, and on the built-in site the held-out year's
-    # confirmation of the pick against the warm start (two more): left out, the last agent of a 20-minute night
-    # lost its slot to the overrun.
+    # The deployed policy and its warm start over the evaluation, and on the built-in site the confirmation of the
+    # pick against the warm start over two held-out years (four more): left out, the last agent of a 20-minute
+    # night lost its slot to the overrun.
     from trainer.config_files import load_config
     from trainer.night.plan import policy_evaluations
 
     other = tmp_path / "schema.json"
     other.write_text(json.dumps({"simulation_start_time_step": 0, "simulation_end_time_step": 8759}))
-    assert policy_evaluations(load_config(), site_schema) == 4
+    assert policy_evaluations(load_config(), site_schema) == 6
     assert policy_evaluations(load_config(), other) == 2  # no held-out year to confirm over
     assert policy_evaluations(load_config(overrides=["train.keep_best=false"]), site_schema) == 2
     assert policy_evaluations(load_config(overrides=["warm_start.epochs=0"]), site_schema) == 1

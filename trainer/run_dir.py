@@ -107,6 +107,7 @@ class RunDir:
     activity = property(lambda self: self.root / "activity.json")
     export = property(lambda self: self.root / "export")  # trainer export's folders, one an agent
     validation_site = property(lambda self: self.root / "validation-site")  # the built-in site's held-out draw
+    second_held_out_site = property(lambda self: self.root / "validation-site-2")  # the selection's second one
     # The built-in site's other draws whose optimum the warm start imitates too (warm_start.extra_draws).
     demonstration_sites = property(lambda self: self.root / "demonstration-sites")
     validation_references = property(lambda self: self.root / "validation-site" / "references.json")

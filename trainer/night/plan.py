@@ -59,12 +59,13 @@ def stage_specs(
 
 def policy_evaluations(cfg: Config, schema: Path) -> int:
     """Evaluations as long as the final one that a trained stage runs after training: its deployed policy; its warm
-    start (results.json's warm_start); and, where a held-out year exists (the built-in site) and the selection keeps
-    the best, the year's confirmation of a pick against the warm start (trainer.learn.selection: two more; measured
-    ~45 s on 2 cores, the minute a 20-minute night's last agent lost while the plan left it out)."""
+    start (results.json's warm_start); and, where held-out years exist (the built-in site) and the selection keeps
+    the best, the confirmation of a pick against the warm start over two held-out years (trainer.learn.selection: four
+    more; two measured ~45 s on 2 cores, the minute a 20-minute night's last agent lost while the plan left them
+    out)."""
     if cfg.warm_start.epochs <= 0:
         return 1
-    return 4 if cfg.train.keep_best and is_built_in(schema) else 2
+    return 6 if cfg.train.keep_best and is_built_in(schema) else 2
 
 
 def warm_start_s(cfg: Config, schema: Path, speeds: Speeds, agents: list[str],

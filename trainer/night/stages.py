@@ -23,7 +23,7 @@ from trainer.files import DamagedFile, read_json, write_json_atomic, write_text_
 from trainer.learn.agents import save_model_atomic
 from trainer.learn.model_file import load_model
 from trainer.learn.recovery import StageFailed
-from trainer.learn.selection import confirm_over_the_year, kept_summary, validation_schema
+from trainer.learn.selection import confirm_over_the_years, kept_summary, validation_schema
 from trainer.learn.trainer import StageTrainer
 from trainer.learn.trainer import summary as training_summary
 from trainer.metrics import METRIC_KEYS, compare_to_baseline, run_episode
@@ -137,10 +137,10 @@ def _best_policy(ctx: RunContext, agent: str, trainer: StageTrainer,
             logs.get().warning("the warm start is unreadable: the window's pick is deployed unconfirmed", agent=agent,
                                error=str(exc))
             return model, kept
-        model, kept = confirm_over_the_year(ctx, agent, model, warm, kept, best.target_pct,
-                                            _curve_figure(folder, step=0))
-        logs.get().info("the deployed policy over the whole held-out year", agent=agent, step=kept["step"],
-                        **kept["year"])
+        model, kept = confirm_over_the_years(ctx, agent, model, warm, kept, best.target_pct,
+                                             _curve_figure(folder, step=0))
+        logs.get().info("the deployed policy over the held-out years", agent=agent, step=kept["step"],
+                        years=kept.get("years"))
     return model, kept
 
 
