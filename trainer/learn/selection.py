@@ -133,7 +133,8 @@ def held_out_years(ctx: RunContext) -> list[Path]:
     if not held_out:
         return []
     second = another_draw(ctx.schema, ctx.run.second_held_out_site, SECOND_HELD_OUT_SEED_OFFSET, ctx.cfg.scenario)
-    return [first] if second is None else [first, second]
+    assert second is not None  # the site that drew the first year draws the second
+    return [first, second]
 
 
 def _over_the_year(ctx: RunContext, agent: str, model: Any, schema: Path) -> Candidate:
@@ -170,11 +171,8 @@ def confirm_over_the_years(ctx: RunContext, agent: str, chosen: Any, warm_start:
     misses, co2 = (sum(f.key(target_pct)[i] for f, _ in figures) for i in (0, 1))
     warm_misses, warm_co2 = (sum(w.key(target_pct)[i] for _, w in figures) for i in (0, 1))
     days, n = ctx.cfg.schedule.eval_days, len(years)
-    if n == 1:
-        period = "the whole held-out year" if days is None else f"the held-out year's first {days} days"
-    else:
-        period = (f"the {n} whole held-out years together" if days is None else
-                  f"the first {days} days of the {n} held-out years together")
+    period = (f"the {n} whole held-out years together" if days is None else
+              f"the first {days} days of the {n} held-out years together")
     versus = "; ".join(f"{y['co2_kg_per_year'] / 1000:,.2f} against {y['warm_start_co2_kg_per_year'] / 1000:,.2f} t/yr"
                        for y in years)
     # Leaving the warm start must be worth more than a tie.
