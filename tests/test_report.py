@@ -167,3 +167,22 @@ def test_the_learning_curve_shows_each_agent_against_its_warm_start(tmp_path):
     run.agent("sac").metrics.write_text(json.dumps({"kept": {"step": 1000}}))  # its star in both panels
     assert plot_learning_curves(run, ["sac"], tmp_path / "curves.png", 28)
     assert (tmp_path / "curves.png").stat().st_size > 0
+
+
+def test_a_resumed_stage_shows_each_run_and_not_the_hours_between(tmp_path):
+    run = _run(tmp_path, _results())
+    stages = [{"name": "sac", "kind": "train", "status": "done", "actual_start": "2026-11-26T08:31:09",
+               "actual_end": "2026-11-26T13:11:42", "timesteps_done": 500_000,
+               "spans": [["2026-11-26T08:31:09", "2026-11-26T10:25:00"],
+                         ["2026-11-26T12:37:00", "2026-11-26T13:11:42"]]},
+              {"name": "ppo", "kind": "train", "status": "running", "actual_start": "2026-11-26T13:11:42",
+               "spans": [["2026-11-26T13:11:42", None]]},
+              {"name": "a2c", "kind": "train", "status": "done", "actual_start": "2026-11-26T13:21:59",
+               "actual_end": "2026-11-26T13:27:39"}]  # a schedule.json from before spans
+    run.schedule.write_text(json.dumps({"created_at": "2026-11-26T08:28:26", "deadline": None, "budget_s": None,
+                                        "stages": stages}))
+    report = write_report(run).read_text()
+    assert "| sac | done | – | 08:31:09–10:25:00, 12:37:00–13:11:42 | 500000 |" in report
+    assert "| ppo | running | – | from 13:11:42 | – |" in report
+    assert "| a2c | done | – | 13:21:59–13:27:39 | – |" in report
+    assert (run.plots / "timeline.png").stat().st_size > 0

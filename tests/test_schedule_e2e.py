@@ -63,6 +63,8 @@ def test_stop_mid_sac_then_resume_finishes_by_the_same_deadline(tmp_path):
     before = json.loads((out / "schedule.json").read_text())
     assert [s["status"] for s in before["stages"]] == ["done", "done", "done", "running", "pending", "pending",
                                                        "pending"]
+    stopped_span = before["stages"][3]["spans"]
+    assert len(stopped_span) == 1 and stopped_span[0][1] is not None  # the stop signal ended its stretch
 
     resumed = subprocess.run(
         [sys.executable, "-m", "trainer", "schedule", "--resume", str(out), "--quick", "--device", "cpu"],
@@ -76,6 +78,8 @@ def test_stop_mid_sac_then_resume_finishes_by_the_same_deadline(tmp_path):
     assert after["deadline"] == before["deadline"]
     assert [s["status"] for s in after["stages"]] == ["done"] * 7
     assert after["stages"][0]["actual_end"] == before["stages"][0]["actual_end"]  # finished stages not redone
+    # The resumed stage: the stopped run's stretch kept, the resumed run's beside it.
+    assert after["stages"][3]["spans"][0] == stopped_span[0] and len(after["stages"][3]["spans"]) == 2
     resume = next(e for e in events(out) if e["event"] == "resuming")
     # SIGTERM at step 120 saved the last consistent point, the rollout start at 119.
     assert resume["agent"] == "sac" and resume["step"] == 119

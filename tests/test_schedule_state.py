@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from datetime import datetime, timedelta
 from types import SimpleNamespace
 
@@ -13,7 +14,7 @@ from trainer.errors import UsageError
 from trainer.night.budget import StageSpec, allocate
 from trainer.night.state import Night, StageEvent, StageJob, StageOutcome, drive, plan
 from trainer.run_dir import RunDir
-from trainer.schedule_file import DONE, FAILED, PENDING, RUNNING, SKIPPED, ScheduleState
+from trainer.schedule_file import DONE, FAILED, PENDING, RUNNING, SKIPPED, ScheduleState, StageRecord
 
 START = datetime(2026, 11, 22, 22, 0, 0)
 # Targets far beyond an hour's training, so timed runs end by their slots.
@@ -291,3 +292,51 @@ def test_a_stage_with_no_time_left_is_skipped(tmp_path):
     assert SKIPPED in (statuses["sac"], statuses["ppo"], statuses["a2c"])
     skipped = next(s for s in state.stages if s.status == SKIPPED)
     assert skipped.error.startswith("no time left for training")
+
+
+def test_a_resumed_stage_counts_the_time_it_ran_not_the_hours_the_night_was_stopped(tmp_path):
+    clock = Clock(START)
+    first = FakeExecutor(clock, interrupt_at="sac")
+    state = new_state(tmp_path, None, clock, first)
+    with pytest.raises(Interrupt):
+        run(state, first, clock)
+    stopped = ScheduleState.load(tmp_path / "schedule.json").stages[2]
+    assert stopped.status == RUNNING
+    began, stopped_at = START + timedelta(seconds=2 * EVAL_S), START + timedelta(seconds=2 * EVAL_S + 5)
+    assert stopped.spans == [[began.isoformat(), stopped_at.isoformat()]]
+
+    clock.advance(4 * 3600)  # the night waits four hours for --resume
+    resumed = ScheduleState.load(tmp_path / "schedule.json")
+    run(resumed, FakeExecutor(clock), clock)
+    sac = resumed.stages[2]
+    assert len(sac.spans) == 2 and all(end for _, end in sac.spans)
+    assert sac.seconds() == 5 + 100_000 / SPEEDS["sac"] + EVAL_S  # the stopped run's 5 s and the resumed run's
+    assert sac.actual_start == sac.spans[0][0]  # the first start still says when the stage began
+    assert sac.spans[1][0] == (stopped_at + timedelta(hours=4)).isoformat()
+
+
+def test_a_killed_run_s_stretch_ends_with_the_stage_s_last_write(tmp_path):
+    clock = Clock(START)
+    state = new_state(tmp_path, None, clock)
+    for reference in state.stages[:2]:
+        reference.status = DONE
+    sac = state.stages[2]
+    sac.status, sac.actual_start, sac.spans = RUNNING, START.isoformat(), [[START.isoformat(), None]]  # SIGKILL
+    state.save()
+    checkpoint = tmp_path / "sac" / "checkpoints" / "sac_1000_steps.zip"
+    checkpoint.parent.mkdir(parents=True)
+    checkpoint.write_bytes(b"x")
+    last_write = START + timedelta(minutes=7)
+    os.utime(checkpoint, (last_write.timestamp(), last_write.timestamp()))
+
+    clock.advance(3600)
+    run(state, FakeExecutor(clock), clock)
+    assert sac.spans[0] == [START.isoformat(), last_write.isoformat()]
+    assert sac.spans[1][0] == (START + timedelta(hours=1)).isoformat()
+
+
+def test_a_schedule_without_spans_reads_its_start_and_end():
+    record = StageRecord("sac", "train", DONE, actual_start=START.isoformat(),
+                         actual_end=(START + timedelta(seconds=90)).isoformat())
+    assert record.stretches() == [(START.isoformat(), (START + timedelta(seconds=90)).isoformat())]
+    assert record.seconds() == 90

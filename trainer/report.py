@@ -23,7 +23,7 @@ from trainer.report_plots import (
 )
 from trainer.roster import AGENTS
 from trainer.run_dir import RunDir
-from trainer.schedule_file import RUNNING, ScheduleState
+from trainer.schedule_file import ScheduleState, StageRecord
 
 PLOTS = ("co2_by_agent.png", "learning_curves.png", "representative_week.png", "timeline.png")
 
@@ -194,8 +194,9 @@ def write_report(run: RunDir) -> Path:
         lines += ["## The night", "", "| stage | status | planned | actual | steps |",
                   "| --- | --- | --- | --- | ---: |"]
         for s in schedule["stages"]:
-            lines.append(f"| {s['name']} | {stage_status(s)} | {_hm(s['planned_start'])}–{_hm(s['planned_end'])} | "
-                         f"{_actual(s)} | {s['timesteps_done'] or '–'} |")
+            planned = f"{_hm(s['planned_start'])}–{_hm(s['planned_end'])}" if s["planned_start"] else "–"
+            steps = s["timesteps_done"] or "–"
+            lines.append(f"| {s['name']} | {stage_status(s)} | {planned} | {_actual(s)} | {steps} |")
         lines += ["", "![Timeline](plots/timeline.png)", ""]
     if run.monitor.is_file():
         records = read_records(run.monitor)
@@ -216,9 +217,10 @@ def write_report(run: RunDir) -> Path:
 
 
 def _actual(stage: dict[str, Any]) -> str:
-    if stage["status"] == RUNNING:  # started, not ended: "from 03:32:41", not "03:32:41––"
-        return f"from {_hm(stage['actual_start'])}"
-    return f"{_hm(stage['actual_start'])}–{_hm(stage['actual_end'])}"
+    """When it ran: one stretch a run, so a resumed stage shows the hours the night was stopped as a gap."""
+    # Started, not ended: "from 03:32:41", not "03:32:41––".
+    return ", ".join(f"{_hm(start)}–{_hm(end)}" if end else f"from {_hm(start)}"
+                     for start, end in StageRecord(**stage).stretches()) or "–"
 
 
 def _hm(text: str | None) -> str:

@@ -16,7 +16,7 @@ from trainer.metrics import DEFAULT_TARGET_MET_PCT, HOURS_PER_YEAR, best_agent, 
 from trainer.references import REFERENCE_ROSTER
 from trainer.roster import ROSTER
 from trainer.run_dir import RunDir
-from trainer.schedule_file import RUNNING, StageKind
+from trainer.schedule_file import RUNNING, StageKind, StageRecord
 
 # Each agent's and reference's colour, from their rosters; a name neither knows (a run of an agent since removed)
 # is drawn in OTHER_COLOUR.
@@ -260,12 +260,13 @@ def plot_timeline(schedule: dict[str, Any] | None, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(9, 3.5))
     stages = (schedule or {}).get("stages", [])
     for row, stage in enumerate(reversed(stages)):
-        for offset, (start, end, colour) in enumerate((
-                (stage.get("planned_start"), stage.get("planned_end"), "#c6dbef"),
-                (stage.get("actual_start"), stage.get("actual_end"), _status_colour(stage["status"])))):
+        bars = [(0.2, stage.get("planned_start"), stage.get("planned_end"), "#c6dbef")]
+        # A stage run again by --resume: one bar a run, the hours the night was stopped left blank.
+        bars += [(-0.2, start, end, _status_colour(stage["status"])) for start, end in StageRecord(**stage).stretches()]
+        for offset, start, end, colour in bars:
             if start and end:
                 s, e = datetime.fromisoformat(start), datetime.fromisoformat(end)
-                ax.barh(row + (0.2 if offset == 0 else -0.2), mdates.date2num(e) - mdates.date2num(s),
+                ax.barh(row + offset, mdates.date2num(e) - mdates.date2num(s),
                         left=mdates.date2num(s), height=0.35, color=colour)
     from matplotlib.lines import Line2D  # lazy: matplotlib, for the report's plots only
     from matplotlib.patches import Patch
@@ -273,7 +274,8 @@ def plot_timeline(schedule: dict[str, Any] | None, path: Path) -> None:
     labels = [f"{s['name']} ({stage_status(s)})" for s in reversed(stages)]
     ax.set_yticks(range(len(stages)), labels, fontsize=8)
     ax.xaxis_date()
-    times = [datetime.fromisoformat(t) for s in stages for t in (s.get("planned_start"), s.get("actual_end")) if t]
+    times = [datetime.fromisoformat(t) for s in stages
+             for t in (s.get("planned_start"), s.get("actual_start"), s.get("actual_end")) if t]
     short_night = bool(times) and (max(times) - min(times)).total_seconds() < 1800
     ax.xaxis.set_major_formatter(mdates.DateFormatter("%H:%M:%S" if short_night else "%H:%M"))
     handles = [Patch(color="#c6dbef", label="planned"), Patch(color="#2171b5", label="actual (done)")]

@@ -49,6 +49,32 @@ class StageRecord:
     results: dict[str, Any] | None = None
     error: str | None = None
     attempts: list[dict[str, Any]] = field(default_factory=list)  # on Ray: each try's node, pid and start
+    # Each stretch of time it ran, [start, end]: several once --resume continued it, so the hours a stopped night
+    # waited are not counted as the stage's; end None while it runs (or once a killed run left it open).
+    spans: list[list[str | None]] = field(default_factory=list)
+
+    def begin_span(self, now: datetime) -> None:
+        self.spans.append([now.isoformat(timespec="seconds"), None])
+
+    def end_span(self, at: datetime) -> None:
+        """Close the open stretch at ``at``, never before it began."""
+        if self.spans and self.spans[-1][1] is None:
+            begun = datetime.fromisoformat(str(self.spans[-1][0]))
+            self.spans[-1][1] = max(at, begun).isoformat(timespec="seconds")
+
+    def stretches(self) -> list[tuple[str, str | None]]:
+        """When it ran; a schedule.json written before spans has its start and end alone."""
+        if self.spans:
+            return [(str(start), end) for start, end in self.spans]
+        return [(self.actual_start, self.actual_end)] if self.actual_start else []
+
+    def seconds(self) -> float | None:
+        """How long it ran (its stretches together); None before it ends."""
+        stretches = self.stretches()
+        if not stretches or any(end is None for _, end in stretches):
+            return None
+        return sum((datetime.fromisoformat(str(end)) - datetime.fromisoformat(start)).total_seconds()
+                   for start, end in stretches)
 
 
 @dataclass

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from trainer import logs
@@ -134,24 +135,38 @@ def drive(nights: list[Night], executor: Executor, clock: Callable[[], datetime]
     queue = [(night, record) for night in nights for record in night.state.stages
              if record.status not in FINISHED and record.kind != StageKind.REPORT]
     running: dict[StageJob, tuple[Night, StageRecord]] = {}
-    while queue or running:
-        while queue and executor.has_room():
-            night, record = queue.pop(0)
-            job = _start(night, record, executor.parallel, clock)
-            if job is not None:
-                running[job] = (night, record)
-                executor.submit(job, night)
-        for event in executor.wait() if running else ():
-            night, record = running[event.job]
-            if event.attempts:
-                record.attempts = list(event.attempts)
-                record.actual_start = event.attempts[0].get("started") or record.actual_start
-            if event.outcome is not None:
-                del running[event.job]
-                _end(night, record, event.outcome, clock)
+    try:
+        while queue or running:
+            while queue and executor.has_room():
+                night, record = queue.pop(0)
+                job = _start(night, record, executor.parallel, clock)
+                if job is not None:
+                    running[job] = (night, record)
+                    executor.submit(job, night)
+            for event in executor.wait() if running else ():
+                night, record = running[event.job]
+                if event.attempts:
+                    _note_attempts(record, event.attempts)
+                if event.outcome is not None:
+                    del running[event.job]
+                    _end(night, record, event.outcome, clock)
+                night.state.save()
+    except BaseException:  # a stop signal: the interrupted stages' stretches end now, --resume begins new ones
+        for night, record in running.values():
+            record.end_span(clock())
             night.state.save()
+        raise
     for night in nights:
         _report(night, clock)
+
+
+def _note_attempts(record: StageRecord, attempts: tuple[dict[str, Any], ...]) -> None:
+    """A backend's attempts (Ray): the stage began when its first worker did, not when it was queued."""
+    record.attempts = list(attempts)
+    record.actual_start = attempts[0].get("started") or record.actual_start
+    if record.spans and record.spans[-1][1] is None:
+        begun = str(record.spans[-1][0])
+        record.spans[-1][0] = min((a["started"] for a in attempts if (a.get("started") or "") >= begun), default=begun)
 
 
 def _start(night: Night, record: StageRecord, parallel: bool, clock: Callable[[], datetime]) -> StageJob | None:
@@ -179,6 +194,9 @@ def _start(night: Night, record: StageRecord, parallel: bool, clock: Callable[[]
             return None
     record.status = RUNNING
     record.actual_start = record.actual_start if resume and record.actual_start else now.isoformat(timespec="seconds")
+    if resume:  # a killed run left its stretch open: it ended with the stage's last write (none: it is not counted)
+        record.end_span(min(_last_write(night.ctx.run.agent(record.name).root) or datetime.min, now))
+    record.begin_span(now)
     state.save()
     index = state.stages.index(record)
     # The night's live status: which stage of how many, and when this stage and the night should end.
@@ -191,6 +209,7 @@ def _start(night: Night, record: StageRecord, parallel: bool, clock: Callable[[]
 def _end(night: Night, record: StageRecord, outcome: StageOutcome, clock: Callable[[], datetime]) -> None:
     log = logs.get()
     if outcome.stopped is not None:  # stays running: --resume continues it
+        record.end_span(clock())
         log.warning("stage stopped", stage=record.name, detail=outcome.stopped)
         return
     if outcome.time_limit_s is not None:
@@ -215,7 +234,7 @@ def _end(night: Night, record: StageRecord, outcome: StageOutcome, clock: Callab
         if done.status == DONE and figures is not None:
             done.results = {k: figures.get(k) for k in RESULT_KEYS if k in figures} or None
     _finish(night.state, record, DONE, clock)
-    log.info("stage done", stage=record.name, seconds=_seconds(record), run=night.ctx.run.root.name)
+    log.info("stage done", stage=record.name, seconds=record.seconds(), run=night.ctx.run.root.name)
 
 
 def _report(night: Night, clock: Callable[[], datetime]) -> None:
@@ -224,6 +243,7 @@ def _report(night: Night, clock: Callable[[], datetime]) -> None:
     if record is None or record.status in FINISHED:
         return
     record.status, record.actual_start = RUNNING, clock().isoformat(timespec="seconds")
+    record.begin_span(clock())
     night.state.save()
     logs.get().info("stage started", stage=record.name, of=f"{len(night.state.stages)}/{len(night.state.stages)}",
                     kind=str(record.kind), resume=False, time_limit_s=None, ends=_clock(record.planned_end),
@@ -234,7 +254,7 @@ def _report(night: Night, clock: Callable[[], datetime]) -> None:
         _end(night, record, StageOutcome(error=f"{type(exc).__name__}: {exc}"), clock)
         return
     _finish(night.state, record, DONE, clock)
-    logs.get().info("stage done", stage=record.name, seconds=_seconds(record), run=night.ctx.run.root.name)
+    logs.get().info("stage done", stage=record.name, seconds=record.seconds(), run=night.ctx.run.root.name)
 
 
 def _finish(
@@ -243,6 +263,7 @@ def _finish(
     record.status = status
     record.error = error
     record.actual_end = clock().isoformat(timespec="seconds")
+    record.end_span(clock())
     state.save()
 
 
@@ -250,7 +271,7 @@ def _clock(iso: str | None) -> str | None:
     return f"{datetime.fromisoformat(iso):%H:%M:%S}" if iso else None
 
 
-def _seconds(record: StageRecord) -> float | None:
-    if not (record.actual_start and record.actual_end):
-        return None
-    return (datetime.fromisoformat(record.actual_end) - datetime.fromisoformat(record.actual_start)).total_seconds()
+def _last_write(folder: Path) -> datetime | None:
+    """When anything in a stage's folder was last written (its checkpoints come every 1,000 steps)."""
+    times = [path.stat().st_mtime for path in folder.rglob("*") if path.is_file()] if folder.is_dir() else []
+    return datetime.fromtimestamp(max(times)) if times else None
