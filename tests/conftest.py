@@ -31,6 +31,7 @@ TINY = (
     "reliability.checkpoint_min_interval_s=0",  # checkpoints where the steps say, however fast the run
     "warm_start.epochs=0",  # its demonstrations replay a whole year: tests/test_imitation.py covers it
     "warm_start.extra_draws=0",  # each draw builds and replays another year: tests/test_imitation.py covers one
+    "warm_start.ensemble=1",  # its mean runs over whole years: tests/test_imitation.py covers it on a week
 )
 
 

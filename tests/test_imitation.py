@@ -21,7 +21,7 @@ from .conftest import tiny_overrides
 
 @pytest.fixture(scope="module")
 def cfg():
-    return load_config(overrides=["warm_start.epochs=20"])
+    return load_config(overrides=["warm_start.epochs=20", "warm_start.ensemble=1"])
 
 
 def test_demonstrations_are_the_optimum_replayed_over_the_whole_dataset(site_schema, cfg):
@@ -179,3 +179,72 @@ def test_an_identical_imitation_is_reused_to_the_bit(site_schema, cfg, monkeypat
     digests = {agent: imitation.policy_digest(build_model(cfg, agent, env, "cpu", cfg.seed, 1000))
                for agent in ("sac", "ppo", "a2c")}
     assert digests["ppo"] == digests["a2c"] != digests["sac"]
+
+
+
+@pytest.fixture(scope="module")
+def week(site_schema, tmp_path_factory):
+    """The built-in site's first week: an ensemble's year in closed loop takes seconds, not minutes."""
+    from .conftest import variant
+
+    return variant(site_schema, tmp_path_factory.mktemp("week"), steps=168)
+
+
+@pytest.mark.parametrize("agent", ["ppo", "sac"])
+def test_the_warm_start_imitates_its_ensemble_s_mean_and_the_stage_goes_on_as_with_one(week, cfg, monkeypatch, agent):
+    import torch
+
+    from trainer.learn import imitation
+
+    monkeypatch.setattr(imitation, "_DISTILLED", {})
+    several = cfg.model_copy(update={"warm_start": cfg.warm_start.model_copy(update={"epochs": 3, "ensemble": 3})})
+    env = make_sb3_env(several, week, "train", several.seed)
+    model = build_model(several, agent, env, "cpu", several.seed, 1000)
+    single = build_model(several, agent, env, "cpu", several.seed, 1000)
+    imitation.imitate(single, demonstrations(several, week, several.seed), 3, several.warm_start.learning_rate,
+                      several.warm_start.batch_size, several.seed)
+    torch.manual_seed(123)
+    summary = warm_start(several, week, agent, model)
+    after = torch.rand(3)  # the stage goes on with the random state it had: building members reseeds it
+    torch.manual_seed(123)
+    assert torch.equal(after, torch.rand(3))
+    steps = len(demonstrations(several, week, several.seed).actions)
+    ensemble = summary["ensemble"]
+    assert ensemble["members"] == 3 and len(ensemble["members_actor_mse"]) == 3
+    assert ensemble["labelled_steps"] == 2 * steps  # the demonstrations' states and the ensemble's own year
+    # The first member is the single imitation; the policy is the student, not it.
+    assert ensemble["members_actor_mse"][0] == round(imitation.imitate(
+        build_model(several, agent, env, "cpu", several.seed, 1000), demonstrations(several, week, several.seed), 3,
+        several.warm_start.learning_rate, several.warm_start.batch_size, several.seed)[0], 5)
+    assert not all(torch.equal(single.policy.state_dict()[n], t) for n, t in model.policy.state_dict().items())
+
+
+def test_the_ensemble_s_labels_are_its_mean_action_where_it_goes_in_closed_loop(week, cfg, monkeypatch):
+    from trainer.learn import imitation
+
+    monkeypatch.setattr(imitation, "_DISTILLED", {})
+    env = make_sb3_env(cfg, week, "train", cfg.seed)
+    members = [build_model(cfg, "ppo", env, "cpu", seed, 1000).policy for seed in (1, 2)]
+    demos = demonstrations(cfg, week, cfg.seed)
+    labelled = imitation._ensemble_labels(cfg, week, members, demos, None)
+    steps = len(demos.actions)
+    assert labelled.periods == (steps, steps) and labelled.period_steps == steps
+
+    def mean(observations):
+        return np.clip(np.mean([m.predict(observations, deterministic=True)[0] for m in members], axis=0), -1, 1)
+
+    np.testing.assert_allclose(labelled.actions[:steps], mean(demos.observations), atol=1e-6)
+    np.testing.assert_array_equal(labelled.observations[:steps], demos.observations)
+    # The second period: the mean action run through CityLearn from the year's start, each state labelled with it.
+    ours = labelled.observations[steps:]
+    assert ours.shape == demos.observations.shape and not np.array_equal(ours, demos.observations)
+    np.testing.assert_allclose(labelled.actions[steps:], mean(ours), atol=1e-6)
+    replay = make_sb3_env(cfg, week, "eval", cfg.seed)
+    obs, _ = replay.reset()
+    for t in range(3):
+        np.testing.assert_allclose(ours[t], obs, atol=1e-6)
+        obs, reward, _, _, _ = replay.step(mean(obs[None])[0])
+        assert labelled.rewards[steps + t] == pytest.approx(reward)
+    # A second agent's ensemble of the same members is not run again.
+    monkeypatch.setattr(imitation, "make_sb3_env", None)
+    assert imitation._ensemble_labels(cfg, week, members, demos, None) is labelled

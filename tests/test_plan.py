@@ -32,20 +32,21 @@ def test_plan_calls_out_sac_with_1024_updates_per_step(tmp_path):
 
 
 def test_second_plan_uses_the_cached_calibration(tmp_path):
-    many = ("--set", "a2c.timesteps=50000000")
-    first = plan(tmp_path, "--budget", "15m", "--agents", "a2c", *many)
+    many = ("--set", "a2c.timesteps=100000000")
+    first = plan(tmp_path, "--budget", "30m", "--agents", "a2c", *many)
     assert first.exit_code == 0, first.output
-    # After the references, the warm start's four years of demonstrations, A2C's evaluations and the report,
-    # under 10 minutes are left (on a loaded 2-core machine, 4 minutes left none): 50 million steps would need
-    # over 80,000 steps/s (A2C does 13,000-30,000 on the training simulator on 2 cores).
+    # After the references, the warm start's four years of demonstrations, its five imitations and their student,
+    # A2C's evaluations and the report, under 25 minutes are left (on a loaded 2-core machine, 15 minutes left
+    # none): 100 million steps would need over 65,000 steps/s (A2C does 13,000-30,000 on the training simulator on
+    # 2 cores).
     assert "! a2c:" in first.output
     cache = next((tmp_path / ".calibration").glob("*.json"))
     speeds = json.loads(cache.read_text())
     speeds["train_steps_per_s"]["a2c"] = 1e6  # a planted figure: only the cache can supply it
     cache.write_text(json.dumps(speeds))
-    second = plan(tmp_path, "--budget", "15m", "--agents", "a2c", *many)
+    second = plan(tmp_path, "--budget", "30m", "--agents", "a2c", *many)
     assert second.exit_code == 0, second.output
-    assert "train 50,000,000/50,000,000 steps" in second.output and "! a2c:" not in second.output
+    assert "train 100,000,000/100,000,000 steps" in second.output and "! a2c:" not in second.output
 
 
 def test_budget_and_finish_by_together_exit_2(tmp_path):
@@ -140,19 +141,25 @@ def test_the_plan_counts_each_warm_start_and_the_night_s_demonstrations_once(sit
 
     from trainer.config_files import load_config
     from trainer.night.calibrate import Speeds
-    from trainer.night.plan import DEMONSTRATION_SOLVE_S, SAFETY, warm_start_s
+    from trainer.night.plan import DEMONSTRATION_SOLVE_S, POLICY_CALL_S, SAFETY, warm_start_s
 
     cfg = load_config()  # 400 epochs of 8,759 samples in minibatches of 256; three more years of the built-in site
     speeds = Speeds(eval_steps_per_s=1000.0, train_steps_per_s={}, imitation_update_s={"sac": 0.003, "ppo": 0.001})
-    minibatches = 400 * math.ceil(8759 / 256)
+    minibatches = 6 * 400 * math.ceil(8759 / 256)  # five members and their student
     year = 8759 / 1000.0 * SAFETY + DEMONSTRATION_SOLVE_S
+    ensemble_s = (4 / 1000.0 + 5 * POLICY_CALL_S) * 8759 * SAFETY  # the members' mean action over the four years
     estimate = warm_start_s(cfg, site_schema, speeds, ["sac", "ppo"])
-    assert estimate["sac"] == pytest.approx(minibatches * 0.003 * SAFETY + 4 * year)  # the demonstrations, once
-    assert estimate["ppo"] == pytest.approx(minibatches * 0.001 * SAFETY)
+    assert estimate["sac"] == pytest.approx(minibatches * 0.003 * SAFETY + 4 * year + ensemble_s)  # demonstrations once
+    assert estimate["ppo"] == pytest.approx(minibatches * 0.001 * SAFETY + ensemble_s)
+    one = load_config(overrides=["warm_start.ensemble=1"])
+    assert warm_start_s(one, site_schema, speeds, ["ppo"])["ppo"] == pytest.approx(minibatches / 6 * 0.001 * SAFETY
+                                                                                    + 4 * year)
     # Another dataset has its one year; with the warm start off there is nothing to count.
     other = tmp_path / "schema.json"
     other.write_text(json.dumps({"simulation_start_time_step": 0, "simulation_end_time_step": 8759}))
-    assert warm_start_s(cfg, other, speeds, ["ppo"])["ppo"] == pytest.approx(minibatches * 0.001 * SAFETY + year)
+    ensemble_of_one_year = (1 / 1000.0 + 5 * POLICY_CALL_S) * 8759 * SAFETY
+    assert warm_start_s(cfg, other, speeds, ["ppo"])["ppo"] == pytest.approx(minibatches * 0.001 * SAFETY + year
+                                                                              + ensemble_of_one_year)
     off = load_config(overrides=["warm_start.epochs=0"])
     assert warm_start_s(off, site_schema, speeds, ["sac", "ppo"]) == {}
     # A2C starts from PPO's policy: the night imitates it once, whichever comes first.
@@ -162,10 +169,11 @@ def test_the_plan_counts_each_warm_start_and_the_night_s_demonstrations_once(sit
     assert warm_start_s(cfg, site_schema, shared, ["a2c", "ppo"])["ppo"] == 0.0
     # On Ray each stage is a process of its own: each computes the demonstrations and imitates.
     apart = warm_start_s(cfg, site_schema, shared, ["ppo", "a2c"], one_process=False)
-    assert apart == pytest.approx({"ppo": minibatches * 0.001 * SAFETY + 4 * year,
-                                   "a2c": minibatches * 0.002 * SAFETY + 4 * year})
+    assert apart == pytest.approx({"ppo": minibatches * 0.001 * SAFETY + 4 * year + ensemble_s,
+                                   "a2c": minibatches * 0.002 * SAFETY + 4 * year + ensemble_s})
     shared.imitation_policy = {}  # a calibration from before the digests: each imitates
-    assert warm_start_s(cfg, site_schema, shared, ["ppo", "a2c"])["a2c"] == pytest.approx(minibatches * 0.002 * SAFETY)
+    assert warm_start_s(cfg, site_schema, shared, ["ppo", "a2c"])["a2c"] == pytest.approx(minibatches * 0.002 * SAFETY
+                                                                                          + ensemble_s)
 
 
 def test_a_trained_stage_counts_its_evaluations_after_training(site_schema, tmp_path):
@@ -181,3 +189,44 @@ def test_a_trained_stage_counts_its_evaluations_after_training(site_schema, tmp_
     assert policy_evaluations(load_config(), other) == 2  # no held-out year to confirm over
     assert policy_evaluations(load_config(overrides=["train.keep_best=false"]), site_schema) == 2
     assert policy_evaluations(load_config(overrides=["warm_start.epochs=0"]), site_schema) == 1
+
+
+def test_a_timed_night_runs_the_warm_start_s_ensemble_only_where_it_fits(site_schema, tmp_path):
+    from trainer.config_files import load_config
+    from trainer.night.calibrate import Speeds
+    from trainer.night.plan import ENSEMBLE_SHARE, fit_ensemble, warm_start_s
+
+    cfg = load_config()
+    speeds = Speeds(eval_steps_per_s=400.0, train_steps_per_s={}, imitation_update_s={"sac": 0.006, "ppo": 0.002})
+    needed = sum(warm_start_s(cfg, site_schema, speeds, ["sac", "ppo"]).values())
+    # Untimed, or with time to spare: as configured.
+    assert fit_ensemble(cfg, site_schema, speeds, ["sac", "ppo"], None) == (cfg, None)
+    assert fit_ensemble(cfg, site_schema, speeds, ["sac", "ppo"], needed / ENSEMBLE_SHARE) == (cfg, None)
+    # A 20-minute night: one imitation, and the plan says why.
+    fitted, why = fit_ensemble(cfg, site_schema, speeds, ["sac", "ppo"], 1200.0)
+    assert fitted.warm_start.ensemble == 1 and fitted.warm_start.epochs == 400
+    assert why == (f"one imitation, not the mean of 5: with it the warm starts would take ~{round(needed / 60)} min, "
+                   "over 25% of the night's 20 min (a longer night runs it)")
+    one = load_config(overrides=["warm_start.ensemble=1"])
+    assert fit_ensemble(one, site_schema, speeds, ["sac"], 60.0) == (one, None)
+
+
+def test_the_night_runs_and_records_the_ensemble_its_time_affords(site_schema, tmp_path):
+    from datetime import datetime, timedelta
+
+    from trainer.config_files import load_config
+    from trainer.night.calibrate import Speeds
+    from trainer.night.runner import _fit_warm_start
+    from trainer.run_dir import RunDir
+    from trainer.session import RunContext
+
+    run = RunDir(tmp_path / "run")
+    run.create(load_config(), ["trainer", "night"], "cpu")
+    ctx = RunContext(load_config(), run, site_schema, "cpu")
+    speeds = Speeds(eval_steps_per_s=400.0, train_steps_per_s={}, imitation_update_s={"sac": 0.006})
+    now = datetime(2026, 11, 26, 22, 0)
+    fitted, notes = _fit_warm_start(ctx, speeds, ["sac"], now + timedelta(minutes=20), now, True)
+    assert fitted.cfg.warm_start.ensemble == 1 and notes[0].startswith("warm start: one imitation")
+    assert load_config([run.config]).warm_start.ensemble == 1  # what a resume and Ray's workers read
+    untimed, notes = _fit_warm_start(ctx, speeds, ["sac"], None, now, True)
+    assert untimed is ctx and notes == []

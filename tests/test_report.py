@@ -186,3 +186,18 @@ def test_a_resumed_stage_shows_each_run_and_not_the_hours_between(tmp_path):
     assert "| ppo | running | – | from 13:11:42 | – |" in report
     assert "| a2c | done | – | 13:21:59–13:27:39 | – |" in report
     assert (run.plots / "timeline.png").stat().st_size > 0
+
+
+
+def test_the_report_says_when_the_warm_start_is_an_ensemble_s_mean(tmp_path):
+    results = _results()
+    kept = {"step": 0, "final_step": 5000, "why": "training never beat its warm start on the validation window",
+            "held_out": True, "validation_co2_kg_per_year": 44_100.0}
+    results["sac"].update(kept=kept, warm_start={"co2_kg_per_year": 34_000.0, "ensemble": {"members": 5}})
+    results["ppo"].update(kept=kept, warm_start={"co2_kg_per_year": 28_100.0})
+    lines = write_report(_run(tmp_path, results)).read_text().splitlines()
+    sac = next(x for x in lines if x.startswith("- **sac** deploys"))
+    assert sac.endswith("Warm start alone (the mean of 5 imitations of the optimum, in one policy): 34,000 kg/yr; "
+                        "deployed: 34,000 kg/yr.")
+    assert next(x for x in lines if x.startswith("- **ppo** deploys")).endswith(
+        "Warm start alone: 28,100 kg/yr; deployed: 28,100 kg/yr.")

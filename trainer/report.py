@@ -146,7 +146,9 @@ def _deployed(results: dict[str, dict[str, Any]]) -> list[str]:
             line += f", the last policy {kept['last_validation_co2_kg_per_year'] / 1000:,.1f}"
         line += ")."
         if isinstance(warm.get("co2_kg_per_year"), (int, float)):
-            line += (f" Warm start alone: {warm['co2_kg_per_year']:,.0f} kg/yr; deployed: "
+            members = (warm.get("ensemble") or {}).get("members")
+            imitation = f" (the mean of {members} imitations of the optimum, in one policy)" if members else ""
+            line += (f" Warm start alone{imitation}: {warm['co2_kg_per_year']:,.0f} kg/yr; deployed: "
                      f"{metrics['co2_kg_per_year']:,.0f} kg/yr.")
         rows.append(line)
     if not rows:

@@ -132,6 +132,10 @@ class RunDir:
         everything the trainer writes (the lock note, the log, an agent's folder, a checkpoint) lies under it."""
         refuse_links_out(self.root, "the run folder")
 
+    def write_config(self, cfg: Config) -> None:
+        """config.yaml: the config the run runs with, resolved."""
+        write_text_atomic(self.config, yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+
     def create(self, cfg: Config, argv: list[str], device: str, resuming: bool = False) -> RunDir:
         """Make the folder and record how the run was made, so it can be repeated.
 
@@ -141,7 +145,7 @@ class RunDir:
             self.logs.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise UsageError(f"cannot create run folder {self.root}: {exc.strerror} (choose another --out)") from None
-        write_text_atomic(self.config, yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+        self.write_config(cfg)
         previous = self.command.read_text(encoding="utf-8") if resuming and self.command.is_file() else ""
         write_text_atomic(self.command, previous + " ".join(shlex.quote(a) for a in argv) + "\n")
         write_json_atomic(self.versions, versions(device))

@@ -225,6 +225,7 @@ def is_built_in(schema: Path) -> bool:
 # The built-in site's other years by their offset from scenario.seed: each use has its own, none sees another's.
 VALIDATION_SEED_OFFSET = 1000  # the selection's validation window and held-out year (<run>/validation-site/)
 SECOND_HELD_OUT_SEED_OFFSET = 1001  # the selection's second held-out year (<run>/validation-site-2/)
+HELD_OUT_YEARS = 2  # the two above: what the selection confirms a pick over and chooses a warm start by
 DRAW_SEED_OFFSET = 2000  # + k: the years whose optimum the warm start imitates too (<run>/demonstration-sites/)
 UNSEEN_YEAR_SEED_OFFSET = 3000  # trainer evaluate --unseen-year (<run>/unseen-year/): used by nothing else
 

@@ -192,14 +192,16 @@ def night_plan(cfg: Config, quick: bool, agents: str | None, budget_text: str | 
 
 def quick_night(cfg: Config) -> Config:
     """The config of a --quick night: its evaluations cover schedule.quick_eval_days, not the whole period, and its
-    warm start imitates the dataset's own period for schedule.quick_warm_start_epochs (a smoke run, not the best).
+    warm start imitates the dataset's own period once for schedule.quick_warm_start_epochs (a smoke run, not the
+    best).
     SAC's few quick updates all move its actor (its critics-first phase would outlast them: a smoke run runs the
     whole update)."""
     days = min(cfg.schedule.quick_eval_days, cfg.schedule.eval_days or cfg.schedule.quick_eval_days)
     epochs = min(cfg.schedule.quick_warm_start_epochs, cfg.warm_start.epochs)
     return cfg.model_copy(update={
         "schedule": cfg.schedule.model_copy(update={"eval_days": days}),
-        "warm_start": cfg.warm_start.model_copy(update={"epochs": epochs, "extra_draws": 0, "sac_critic_updates": 0})})
+        "warm_start": cfg.warm_start.model_copy(update={"epochs": epochs, "extra_draws": 0, "ensemble": 1,
+                                                        "sac_critic_updates": 0})})
 
 
 def training_targets(cfg: Config, agents: Sequence[str], quick: bool, schema: Path) -> dict[str, int]:

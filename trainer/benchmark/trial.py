@@ -154,7 +154,7 @@ def run_trial(trial: Trial, cfg: Config, schema: Path, device: str, sizes: Sizes
         # The warm start's length changes what a policy knows, not how fast it then trains (Sizes.imitation_epochs).
         # SAC's first updates of critics alone are cheaper than the rest of its stage: a short trial times the rest.
         brief = cfg.warm_start.model_copy(update={"epochs": min(cfg.warm_start.epochs, sizes.imitation_epochs),
-                                                  "extra_draws": 0,
+                                                  "extra_draws": 0, "ensemble": 1,
                                                   "sac_critic_updates": 0})
         model, n_envs = _train_product(agent, cfg.model_copy(update={"warm_start": brief}), schema, device,
                                        _steps(agent, sizes), stopwatch)

@@ -15,13 +15,18 @@ from trainer.night.budget import PlannedStage, StageKind, StageSpec, timeline
 from trainer.night.calibrate import Speeds, calibrate
 from trainer.references import REFERENCES
 from trainer.roster import agent_spec
-from trainer.scenario import is_built_in
+from trainer.scenario import HELD_OUT_YEARS, is_built_in
 from trainer.session import site_schema, training_targets
 
 REPORT_S = 20.0
 OPTIMUM_SOLVE_S = 10.0  # a year of the built-in site solves in ~1-2 s on 2 cores; padded for larger sites
 # A year of the warm start's demonstrations beyond its replay: the linear program and, for a draw, building the site.
 DEMONSTRATION_SOLVE_S = 3.0
+# One call of a policy on a few states (SB3's predict): ~0.7 ms for SAC's 256x256 and PPO's 64x64 alike on 2 loaded
+# cores, most of it SB3's own; the warm start's ensemble makes one call a member a step.
+POLICY_CALL_S = 0.0007
+# The most of a timed night the warm starts' ensembles may take (fit_ensemble).
+ENSEMBLE_SHARE = 0.25
 # Estimates are padded so the night ends by the deadline even when a stage runs a little slow.
 SAFETY = 1.15
 
@@ -65,7 +70,7 @@ def policy_evaluations(cfg: Config, schema: Path) -> int:
     out)."""
     if cfg.warm_start.epochs <= 0:
         return 1
-    return 6 if cfg.train.keep_best and is_built_in(schema) else 2
+    return 2 + 2 * HELD_OUT_YEARS if cfg.train.keep_best and is_built_in(schema) else 2
 
 
 def warm_start_s(cfg: Config, schema: Path, speeds: Speeds, agents: list[str],
@@ -74,25 +79,53 @@ def warm_start_s(cfg: Config, schema: Path, speeds: Speeds, agents: list[str],
     speed; none for one whose policy an earlier agent imitated: the night reuses it), the first one's also the
     demonstrations: each year's optimum solved and replayed in CityLearn, the dataset's and, on the built-in
     site, ``warm_start.extra_draws`` more (a night computes them once). Both are reused only within a process:
-    where each stage is its own (``one_process`` False: Ray), every agent computes its own."""
+    where each stage is its own (``one_process`` False: Ray), every agent computes its own. With
+    ``warm_start.ensemble`` > 1, that many imitations and the student's, and the members' mean action run over each
+    year of the demonstrations."""
     settings = cfg.warm_start
     if settings.epochs <= 0:
         return {}
     period = schema_length(schema) - 1
     years = 1 + (settings.extra_draws if is_built_in(schema) else 0)
     demonstrations_s = years * (period / speeds.eval_steps_per_s * SAFETY + DEMONSTRATION_SOLVE_S)
+    members = settings.ensemble
+    imitations = members + 1 if members > 1 else 1
+    # The years side by side: each step of them costs each member one call.
+    ensemble_s = 0.0 if members <= 1 else (years / speeds.eval_steps_per_s + members * POLICY_CALL_S) * period * SAFETY
     out, imitated = {}, set()
     for agent in agents:
         if not agent_spec(agent).warm_start:
             continue
         policy = speeds.imitation_policy.get(agent)  # None from a calibration before it was recorded: imitates
-        minibatches = 0 if policy in imitated else settings.epochs * math.ceil(period / settings.batch_size)
-        out[agent] = minibatches * speeds.imitation_update_s.get(agent, 0.0) * SAFETY + demonstrations_s
+        reused = policy in imitated
+        minibatches = 0 if reused else imitations * settings.epochs * math.ceil(period / settings.batch_size)
+        out[agent] = (minibatches * speeds.imitation_update_s.get(agent, 0.0) * SAFETY + demonstrations_s
+                      + (0.0 if reused else ensemble_s))
         if one_process:  # the agents after it reuse both
             demonstrations_s = 0.0
             if policy is not None:
                 imitated.add(policy)
     return out
+
+
+def fit_ensemble(cfg: Config, schema: Path, speeds: Speeds, agents: list[str], available_s: float | None,
+                 one_process: bool = True) -> tuple[Config, str | None]:
+    """The night's config with ``warm_start.ensemble`` as it fits, and why it changed (None: it did not).
+
+    A night without a deadline runs the configured ensemble. A timed night runs it only where its warm starts take
+    at most ENSEMBLE_SHARE of the time: five SAC imitations and their student are ~10 minutes on 2 cores, half a
+    20-minute night, where one imitation leaves the time to reinforcement learning. Smaller ensembles are not
+    tried: the mean of two or three measured no better than one imitation (docs/agent-quality.md)."""
+    settings = cfg.warm_start
+    if available_s is None or settings.ensemble <= 1 or settings.epochs <= 0:
+        return cfg, None
+    needed = sum(warm_start_s(cfg, schema, speeds, agents, one_process).values())
+    if needed <= ENSEMBLE_SHARE * available_s:
+        return cfg, None
+    single = cfg.model_copy(update={"warm_start": settings.model_copy(update={"ensemble": 1})})
+    return single, (f"one imitation, not the mean of {settings.ensemble}: with it the warm starts would take "
+                    f"~{human_duration(needed)}, over {ENSEMBLE_SHARE:.0%} of the night's "
+                    f"{human_duration(available_s)} (a longer night runs it)")
 
 
 def fit_warnings(cfg: Config, speeds: Speeds, planned: list[PlannedStage]) -> list[str]:
@@ -182,5 +215,7 @@ def plan_text(cfg: Config, source: DatasetSource | None, agents: list[str], quic
     with site_schema(cfg, source) as schema:
         speeds = calibrate(cfg, schema, device, agents, refresh=refresh)
         targets = training_targets(cfg, agents, quick, schema)
-        planned, notes = build_plan(cfg, schema, speeds, agents, targets, datetime.now(), deadline)
-    return render(planned, deadline, notes, speeds)
+        now = datetime.now()
+        cfg, why = fit_ensemble(cfg, schema, speeds, agents, (deadline - now).total_seconds() if deadline else None)
+        planned, notes = build_plan(cfg, schema, speeds, agents, targets, now, deadline)
+    return render(planned, deadline, [f"warm start: {why}"] * (why is not None) + notes, speeds)

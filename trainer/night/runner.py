@@ -8,6 +8,7 @@ the backend only places the stages' jobs (here one after another, on Ray side by
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -15,8 +16,8 @@ from trainer import logs
 from trainer.errors import TrainerError
 from trainer.night.backends import backend
 from trainer.night.budget import StageKind
-from trainer.night.calibrate import calibrate
-from trainer.night.plan import build_plan, render, stage_specs
+from trainer.night.calibrate import Speeds, calibrate
+from trainer.night.plan import build_plan, fit_ensemble, render, stage_specs
 from trainer.night.stages import record_results
 from trainer.night.state import Night, drive, plan
 from trainer.references import REFERENCES
@@ -32,10 +33,13 @@ def prepare(ctx: RunContext, agents: list[str], targets: dict[str, int], deadlin
     backend's (backends.py)."""
     speeds = calibrate(ctx.cfg, ctx.schema, ctx.device, agents)
     now = datetime.now()  # after calibrating: the plan starts when the first stage can
+    resumed = ScheduleState.load(ctx.run.schedule) if resume and ctx.run.schedule.is_file() else None
+    if resumed is not None:
+        deadline = resumed.deadline_dt()  # the same deadline as the night began with
+    ctx, fitted = _fit_warm_start(ctx, speeds, agents, deadline, now, one_process)
     specs = stage_specs(ctx.cfg, ctx.schema, speeds, agents, targets, one_process)
-    if resume and ctx.run.schedule.is_file():
-        state = ScheduleState.load(ctx.run.schedule)
-        deadline = state.deadline_dt()  # the same deadline as the night began with
+    if resumed is not None:
+        state = resumed
         logs.get().info("schedule resumed", deadline=state.deadline,
                         remaining=[s.name for s in state.stages if s.status not in FINISHED])
     else:
@@ -47,9 +51,22 @@ def prepare(ctx: RunContext, agents: list[str], targets: dict[str, int], deadlin
     remaining = [s.name for s in state.stages if s.status not in FINISHED]
     planned, notes = build_plan(ctx.cfg, ctx.schema, speeds, [a for a in agents if a in remaining], targets, now,
                                 deadline, one_process)
-    text = render([p for p in planned if p.name in remaining], deadline, notes, speeds)
+    text = render([p for p in planned if p.name in remaining], deadline, [*fitted, *notes], speeds)
     return Night(ctx, state, specs, force, text, keep=lambda name, metrics: record_results(ctx.run, {name: metrics}),
                  report=lambda: write_report(ctx.run))
+
+
+def _fit_warm_start(ctx: RunContext, speeds: Speeds, agents: list[str], deadline: datetime | None, now: datetime,
+                    one_process: bool) -> tuple[RunContext, list[str]]:
+    """The run with the warm start's ensemble the night's time affords (plan.fit_ensemble), written to its
+    config.yaml (a resumed night and Ray's workers read it from there), and the plan's note of it."""
+    available = (deadline - now).total_seconds() if deadline else None
+    fitted, why = fit_ensemble(ctx.cfg, ctx.schema, speeds, agents, available, one_process)
+    if why is None:
+        return ctx, []
+    logs.get().info(f"warm start: {why}")
+    ctx.run.write_config(fitted)
+    return replace(ctx, cfg=fitted), [f"warm start: {why}"]
 
 
 def run_night(ctx: RunContext, agents: list[str], targets: dict[str, int], deadline: datetime | None, resume: bool,
