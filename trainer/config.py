@@ -131,7 +131,7 @@ class WarmStartConfig(Section):
                            ge=0, le=20)
     ensemble: int = doc("Imitations from this many initial weights (the seed, then + 1000, + 2000, ...) whose mean "
                         "action, run over each year of the demonstrations, the agent's policy then imitates: one "
-                        "network that keeps to the optimum better than any one imitation (each member costs an "
+                        "network nearer the optimum than one imitation on average over seeds (each member costs an "
                         "imitation; 1 = a single imitation; docs/agent-quality.md).", ge=1, le=16)
     learning_rate: float = doc("Adam learning rate of the imitation.", gt=0, le=1)
     batch_size: int = doc("Minibatch size of the imitation.", ge=1)

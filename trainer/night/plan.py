@@ -113,9 +113,10 @@ def fit_ensemble(cfg: Config, schema: Path, speeds: Speeds, agents: list[str], a
     """The night's config with ``warm_start.ensemble`` as it fits, and why it changed (None: it did not).
 
     A night without a deadline runs the configured ensemble. A timed night runs it only where its warm starts take
-    at most ENSEMBLE_SHARE of the time: five SAC imitations and their student are ~10 minutes on 2 cores, half a
-    20-minute night, where one imitation leaves the time to reinforcement learning. Smaller ensembles are not
-    tried: the mean of two or three measured no better than one imitation (docs/agent-quality.md)."""
+    at most ENSEMBLE_SHARE of the time: five SAC imitations and their student took 12.4 minutes on 2 cores, more
+    than half a 20-minute night, where one imitation leaves the time to reinforcement learning. Smaller ensembles
+    are not tried: the mean of two measured worse than its first member, of three below the best one imitation of
+    five (docs/agent-quality.md)."""
     settings = cfg.warm_start
     if available_s is None or settings.ensemble <= 1 or settings.epochs <= 0:
         return cfg, None
