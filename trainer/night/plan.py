@@ -219,4 +219,4 @@ def plan_text(cfg: Config, source: DatasetSource | None, agents: list[str], quic
         now = datetime.now()
         cfg, why = fit_ensemble(cfg, schema, speeds, agents, (deadline - now).total_seconds() if deadline else None)
         planned, notes = build_plan(cfg, schema, speeds, agents, targets, now, deadline)
-    return render(planned, deadline, [f"warm start: {why}"] * (why is not None) + notes, speeds)
+    return render(planned, deadline, ([f"warm start: {why}"] if why else []) + notes, speeds)
