@@ -244,6 +244,19 @@ def test_changed_config_is_refused_with_the_keys_named_unless_forced(tmp_path, s
     assert forced.exit_code == 0, forced.output
 
 
+def test_a_resumed_night_may_refit_the_warm_start_s_ensemble_but_not_its_imitation():
+    from trainer.config_files import load_config
+    from trainer.learn.preflight import training_view
+
+    # A stage resumes from its checkpoint, never from its warm start: the ensemble a resumed night fits to the time
+    # left (trainer.night.plan.fit_ensemble) is not a change to it; what its fine-tuning keeps near still is.
+    before = load_config().to_dict()
+    assert training_view(load_config(overrides=["warm_start.ensemble=1"]).to_dict(), "sac") == \
+        training_view(before, "sac")
+    assert training_view(load_config(overrides=["warm_start.sac_bc_alpha=0.5"]).to_dict(), "sac") != \
+        training_view(before, "sac")
+
+
 def test_a_second_trainer_on_the_same_run_is_refused(tmp_path, site_schema):
     run = tmp_path / "busy"
     run.mkdir()
