@@ -42,7 +42,6 @@ import time
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -219,11 +218,14 @@ MEMBER_SEED_STEP = 1000
 def policy_digest(model: Any) -> str:
     """A digest of what :func:`imitate` reads of ``model``: its policy's class, device, threads and weights, and
     its discount (the critic's targets). Two agents with the same digest imitate to the same weights."""
+    return _policy_digest(model.policy, float(model.gamma))
+
+
+def _policy_digest(policy: Any, gamma: float) -> str:
     import torch  # lazy: torch takes seconds to import
 
-    policy = model.policy
     digest = hashlib.sha256(f"{type(policy).__module__}.{type(policy).__qualname__} {policy.device} "
-                            f"{torch.get_num_threads()} {float(model.gamma)}".encode())
+                            f"{torch.get_num_threads()} {gamma}".encode())
     for name, tensor in policy.state_dict().items():
         digest.update(name.encode())
         digest.update(tensor.detach().cpu().numpy().tobytes())
@@ -308,7 +310,7 @@ def _ensemble_labels(cfg: Config, schema: Path, members: list[Any], demos: Demon
     the demonstrations, each labelled with that mean action; the rewards it earned there (the critic's returns)."""
     digest = hashlib.sha256(f"{cfg.digest()} {schema} {draws}".encode())
     for member in members:
-        digest.update(policy_digest(SimpleNamespace(policy=member, gamma=0.0)).encode())
+        digest.update(_policy_digest(member, 0.0).encode())
     digest.update(demos.observations.tobytes())
     key = digest.hexdigest()
     if key in _DISTILLED:
