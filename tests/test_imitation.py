@@ -193,6 +193,7 @@ def week(site_schema, tmp_path_factory):
 @pytest.mark.parametrize("agent", ["ppo", "sac"])
 def test_the_warm_start_imitates_its_ensemble_s_mean_and_the_stage_goes_on_as_with_one(week, cfg, monkeypatch, agent):
     import torch
+    from structlog.testing import capture_logs
 
     from trainer.learn import imitation
 
@@ -204,7 +205,8 @@ def test_the_warm_start_imitates_its_ensemble_s_mean_and_the_stage_goes_on_as_wi
     imitation.imitate(single, demonstrations(several, week, several.seed), 3, several.warm_start.learning_rate,
                       several.warm_start.batch_size, several.seed)
     torch.manual_seed(123)
-    summary = warm_start(several, week, agent, model)
+    with capture_logs() as logged:
+        summary = warm_start(several, week, agent, model)
     after = torch.rand(3)  # the stage goes on with the random state it had: building members reseeds it
     torch.manual_seed(123)
     assert torch.equal(after, torch.rand(3))
@@ -217,6 +219,11 @@ def test_the_warm_start_imitates_its_ensemble_s_mean_and_the_stage_goes_on_as_wi
         build_model(several, agent, env, "cpu", several.seed, 1000), demonstrations(several, week, several.seed), 3,
         several.warm_start.learning_rate, several.warm_start.batch_size, several.seed)[0], 5)
     assert not all(torch.equal(single.policy.state_dict()[n], t) for n, t in model.policy.state_dict().items())
+    # Minutes of work on a real site: the log says what is happening, member by member, and how to have one.
+    progress = [e for e in logged if e["event"].startswith("warm start")]
+    assert "warm_start.ensemble=1" in progress[0]["event"]
+    assert [e["member"] for e in progress if "member" in e] == ["1/3", "2/3", "3/3"]
+    assert [e for e in progress if "labelled" in e["event"]][0]["steps"] == 2 * steps
 
 
 def test_the_ensemble_s_labels_are_its_mean_action_where_it_goes_in_closed_loop(week, cfg, monkeypatch):

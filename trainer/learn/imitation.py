@@ -275,18 +275,30 @@ def distil_an_ensemble(cfg: Config, schema: Path, agent: str, model: Any, demos:
     settings, seed = cfg.warm_start, cfg.seed
     state = (random.getstate(), np.random.get_state(), torch.get_rng_state())
     fit = (settings.epochs, settings.learning_rate, settings.batch_size)
+    # A user sees progress through what takes minutes, and how to make it one imitation.
+    log = logs.get().bind(agent=agent, members=settings.ensemble)
+    log.info("warm start: imitating the optimum from several initial weights, then their mean action "
+             "(--set warm_start.ensemble=1 for one imitation)")
     try:
         members, errors = [], []
         env = make_sb3_env(cfg, schema, "eval", seed)
         try:
             for k in range(settings.ensemble):  # the first is the seed's own imitation
                 STOP.check("the warm start's ensemble")
+                started = time.perf_counter()
                 member = _fresh(cfg, agent, env, str(model.device), seed + k * MEMBER_SEED_STEP)
-                errors.append(imitate_once(member, demos, *fit, seed + k * MEMBER_SEED_STEP)[0])
+                member_errors, reused = imitate_once(member, demos, *fit, seed + k * MEMBER_SEED_STEP)
+                errors.append(member_errors)
                 members.append(member.policy)
+                log.info("warm start: ensemble member imitated", member=f"{k + 1}/{settings.ensemble}",
+                         actor_mse=round(member_errors[0], 5), seconds=round(time.perf_counter() - started, 1),
+                         reused=reused)
         finally:
             env.close()
+        started = time.perf_counter()
         labelled = _ensemble_labels(cfg, schema, members, demos, draws)
+        log.info("warm start: the members' mean action labelled", steps=len(labelled.actions),
+                 seconds=round(time.perf_counter() - started, 1))
         # The student starts where a single imitation would: the stage's model, as it was built.
         student, reused = imitate_once(model, labelled, *fit, seed)
     finally:
