@@ -201,3 +201,24 @@ def test_the_report_says_when_the_warm_start_is_an_ensemble_s_mean(tmp_path):
                         "deployed: 34,000 kg/yr.")
     assert next(x for x in lines if x.startswith("- **ppo** deploys")).endswith(
         "Warm start alone: 28,100 kg/yr; deployed: 28,100 kg/yr.")
+
+
+def test_the_report_shows_the_year_no_stage_saw_once_it_has_been_evaluated(tmp_path):
+    run = _run(tmp_path, _results())
+    assert "## A year no stage saw" not in write_report(run).read_text()  # not evaluated: nothing to show
+    year = {name: dict(m) for name, m in _results().items() if name in ("baseline", "rbc", "optimum", "sac")}
+    year["sac warm start"] = {"co2_kg": 34_900.0, "co2_kg_per_year": 34_900.0, "ev_departure_soc_met_pct": 100.0}
+    compare_to_baseline(year)
+    (run.unseen_year).mkdir()
+    (run.unseen_year / "results.json").write_text(json.dumps(year))
+    report = write_report(run).read_text()
+    section = report[report.index("## A year no stage saw"):]
+    assert "`unseen-year/site/`" in section
+    assert "| sac | 34,000 | -11.9% | -3.4% | 51% | 99.1% |" in section
+    assert "| sac warm start | 34,900 | -9.6% | -0.9% | 41% | 100.0% |" in section
+    # A damaged file costs its section's table, not the report, and says how to rewrite it.
+    (run.unseen_year / "results.json").write_text('{"sac": ')
+    section = write_report(run).read_text().split("## A year no stage saw")[1]
+    assert "unseen-year/results.json is damaged" in section
+    assert f"run `trainer evaluate {run.root} --unseen-year` again to rewrite it." in section
+    assert "| sac |" not in section

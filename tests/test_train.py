@@ -97,6 +97,13 @@ def test_evaluate_reproduces_a_runs_results(tmp_path, site_schema):
     assert year["baseline"]["co2_share_of_optimum_pct"] == 0
     assert year["optimum"]["co2_share_of_optimum_pct"] == pytest.approx(100, abs=1)  # its dispatch, replayed
     assert "unseen-year/results.json" in unseen.output and "ppo warm start" in unseen.output
+    # The run's report gains the year, with the figures just written (trainer train writes none: it says how).
+    assert f"a report with this year: trainer report {out}" in unseen.output
+    assert CliRunner().invoke(cli, ["report", str(out)]).exit_code == 0
+    unseen = CliRunner().invoke(cli, ["evaluate", str(out), "--unseen-year"])
+    assert f"report updated: {out / 'report.md'}" in unseen.output
+    section = (out / "report.md").read_text().split("## A year no stage saw")[1]
+    assert f"| ppo warm start | {year['ppo warm start']['co2_kg_per_year']:,.0f} |" in section
 
 
 def test_unseen_year_needs_the_built_in_site(tmp_path, site_schema, default_cfg):

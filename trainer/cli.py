@@ -29,7 +29,7 @@ from trainer.learn.preflight import check_resume_config
 from trainer.metrics import best_agent
 from trainer.metrics import format_table as results_table
 from trainer.night import backends, install, plan, runner, stages, sweep
-from trainer.report import currency, report_run
+from trainer.report import currency, report_run, write_report
 from trainer.roster import AGENTS
 from trainer.run_dir import RunDir
 from trainer.scenario import build_site
@@ -368,6 +368,10 @@ def evaluate(run_dir: str, device: str | None, unseen_year: bool) -> None:
             click.echo(results_table(stages.evaluate_unseen_year(ctx), currency(ctx.run)))
             click.echo(f"\nresults over a year no stage saw ({ctx.run.unseen_year / 'site'}): "
                        f"{ctx.run.unseen_year / 'results.json'}")
+            if ctx.run.report.is_file():  # its report gains the year
+                click.echo(f"report updated: {write_report(ctx.run)}")
+            else:
+                click.echo(f"a report with this year: trainer report {ctx.run.root}")
             return
         _print_results(stages.reevaluate(ctx), ctx.run)
 

@@ -10,7 +10,7 @@ import yaml
 
 from monitor.summary import format_summary, read_records, summarise
 from trainer.errors import UsageError
-from trainer.files import write_text_atomic
+from trainer.files import DamagedFile, read_typed, write_text_atomic
 from trainer.lock import RunLock
 from trainer.metrics import DEFAULT_TARGET_MET_PCT, best_agent, evaluation_window, serves_cars
 from trainer.report_plots import (
@@ -158,6 +158,24 @@ def _deployed(results: dict[str, dict[str, Any]]) -> list[str]:
             "CO2), never merely the last (`train.keep_best`; docs/agent-quality.md).", "", *rows, ""]
 
 
+def _unseen_year(run: RunDir, unit: str | None) -> list[str]:
+    """The figures of ``trainer evaluate --unseen-year``, where it has run: the same controllers over a year of the
+    built-in site no stage trained, validated or imitated on."""
+    path = run.unseen_year / "results.json"
+    if not path.is_file():
+        return []
+    lines = ["## A year no stage saw", ""]
+    try:
+        results = read_typed(path, dict[str, dict[str, Any]])
+    except DamagedFile as exc:  # the run's own figures stand without it
+        return [*lines, f"{str(exc).split(';')[0]}; run `trainer evaluate {run.root} --unseen-year` again to "
+                        "rewrite it.", ""]
+    return [*lines, "`trainer evaluate --unseen-year` ran the references, each deployed policy and its warm start "
+            "over another year of the built-in site (`unseen-year/site/`); the share of optimum is that year's "
+            "optimum's. A controller that keeps its share and its rank here acts on what it observes, not on a "
+            "year it memorised.", "", *_table(results, unit), ""]
+
+
 def write_report(run: RunDir) -> Path:
     """Write report.md and every plot; returns the report's path."""
     results = run.results()
@@ -186,6 +204,7 @@ def write_report(run: RunDir) -> Path:
               *_table(results, currency(run)), "", *NOTES, ""]
     lines += ["![CO2 per agent](plots/co2_by_agent.png)", ""]
     lines += _deployed(results)
+    lines += _unseen_year(run, currency(run))
     if curves:
         lines += ["## Learning", "", "![Learning curves](plots/learning_curves.png)", ""]
     if best_shown:
