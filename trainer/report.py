@@ -167,8 +167,8 @@ def _unseen_year(run: RunDir, unit: str | None) -> list[str]:
     lines = ["## A year no stage saw", ""]
     try:
         results = read_typed(path, dict[str, dict[str, Any]])
-    except DamagedFile as exc:  # the run's own figures stand without it
-        return [*lines, f"{str(exc).split(';')[0]}; run `trainer evaluate {run.root} --unseen-year` again to "
+    except DamagedFile:  # the run's own figures stand without it
+        return [*lines, f"{path} is damaged and left out; run `trainer evaluate {run.root} --unseen-year` again to "
                         "rewrite it.", ""]
     return [*lines, "`trainer evaluate --unseen-year` ran the references, each deployed policy and its warm start "
             "over another year of the built-in site (`unseen-year/site/`); the share of optimum is that year's "
