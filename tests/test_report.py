@@ -216,6 +216,7 @@ def test_the_report_shows_the_year_no_stage_saw_once_it_has_been_evaluated(tmp_p
     assert "`unseen-year/site/`" in section
     assert "| sac | 34,000 | -11.9% | -3.4% | 51% | 99.1% |" in section
     assert "| sac warm start | 34,900 | -9.6% | -0.9% | 41% | 100.0% |" in section
+    assert "| PV self-use |\n" in section and "train steps" not in section  # nothing trained on that year
     # A damaged file costs its section's table, not the report, and says how to rewrite it.
     (run.unseen_year / "results.json").write_text('{"sac": ')
     section = write_report(run).read_text().split("## A year no stage saw")[1]

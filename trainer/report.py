@@ -53,25 +53,27 @@ def _fmt(value, spec: str) -> str:
     return "–" if value is None else format(value, spec)
 
 
-def _table(results: dict[str, dict[str, Any]], unit: str | None) -> list[str]:
+def _table(results: dict[str, dict[str, Any]], unit: str | None, training: bool = True) -> list[str]:
+    """The results table; without ``training``, the columns of how each agent trained are left out (figures of
+    another year, where nothing trained)."""
     rbc = results.get("rbc", {}).get("co2_kg_per_year")
-    lines = ["| agent | CO2 kg/yr | vs baseline | vs rbc | share of optimum | EV targets met | EV unmet kWh | "
-             f"CityLearn EV success | cost{f' {unit}' if unit else ''} | peak kW | PV self-use | train steps | "
-             "steps/s | train time |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    columns = ["agent", "CO2 kg/yr", "vs baseline", "vs rbc", "share of optimum", "EV targets met", "EV unmet kWh",
+               "CityLearn EV success", f"cost{f' {unit}' if unit else ''}", "peak kW", "PV self-use"]
+    columns += ["train steps", "steps/s", "train time"] if training else []
+    lines = [f"| {' | '.join(columns)} |", "| --- |" + " ---: |" * (len(columns) - 1)]
     for name, m in results.items():
         co2 = m.get("co2_kg_per_year")
         vs_rbc = 100 * (co2 - rbc) / rbc if co2 is not None and rbc else None
         wall = m.get("train_wall_s")
-        lines.append(
-            f"| {name} | {_fmt(co2, ',.0f')} | {_pct(m.get('co2_vs_baseline_pct'), '+.1f')} | {_pct(vs_rbc, '+.1f')} | "
-            f"{_pct(m.get('co2_share_of_optimum_pct'), '.0f')} | {_pct(m.get('ev_departure_soc_met_pct'), '.1f')} | "
-            f"{_fmt(m.get('ev_unmet_kwh'), ',.0f')} | {_pct(m.get('citylearn_ev_departure_success_pct'), '.1f')} | "
-            f"{_fmt(m.get('cost'), ',.0f')} | {_fmt(m.get('peak_kw'), '.1f')} | "
-            f"{_pct(m.get('pv_self_consumption_pct'), '.1f')} | "
-            f"{_fmt(m.get('timesteps'), ',')} | {_fmt(m.get('steps_per_s'), '.0f')} | "
-            f"{'–' if not wall else f'{wall / 60:.1f} min'} |"
-        )
+        row = (f"| {name} | {_fmt(co2, ',.0f')} | {_pct(m.get('co2_vs_baseline_pct'), '+.1f')} | "
+               f"{_pct(vs_rbc, '+.1f')} | {_pct(m.get('co2_share_of_optimum_pct'), '.0f')} | "
+               f"{_pct(m.get('ev_departure_soc_met_pct'), '.1f')} | {_fmt(m.get('ev_unmet_kwh'), ',.0f')} | "
+               f"{_pct(m.get('citylearn_ev_departure_success_pct'), '.1f')} | {_fmt(m.get('cost'), ',.0f')} | "
+               f"{_fmt(m.get('peak_kw'), '.1f')} | {_pct(m.get('pv_self_consumption_pct'), '.1f')} |")
+        if training:
+            row += (f" {_fmt(m.get('timesteps'), ',')} | {_fmt(m.get('steps_per_s'), '.0f')} | "
+                    f"{'–' if not wall else f'{wall / 60:.1f} min'} |")
+        lines.append(row)
     return lines
 
 
@@ -173,7 +175,7 @@ def _unseen_year(run: RunDir, unit: str | None) -> list[str]:
     return [*lines, "`trainer evaluate --unseen-year` ran the references, each deployed policy and its warm start "
             "over another year of the built-in site (`unseen-year/site/`); the share of optimum is that year's "
             "optimum's. A controller that keeps its share and its rank here acts on what it observes, not on a "
-            "year it memorised.", "", *_table(results, unit), ""]
+            "year it memorised.", "", *_table(results, unit, training=False), ""]
 
 
 def write_report(run: RunDir) -> Path:
