@@ -209,7 +209,7 @@ def test_the_report_shows_the_year_no_stage_saw_once_it_has_been_evaluated(tmp_p
     year = {name: dict(m) for name, m in _results().items() if name in ("baseline", "rbc", "optimum", "sac")}
     year["sac warm start"] = {"co2_kg": 34_900.0, "co2_kg_per_year": 34_900.0, "ev_departure_soc_met_pct": 100.0}
     compare_to_baseline(year)
-    (run.unseen_year).mkdir()
+    run.unseen_year.mkdir()
     (run.unseen_year / "results.json").write_text(json.dumps(year))
     report = write_report(run).read_text()
     section = report[report.index("## A year no stage saw"):]
