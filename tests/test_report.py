@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import yaml
@@ -217,6 +218,16 @@ def test_the_report_shows_the_year_no_stage_saw_once_it_has_been_evaluated(tmp_p
     assert "| sac | 34,000 | -11.9% | -3.4% | 51% | 99.1% |" in section
     assert "| sac warm start | 34,900 | -9.6% | -0.9% | 41% | 100.0% |" in section
     assert "| PV self-use |\n" in section and "train steps" not in section  # nothing trained on that year
+    assert "older than" not in section
+    # A stage trained again since: the figures judge a policy it no longer deploys, and the report says so.
+    model = run.agent("sac").model
+    model.parent.mkdir()
+    model.write_bytes(b"model")
+    later = (run.unseen_year / "results.json").stat().st_mtime + 60
+    os.utime(model, (later, later))
+    section = write_report(run).read_text().split("## A year no stage saw")[1]
+    assert (f"**These figures are older than the model sac deploys now**: run `trainer evaluate {run.root} "
+            "--unseen-year` again.") in section
     # A damaged file costs its section's table, not the report, and says how to rewrite it.
     (run.unseen_year / "results.json").write_text('{"sac": ')
     section = write_report(run).read_text().split("## A year no stage saw")[1]

@@ -104,6 +104,7 @@ def test_evaluate_reproduces_a_runs_results(tmp_path, site_schema):
     assert f"report updated: {out / 'report.md'}" in unseen.output
     section = (out / "report.md").read_text().split("## A year no stage saw")[1]
     assert f"| ppo warm start | {year['ppo warm start']['co2_kg_per_year']:,.0f} |" in section
+    assert "older than the model" not in section  # they judge the policy ppo deploys
 
 
 def test_unseen_year_needs_the_built_in_site(tmp_path, site_schema, default_cfg):

@@ -172,10 +172,17 @@ def _unseen_year(run: RunDir, unit: str | None) -> list[str]:
     except DamagedFile:  # the run's own figures stand without it
         return [*lines, f"{path} is damaged and left out; run `trainer evaluate {run.root} --unseen-year` again to "
                         "rewrite it.", ""]
-    return [*lines, "`trainer evaluate --unseen-year` ran the references, each deployed policy and its warm start "
-            "over another year of the built-in site (`unseen-year/site/`); the share of optimum is that year's "
-            "optimum's. A controller that keeps its share and its rank here acts on what it observes, not on a "
-            "year it memorised.", "", *_table(results, unit, training=False), ""]
+    lines += ["`trainer evaluate --unseen-year` ran the references, each deployed policy and its warm start over "
+              "another year of the built-in site (`unseen-year/site/`); the share of optimum is that year's "
+              "optimum's. A controller that keeps its share and its rank here acts on what it observes, not on a "
+              "year it memorised.", ""]
+    # A stage trained again since (a resumed or re-run night) deploys another policy than the one these figures judge.
+    newer = [a for a in AGENTS if run.agent(a).model.is_file()
+             and run.agent(a).model.stat().st_mtime > path.stat().st_mtime]
+    if newer:
+        lines += [f"**These figures are older than the model {', '.join(newer)} deploys now**: run "
+                  f"`trainer evaluate {run.root} --unseen-year` again.", ""]
+    return [*lines, *_table(results, unit, training=False), ""]
 
 
 def write_report(run: RunDir) -> Path:
