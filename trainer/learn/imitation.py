@@ -261,12 +261,12 @@ def imitate_once(model: Any, demos: Demonstrations, epochs: int, learning_rate: 
 
 
 def distil_an_ensemble(cfg: Config, schema: Path, agent: str, model: Any, demos: Demonstrations,
-                       draws: Path | None) -> dict[str, Any]:
+                       draws: Path | None) -> tuple[dict[str, Any], tuple[float, float], bool]:
     """Leave in ``model`` the imitation of ``warm_start.ensemble`` imitations' mean action (module docstring).
 
     Returns what results.json records of it (each member's errors, its labelled steps), the student's errors and
-    whether an earlier stage's identical student was reused. The global random state is put back as it was (building
-    a member reseeds it): the stage then trains as with one imitation.
+    whether an earlier stage's identical student was reused (as :func:`imitate_once`). The global random state is
+    put back as it was (building a member reseeds it): the stage then trains as with one imitation.
     """
     import random
 
@@ -305,8 +305,8 @@ def distil_an_ensemble(cfg: Config, schema: Path, agent: str, model: Any, demos:
         random.setstate(state[0])
         np.random.set_state(state[1])
         torch.set_rng_state(state[2])
-    return {"members": settings.ensemble, "members_actor_mse": [round(e[0], 5) for e in errors],
-            "labelled_steps": len(labelled.actions), "student_errors": student, "reused": reused}
+    return ({"members": settings.ensemble, "members_actor_mse": [round(e[0], 5) for e in errors],
+             "labelled_steps": len(labelled.actions)}, student, reused)
 
 
 def _fresh(cfg: Config, agent: str, env: Any, device: str, seed: int) -> Any:
@@ -520,8 +520,7 @@ def warm_start(cfg: Config, schema: Path, agent: str, model: Any, draws: Path | 
     started = time.perf_counter()
     ensemble = None
     if settings.ensemble > 1:
-        ensemble = distil_an_ensemble(cfg, schema, agent, model, demos, draws)
-        (actor_error, critic_error), reused = ensemble.pop("student_errors"), ensemble.pop("reused")
+        ensemble, (actor_error, critic_error), reused = distil_an_ensemble(cfg, schema, agent, model, demos, draws)
     else:
         (actor_error, critic_error), reused = imitate_once(model, demos, settings.epochs, settings.learning_rate,
                                                            settings.batch_size, cfg.seed)
