@@ -77,7 +77,8 @@ def test_the_plain_sac_makes_the_products_updates_per_environment_step(gradient_
 def test_quick_benchmark_produces_every_figure(tmp_path):
     out = tmp_path / "bench.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "trainer", "benchmark", "--quick", "--device", "cpu", "--json", str(out)],
+        [sys.executable, "-m", "trainer", "benchmark", "--quick", "--device", "cpu", "--sweep", "3",
+         "--json", str(out)],
         capture_output=True,
         text=True,
         timeout=900,
@@ -94,6 +95,17 @@ def test_quick_benchmark_produces_every_figure(tmp_path):
                     row["product_peak_rss_mb"], row["plain_tree_pss_mb"], row["product_tree_pss_mb"]]
     figures += [summary["agents"]["sac"]["plain_updates_per_s"], summary["agents"]["sac"]["product_updates_per_s"]]
     assert all(isinstance(v, (int, float)) and math.isfinite(v) and v > 0 for v in figures), figures
-    assert set(summary["sweep"]) == {"1", "2"} and set(summary["simulator"]) == {"1", "8"}
+    assert set(summary["sweep"]) == {"3"} and set(summary["simulator"]) == {"1", "8"}  # --sweep 3, not quick's 1,2
     assert report["machine"]["cores"] >= 1 and report["device"] == "cpu"
     assert "environment steps/s" in proc.stdout and "sac gradient updates/s" in proc.stdout
+
+
+@pytest.mark.parametrize("sweep", ["0", "1,x", "", "512"])
+def test_a_sweep_that_is_not_counts_is_refused_before_measuring(sweep):
+    from click.testing import CliRunner
+
+    from trainer.cli import cli
+
+    result = CliRunner().invoke(cli, ["benchmark", "--quick", "--sweep", sweep])
+    assert result.exit_code == 2
+    assert "expected comma-separated counts from 1 to 256, e.g. 1,4,16; got" in result.output

@@ -135,9 +135,9 @@ def test_gpu_switches_set_the_torch_flags():
     from trainer.config_files import load_config as load
     from trainer.device import apply_gpu_flags
 
-    flags = apply_gpu_flags(load(overrides=["gpu.tf32=false", "gpu.cudnn_benchmark=true"]).gpu, "cuda")
+    flags = apply_gpu_flags(load(overrides=["gpu.tf32=true", "gpu.cudnn_benchmark=true"]).gpu, "cuda")
     assert (
-        flags["applied"] and torch.backends.cuda.matmul.allow_tf32 is False and torch.backends.cudnn.benchmark is True
+        flags["applied"] and torch.backends.cuda.matmul.allow_tf32 is True and torch.backends.cudnn.benchmark is True
     )
 
 
@@ -170,3 +170,16 @@ def test_the_doctor_says_what_agents_train_on_and_refuses_vector_where_it_cannot
     assert "fix: set train.simulator: auto or citylearn" in refused.output
     fallback = doctor("--schema", thermal, "--set", "train.simulator=auto")
     assert "ok    simulator    agents train on CityLearn: the training simulator does not model" in fallback.output
+
+
+def test_packages_imported_from_a_source_tree_are_a_warning_not_a_crash(monkeypatch):
+    from importlib import metadata
+
+    from trainer import doctor as doctor_module
+
+    def not_installed(name):
+        raise metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(doctor_module.metadata, "requires", not_installed)
+    check = doctor_module.check_packages()
+    assert check.status == "warn" and "not installed here" in check.detail and "pip install -e ." in check.fix

@@ -332,6 +332,30 @@ def test_injected_oom_backs_off_and_finishes(tmp_path, site_schema, monkeypatch)
     assert state["batch_size"] == 32  # a resume keeps the reduced size
 
 
+def _real_cuda_oom(batch_size: int) -> BaseException:
+    """The error CUDA's own allocator raises when asked for twice the card: its type and message, not ours."""
+    try:
+        torch.empty(2 * torch.cuda.get_device_properties(0).total_memory, dtype=torch.uint8, device="cuda")
+    except Exception as exc:  # noqa: BLE001 - whatever torch raises is what the trainer must recognise
+        return exc
+    raise AssertionError("allocating twice the GPU's memory succeeded")
+
+
+@pytest.mark.gpu
+def test_a_real_cuda_oom_backs_off_and_finishes_on_the_gpu(tmp_path, site_schema, monkeypatch):
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    _sac_train_raising(monkeypatch, _real_cuda_oom, times=1)
+    run = tmp_path / "cuda-oom"
+    result = run_cli("train", "sac", "--timesteps", "200", "--out", str(run), "--schema", str(site_schema),
+                     "--device", "cuda", *sets("sac.checkpoint_freq_steps=100", "sac.batch_size=64"))
+    assert result.exit_code == 0, result.output
+    backoff = next(e for e in events(run) if e["event"] == "out of memory: batch size backed off")
+    assert (backoff["old"], backoff["new"], backoff["device"]) == (64, 32, "cuda")
+    assert 0 < backoff["gpu_free_bytes"] <= backoff["gpu_total_bytes"]  # read once the failed step was given back
+    assert json.loads((run / "results.json").read_text())["sac"]["final_batch_size"] == 32
+
+
 def test_oom_below_the_floor_stops_with_the_checkpoint_intact(tmp_path, site_schema, monkeypatch):
     _sac_train_raising(monkeypatch, lambda b: RuntimeError("CUDA out of memory"), times=99)
     run = tmp_path / "floor"

@@ -254,6 +254,19 @@ def plan_command(config_files: tuple[str, ...], overrides: tuple[str, ...], prof
     click.echo(plan.plan_text(cfg, resolve_dataset(schema, dataset), chosen, quick, deadline, refresh))
 
 
+def _env_counts(ctx: click.Context, param: click.Parameter, text: str | None) -> tuple[int, ...] | None:
+    """--sweep's comma-separated environment counts, each 1 to 256."""
+    if text is None:
+        return None
+    try:
+        counts = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        counts = ()
+    if not counts or min(counts) < 1 or max(counts) > 256:
+        raise click.BadParameter(f"expected comma-separated counts from 1 to 256, e.g. 1,4,16; got {text!r}")
+    return counts
+
+
 @command(cli, "benchmark")
 @opts.config_options
 @opts.dataset_options
@@ -265,9 +278,12 @@ def plan_command(config_files: tuple[str, ...], overrides: tuple[str, ...], prof
 @click.option("--learning", is_flag=True,
               help="Instead of speed: CO2 of each agent trained by the plain SB3 loop and by the product, per seed.")
 @click.option("--seeds", default="0,1,2", show_default=True, help="Seeds of --learning.")
+@click.option("--sweep", callback=_env_counts, default=None,
+              help="Parallel environments to measure, e.g. 1,4,16 (default: 1, 2, 4 ... up to four per core).")
 def benchmark_command(config_files: tuple[str, ...], overrides: tuple[str, ...], profile: str | None,
                       schema: str | None, dataset: str | None, device: str | None, agents: str | None,
-                      repeats: int | None, quick: bool, json_path: str | None, learning: bool, seeds: str) -> None:
+                      repeats: int | None, quick: bool, json_path: str | None, learning: bool, seeds: str,
+                      sweep: tuple[int, ...] | None) -> None:
     """Measure the product's trainer against the plain SB3 recipe on this machine (docs/benchmarks.md).
 
     Each agent's training length in --learning is its config `timesteps` (set it with --set).
@@ -276,7 +292,7 @@ def benchmark_command(config_files: tuple[str, ...], overrides: tuple[str, ...],
     chosen = session.parse_agents(agents or ",".join(AGENTS))
     text, failed = benchmark.run_command(cfg, resolve_dataset(schema, dataset), chosen, quick, repeats, learning,
                                          session.parse_seeds(seeds) if learning else [], json_path,
-                                         lambda *a: click.echo(benchmark.progress_line(*a), err=True))
+                                         lambda *a: click.echo(benchmark.progress_line(*a), err=True), sweep)
     click.echo(text)
     sys.exit(1 if failed else 0)
 

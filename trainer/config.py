@@ -166,7 +166,7 @@ class TrainConfig(Section):
 class GpuConfig(Section):
     device: Literal["auto", "cpu", "cuda"] = doc("Torch device: auto picks cuda when available.")
     cudnn_benchmark: bool = doc("torch.backends.cudnn.benchmark on CUDA.")
-    tf32: bool = doc("Allow TF32 matmuls and convolutions on CUDA (Ampere or newer).")
+    tf32: bool = doc("Allow TF32 matmuls and convolutions on CUDA (Ampere or newer); off: no gain measured.")
     deterministic: bool = doc("torch.use_deterministic_algorithms on CUDA (slower, reproducible).")
     cpu_threads: int = doc("torch intra-op CPU threads; 0 = one where environment workers run beside the learner "
                            "(the defaults), one per core for SAC without learn_while_stepping (docs/benchmarks.md).",

@@ -40,8 +40,13 @@ def check_python() -> Check:
 
 
 def check_packages() -> Check:
+    try:
+        requirements = metadata.requires("pvbess-trainer") or []
+    except metadata.PackageNotFoundError:  # imported from a source tree on PYTHONPATH: no pins to check against
+        return Check("packages", WARN, "pvbess-trainer is not installed here (imported from its source tree), so "
+                     "its dependencies' versions are unchecked", "install it: pip install -e . (or rerun the launcher)")
     problems = []
-    for text in metadata.requires("pvbess-trainer") or []:
+    for text in requirements:
         requirement = Requirement(text)
         if requirement.marker is not None and "extra" in str(requirement.marker):
             continue

@@ -330,23 +330,23 @@ def progress_line(i: int, total: int, trial: Trial) -> str:
 
 def run_command(cfg: Config, source: DatasetSource | None, agents: list[str], quick: bool, repeats: int | None,
                 learning: bool, seeds: list[int], json_path: str | None = None,
-                progress: Callable[[int, int, Trial], None] | None = None) -> tuple[str, bool]:
+                progress: Callable[[int, int, Trial], None] | None = None,
+                sweep: tuple[int, ...] | None = None) -> tuple[str, bool]:
     """`trainer benchmark`: its table (and the figures as JSON at ``json_path``), and whether any trial failed."""
     if json_path:
         Path(json_path).parent.mkdir(parents=True, exist_ok=True)  # fail now, not after five minutes
-    report, text, failed = _measure(cfg, source, agents, quick, repeats, learning, seeds, progress)
+    sizes = Sizes.quick() if quick else Sizes()
+    sizes = replace(sizes, repeats=repeats or sizes.repeats, sweep=sweep or sizes.sweep)
+    report, text, failed = _measure(cfg, source, agents, sizes, learning, seeds, progress)
     if json_path:
         write_json_atomic(Path(json_path), report)
         text += f"\nfigures written to {json_path}"
     return text, failed
 
 
-def _measure(cfg: Config, source: DatasetSource | None, agents: list[str], quick: bool, repeats: int | None,
-             learning: bool, seeds: list[int], progress: Callable[[int, int, Trial], None] | None,
+def _measure(cfg: Config, source: DatasetSource | None, agents: list[str], sizes: Sizes, learning: bool,
+             seeds: list[int], progress: Callable[[int, int, Trial], None] | None,
              ) -> tuple[dict[str, Any], str, bool]:
-    sizes = Sizes.quick() if quick else Sizes()
-    if repeats:
-        sizes = replace(sizes, repeats=repeats)
     device = resolve_device(cfg.gpu.device)
     with site_schema(cfg, source) as schema:
         if learning:
