@@ -105,9 +105,11 @@ def test_a_backend_added_in_a_few_lines_runs_a_night(tmp_path):
     proc = subprocess.run([*command, "--backend", "notebook", "--note", str(note)], cwd=ROOT, capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert note.read_text().splitlines() == ["baseline eval 0", "rbc eval 0", "optimum eval 0", "a2c train 96"]
+    assert note.read_text().splitlines() == ["baseline eval 0", "rbc eval 0", "optimum eval 0", "planner eval 0",
+                                                 "a2c train 96"]
     schedule = json.loads((out / "schedule.json").read_text())
     assert [(s["name"], s["status"]) for s in schedule["stages"]] == [
-        ("baseline", "done"), ("rbc", "done"), ("optimum", "done"), ("a2c", "done"), ("report", "done")]
+        ("baseline", "done"), ("rbc", "done"), ("optimum", "done"), ("planner", "done"), ("a2c", "done"),
+        ("report", "done")]
     assert json.loads((out / "results.json").read_text())["a2c"]["timesteps"] == 96
     assert (out / "report.md").is_file()

@@ -36,7 +36,7 @@ def test_dataset_by_name(tmp_path, official_schema, monkeypatch):
     sets = [a for o in ("schedule.eval_days=1",) for a in ("--set", o)]
     result = CliRunner().invoke(cli, ["baseline", "--dataset", OFFICIAL, "--out", str(tmp_path / "b"), *sets])
     assert result.exit_code == 0, result.output
-    assert set(json.loads((tmp_path / "b" / "results.json").read_text())) == {"baseline", "rbc", "optimum"}
+    assert set(json.loads((tmp_path / "b" / "results.json").read_text())) == {"baseline", "rbc", "optimum", "planner"}
 
 
 def test_rbc_acts_on_every_building(official_schema, default_cfg):

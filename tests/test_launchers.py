@@ -63,7 +63,8 @@ def test_launch_quick_runs_the_whole_night(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert "checks: 0 failed" in proc.stdout  # the doctor ran first
     run = only_run(tmp_path)
-    assert list(json.loads((run / "results.json").read_text())) == ["baseline", "rbc", "optimum", "sac", "ppo", "a2c"]
+    assert list(json.loads((run / "results.json").read_text())) == [
+        "baseline", "rbc", "optimum", "planner", "sac", "ppo", "a2c"]
     log = (run / "logs" / "launcher.log").read_text()
     assert "[launch] trainer: -m trainer night --quick --out" in log
     assert "[launch] trainer exited with 0" in log
@@ -76,9 +77,9 @@ def test_launch_a2c_alone(tmp_path):
     proc = launch("a2c", "--quick", "--no-monitor", *tiny(tmp_path))
     assert proc.returncode == 0, proc.stdout[-3000:]
     run = only_run(tmp_path)
-    assert list(json.loads((run / "results.json").read_text())) == ["baseline", "rbc", "optimum", "a2c"]
+    assert list(json.loads((run / "results.json").read_text())) == ["baseline", "rbc", "optimum", "planner", "a2c"]
     stages = [s["name"] for s in json.loads((run / "schedule.json").read_text())["stages"]]
-    assert stages == ["baseline", "rbc", "optimum", "a2c", "report"]
+    assert stages == ["baseline", "rbc", "optimum", "planner", "a2c", "report"]
 
 
 @pytest.mark.slow
@@ -288,7 +289,8 @@ def test_container_entrypoint_runs_outside_a_container(tmp_path):
                           cwd=ROOT, env=env(), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert "container mode" in proc.stderr
-    assert list(json.loads((only_run(tmp_path) / "results.json").read_text())) == ["baseline", "rbc", "optimum", "a2c"]
+    assert list(json.loads((only_run(tmp_path) / "results.json").read_text())) == [
+        "baseline", "rbc", "optimum", "planner", "a2c"]
 
 
 def test_healthcheck_follows_the_trainer_s_heartbeat_not_the_monitor_s(tmp_path):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -83,7 +84,7 @@ def test_a_killed_stage_is_run_again_from_its_checkpoint(tmp_path):
     os.kill(killed, signal.SIGKILL)  # its worker dies, as on a lost node
     assert proc.wait(timeout=600) == 0, console.read_text()[-3000:]
     schedule = json.loads((out / "schedule.json").read_text())
-    assert [s["status"] for s in schedule["stages"]] == ["done"] * 5
+    assert [s["status"] for s in schedule["stages"]] == ["done"] * 6
     ppo = next(s for s in schedule["stages"] if s["name"] == "ppo")
     assert len(ppo["attempts"]) == 2 and ppo["attempts"][0]["pid"] == killed != ppo["attempts"][1]["pid"]
     assert ppo["timesteps_done"] == 1200
@@ -91,7 +92,7 @@ def test_a_killed_stage_is_run_again_from_its_checkpoint(tmp_path):
     resumed = [e for e in log if e["event"] == "resuming"]
     assert resumed and resumed[0]["step"] >= 100  # the second attempt went on from a checkpoint
     results = json.loads((out / "results.json").read_text())
-    assert list(results) == ["baseline", "rbc", "optimum", "ppo"] and (out / "report.md").is_file()
+    assert list(results) == ["baseline", "rbc", "optimum", "planner", "ppo"] and (out / "report.md").is_file()
     assert {p.name for p in (out / "logs").iterdir()} >= {"trainer.jsonl", "ppo.jsonl", "baseline.jsonl"}
 
 
@@ -102,7 +103,9 @@ def test_ctrl_c_to_the_driver_checkpoints_the_stages_and_the_night_resumes_local
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=600) == 130, console.read_text()[-3000:]
     last = console.read_text().strip().splitlines()[-1]
-    assert "stopped by SIGINT: the stages running on Ray (ppo) saved their checkpoints" in last
+    # the references may still run beside ppo when the signal comes; ppo, the one training, saved its checkpoint
+    saved = r"stopped by SIGINT: the stages running on Ray \((\w+, )*ppo\) saved their checkpoints"
+    assert re.search(saved, last), last
     assert f"resume with: trainer night --resume {out}" in last
     stages = {s["name"]: s["status"] for s in json.loads((out / "schedule.json").read_text())["stages"]}
     assert stages["ppo"] == "running" and stages["baseline"] == "done"
@@ -110,7 +113,7 @@ def test_ctrl_c_to_the_driver_checkpoints_the_stages_and_the_night_resumes_local
                              capture_output=True, text=True, timeout=600)  # on the local backend
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     schedule = json.loads((out / "schedule.json").read_text())
-    assert [s["status"] for s in schedule["stages"]] == ["done"] * 5
+    assert [s["status"] for s in schedule["stages"]] == ["done"] * 6
     assert next(s for s in schedule["stages"] if s["name"] == "ppo")["timesteps_done"] == 1200
 
 
@@ -173,7 +176,7 @@ def test_a_local_seed_sweep_makes_one_run_per_seed_and_a_summary(tmp_path):
     assert json.loads((out / "sweep.json").read_text())["seeds"] == [3, 4]
     for seed in (3, 4):
         run = out / f"seed-{seed}"
-        assert list(json.loads((run / "results.json").read_text())) == ["baseline", "rbc", "optimum", "a2c"]
+        assert list(json.loads((run / "results.json").read_text())) == ["baseline", "rbc", "optimum", "planner", "a2c"]
         assert "seed: " + str(seed) in (run / "config.yaml").read_text()
     assert "| a2c | 2 |" in (out / "sweep.md").read_text()
 
@@ -195,11 +198,11 @@ def test_ray_gives_the_local_backend_s_results_with_the_same_seed(tmp_path):
                                                     "error")},
                                "results": {k: v for k, v in (s["results"] or {}).items() if k != "steps_per_s"}}
                               for s in json.loads((out / "schedule.json").read_text())["stages"]]
-    assert list(results["local"]) == list(results["ray"]) == ["baseline", "rbc", "optimum", "a2c"]
+    assert list(results["local"]) == list(results["ray"]) == ["baseline", "rbc", "optimum", "planner", "a2c"]
     assert {k: v["co2_kg"] for k, v in results["local"].items()} == {k: v["co2_kg"] for k, v in results["ray"].items()}
     # One driver owns the stages' lives: the same schedule.json on both, but for times, speeds, where each ran.
     assert schedules["local"] == schedules["ray"]
-    assert [s["status"] for s in schedules["ray"]] == ["done"] * 5
+    assert [s["status"] for s in schedules["ray"]] == ["done"] * 6
 
 
 def test_a_stage_needing_more_memory_than_the_cluster_is_refused(tmp_path):

@@ -94,6 +94,20 @@ def test_the_report_names_the_deployable_agent_and_flags_the_stranders(tmp_path)
     assert (tmp_path / "run" / "plots" / "co2_by_agent.png").stat().st_size > 0
 
 
+def test_the_headline_says_when_the_planner_cuts_more_than_the_best_agent(tmp_path):
+    results = _results()
+    results["planner"] = {"co2_kg": 30_100.0, "co2_kg_per_year": 30_100.0, "ev_departure_soc_met_pct": 100.0,
+                          "ev_unmet_kwh": 0.0}
+    compare_to_baseline(results)
+    headline = write_report(_run(tmp_path, results)).read_text().splitlines()[2]
+    assert headline.startswith("**Best agent: sac**")  # the agents' ranking is unchanged: the planner is a reference
+    assert ("The `planner` reference, which plans the next day every hour on a forecast from other years of the site, "
+            "cuts more: 30,100 kg CO2/year (94% of the optimum's cut)") in headline
+    results["planner"].update(co2_kg_per_year=34_500.0, co2_kg=34_500.0)  # behind the agent: nothing to say
+    (tmp_path / "behind").mkdir()
+    assert "`planner`" not in write_report(_run(tmp_path / "behind", results)).read_text().splitlines()[2]
+
+
 def test_the_headline_names_the_training_steps_and_a_raised_peak_and_cost_its_currency(tmp_path):
     results = _results()
     results["baseline"]["peak_kw"] = 67.0

@@ -88,7 +88,7 @@ def test_a_fourth_agent_trains_in_a_quick_night_from_its_row_alone(tmp_path):
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads((out / "results.json").read_text())
-    assert set(results) == {"baseline", "rbc", "optimum", "td3"}
+    assert set(results) == {"baseline", "rbc", "optimum", "planner", "td3"}
     td3 = results["td3"]
     assert td3["timesteps"] == 120 and td3["ended_by"] == "target" and td3["co2_kg_per_year"] > 0
     assert (out / "td3" / "model.zip").is_file()

@@ -33,12 +33,12 @@ def test_timed_quick_schedule_writes_results_and_a_complete_report(tmp_path):
     lines = proc.stdout.splitlines()
     assert lines[0].startswith("plan (") and any(" sac " in row and "train 150/150 steps" in row for row in lines[1:8])
     table = lines[lines.index(next(row for row in lines if row.startswith("agent "))):]
-    assert [line.split()[0] for line in table[2:8]] == ["baseline", "rbc", "optimum", "sac", "ppo", "a2c"]
+    assert [line.split()[0] for line in table[2:9]] == ["baseline", "rbc", "optimum", "planner", "sac", "ppo", "a2c"]
     results = json.loads((out / "results.json").read_text())
     assert [results[a]["timesteps"] for a in ("sac", "ppo", "a2c")] == [150, 128, 96]
     assert all(results[a]["ended_by"] == "target" for a in ("sac", "ppo", "a2c"))
     schedule = json.loads((out / "schedule.json").read_text())
-    assert [s["status"] for s in schedule["stages"]] == ["done"] * 7
+    assert [s["status"] for s in schedule["stages"]] == ["done"] * 8
     assert all(s["planned_end"] <= schedule["deadline"] for s in schedule["stages"])
     for name in PLOTS:
         png = (out / "plots" / name).read_bytes()
@@ -61,9 +61,8 @@ def test_stop_mid_sac_then_resume_finishes_by_the_same_deadline(tmp_path):
     assert f"resume with: trainer night --resume {out}" in stopped.stderr.strip().splitlines()[-1]
     assert "note: `trainer schedule` runs the night now; its name is `trainer night`" in stopped.stderr
     before = json.loads((out / "schedule.json").read_text())
-    assert [s["status"] for s in before["stages"]] == ["done", "done", "done", "running", "pending", "pending",
-                                                       "pending"]
-    stopped_span = before["stages"][3]["spans"]
+    assert [s["status"] for s in before["stages"]] == ["done"] * 4 + ["running", "pending", "pending", "pending"]
+    stopped_span = before["stages"][4]["spans"]
     assert len(stopped_span) == 1 and stopped_span[0][1] is not None  # the stop signal ended its stretch
 
     resumed = subprocess.run(
@@ -76,10 +75,10 @@ def test_stop_mid_sac_then_resume_finishes_by_the_same_deadline(tmp_path):
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     after = json.loads((out / "schedule.json").read_text())
     assert after["deadline"] == before["deadline"]
-    assert [s["status"] for s in after["stages"]] == ["done"] * 7
+    assert [s["status"] for s in after["stages"]] == ["done"] * 8
     assert after["stages"][0]["actual_end"] == before["stages"][0]["actual_end"]  # finished stages not redone
     # The resumed stage: the stopped run's stretch kept, the resumed run's beside it.
-    assert after["stages"][3]["spans"][0] == stopped_span[0] and len(after["stages"][3]["spans"]) == 2
+    assert after["stages"][4]["spans"][0] == stopped_span[0] and len(after["stages"][4]["spans"]) == 2
     resume = next(e for e in events(out) if e["event"] == "resuming")
     # SIGTERM at step 120 saved the last consistent point, the rollout start at 119.
     assert resume["agent"] == "sac" and resume["step"] == 119

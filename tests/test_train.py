@@ -77,7 +77,7 @@ def test_evaluate_reproduces_a_runs_results(tmp_path, site_schema):
     result = CliRunner().invoke(cli, ["evaluate", str(out)])
     assert result.exit_code == 0, result.output
     after = json.loads((out / "results.json").read_text())
-    assert list(after) == ["baseline", "rbc", "optimum", "ppo"]  # the other references are added
+    assert list(after) == ["baseline", "rbc", "optimum", "planner", "ppo"]  # the other references are added
     for agent in ("baseline", "ppo"):
         assert after[agent]["co2_kg"] == before[agent]["co2_kg"]  # deterministic, bit for bit
     assert after["ppo"]["timesteps"] == 128  # training figures are kept
@@ -91,7 +91,7 @@ def test_evaluate_reproduces_a_runs_results(tmp_path, site_schema):
     site = json.loads((out / "unseen-year" / "site" / "schema.json").read_text())
     assert site["pvbess_site"]["seed"] == load_config().scenario.seed + 3000
     year = json.loads((out / "unseen-year" / "results.json").read_text())
-    assert list(year) == ["baseline", "rbc", "optimum", "ppo", "ppo warm start"]
+    assert list(year) == ["baseline", "rbc", "optimum", "planner", "ppo", "ppo warm start"]
     assert year["ppo"]["co2_kg"] != after["ppo"]["co2_kg"]  # another year's weather, load and cars
     assert year["ppo warm start"]["co2_kg"] == year["ppo"]["co2_kg"]  # the same policy, evaluated alike
     assert year["baseline"]["co2_share_of_optimum_pct"] == 0

@@ -115,7 +115,8 @@ def _add_battery(lp: _Program, battery: BatteryModel, charge: np.ndarray, discha
         if t > 0:
             entries.append((energy[t - 1], -(1.0 - battery.loss_per_step)))
         lp.equal(entries, battery.initial_kwh if t == 0 else 0.0)
-    lp.at_most([(energy[-1], -1.0)], -min(battery.initial_kwh, battery.capacity_kwh))
+    final = battery.initial_kwh if battery.final_kwh is None else battery.final_kwh
+    lp.at_most([(energy[-1], -1.0)], -min(final, battery.capacity_kwh))
 
 
 def _add_car(lp: _Program, session: EvSession, cols: np.ndarray, feeds: np.ndarray | None) -> None:

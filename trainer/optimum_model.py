@@ -35,6 +35,7 @@ class BatteryModel:
     min_kwh: float
     initial_kwh: float
     nominal_power_kw: float
+    final_kwh: float | None = None  # the least it must hold at the end; None: what it held at the start
 
 
 @dataclass(frozen=True)
@@ -135,6 +136,20 @@ def _full_power_kwh(path: ChargingPath, energy: float, steps: int) -> tuple[floa
     return tuple(drawn)
 
 
+def session_limits(path: ChargingPath, hours: float) -> tuple[float, float, float, float]:
+    """A charger and car as the program's limits, each curve at its best point: grid kWh a step can charge, kWh
+    stored per grid kWh, grid kWh a step can feed back (V2G; 0 without) and grid kWh fed per stored kWh taken."""
+    best_battery = math.sqrt(max(path.power_efficiency.y))
+    charger_eff = max(path.charger_curve.y) if path.charger_curve else path.charger_efficiency
+    battery_kwh = path.nominal_power_kw * max(path.capacity_power.y) * hours
+    max_grid = min(path.max_power_kw * hours, battery_kwh / charger_eff)
+    if path.max_discharge_kw <= 0:
+        return max_grid, charger_eff * best_battery, 0.0, 1.0
+    discharge_eff = max(path.discharge_curve.y) if path.discharge_curve else path.charger_efficiency
+    feed = min(path.max_discharge_kw * hours, battery_kwh * discharge_eff)
+    return max_grid, charger_eff * best_battery, feed, discharge_eff * best_battery
+
+
 def _sessions(env: Any, b: int, building: Any, steps: int, margin_soc: float) -> list[EvSession]:
     out = []
     evs = {ev.name: ev for ev in env.electric_vehicles or []}
@@ -158,11 +173,7 @@ def _sessions(env: Any, b: int, building: Any, steps: int, margin_soc: float) ->
             battery = ev.battery
             capacity = float(battery.capacity)
             path = charging_path(charger, battery)  # CityLearn's physics; the LP takes each curve's best point
-            best_battery = math.sqrt(max(path.power_efficiency.y))
-            charger_eff = max(path.charger_curve.y) if path.charger_curve else path.charger_efficiency
-            stored_per_grid = charger_eff * best_battery
-            battery_kwh = path.nominal_power_kw * max(path.capacity_power.y) * hours
-            max_grid = min(path.max_power_kw * hours, battery_kwh / charger_eff)
+            max_grid, stored_per_grid, feed, fed_per_stored = session_limits(path, hours)
             session_steps = tuple(range(start, t))
             initial = float(battery.soc[0]) if start == 0 else _arrival_soc(sim, start, float(battery.initial_soc))
             arrival_kwh = max(initial, path.min_soc) * capacity  # CityLearn's energy_init is floored there
@@ -172,13 +183,8 @@ def _sessions(env: Any, b: int, building: Any, steps: int, margin_soc: float) ->
             need = min(max((required + margin_soc) * capacity - arrival_kwh, 0.0), reachable)
             if left[t - 1] != 0:  # the period ends before the car leaves: nothing is owed yet
                 need = 0.0
-            feed = fed_per_stored = 0.0
-            if path.max_discharge_kw > 0:
-                discharge_eff = max(path.discharge_curve.y) if path.discharge_curve else path.charger_efficiency
-                fed_per_stored = discharge_eff * best_battery
-                feed = min(path.max_discharge_kw * hours, battery_kwh * discharge_eff)
             out.append(EvSession(b, charger.charger_id, session_steps, max_grid, stored_per_grid, need, room,
-                                 path.max_power_kw, feed, fed_per_stored or 1.0,
+                                 path.max_power_kw, feed, fed_per_stored,
                                  max(arrival_kwh - path.min_soc * capacity, 0.0), path.max_discharge_kw,
                                  _full_power_kwh(path, arrival_kwh, len(session_steps))))
     return out

@@ -2,7 +2,8 @@
 
 A reference is a controller replayed through CityLearn over the evaluation period: the
 uncontrolled site (the baseline every figure is compared with), the rule-based controller, and
-the perfect-foresight optimum, which solves a linear program first. A row says how to prepare its
+the perfect-foresight optimum, which solves a linear program first, and the day-ahead planner, which solves
+one every step on a forecast (trainer.planner). A row says how to prepare its
 controller, what it costs the night's plan, and whether the learning curve's plot draws it.
 Adding a reference is its controller (``controllers.py`` or its own module) and a row here.
 """
@@ -18,6 +19,7 @@ from trainer.controllers import Controller, RuleBasedController, UncontrolledBas
 from trainer.metrics import HOURS_PER_YEAR
 from trainer.optimum import OptimumReplay, solve
 from trainer.optimum_model import OptimumUnavailable, site_model
+from trainer.planner import PlannerUnavailable, day_ahead_planner
 
 if TYPE_CHECKING:
     from trainer.config import Config
@@ -68,10 +70,26 @@ def _optimum(cfg: Config, open_env: Callable[[], Any]) -> tuple[Controller, dict
         "lp_solve_s": round(solution.solve_s, 2), "lp_variables": solution.variables}
 
 
+def _planner(cfg: Config, open_env: Callable[[], Any]) -> tuple[Controller, dict[str, Any]]:
+    """The day-ahead planner on a forecast from other years of the site (trainer.planner)."""
+    env = open_env()
+    try:
+        env.reset()
+        planner = day_ahead_planner(cfg, env.unwrapped)
+    except (OptimumUnavailable, PlannerUnavailable) as exc:
+        raise ReferenceUnavailable(str(exc)) from None
+    finally:
+        env.close()
+    return planner, {}
+
+
 REFERENCE_ROSTER: dict[str, ReferenceSpec] = {spec.name: spec for spec in (
     ReferenceSpec(BASELINE, "#7f7f7f", _stateless(UncontrolledBaseline), on_curve=True),
     ReferenceSpec("rbc", "#bcbd22", _stateless(RuleBasedController), eval_cost=1.1, on_curve=True),
     # A year of the built-in site solves in ~1-2 s on 2 cores; padded for larger sites.
     ReferenceSpec("optimum", "#9467bd", _optimum, eval_cost=1.1, solve_s=10.0),
+    # A small program every step: a year took 50 s on 2 cores where the uncontrolled site takes ~27; its forecast
+    # builds three other years of the site first (~10 s).
+    ReferenceSpec("planner", "#17becf", _planner, eval_cost=2.0, solve_s=15.0),
 )}
 REFERENCES: tuple[str, ...] = tuple(REFERENCE_ROSTER)

@@ -100,6 +100,14 @@ def _headline(results: dict[str, dict[str, Any]], target_pct: float, run: RunDir
         if peak and base_peak and peak > PEAK_WORTH_SAYING * base_peak:  # a CO2 cut can cost the site's connection
             lines[-1] += (f" Its peak import is {peak:,.0f} kW, {100 * (peak / base_peak - 1):.0f}% above the "
                           f"uncontrolled site's {base_peak:,.0f} kW.")
+        planner = results.get("planner", {})
+        if planner.get("co2_kg_per_year") is not None and planner["co2_kg_per_year"] < m["co2_kg_per_year"] and \
+                serves_cars(planner, target_pct):
+            lines[-1] += (f" The `planner` reference, which plans the next day every hour on a forecast from other "
+                          f"years of the site, cuts more: {planner['co2_kg_per_year']:,.0f} kg CO2/year"
+                          + (f" ({planner['co2_share_of_optimum_pct']:.0f}% of the optimum's cut)"
+                             if planner.get("co2_share_of_optimum_pct") is not None else "")
+                          + "; what the agents still leave is learning, not information (docs/agent-quality.md).")
         lines += ["", f"To take it to the site: `trainer export {run.root}` writes it as ONNX with a `controller.py` "
                       "that needs only numpy and onnxruntime, the EV guard included, proven on this evaluation "
                       "(docs/export.md)."]
@@ -122,7 +130,8 @@ def _headline(results: dict[str, dict[str, Any]], target_pct: float, run: RunDir
 NOTES = [
     "How to read it: `share of optimum` is a controller's CO2 cut against the uncontrolled baseline as a share of the "
     "cut of the perfect-foresight linear program (`optimum`'s `lp_co2_kg` in results.json; the `optimum` row is that "
-    "dispatch replayed through CityLearn, what perfect foresight really reaches). `EV targets met` counts departures "
+    "dispatch replayed through CityLearn, what perfect foresight really reaches; `planner` plans the next 24 hours "
+    "every hour on a forecast, a causal controller's reach). `EV targets met` counts departures "
     "within 1% SoC of their target; `CityLearn EV success` is CityLearn's own `evaluate_v2` rate, which allows 5% SoC, "
     "so it can read higher. `cost` is what the grid imports cost at the tariff over the evaluation period (exports are "
     "not credited); `peak kW` is the highest hourly import in it. `citylearn_kpis` in results.json are ratios to "

@@ -13,13 +13,12 @@ from trainer.device import apply_gpu_flags, resolve_device
 from trainer.env import schema_length
 from trainer.night.budget import PlannedStage, StageKind, StageSpec, timeline
 from trainer.night.calibrate import Speeds, calibrate
-from trainer.references import REFERENCES
+from trainer.references import REFERENCE_ROSTER, REFERENCES
 from trainer.roster import agent_spec
 from trainer.scenario import HELD_OUT_YEARS, is_built_in
 from trainer.session import site_schema, training_targets
 
 REPORT_S = 20.0
-OPTIMUM_SOLVE_S = 10.0  # a year of the built-in site solves in ~1-2 s on 2 cores; padded for larger sites
 # A year of the warm start's demonstrations beyond its replay: the linear program and, for a draw, building the site.
 DEMONSTRATION_SOLVE_S = 3.0
 # One call of a policy on a few states (SB3's predict): ~0.7 ms for SAC's 256x256 and PPO's 64x64 alike on 2 loaded
@@ -41,13 +40,10 @@ def stage_specs(
     eval_s = eval_steps / speeds.eval_steps_per_s * SAFETY
     # A trained policy adds its forward pass to every evaluation step.
     policy_eval_s = eval_s * 1.25
-    # The optimum solves a linear program (about a second for a year of one building) before its replay.
-    specs = {
-        "baseline": StageSpec("baseline", StageKind.EVAL, eval_s),
-        "rbc": StageSpec("rbc", StageKind.EVAL, eval_s * 1.1),
-        "optimum": StageSpec("optimum", StageKind.EVAL, eval_s * 1.1 + OPTIMUM_SOLVE_S),
-        "report": StageSpec("report", StageKind.REPORT, REPORT_S),
-    }
+    # Each reference's evaluation as its row says: a multiple of the uncontrolled site's, and what it solves first.
+    specs = {name: StageSpec(name, StageKind.EVAL, eval_s * spec.eval_cost + spec.solve_s)
+             for name, spec in REFERENCE_ROSTER.items()}
+    specs["report"] = StageSpec("report", StageKind.REPORT, REPORT_S)
     agent_eval_s = policy_eval_s * policy_evaluations(cfg, schema)
     if cfg.train.keep_best:  # the last policy's evaluation on the validation window, after the slot (its candidacy)
         agent_eval_s += policy_eval_s * min(cfg.schedule.curve_eval_days * 24, eval_steps) / eval_steps
