@@ -88,8 +88,8 @@ REFERENCE_ROSTER: dict[str, ReferenceSpec] = {spec.name: spec for spec in (
     ReferenceSpec("rbc", "#bcbd22", _stateless(RuleBasedController), eval_cost=1.1, on_curve=True),
     # A year of the built-in site solves in ~1-2 s on 2 cores; padded for larger sites.
     ReferenceSpec("optimum", "#9467bd", _optimum, eval_cost=1.1, solve_s=10.0),
-    # A small program every step: a year took 50 s on 2 cores where the uncontrolled site takes ~27; its forecast
-    # builds three other years of the site first (~10 s).
+    # A small program every step: a year took 50-55 s on 2 cores where the uncontrolled site takes 20-27; its
+    # forecast reads three other years of the site first (~2 s; padded for larger sites).
     ReferenceSpec("planner", "#17becf", _planner, eval_cost=2.0, solve_s=15.0),
 )}
 REFERENCES: tuple[str, ...] = tuple(REFERENCE_ROSTER)
