@@ -74,3 +74,19 @@ def test_the_planner_is_skipped_with_its_reason_on_a_dataset_without_other_years
     assert result.exit_code == 0, result.output
     planner = json.loads((out / "results.json").read_text())["planner"]
     assert planner["co2_kg"] is None and "other years of the built-in site" in planner["skipped"]
+
+
+def test_a_window_without_a_feasible_plan_leaves_the_battery_idle_and_the_guard_serves_the_cars(default_cfg,
+                                                                                               site_schema,
+                                                                                               monkeypatch):
+    from trainer import planner as planner_module
+    from trainer.optimum_model import OptimumUnavailable
+
+    planner, env, _ = _planner_and_env(default_cfg, site_schema, 2)
+
+    def infeasible(model):
+        raise OptimumUnavailable("the linear program could not be solved: The problem is infeasible.")
+
+    monkeypatch.setattr(planner_module, "solve", infeasible)
+    result = run_episode(planner, env)
+    assert planner.idle_steps == result["eval_timesteps"] and result["ev_departure_soc_met_pct"] == 100.0

@@ -31,7 +31,15 @@ from trainer.config import Config, ScenarioConfig
 from trainer.env import ActionScale, action_slices, make_sb3_env
 from trainer.ev_service import connected_sessions
 from trainer.optimum import solve
-from trainer.optimum_model import EV_ACTION_PREFIX, BatteryModel, EvSession, SiteModel, session_limits, site_model
+from trainer.optimum_model import (
+    EV_ACTION_PREFIX,
+    BatteryModel,
+    EvSession,
+    OptimumUnavailable,
+    SiteModel,
+    session_limits,
+    site_model,
+)
 from trainer.scenario import DRAW_SEED_OFFSET, build_site
 
 HORIZON_STEPS = 24  # a day: 12 hours reach 94.4 %, 24 and 48 the same 95.4 % (linear model, docs/agent-quality.md)
@@ -83,6 +91,7 @@ class DayAheadPlanner:
         # The period's model supplies the equipment's constants and, at step t, only that step's load, solar
         # and carbon intensity (what CityLearn observes now); the hours after t come from the forecast.
         self.model, self.forecast, self.margin_soc = model, forecast, margin_soc
+        self.idle_steps = 0  # steps whose window had no feasible plan (the battery and chargers left idle)
 
     def act(self, obs: np.ndarray, env: Any) -> np.ndarray:
         t = min(env.time_step, self.model.steps - 1)
@@ -90,7 +99,11 @@ class DayAheadPlanner:
         fixed, carbon = self.forecast.ahead(t, steps, self.model.fixed_net_kwh[t], self.model.carbon[t])
         batteries = [self._battery(b, float(env.buildings[b.building].electrical_storage.energy_init), steps,
                                    t + steps >= self.model.steps) for b in self.model.batteries]
-        plan = solve(SiteModel(steps, self.model.hours, carbon, fixed, batteries, self._cars(env, steps)))
+        try:
+            plan = solve(SiteModel(steps, self.model.hours, carbon, fixed, batteries, self._cars(env, steps)))
+        except OptimumUnavailable:  # a state the window cannot recover from in its hours: idle, the guard serves cars
+            self.idle_steps += 1
+            return ActionScale.of(env).to_agent([0.0] * sum(len(names) for _, names in action_slices(env)))
         native: list[float] = []
         for (_, names), b in zip(action_slices(env), range(len(env.buildings))):
             for name in names:
