@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 from trainer import logs
 from trainer.controllers import Controller, RuleBasedController, UncontrolledBaseline
 from trainer.metrics import HOURS_PER_YEAR
-from trainer.optimum import OptimumReplay, solve
-from trainer.optimum_model import OptimumUnavailable, site_model
+from trainer.optimum import OptimumReplay, Solution, solve
+from trainer.optimum_model import OptimumUnavailable, SiteModel, site_model
 from trainer.planner import PlannerUnavailable, day_ahead_planner
 
 if TYPE_CHECKING:
@@ -49,17 +49,26 @@ def _stateless(controller: type) -> Prepare:
     return lambda cfg, open_env: (controller(), {})
 
 
-def _optimum(cfg: Config, open_env: Callable[[], Any]) -> tuple[Controller, dict[str, Any]]:
-    """Solve the perfect-foresight linear program over the evaluation period; its dispatch is then replayed."""
+def _read_period(open_env: Callable[[], Any], read: Callable[[Any], Any]) -> Any:
+    """``read`` of a freshly reset evaluation environment's CityLearnEnv, the environment closed after; what the
+    dataset holds that the programs do not model is ReferenceUnavailable, with the reason."""
     env = open_env()
     try:
         env.reset()
-        model = site_model(env.unwrapped, cfg.ev.margin_soc)
-        solution = solve(model)
-    except OptimumUnavailable as exc:
+        return read(env.unwrapped)
+    except (OptimumUnavailable, PlannerUnavailable) as exc:
         raise ReferenceUnavailable(str(exc)) from None
     finally:
         env.close()
+
+
+def _optimum(cfg: Config, open_env: Callable[[], Any]) -> tuple[Controller, dict[str, Any]]:
+    """Solve the perfect-foresight linear program over the evaluation period; its dispatch is then replayed."""
+    def read(env: Any) -> tuple[SiteModel, Solution]:
+        model = site_model(env, cfg.ev.margin_soc)
+        return model, solve(model)
+
+    model, solution = _read_period(open_env, read)
     logs.get().info("linear program solved", agent="optimum", co2_kg=round(solution.co2_kg, 1),
                     seconds=round(solution.solve_s, 2), variables=solution.variables,
                     constraints=solution.constraints)
@@ -72,15 +81,7 @@ def _optimum(cfg: Config, open_env: Callable[[], Any]) -> tuple[Controller, dict
 
 def _planner(cfg: Config, open_env: Callable[[], Any]) -> tuple[Controller, dict[str, Any]]:
     """The day-ahead planner on a forecast from other years of the site (trainer.planner)."""
-    env = open_env()
-    try:
-        env.reset()
-        planner = day_ahead_planner(cfg, env.unwrapped)
-    except (OptimumUnavailable, PlannerUnavailable) as exc:
-        raise ReferenceUnavailable(str(exc)) from None
-    finally:
-        env.close()
-    return planner, {}
+    return _read_period(open_env, lambda env: day_ahead_planner(cfg, env)), {}
 
 
 REFERENCE_ROSTER: dict[str, ReferenceSpec] = {spec.name: spec for spec in (
