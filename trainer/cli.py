@@ -258,10 +258,7 @@ def _env_counts(ctx: click.Context, param: click.Parameter, text: str | None) ->
     """--sweep's comma-separated environment counts, each 1 to 256."""
     if text is None:
         return None
-    try:
-        counts = tuple(int(part) for part in text.split(",") if part.strip())
-    except ValueError:
-        counts = ()
+    counts = tuple(session.comma_integers(text))
     if not counts or min(counts) < 1 or max(counts) > 256:
         raise click.BadParameter(f"expected comma-separated counts from 1 to 256, e.g. 1,4,16; got {text!r}")
     return counts

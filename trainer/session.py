@@ -147,11 +147,16 @@ def parse_agents(text: str) -> list[str]:
     return chosen
 
 
-def parse_seeds(text: str) -> list[int]:
+def comma_integers(text: str) -> list[int]:
+    """``1,2, 3`` as [1, 2, 3]; [] where any part is not an integer (the caller says what it expected)."""
     try:
-        seeds = [int(s) for s in text.split(",") if s.strip()]
+        return [int(s) for s in text.split(",") if s.strip()]
     except ValueError:
-        seeds = []
+        return []
+
+
+def parse_seeds(text: str) -> list[int]:
+    seeds = comma_integers(text)
     if not seeds or min(seeds) < 0 or max(seeds) > MAX_SEED:
         raise UsageError(f"--seeds expects comma-separated integers from 0 to {MAX_SEED}, got {text!r}")
     repeated = sorted({s for s in seeds if seeds.count(s) > 1})
