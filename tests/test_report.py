@@ -216,6 +216,13 @@ def test_the_report_says_when_the_warm_start_is_an_ensemble_s_mean(tmp_path):
                         "deployed: 34,000 kg/yr.")
     assert next(x for x in lines if x.startswith("- **ppo** deploys")).endswith(
         "Warm start alone: 28,100 kg/yr; deployed: 28,100 kg/yr.")
+    # warm_start.pick_best: a member that did better over the held-out years than the mean in one policy.
+    results["sac"]["warm_start"]["ensemble"]["pick"] = {"member": 3, "held_out_co2_kg": [30.1, 30.2, 30.3, 30.0]}
+    (tmp_path / "picked").mkdir()
+    lines = write_report(_run(tmp_path / "picked", results)).read_text().splitlines()
+    assert next(x for x in lines if x.startswith("- **sac** deploys")).endswith(
+        "Warm start alone (imitation 3 of 5: it did better over the held-out years than their mean in one policy): "
+        "34,000 kg/yr; deployed: 34,000 kg/yr.")
 
 
 def test_the_report_shows_the_year_no_stage_saw_once_it_has_been_evaluated(tmp_path):

@@ -157,8 +157,12 @@ def _deployed(results: dict[str, dict[str, Any]]) -> list[str]:
             line += f", the last policy {kept['last_validation_co2_kg_per_year'] / 1000:,.1f}"
         line += ")."
         if isinstance(warm.get("co2_kg_per_year"), (int, float)):
-            members = (warm.get("ensemble") or {}).get("members")
+            ensemble = warm.get("ensemble") or {}
+            members, picked = ensemble.get("members"), (ensemble.get("pick") or {}).get("member")
             imitation = f" (the mean of {members} imitations of the optimum, in one policy)" if members else ""
+            if members and picked:  # warm_start.pick_best chose a member over the mean
+                imitation = (f" (imitation {picked} of {members}: it did better over the held-out years than their "
+                             "mean in one policy)")
             line += (f" Warm start alone{imitation}: {warm['co2_kg_per_year']:,.0f} kg/yr; deployed: "
                      f"{metrics['co2_kg_per_year']:,.0f} kg/yr.")
         rows.append(line)

@@ -261,12 +261,13 @@ def imitate_once(model: Any, demos: Demonstrations, epochs: int, learning_rate: 
 
 
 def distil_an_ensemble(cfg: Config, schema: Path, agent: str, model: Any, demos: Demonstrations,
-                       draws: Path | None) -> tuple[dict[str, Any], tuple[float, float], bool]:
+                       draws: Path | None) -> tuple[dict[str, Any], tuple[float, float], bool, list[Any]]:
     """Leave in ``model`` the imitation of ``warm_start.ensemble`` imitations' mean action (module docstring).
 
-    Returns what results.json records of it (each member's errors, its labelled steps), the student's errors and
-    whether an earlier stage's identical student was reused (as :func:`imitate_once`). The global random state is
-    put back as it was (building a member reseeds it): the stage then trains as with one imitation.
+    Returns what results.json records of it (each member's errors, its labelled steps), the student's errors,
+    whether an earlier stage's identical student was reused (as :func:`imitate_once`) and the members' policies.
+    The global random state is put back as it was (building a member reseeds it): the stage then trains as with
+    one imitation.
     """
     import random
 
@@ -306,7 +307,8 @@ def distil_an_ensemble(cfg: Config, schema: Path, agent: str, model: Any, demos:
         np.random.set_state(state[1])
         torch.set_rng_state(state[2])
     return ({"members": settings.ensemble, "members_actor_mse": [round(e[0], 5) for e in errors],
-             "labelled_steps": len(labelled.actions)}, student, reused)
+             "members_critic_mse": [round(e[1], 4) for e in errors], "labelled_steps": len(labelled.actions)},
+            student, reused, members)
 
 
 def _fresh(cfg: Config, agent: str, env: Any, device: str, seed: int) -> Any:
@@ -502,9 +504,12 @@ def keep_near_demonstrations(cfg: Config, schema: Path, agent: str, model: Any, 
     return True
 
 
-def warm_start(cfg: Config, schema: Path, agent: str, model: Any, draws: Path | None = None) -> dict[str, Any] | None:
+def warm_start(cfg: Config, schema: Path, agent: str, model: Any, draws: Path | None = None,
+               held_out: list[Path] | None = None) -> dict[str, Any] | None:
     """Imitate the optimum before learning (``warm_start.epochs`` > 0); None where it is off or not possible. With
-    ``warm_start.ensemble`` > 1, the imitation of that many imitations' mean (:func:`distil_an_ensemble`)."""
+    ``warm_start.ensemble`` > 1, the imitation of that many imitations' mean (:func:`distil_an_ensemble`), or with
+    ``warm_start.pick_best`` whichever of it and the members does best over the ``held_out`` years
+    (trainer.learn.warm_start_pick)."""
     settings = cfg.warm_start
     log = logs.get().bind(agent=agent)
     if settings.epochs <= 0:
@@ -520,7 +525,16 @@ def warm_start(cfg: Config, schema: Path, agent: str, model: Any, draws: Path | 
     started = time.perf_counter()
     ensemble = None
     if settings.ensemble > 1:
-        ensemble, (actor_error, critic_error), reused = distil_an_ensemble(cfg, schema, agent, model, demos, draws)
+        ensemble, (actor_error, critic_error), reused, members = distil_an_ensemble(cfg, schema, agent, model, demos,
+                                                                                    draws)
+        from trainer.learn.warm_start_pick import pick_the_best  # lazy: the simulator's VecEnv imports SB3
+
+        pick = pick_the_best(cfg, agent, model, members, held_out or []) if settings.pick_best else None
+        if pick is not None:
+            ensemble["pick"] = pick
+            if pick["member"]:  # the stage starts from that member: its fit is the warm start's
+                actor_error = ensemble["members_actor_mse"][pick["member"] - 1]
+                critic_error = ensemble["members_critic_mse"][pick["member"] - 1]
     else:
         (actor_error, critic_error), reused = imitate_once(model, demos, settings.epochs, settings.learning_rate,
                                                            settings.batch_size, cfg.seed)
@@ -532,7 +546,11 @@ def warm_start(cfg: Config, schema: Path, agent: str, model: Any, draws: Path | 
                "demonstrations_s": round(demos.seconds, 1), "imitation_s": round(time.perf_counter() - started, 1)}
     if ensemble is not None:
         summary["ensemble"] = ensemble
-    what = (f"the mean of {settings.ensemble} imitations of the optimum" if ensemble is not None else "the optimum")
+    what = "the optimum"
+    if ensemble is not None:
+        member = (ensemble.get("pick") or {}).get("member", 0)
+        what = (f"the mean of {settings.ensemble} imitations of the optimum" if not member else
+                f"the optimum: member {member} of {settings.ensemble} imitations, the best over the held-out years")
     log.info(f"warm start: the policy imitates {what}"
              + (" (the same imitation as an earlier stage's: its weights reused)" if reused else ""), **summary)
     return summary

@@ -37,7 +37,7 @@ from trainer.learn.imitation import keep_near_demonstrations, warm_start
 from trainer.learn.memory import Shapes, free_memory
 from trainer.learn.preflight import check_memory, check_resume_config
 from trainer.learn.recovery import Failure, OutOfMemory, Recovery, TrainingInterrupted, failure_of
-from trainer.learn.selection import BestPolicy
+from trainer.learn.selection import BestPolicy, held_out_years
 from trainer.learn.stage_checkpoints import StageCheckpoints
 from trainer.learn.state import EpisodeTracker, Sizes, StopReason
 from trainer.run_dir import AgentDir
@@ -172,7 +172,10 @@ class StageTrainer:
 
     def _fresh_model(self) -> BaseAlgorithm:
         model = build_model(self.cfg, self.agent, self.env, self.device, self.cfg.seed, self.target)
-        self.warm_start = warm_start(self.cfg, self.ctx.schema, self.agent, model, self.ctx.run.demonstration_sites)
+        picks = self.cfg.warm_start.pick_best and self.cfg.warm_start.ensemble > 1  # the years it picks by
+        held_out = held_out_years(self.ctx) if picks else []
+        self.warm_start = warm_start(self.cfg, self.ctx.schema, self.agent, model, self.ctx.run.demonstration_sites,
+                                     held_out)
         if self.warm_start is not None:  # evaluated like the agent at the end (results.json's warm_start)
             save_warm_start(model, self.folder)
         self.checkpoints.last_checkpoint_step = 0

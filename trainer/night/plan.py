@@ -77,7 +77,8 @@ def warm_start_s(cfg: Config, schema: Path, speeds: Speeds, agents: list[str],
     site, ``warm_start.extra_draws`` more (a night computes them once). Both are reused only within a process:
     where each stage is its own (``one_process`` False: Ray), every agent computes its own. With
     ``warm_start.ensemble`` > 1, that many imitations and the student's, and the members' mean action run over each
-    year of the demonstrations."""
+    year of the demonstrations; with ``warm_start.pick_best`` on the built-in site, the pick among them (the members
+    and the student, one call each a step, over the held-out years; trainer.learn.warm_start_pick)."""
     settings = cfg.warm_start
     if settings.epochs <= 0:
         return {}
@@ -88,6 +89,8 @@ def warm_start_s(cfg: Config, schema: Path, speeds: Speeds, agents: list[str],
     imitations = members + 1 if members > 1 else 1
     # The years side by side: each step of them costs each member one call.
     ensemble_s = 0.0 if members <= 1 else (years / speeds.eval_steps_per_s + members * POLICY_CALL_S) * period * SAFETY
+    if members > 1 and settings.pick_best and is_built_in(schema):
+        ensemble_s += (members + 1) * HELD_OUT_YEARS * period * POLICY_CALL_S * SAFETY
     out, imitated = {}, set()
     for agent in agents:
         if not agent_spec(agent).warm_start:

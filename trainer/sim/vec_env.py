@@ -48,6 +48,9 @@ class SimVecEnv(VecEnv):
         self.returns = np.zeros(n_envs)
         self.started = np.zeros(n_envs)
         self._actions: np.ndarray | None = None
+        # kg CO2 each environment's site imported in the last step (imports x carbon intensity, as trainer.metrics
+        # counts it): what the warm start's pick adds up over a year.
+        self.step_import_co2 = np.zeros(n_envs)
         env.close()
 
     # ----------------------------------------------------------------- episodes
@@ -96,10 +99,12 @@ class SimVecEnv(VecEnv):
     def step_wait(self):
         native = self.scale.to_native(self._actions)
         self.site.begin()
-        sessions = Sessions(self.tables, self.site.t.copy(), self.site.cars, self.linear)
+        now = self.site.t.copy()
+        sessions = Sessions(self.tables, now, self.site.cars, self.linear)
         if self.guard is not None:
             native = self.guard.apply(sessions, native)
         net = self.site.apply(native)
+        self.step_import_co2 = np.clip(net.sum(axis=1), 0.0, None) * self.tables.carbon[now, 0]
         rewards = self.reward.step(sessions, net, self.site, self.shortfalls)
         self.returns += rewards
         observations = self._observations()
