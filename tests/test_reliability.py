@@ -253,6 +253,11 @@ def test_a_resumed_night_may_refit_the_warm_start_s_ensemble_but_not_its_imitati
     before = load_config().to_dict()
     assert training_view(load_config(overrides=["warm_start.ensemble=1"]).to_dict(), "sac") == \
         training_view(before, "sac")
+    # Nor is the pick among the ensemble's members, nor its absence from a checkpoint written before it existed.
+    older = load_config().to_dict()
+    del older["warm_start"]["pick_best"]
+    assert training_view(older, "sac") == training_view(load_config(overrides=["warm_start.pick_best=false"])
+                                                        .to_dict(), "sac") == training_view(before, "sac")
     assert training_view(load_config(overrides=["warm_start.sac_bc_alpha=0.5"]).to_dict(), "sac") != \
         training_view(before, "sac")
 
