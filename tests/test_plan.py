@@ -148,17 +148,21 @@ def test_the_plan_counts_each_warm_start_and_the_night_s_demonstrations_once(sit
     minibatches = 6 * 400 * math.ceil(8759 / 256)  # five members and their student
     year = 8759 / 1000.0 * SAFETY + DEMONSTRATION_SOLVE_S
     ensemble_s = (4 / 1000.0 + 5 * POLICY_CALL_S) * 8759 * SAFETY  # the members' mean action over the four years
-    ensemble_s += 6 * 2 * 8759 * POLICY_CALL_S * SAFETY  # the pick: members and student over two held-out years
     estimate = warm_start_s(cfg, site_schema, speeds, ["sac", "ppo"])
     assert estimate["sac"] == pytest.approx(minibatches * 0.003 * SAFETY + 4 * year + ensemble_s)  # demonstrations once
     assert estimate["ppo"] == pytest.approx(minibatches * 0.001 * SAFETY + ensemble_s)
     one = load_config(overrides=["warm_start.ensemble=1"])
     assert warm_start_s(one, site_schema, speeds, ["ppo"])["ppo"] == pytest.approx(minibatches / 6 * 0.001 * SAFETY
                                                                                     + 4 * year)
+    # warm_start.pick_best: the members and the student, one call each a step over the two held-out years.
+    picks = load_config(overrides=["warm_start.pick_best=true"])
+    pick_s = 6 * 2 * 8759 * POLICY_CALL_S * SAFETY
+    assert warm_start_s(picks, site_schema, speeds, ["ppo"])["ppo"] == pytest.approx(
+        minibatches * 0.001 * SAFETY + 4 * year + ensemble_s + pick_s)
     # Another dataset has its one year; with the warm start off there is nothing to count.
     other = tmp_path / "schema.json"
     other.write_text(json.dumps({"simulation_start_time_step": 0, "simulation_end_time_step": 8759}))
-    ensemble_of_one_year = (1 / 1000.0 + 5 * POLICY_CALL_S) * 8759 * SAFETY  # no held-out year: no pick
+    ensemble_of_one_year = (1 / 1000.0 + 5 * POLICY_CALL_S) * 8759 * SAFETY
     assert warm_start_s(cfg, other, speeds, ["ppo"])["ppo"] == pytest.approx(minibatches * 0.001 * SAFETY + year
                                                                               + ensemble_of_one_year)
     off = load_config(overrides=["warm_start.epochs=0"])

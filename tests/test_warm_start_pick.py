@@ -16,7 +16,7 @@ from trainer.metrics import run_episode
 
 @pytest.fixture(scope="module")
 def cfg():
-    return load_config(overrides=["warm_start.epochs=3", "warm_start.ensemble=1"])
+    return load_config(overrides=["warm_start.epochs=3", "warm_start.ensemble=1", "warm_start.pick_best=true"])
 
 
 @pytest.fixture(scope="module")
