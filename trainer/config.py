@@ -135,8 +135,8 @@ class WarmStartConfig(Section):
                         "imitation; 1 = a single imitation; docs/agent-quality.md).", ge=1, le=16)
     pick_best: bool = doc("With an ensemble on a built-in site: the warm start is whichever of the members and their "
                           "distilled mean emits least CO2 over the held-out years (the training simulator judges; "
-                          "a member's rank there is its rank over the evaluation year), not always the mean "
-                          "(docs/agent-quality.md).")
+                          "a member's rank there is its rank over the evaluation year), not always the mean; "
+                          "off: a better start that has not yet made a night end higher (docs/agent-quality.md).")
     learning_rate: float = doc("Adam learning rate of the imitation.", gt=0, le=1)
     batch_size: int = doc("Minibatch size of the imitation.", ge=1)
     policy_std: float = doc("PPO's and A2C's exploration standard deviation after the imitation (SB3 starts at 1, "
