@@ -48,9 +48,7 @@ class SimVecEnv(VecEnv):
         self.returns = np.zeros(n_envs)
         self.started = np.zeros(n_envs)
         self._actions: np.ndarray | None = None
-        # kg CO2 each environment's site imported in the last step (imports x carbon intensity, as trainer.metrics
-        # counts it): what the warm start's pick adds up over a year.
-        self.step_import_co2 = np.zeros(n_envs)
+        self._last_step: tuple[np.ndarray, np.ndarray] | None = None  # (each environment's step, its net kWh)
         env.close()
 
     # ----------------------------------------------------------------- episodes
@@ -104,7 +102,7 @@ class SimVecEnv(VecEnv):
         if self.guard is not None:
             native = self.guard.apply(sessions, native)
         net = self.site.apply(native)
-        self.step_import_co2 = np.clip(net.sum(axis=1), 0.0, None) * self.tables.carbon[now, 0]
+        self._last_step = (now, net.copy())  # an episode that ends here resets the site's own array in place
         rewards = self.reward.step(sessions, net, self.site, self.shortfalls)
         self.returns += rewards
         observations = self._observations()
@@ -118,6 +116,15 @@ class SimVecEnv(VecEnv):
             self._start_episodes(dones)
             observations = self._observations()
         return observations, rewards.astype(np.float32), dones, infos
+
+    @property
+    def step_import_co2(self) -> np.ndarray:
+        """kg CO2 each environment's site imported in the last step (imports x carbon intensity, as trainer.metrics
+        counts it): what the warm start's pick adds up over a year. Computed when asked: training never does."""
+        if self._last_step is None:
+            return np.zeros(self.num_envs)
+        now, net = self._last_step
+        return np.clip(net.sum(axis=1), 0.0, None) * self.tables.carbon[now, 0]
 
     def close(self) -> None:
         pass
