@@ -98,6 +98,7 @@ def test_the_site_is_read_once_into_the_cache_and_a_damaged_file_is_read_again(s
     from trainer.sim import cache, vec_env
 
     monkeypatch.setenv("PVBESS_CACHE", str(tmp_path))
+    monkeypatch.setattr(vec_env, "_TABLES", {})  # an earlier test in this process may hold the site already
     cfg = load_config()
     first = SimVecEnv(cfg, sites["v2g"], 1, 0)
     files = list((tmp_path / "pvbess-trainer" / "sim").glob("*.npz"))
