@@ -198,7 +198,8 @@ def test_the_warm_start_imitates_its_ensemble_s_mean_and_the_stage_goes_on_as_wi
     from trainer.learn import imitation
 
     monkeypatch.setattr(imitation, "_DISTILLED", {})
-    several = cfg.model_copy(update={"warm_start": cfg.warm_start.model_copy(update={"epochs": 3, "ensemble": 3})})
+    several = cfg.model_copy(update={"warm_start": cfg.warm_start.model_copy(update={"epochs": 3, "ensemble": 3,
+                                                                                      "student_epochs": 5})})
     env = make_sb3_env(several, week, "train", several.seed)
     model = build_model(several, agent, env, "cpu", several.seed, 1000)
     single = build_model(several, agent, env, "cpu", several.seed, 1000)
@@ -219,6 +220,12 @@ def test_the_warm_start_imitates_its_ensemble_s_mean_and_the_stage_goes_on_as_wi
         build_model(several, agent, env, "cpu", several.seed, 1000), demonstrations(several, week, several.seed), 3,
         several.warm_start.learning_rate, several.warm_start.batch_size, several.seed)[0], 5)
     assert not all(torch.equal(single.policy.state_dict()[n], t) for n, t in model.policy.state_dict().items())
+    # The student fits the members' mean for its own epochs, from the stage's model as it was built.
+    labelled = next(iter(imitation._DISTILLED.values()))
+    assert ensemble["student_epochs"] == 5
+    assert summary["actor_mse"] == round(imitation.imitate(
+        build_model(several, agent, env, "cpu", several.seed, 1000), labelled, 5, several.warm_start.learning_rate,
+        several.warm_start.batch_size, several.seed)[0], 5)
     # Minutes of work on a real site: the log says what is happening, member by member, and how to have one.
     progress = [e for e in logged if e["event"].startswith("warm start")]
     assert "warm_start.ensemble=1" in progress[0]["event"]

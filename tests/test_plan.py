@@ -143,19 +143,22 @@ def test_the_plan_counts_each_warm_start_and_the_night_s_demonstrations_once(sit
     from trainer.night.calibrate import Speeds
     from trainer.night.plan import DEMONSTRATION_SOLVE_S, POLICY_CALL_S, SAFETY, warm_start_s
 
-    cfg = load_config()  # 400 epochs of 8,759 samples in minibatches of 256; three more years of the built-in site
+    # 400 epochs of 8,759 samples in minibatches of 256; three more years of the built-in site; five members, then
+    # their student's 1,200 epochs.
+    five = ["warm_start.ensemble=5", "warm_start.student_epochs=1200"]
+    cfg = load_config(overrides=five)
     speeds = Speeds(eval_steps_per_s=1000.0, train_steps_per_s={}, imitation_update_s={"sac": 0.003, "ppo": 0.001})
-    minibatches = 6 * 400 * math.ceil(8759 / 256)  # five members and their student
+    minibatches = (5 * 400 + 1200) * math.ceil(8759 / 256)
     year = 8759 / 1000.0 * SAFETY + DEMONSTRATION_SOLVE_S
     ensemble_s = (4 / 1000.0 + 5 * POLICY_CALL_S) * 8759 * SAFETY  # the members' mean action over the four years
     estimate = warm_start_s(cfg, site_schema, speeds, ["sac", "ppo"])
     assert estimate["sac"] == pytest.approx(minibatches * 0.003 * SAFETY + 4 * year + ensemble_s)  # demonstrations once
     assert estimate["ppo"] == pytest.approx(minibatches * 0.001 * SAFETY + ensemble_s)
     one = load_config(overrides=["warm_start.ensemble=1"])
-    assert warm_start_s(one, site_schema, speeds, ["ppo"])["ppo"] == pytest.approx(minibatches / 6 * 0.001 * SAFETY
-                                                                                    + 4 * year)
+    single = 400 * math.ceil(8759 / 256)  # one imitation's minibatches
+    assert warm_start_s(one, site_schema, speeds, ["ppo"])["ppo"] == pytest.approx(single * 0.001 * SAFETY + 4 * year)
     # warm_start.pick_best: the members and the student, one call each a step over the two held-out years.
-    picks = load_config(overrides=["warm_start.pick_best=true"])
+    picks = load_config(overrides=[*five, "warm_start.pick_best=true"])
     pick_s = 6 * 2 * 8759 * POLICY_CALL_S * SAFETY
     assert warm_start_s(picks, site_schema, speeds, ["ppo"])["ppo"] == pytest.approx(
         minibatches * 0.001 * SAFETY + 4 * year + ensemble_s + pick_s)
@@ -210,7 +213,8 @@ def test_a_timed_night_runs_the_warm_start_s_ensemble_only_where_it_fits(site_sc
     # A 20-minute night: one imitation, and the plan says why.
     fitted, why = fit_ensemble(cfg, site_schema, speeds, ["sac", "ppo"], 1200.0)
     assert fitted.warm_start.ensemble == 1 and fitted.warm_start.epochs == 400
-    assert why == (f"one imitation, not the mean of 5: with it the warm starts would take ~{round(needed / 60)} min, "
+    members, minutes = cfg.warm_start.ensemble, round(needed / 60)
+    assert why == (f"one imitation, not the mean of {members}: with it the warm starts would take ~{minutes} min, "
                    "over 25% of the night's 20 min (a longer night runs it)")
     one = load_config(overrides=["warm_start.ensemble=1"])
     assert fit_ensemble(one, site_schema, speeds, ["sac"], 60.0) == (one, None)

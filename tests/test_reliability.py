@@ -253,10 +253,12 @@ def test_a_resumed_night_may_refit_the_warm_start_s_ensemble_but_not_its_imitati
     before = load_config().to_dict()
     assert training_view(load_config(overrides=["warm_start.ensemble=1"]).to_dict(), "sac") == \
         training_view(before, "sac")
-    # Nor is the pick among the ensemble's members, nor its absence from a checkpoint written before it existed.
+    # Nor is the pick among the ensemble's members or its student's epochs, nor their absence from a checkpoint
+    # written before they existed.
     older = load_config().to_dict()
-    del older["warm_start"]["pick_best"]
-    assert training_view(older, "sac") == training_view(load_config(overrides=["warm_start.pick_best=false"])
+    del older["warm_start"]["pick_best"], older["warm_start"]["student_epochs"]
+    assert training_view(older, "sac") == training_view(load_config(overrides=["warm_start.pick_best=false",
+                                                                              "warm_start.student_epochs=400"])
                                                         .to_dict(), "sac") == training_view(before, "sac")
     assert training_view(load_config(overrides=["warm_start.sac_bc_alpha=0.5"]).to_dict(), "sac") != \
         training_view(before, "sac")

@@ -218,10 +218,12 @@ MEMBER_SEED_STEP = 1000
 def policy_digest(model: Any) -> str:
     """A digest of what :func:`imitate` reads of ``model``: its policy's class, device, threads and weights, and
     its discount (the critic's targets). Two agents with the same digest imitate to the same weights."""
-    return _policy_digest(model.policy, float(model.gamma))
+    return weights_digest(model.policy, float(model.gamma))
 
 
-def _policy_digest(policy: Any, gamma: float) -> str:
+def weights_digest(policy: Any, gamma: float) -> str:
+    """A digest of ``policy``'s class, device, threads and weights, and ``gamma``: two policies with the same digest
+    act alike (an ensemble's members and the warm start's candidates are keyed by it)."""
     import torch  # lazy: torch takes seconds to import
 
     digest = hashlib.sha256(f"{type(policy).__module__}.{type(policy).__qualname__} {policy.device} "
@@ -300,14 +302,17 @@ def distil_an_ensemble(cfg: Config, schema: Path, agent: str, model: Any, demos:
         labelled = _ensemble_labels(cfg, schema, members, demos, draws)
         log.info("warm start: the members' mean action labelled", steps=len(labelled.actions),
                  seconds=round(time.perf_counter() - started, 1))
-        # The student starts where a single imitation would: the stage's model, as it was built.
-        student, reused = imitate_once(model, labelled, *fit, seed)
+        # The student starts where a single imitation would: the stage's model, as it was built. Its labels agree
+        # with each other (one function of the observation), so it can fit them far closer than an imitation fits
+        # the optimum's, and must: in closed loop a small miss costs points (docs/agent-quality.md).
+        student, reused = imitate_once(model, labelled, settings.student_epochs, *fit[1:], seed)
     finally:
         random.setstate(state[0])
         np.random.set_state(state[1])
         torch.set_rng_state(state[2])
     return ({"members": settings.ensemble, "members_actor_mse": [round(e[0], 5) for e in errors],
-             "members_critic_mse": [round(e[1], 4) for e in errors], "labelled_steps": len(labelled.actions)},
+             "members_critic_mse": [round(e[1], 4) for e in errors], "labelled_steps": len(labelled.actions),
+             "student_epochs": settings.student_epochs},
             student, reused, members)
 
 
@@ -324,7 +329,7 @@ def _ensemble_labels(cfg: Config, schema: Path, members: list[Any], demos: Demon
     the demonstrations, each labelled with that mean action; the rewards it earned there (the critic's returns)."""
     digest = hashlib.sha256(f"{cfg.digest()} {schema} {draws}".encode())
     for member in members:
-        digest.update(_policy_digest(member, 0.0).encode())
+        digest.update(weights_digest(member, 0.0).encode())
     digest.update(demos.observations.tobytes())
     key = digest.hexdigest()
     if key in _DISTILLED:

@@ -53,7 +53,7 @@ def pick_the_best(cfg: Config, agent: str, model: Any, members: list[Any], years
     """Leave in ``model`` whichever of its own policy (the distilled mean) and ``members`` (policies of the same
     architecture) emits least CO2 over ``years``; what results.json records of the choice, or None where there is
     nothing to choose by (no held-out year, or a dataset the simulator does not model)."""
-    from trainer.learn.imitation import _policy_digest  # lazy: imitation imports this module lazily too
+    from trainer.learn.imitation import weights_digest  # lazy: imitation imports this module lazily too
 
     log = logs.get().bind(agent=agent)
     if not years:
@@ -61,7 +61,7 @@ def pick_the_best(cfg: Config, agent: str, model: Any, members: list[Any], years
     candidates = [model.policy, *members]
     # A night's PPO and A2C share their imitations (trainer.learn.imitation.imitate_once): the second picks alike
     # without running them again.
-    key = hashlib.sha256(" ".join([cfg.digest(), *map(str, years), *(_policy_digest(p, 0.0) for p in candidates)])
+    key = hashlib.sha256(" ".join([cfg.digest(), *map(str, years), *(weights_digest(p, 0.0) for p in candidates)])
                          .encode()).hexdigest()
     started = time.perf_counter()
     if key not in _PICKED:

@@ -76,9 +76,10 @@ def warm_start_s(cfg: Config, schema: Path, speeds: Speeds, agents: list[str],
     demonstrations: each year's optimum solved and replayed in CityLearn, the dataset's and, on the built-in
     site, ``warm_start.extra_draws`` more (a night computes them once). Both are reused only within a process:
     where each stage is its own (``one_process`` False: Ray), every agent computes its own. With
-    ``warm_start.ensemble`` > 1, that many imitations and the student's, and the members' mean action run over each
-    year of the demonstrations; with ``warm_start.pick_best`` on the built-in site, the pick among them (the members
-    and the student, one call each a step, over the held-out years; trainer.learn.warm_start_pick)."""
+    ``warm_start.ensemble`` > 1, that many imitations and the student's (``warm_start.student_epochs``), and the
+    members' mean action run over each year of the demonstrations; with ``warm_start.pick_best`` on the built-in
+    site, the pick among them (the members and the student, one call each a step, over the held-out years;
+    trainer.learn.warm_start_pick)."""
     settings = cfg.warm_start
     if settings.epochs <= 0:
         return {}
@@ -86,7 +87,8 @@ def warm_start_s(cfg: Config, schema: Path, speeds: Speeds, agents: list[str],
     years = 1 + (settings.extra_draws if is_built_in(schema) else 0)
     demonstrations_s = years * (period / speeds.eval_steps_per_s * SAFETY + DEMONSTRATION_SOLVE_S)
     members = settings.ensemble
-    imitations = members + 1 if members > 1 else 1
+    # Each member's imitation, then the student's (its own epochs) where there is an ensemble.
+    epochs = members * settings.epochs + settings.student_epochs if members > 1 else settings.epochs
     # The years side by side: each step of them costs each member one call.
     ensemble_s = 0.0 if members <= 1 else (years / speeds.eval_steps_per_s + members * POLICY_CALL_S) * period * SAFETY
     if members > 1 and settings.pick_best and is_built_in(schema):
@@ -97,7 +99,7 @@ def warm_start_s(cfg: Config, schema: Path, speeds: Speeds, agents: list[str],
             continue
         policy = speeds.imitation_policy.get(agent)  # None from a calibration before it was recorded: imitates
         reused = policy in imitated
-        minibatches = 0 if reused else imitations * settings.epochs * math.ceil(period / settings.batch_size)
+        minibatches = 0 if reused else epochs * math.ceil(period / settings.batch_size)
         out[agent] = (minibatches * speeds.imitation_update_s.get(agent, 0.0) * SAFETY + demonstrations_s
                       + (0.0 if reused else ensemble_s))
         if one_process:  # the agents after it reuse both
