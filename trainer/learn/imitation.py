@@ -25,8 +25,9 @@ demonstrations, labels the states it meets as well as the demonstrations' own; a
 those labels (one network: the one reinforcement learning goes on with). Each label is a function of what the
 policy observes, so the labels agree with each other, and the states are those the ensemble reaches (measured:
 93.7 % there, where labels that pull a policy back to the optimum's trajectory, which it cannot see, made it
-worse; over three seeds SAC's warm start averaged 92.7 % against one imitation's 91.8 %, one seed of the three
-lower; docs/agent-quality.md).
+worse). The student must fit them far closer than an imitation fits the optimum (``warm_start.student_epochs``):
+over three seeds the mean of ten imitations reached 94.1 %, its student fitted for an imitation's 400 epochs
+91.9 %, for 2,400 epochs 93.9 % (docs/agent-quality.md).
 
 Only a fresh stage is warm-started (a resumed one loads its checkpoint). The demonstrations are
 computed once per process for a dataset and config (a second agent of the night reuses them), and so

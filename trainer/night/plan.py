@@ -115,7 +115,8 @@ def fit_ensemble(cfg: Config, schema: Path, speeds: Speeds, agents: list[str], a
 
     A night without a deadline runs the configured ensemble. A timed night runs it only where its warm starts take
     at most ENSEMBLE_SHARE of the time: five SAC imitations and their student took 12.4 minutes on 2 cores, more
-    than half a 20-minute night, where one imitation leaves the time to reinforcement learning. Smaller ensembles
+    than half a 20-minute night (ten and a longer-fitted student, the default, about half an hour), where one
+    imitation leaves the time to reinforcement learning. Smaller ensembles
     are not tried: the mean of two measured worse than its first member, of three below the best one imitation of
     five (docs/agent-quality.md)."""
     settings = cfg.warm_start
