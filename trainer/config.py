@@ -135,7 +135,7 @@ class WarmStartConfig(Section):
                         "imitation; 1 = a single imitation; docs/agent-quality.md).", ge=1, le=16)
     student_epochs: int = doc("Epochs of the one network that imitates the ensemble's mean action (each as many "
                               "samples as the dataset's period): it must fit the mean closely to keep it in closed "
-                              "loop, about three times an imitation's epochs (docs/agent-quality.md).", ge=1, le=5000)
+                              "loop: six times an imitation's 400 by default (docs/agent-quality.md).", ge=1, le=5000)
     pick_best: bool = doc("With an ensemble on a built-in site: the warm start is whichever of the members and their "
                           "distilled mean emits least CO2 over the held-out years (the training simulator judges; "
                           "a member's rank there is its rank over the evaluation year), not always the mean; "
