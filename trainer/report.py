@@ -159,10 +159,11 @@ def _deployed(results: dict[str, dict[str, Any]]) -> list[str]:
         if isinstance(warm.get("co2_kg_per_year"), (int, float)):
             ensemble = warm.get("ensemble") or {}
             members, picked = ensemble.get("members"), (ensemble.get("pick") or {}).get("member")
-            imitation = f" (the mean of {members} imitations of the optimum, in one policy)" if members else ""
             if members and picked:  # warm_start.pick_best chose a member over the mean
                 imitation = (f" (imitation {picked} of {members}: it did better over the held-out years than their "
                              "mean in one policy)")
+            else:
+                imitation = f" (the mean of {members} imitations of the optimum, in one policy)" if members else ""
             line += (f" Warm start alone{imitation}: {warm['co2_kg_per_year']:,.0f} kg/yr; deployed: "
                      f"{metrics['co2_kg_per_year']:,.0f} kg/yr.")
         rows.append(line)
