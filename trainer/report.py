@@ -162,8 +162,10 @@ def _deployed(results: dict[str, dict[str, Any]]) -> list[str]:
             if members and picked:  # warm_start.pick_best chose a member over the mean
                 imitation = (f" (imitation {picked} of {members}: it did better over the held-out years than their "
                              "mean in one policy)")
+            elif members:
+                imitation = f" (the mean of {members} imitations of the optimum, in one policy)"
             else:
-                imitation = f" (the mean of {members} imitations of the optimum, in one policy)" if members else ""
+                imitation = ""
             line += (f" Warm start alone{imitation}: {warm['co2_kg_per_year']:,.0f} kg/yr; deployed: "
                      f"{metrics['co2_kg_per_year']:,.0f} kg/yr.")
         rows.append(line)
