@@ -158,6 +158,11 @@ class WarmStartConfig(Section):
                                "term, as DAPG adds; larger imitates more; 0 = off).", ge=0)
     a2c_bc_weight: float = doc("The same term for A2C (0 = off).", ge=0)
 
+    @property
+    def picks_a_member(self) -> bool:
+        """Whether the warm start chooses among an ensemble's members and their mean (over the held-out years)."""
+        return self.pick_best and self.ensemble > 1
+
 
 class TrainConfig(Section):
     simulator: Literal["auto", "vector", "citylearn"] = doc(

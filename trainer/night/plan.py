@@ -91,7 +91,7 @@ def warm_start_s(cfg: Config, schema: Path, speeds: Speeds, agents: list[str],
     epochs = members * settings.epochs + settings.student_epochs if members > 1 else settings.epochs
     # The years side by side: each step of them costs each member one call.
     ensemble_s = 0.0 if members <= 1 else (years / speeds.eval_steps_per_s + members * POLICY_CALL_S) * period * SAFETY
-    if members > 1 and settings.pick_best and is_built_in(schema):
+    if settings.picks_a_member and is_built_in(schema):
         ensemble_s += (members + 1) * HELD_OUT_YEARS * period * POLICY_CALL_S * SAFETY
     out, imitated = {}, set()
     for agent in agents:
