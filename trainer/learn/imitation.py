@@ -535,7 +535,7 @@ def warm_start(cfg: Config, schema: Path, agent: str, model: Any, draws: Path | 
                                                                                     draws)
         from trainer.learn.warm_start_pick import pick_the_best  # lazy: the simulator's VecEnv imports SB3
 
-        pick = pick_the_best(cfg, agent, model, members, held_out or []) if settings.pick_best else None
+        pick = pick_the_best(cfg, agent, model, members, held_out or []) if settings.picks_a_member else None
         if pick is not None:
             ensemble["pick"] = pick
             if pick["member"]:  # the stage starts from that member: its fit is the warm start's
