@@ -44,11 +44,13 @@ def test_wrong_type_names_the_received_value():
 
 def test_choice_lists_the_valid_values():
     assert error_of("gpu.device=tpu") == "config key 'gpu.device': input should be 'auto', 'cpu' or 'cuda'; got 'tpu'"
+    assert error_of("warm_start.teacher=sak") == ("config key 'warm_start.teacher': input should be 'sac', 'ppo', "
+                                                  "'a2c' or 'own'; got 'sak'")
 
 
 def test_timesteps_and_episodes_together_are_refused():
     assert error_of("ppo.episodes=3") == (
-        "config key 'ppo': set only one of timesteps (2000000) or episodes (3); set the other to null"
+        "config key 'ppo': set only one of timesteps (500000) or episodes (3); set the other to null"
     )
 
 

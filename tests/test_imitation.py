@@ -190,16 +190,18 @@ def week(site_schema, tmp_path_factory):
     return variant(site_schema, tmp_path_factory.mktemp("week"), steps=168)
 
 
-@pytest.mark.parametrize("agent", ["ppo", "sac"])
-def test_the_warm_start_imitates_its_ensemble_s_mean_and_the_stage_goes_on_as_with_one(week, cfg, monkeypatch, agent):
+@pytest.mark.parametrize(("agent", "teacher"), [("ppo", "own"), ("sac", "sac"), ("ppo", "sac")])
+def test_the_warm_start_imitates_its_ensemble_s_mean_and_the_stage_goes_on_as_with_one(week, cfg, monkeypatch, agent,
+                                                                                        teacher):
     import torch
     from structlog.testing import capture_logs
 
     from trainer.learn import imitation
 
     monkeypatch.setattr(imitation, "_DISTILLED", {})
-    several = cfg.model_copy(update={"warm_start": cfg.warm_start.model_copy(update={"epochs": 3, "ensemble": 3,
-                                                                                      "student_epochs": 5})})
+    several = cfg.model_copy(update={"warm_start": cfg.warm_start.model_copy(update={
+        "epochs": 3, "ensemble": 3, "student_epochs": 5, "teacher": teacher})})
+    members_are = agent if teacher == "own" else teacher
     env = make_sb3_env(several, week, "train", several.seed)
     model = build_model(several, agent, env, "cpu", several.seed, 1000)
     single = build_model(several, agent, env, "cpu", several.seed, 1000)
@@ -214,11 +216,12 @@ def test_the_warm_start_imitates_its_ensemble_s_mean_and_the_stage_goes_on_as_wi
     steps = len(demonstrations(several, week, several.seed).actions)
     ensemble = summary["ensemble"]
     assert ensemble["members"] == 3 and len(ensemble["members_actor_mse"]) == 3
+    assert ensemble["teacher"] == members_are
     assert ensemble["labelled_steps"] == 2 * steps  # the demonstrations' states and the ensemble's own year
-    # The first member is the single imitation; the policy is the student, not it.
+    # The first member is the teacher's single imitation; the policy is the student, not it.
     assert ensemble["members_actor_mse"][0] == round(imitation.imitate(
-        build_model(several, agent, env, "cpu", several.seed, 1000), demonstrations(several, week, several.seed), 3,
-        several.warm_start.learning_rate, several.warm_start.batch_size, several.seed)[0], 5)
+        build_model(several, members_are, env, "cpu", several.seed, 1000), demonstrations(several, week, several.seed),
+        3, several.warm_start.learning_rate, several.warm_start.batch_size, several.seed)[0], 5)
     assert not all(torch.equal(single.policy.state_dict()[n], t) for n, t in model.policy.state_dict().items())
     # The student fits the members' mean for its own epochs, from the stage's model as it was built.
     labelled = next(iter(imitation._DISTILLED.values()))
@@ -231,6 +234,41 @@ def test_the_warm_start_imitates_its_ensemble_s_mean_and_the_stage_goes_on_as_wi
     assert "warm_start.ensemble=1" in progress[0]["event"]
     assert [e["member"] for e in progress if "member" in e] == ["1/3", "2/3", "3/3"]
     assert [e for e in progress if "labelled" in e["event"]][0]["steps"] == 2 * steps
+    assert {e["teacher"] for e in progress if "member" in e} == {members_are}
+
+
+def test_one_ensemble_teaches_every_agent_of_a_night_on_any_threads(week, cfg, monkeypatch):
+    """SAC's stage imitates the members (on every core); PPO's and A2C's (one torch thread) distil the same ones."""
+    import torch
+    from structlog.testing import capture_logs
+
+    from trainer.learn import imitation
+
+    monkeypatch.setattr(imitation, "_IMITATED", {})
+    monkeypatch.setattr(imitation, "_DISTILLED", {})
+    several = cfg.model_copy(update={"warm_start": cfg.warm_start.model_copy(update={
+        "epochs": 2, "ensemble": 2, "student_epochs": 2, "teacher": "sac"})})
+    env = make_sb3_env(several, week, "train", several.seed)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        with capture_logs() as first:
+            sac = warm_start(several, week, "sac", build_model(several, "sac", env, "cpu", several.seed, 1000))
+        torch.set_num_threads(1)
+        with capture_logs() as second:
+            ppo = warm_start(several, week, "ppo", build_model(several, "ppo", env, "cpu", several.seed, 1000))
+            a2c = warm_start(several, week, "a2c", build_model(several, "a2c", env, "cpu", several.seed, 1000))
+    finally:
+        torch.set_num_threads(threads)
+    # The same members (their fit's errors too) and their labels: imitated once, by SAC's stage.
+    assert ppo["ensemble"]["members_actor_mse"] == sac["ensemble"]["members_actor_mse"] == \
+        a2c["ensemble"]["members_actor_mse"]
+    assert [e["reused"] for e in first if "member" in e] == [False, False]
+    assert [e["reused"] for e in second if "member" in e] == [True, True, True, True]
+    assert len(imitation._DISTILLED) == 1
+    # Each agent fits its own student: A2C's policy is PPO's, so it reuses PPO's.
+    assert ppo["actor_mse"] == a2c["actor_mse"] != sac["actor_mse"]
+    assert any("the same imitation as an earlier stage's" in e["event"] for e in second)
 
 
 def test_the_ensemble_s_labels_are_its_mean_action_where_it_goes_in_closed_loop(week, cfg, monkeypatch):

@@ -35,13 +35,14 @@ def test_second_plan_uses_the_cached_calibration(tmp_path):
     many = ("--set", "a2c.timesteps=100000000")
     first = plan(tmp_path, "--budget", "30m", "--agents", "a2c", *many)
     assert first.exit_code == 0, first.output
-    # After the references, the warm start's four years of demonstrations, its five imitations and their student,
-    # A2C's evaluations and the report, under 25 minutes are left (on a loaded 2-core machine, 15 minutes left
-    # none): 100 million steps would need over 65,000 steps/s (A2C does 13,000-30,000 on the training simulator on
-    # 2 cores).
+    # After the references, the warm start's four years of demonstrations and its imitation, A2C's evaluations and
+    # the report, under 25 minutes are left (on a loaded 2-core machine, 15 minutes left none): 100 million steps
+    # would need over 65,000 steps/s (A2C does 13,000-30,000 on the training simulator on 2 cores).
     assert "! a2c:" in first.output
     cache = next((tmp_path / ".calibration").glob("*.json"))
     speeds = json.loads(cache.read_text())
+    # A2C alone tonight, taught by SAC's members: the calibration times SAC's imitation too.
+    assert set(speeds["imitation_update_s"]) == {"a2c", "sac"} and speeds["imitation_update_s"]["sac"] > 0
     speeds["train_steps_per_s"]["a2c"] = 1e6  # a planted figure: only the cache can supply it
     cache.write_text(json.dumps(speeds))
     second = plan(tmp_path, "--budget", "30m", "--agents", "a2c", *many)
@@ -143,45 +144,59 @@ def test_the_plan_counts_each_warm_start_and_the_night_s_demonstrations_once(sit
     from trainer.night.calibrate import Speeds
     from trainer.night.plan import DEMONSTRATION_SOLVE_S, POLICY_CALL_S, SAFETY, warm_start_s
 
-    # 400 epochs of 8,759 samples in minibatches of 256; three more years of the built-in site; five members, then
-    # their student's 1,200 epochs.
+    # 400 epochs of 8,759 samples in minibatches of 256; three more years of the built-in site; five SAC members
+    # (warm_start.teacher: sac), then each agent's student's 1,200 epochs.
     five = ["warm_start.ensemble=5", "warm_start.student_epochs=1200"]
     cfg = load_config(overrides=five)
+    assert cfg.warm_start.teacher == "sac"
     speeds = Speeds(eval_steps_per_s=1000.0, train_steps_per_s={}, imitation_update_s={"sac": 0.003, "ppo": 0.001})
-    minibatches = (5 * 400 + 1200) * math.ceil(8759 / 256)
+    an_epoch = math.ceil(8759 / 256)
+    members, student = 5 * 400 * an_epoch, 1200 * an_epoch
     year = 8759 / 1000.0 * SAFETY + DEMONSTRATION_SOLVE_S
-    ensemble_s = (4 / 1000.0 + 5 * POLICY_CALL_S) * 8759 * SAFETY  # the members' mean action over the four years
+    labels_s = (4 / 1000.0 + 5 * POLICY_CALL_S) * 8759 * SAFETY  # the members' mean action over the four years
     estimate = warm_start_s(cfg, site_schema, speeds, ["sac", "ppo"])
-    assert estimate["sac"] == pytest.approx(minibatches * 0.003 * SAFETY + 4 * year + ensemble_s)  # demonstrations once
-    assert estimate["ppo"] == pytest.approx(minibatches * 0.001 * SAFETY + ensemble_s)
+    # SAC imitates the members, labels their mean and fits its student; PPO, after it, its student alone.
+    assert estimate["sac"] == pytest.approx((members + student) * 0.003 * SAFETY + 4 * year + labels_s)
+    assert estimate["ppo"] == pytest.approx(student * 0.001 * SAFETY)
+    # PPO first, or alone: it imitates SAC's members at SAC's speed.
+    taught_first = members * 0.003 * SAFETY + 4 * year + labels_s
+    assert warm_start_s(cfg, site_schema, speeds, ["ppo", "sac"]) == pytest.approx(
+        {"ppo": student * 0.001 * SAFETY + taught_first, "sac": student * 0.003 * SAFETY})
+    # Each agent its own members: PPO's at its own speed, beside SAC's.
+    own = load_config(overrides=[*five, "warm_start.teacher=own"])
+    assert warm_start_s(own, site_schema, speeds, ["sac", "ppo"])["ppo"] == pytest.approx(
+        (members + student) * 0.001 * SAFETY + labels_s)
     one = load_config(overrides=["warm_start.ensemble=1"])
-    single = 400 * math.ceil(8759 / 256)  # one imitation's minibatches
+    single = 400 * an_epoch  # one imitation's minibatches
     assert warm_start_s(one, site_schema, speeds, ["ppo"])["ppo"] == pytest.approx(single * 0.001 * SAFETY + 4 * year)
-    # warm_start.pick_best: the members and the student, one call each a step over the two held-out years.
-    picks = load_config(overrides=[*five, "warm_start.pick_best=true"])
+    # warm_start.pick_best: the members and the student, one call each a step over the two held-out years; only an
+    # agent whose members are its own policy can start from one of them.
     pick_s = 6 * 2 * 8759 * POLICY_CALL_S * SAFETY
-    assert warm_start_s(picks, site_schema, speeds, ["ppo"])["ppo"] == pytest.approx(
-        minibatches * 0.001 * SAFETY + 4 * year + ensemble_s + pick_s)
+    picks = load_config(overrides=[*five, "warm_start.pick_best=true"])
+    assert warm_start_s(picks, site_schema, speeds, ["sac", "ppo"]) == pytest.approx(
+        {"sac": estimate["sac"] + pick_s, "ppo": estimate["ppo"]})
     # Another dataset has its one year; with the warm start off there is nothing to count.
     other = tmp_path / "schema.json"
     other.write_text(json.dumps({"simulation_start_time_step": 0, "simulation_end_time_step": 8759}))
-    ensemble_of_one_year = (1 / 1000.0 + 5 * POLICY_CALL_S) * 8759 * SAFETY
-    assert warm_start_s(cfg, other, speeds, ["ppo"])["ppo"] == pytest.approx(minibatches * 0.001 * SAFETY + year
-                                                                              + ensemble_of_one_year)
+    labels_of_one_year = (1 / 1000.0 + 5 * POLICY_CALL_S) * 8759 * SAFETY
+    assert warm_start_s(cfg, other, speeds, ["ppo"])["ppo"] == pytest.approx(
+        student * 0.001 * SAFETY + members * 0.003 * SAFETY + year + labels_of_one_year)
     off = load_config(overrides=["warm_start.epochs=0"])
     assert warm_start_s(off, site_schema, speeds, ["sac", "ppo"]) == {}
-    # A2C starts from PPO's policy: the night imitates it once, whichever comes first.
-    shared = Speeds(eval_steps_per_s=1000.0, train_steps_per_s={}, imitation_update_s={"ppo": 0.001, "a2c": 0.002},
-                    imitation_policy={"ppo": "64x64", "a2c": "64x64"})
+    # A2C starts from PPO's policy: the night fits that student once, whichever comes first.
+    shared = Speeds(eval_steps_per_s=1000.0, train_steps_per_s={},
+                    imitation_update_s={"sac": 0.003, "ppo": 0.001, "a2c": 0.002},
+                    imitation_policy={"sac": "sac 256x256", "ppo": "256x256", "a2c": "256x256"})
     assert warm_start_s(cfg, site_schema, shared, ["ppo", "a2c"])["a2c"] == 0.0
     assert warm_start_s(cfg, site_schema, shared, ["a2c", "ppo"])["ppo"] == 0.0
-    # On Ray each stage is a process of its own: each computes the demonstrations and imitates.
+    # With their own members too, the second reuses them: they are the same policy's.
+    assert warm_start_s(own, site_schema, shared, ["ppo", "a2c"])["a2c"] == 0.0
+    # On Ray each stage is a process of its own: each computes the demonstrations, the members and its student.
     apart = warm_start_s(cfg, site_schema, shared, ["ppo", "a2c"], one_process=False)
-    assert apart == pytest.approx({"ppo": minibatches * 0.001 * SAFETY + 4 * year + ensemble_s,
-                                   "a2c": minibatches * 0.002 * SAFETY + 4 * year + ensemble_s})
-    shared.imitation_policy = {}  # a calibration from before the digests: each imitates
-    assert warm_start_s(cfg, site_schema, shared, ["ppo", "a2c"])["a2c"] == pytest.approx(minibatches * 0.002 * SAFETY
-                                                                                          + ensemble_s)
+    assert apart == pytest.approx({"ppo": student * 0.001 * SAFETY + taught_first,
+                                   "a2c": student * 0.002 * SAFETY + taught_first})
+    shared.imitation_policy = {}  # a calibration from before the digests: each fits its student
+    assert warm_start_s(cfg, site_schema, shared, ["ppo", "a2c"])["a2c"] == pytest.approx(student * 0.002 * SAFETY)
 
 
 def test_a_trained_stage_counts_its_evaluations_after_training(site_schema, tmp_path):

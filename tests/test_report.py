@@ -208,14 +208,21 @@ def test_the_report_says_when_the_warm_start_is_an_ensemble_s_mean(tmp_path):
     results = _results()
     kept = {"step": 0, "final_step": 5000, "why": "training never beat its warm start on the validation window",
             "held_out": True, "validation_co2_kg_per_year": 44_100.0}
-    results["sac"].update(kept=kept, warm_start={"co2_kg_per_year": 34_000.0, "ensemble": {"members": 5}})
+    results["sac"].update(kept=kept, warm_start={"co2_kg_per_year": 34_000.0,
+                                                 "ensemble": {"members": 5, "teacher": "sac"}})
     results["ppo"].update(kept=kept, warm_start={"co2_kg_per_year": 28_100.0})
+    results["a2c"].update(kept=kept, warm_start={"co2_kg_per_year": 28_200.0,
+                                                 "ensemble": {"members": 5, "teacher": "sac"}})
     lines = write_report(_run(tmp_path, results)).read_text().splitlines()
     sac = next(x for x in lines if x.startswith("- **sac** deploys"))
     assert sac.endswith("Warm start alone (the mean of 5 imitations of the optimum, in one policy): 34,000 kg/yr; "
                         "deployed: 34,000 kg/yr.")
     assert next(x for x in lines if x.startswith("- **ppo** deploys")).endswith(
         "Warm start alone: 28,100 kg/yr; deployed: 28,100 kg/yr.")
+    # Taught by another agent's members (warm_start.teacher), the report names whose.
+    assert next(x for x in lines if x.startswith("- **a2c** deploys")).endswith(
+        "Warm start alone (the mean of 5 SAC imitations of the optimum, in one policy): 28,200 kg/yr; "
+        "deployed: 28,000 kg/yr.")
     # warm_start.pick_best: a member that did better over the held-out years than the mean in one policy.
     results["sac"]["warm_start"]["ensemble"]["pick"] = {"member": 3, "held_out_co2_kg": [30.1, 30.2, 30.3, 30.0]}
     (tmp_path / "picked").mkdir()

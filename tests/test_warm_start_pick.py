@@ -73,7 +73,8 @@ def test_without_a_held_out_year_the_distilled_mean_stays(cfg, week, policies):
 
 
 def test_the_warm_start_records_its_pick_and_the_chosen_fit(cfg, week):
-    several = cfg.model_copy(update={"warm_start": cfg.warm_start.model_copy(update={"ensemble": 2})})
+    several = cfg.model_copy(update={"warm_start": cfg.warm_start.model_copy(update={"ensemble": 2,
+                                                                                      "teacher": "own"})})
     model = build_model(several, "ppo", make_sb3_env(several, week, "train", several.seed), "cpu", several.seed, 1000)
     summary = warm_start(several, week, "ppo", model, held_out=[week])
     ensemble, pick = summary["ensemble"], summary["ensemble"]["pick"]
@@ -85,6 +86,11 @@ def test_the_warm_start_records_its_pick_and_the_chosen_fit(cfg, week):
     off = several.model_copy(update={"warm_start": several.warm_start.model_copy(update={"pick_best": False})})
     fresh = build_model(off, "ppo", make_sb3_env(off, week, "train", off.seed), "cpu", off.seed, 1000)
     assert "pick" not in warm_start(off, week, "ppo", fresh, held_out=[week])["ensemble"]
+    # Taught by SAC's members, PPO cannot start from one of them: its start is the student.
+    taught = several.model_copy(update={"warm_start": several.warm_start.model_copy(update={"teacher": "sac"})})
+    assert not taught.warm_start.picks_a_member("ppo") and taught.warm_start.picks_a_member("sac")
+    student = build_model(taught, "ppo", make_sb3_env(taught, week, "train", taught.seed), "cpu", taught.seed, 1000)
+    assert "pick" not in warm_start(taught, week, "ppo", student, held_out=[week])["ensemble"]
 
 
 def test_a_second_agent_with_the_same_imitations_picks_alike_without_running_them(cfg, week, policies, monkeypatch):

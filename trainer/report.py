@@ -163,7 +163,9 @@ def _deployed(results: dict[str, dict[str, Any]]) -> list[str]:
                 imitation = (f" (imitation {picked} of {members}: it did better over the held-out years than their "
                              "mean in one policy)")
             elif members:
-                imitation = f" (the mean of {members} imitations of the optimum, in one policy)"
+                teacher = ensemble.get("teacher", agent)  # another agent's policies taught this one
+                whose = f"{teacher.upper()} " if teacher != agent else ""
+                imitation = f" (the mean of {members} {whose}imitations of the optimum, in one policy)"
             else:
                 imitation = ""
             line += (f" Warm start alone{imitation}: {warm['co2_kg_per_year']:,.0f} kg/yr; deployed: "

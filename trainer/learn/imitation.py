@@ -29,6 +29,11 @@ worse). The student must fit them far closer than an imitation fits the optimum 
 over three seeds the mean of ten imitations reached 94.1 %, its student fitted for an imitation's 400 epochs
 91.9 %, for 2,400 epochs 93.9 % (docs/agent-quality.md).
 
+The members are one agent's policies for every agent of the night (``warm_start.teacher``, SAC's): SAC's squashed
+actor imitates the optimum closest, and PPO's 256x256 network taught by SAC's ten members' mean deployed 94.2 % of
+the optimum's cut over three seeds, where its own ensemble (64x64) started it at 89.9 % and its night ended at
+91.3 %. The members are imitated once in a process, by the first stage that needs them (docs/agent-quality.md).
+
 Only a fresh stage is warm-started (a resumed one loads its checkpoint). The demonstrations are
 computed once per process for a dataset and config (a second agent of the night reuses them), and so
 is an imitation whose every input is the same: a night's PPO and A2C build the same policy from the
@@ -222,13 +227,15 @@ def policy_digest(model: Any) -> str:
     return weights_digest(model.policy, float(model.gamma))
 
 
-def weights_digest(policy: Any, gamma: float) -> str:
-    """A digest of ``policy``'s class, device, threads and weights, and ``gamma``: two policies with the same digest
-    act alike (an ensemble's members and the warm start's candidates are keyed by it)."""
+def weights_digest(policy: Any, gamma: float, machine: bool = True) -> str:
+    """A digest of ``policy``'s class, weights and ``gamma`` and, with ``machine``, its device and torch's threads:
+    two policies with the same digest act alike (an ensemble's members and the warm start's candidates are keyed by
+    it). Without ``machine`` it names the same policy on any device and threads, whose imitation ends a few float
+    roundings apart from this one's."""
     import torch  # lazy: torch takes seconds to import
 
-    digest = hashlib.sha256(f"{type(policy).__module__}.{type(policy).__qualname__} {policy.device} "
-                            f"{torch.get_num_threads()} {gamma}".encode())
+    where = f" {policy.device} {torch.get_num_threads()}" if machine else ""
+    digest = hashlib.sha256(f"{type(policy).__module__}.{type(policy).__qualname__}{where} {gamma}".encode())
     for name, tensor in policy.state_dict().items():
         digest.update(name.encode())
         digest.update(tensor.detach().cpu().numpy().tobytes())
@@ -236,21 +243,22 @@ def weights_digest(policy: Any, gamma: float) -> str:
 
 
 def imitation_key(model: Any, demos: Demonstrations, epochs: int, learning_rate: float, batch_size: int,
-                  seed: int) -> str:
-    """A digest of everything :func:`imitate` reads: the policy (:func:`policy_digest`), the demonstrations, the
-    settings and the seed (its minibatches come from a generator of its own)."""
-    digest = hashlib.sha256(f"{policy_digest(model)} {epochs} {learning_rate} {batch_size} {seed} "
-                            f"{demos.periods}".encode())
+                  seed: int, machine: bool = True) -> str:
+    """A digest of everything :func:`imitate` reads: the policy (:func:`weights_digest`, with or without the
+    ``machine``), the demonstrations, the settings and the seed (its minibatches come from a generator of its own)."""
+    policy = weights_digest(model.policy, float(model.gamma), machine)
+    digest = hashlib.sha256(f"{policy} {epochs} {learning_rate} {batch_size} {seed} {demos.periods}".encode())
     for array in (demos.observations, demos.actions, demos.rewards):
         digest.update(array.tobytes())
     return digest.hexdigest()
 
 
 def imitate_once(model: Any, demos: Demonstrations, epochs: int, learning_rate: float, batch_size: int,
-                 seed: int) -> tuple[tuple[float, float], bool]:
+                 seed: int, machine: bool = True) -> tuple[tuple[float, float], bool]:
     """:func:`imitate`, or the weights an identical imitation earlier in this process ended with (the same result
-    to the bit: the key holds every input). Returns the errors and whether they were reused."""
-    key = imitation_key(model, demos, epochs, learning_rate, batch_size, seed)
+    to the bit: the key holds every input; without ``machine``, the weights of the same imitation on any device and
+    threads). Returns the errors and whether they were reused."""
+    key = imitation_key(model, demos, epochs, learning_rate, batch_size, seed, machine)
     if key in _IMITATED:
         weights, errors = _IMITATED[key]
         model.policy.load_state_dict(weights)
@@ -265,7 +273,8 @@ def imitate_once(model: Any, demos: Demonstrations, epochs: int, learning_rate: 
 
 def distil_an_ensemble(cfg: Config, schema: Path, agent: str, model: Any, demos: Demonstrations,
                        draws: Path | None) -> tuple[dict[str, Any], tuple[float, float], bool, list[Any]]:
-    """Leave in ``model`` the imitation of ``warm_start.ensemble`` imitations' mean action (module docstring).
+    """Leave in ``model`` the imitation of ``warm_start.ensemble`` imitations' mean action (module docstring), each
+    member a policy of the agent's teacher (``warm_start.teacher``: SAC's for every agent by default).
 
     Returns what results.json records of it (each member's errors, its labelled steps), the student's errors,
     whether an earlier stage's identical student was reused (as :func:`imitate_once`) and the members' policies.
@@ -277,10 +286,11 @@ def distil_an_ensemble(cfg: Config, schema: Path, agent: str, model: Any, demos:
     import torch  # lazy: torch takes seconds to import
 
     settings, seed = cfg.warm_start, cfg.seed
+    teacher = settings.teacher_of(agent)
     state = (random.getstate(), np.random.get_state(), torch.get_rng_state())
     fit = (settings.epochs, settings.learning_rate, settings.batch_size)
     # A user sees progress through what takes minutes, and how to make it one imitation.
-    log = logs.get().bind(agent=agent, members=settings.ensemble)
+    log = logs.get().bind(agent=agent, members=settings.ensemble, teacher=teacher)
     log.info("warm start: imitating the optimum from several initial weights, then their mean action "
              "(--set warm_start.ensemble=1 for one imitation)")
     try:
@@ -290,8 +300,10 @@ def distil_an_ensemble(cfg: Config, schema: Path, agent: str, model: Any, demos:
             for k in range(settings.ensemble):  # the first is the seed's own imitation
                 STOP.check("the warm start's ensemble")
                 started = time.perf_counter()
-                member = _fresh(cfg, agent, env, str(model.device), seed + k * MEMBER_SEED_STEP)
-                member_errors, reused = imitate_once(member, demos, *fit, seed + k * MEMBER_SEED_STEP)
+                # The teacher's policy, and the night's members whichever stage imitated them first: a stage with
+                # other threads or on another device distils the same ones rather than imitating them again.
+                member = _fresh(cfg, teacher, env, str(model.device), seed + k * MEMBER_SEED_STEP)
+                member_errors, reused = imitate_once(member, demos, *fit, seed + k * MEMBER_SEED_STEP, machine=False)
                 errors.append(member_errors)
                 members.append(member.policy)
                 log.info("warm start: ensemble member imitated", member=f"{k + 1}/{settings.ensemble}",
@@ -311,7 +323,7 @@ def distil_an_ensemble(cfg: Config, schema: Path, agent: str, model: Any, demos:
         random.setstate(state[0])
         np.random.set_state(state[1])
         torch.set_rng_state(state[2])
-    return ({"members": settings.ensemble, "members_actor_mse": [round(e[0], 5) for e in errors],
+    return ({"members": settings.ensemble, "teacher": teacher, "members_actor_mse": [round(e[0], 5) for e in errors],
              "members_critic_mse": [round(e[1], 4) for e in errors], "labelled_steps": len(labelled.actions),
              "student_epochs": settings.student_epochs},
             student, reused, members)
@@ -329,8 +341,8 @@ def _ensemble_labels(cfg: Config, schema: Path, members: list[Any], demos: Demon
     """The demonstrations' states and the states the members' mean action reaches in closed loop over each year of
     the demonstrations, each labelled with that mean action; the rewards it earned there (the critic's returns)."""
     digest = hashlib.sha256(f"{cfg.digest()} {schema} {draws}".encode())
-    for member in members:
-        digest.update(weights_digest(member, 0.0).encode())
+    for member in members:  # the same members on any device and threads act alike
+        digest.update(weights_digest(member, 0.0, machine=False).encode())
     digest.update(demos.observations.tobytes())
     key = digest.hexdigest()
     if key in _DISTILLED:
@@ -535,7 +547,7 @@ def warm_start(cfg: Config, schema: Path, agent: str, model: Any, draws: Path | 
                                                                                     draws)
         from trainer.learn.warm_start_pick import pick_the_best  # lazy: the simulator's VecEnv imports SB3
 
-        pick = pick_the_best(cfg, agent, model, members, held_out or []) if settings.picks_a_member else None
+        pick = pick_the_best(cfg, agent, model, members, held_out or []) if settings.picks_a_member(agent) else None
         if pick is not None:
             ensemble["pick"] = pick
             if pick["member"]:  # the stage starts from that member: its fit is the warm start's
@@ -555,7 +567,8 @@ def warm_start(cfg: Config, schema: Path, agent: str, model: Any, draws: Path | 
     what = "the optimum"
     if ensemble is not None:
         member = (ensemble.get("pick") or {}).get("member", 0)
-        what = (f"the mean of {settings.ensemble} imitations of the optimum" if not member else
+        what = (f"the mean of {settings.ensemble} {ensemble['teacher'].upper()} imitations of the optimum"
+                if not member else
                 f"the optimum: member {member} of {settings.ensemble} imitations, the best over the held-out years")
     log.info(f"warm start: the policy imitates {what}"
              + (" (the same imitation as an earlier stage's: its weights reused)" if reused else ""), **summary)

@@ -172,7 +172,8 @@ class StageTrainer:
 
     def _fresh_model(self) -> BaseAlgorithm:
         model = build_model(self.cfg, self.agent, self.env, self.device, self.cfg.seed, self.target)
-        held_out = held_out_years(self.ctx) if self.cfg.warm_start.picks_a_member else []  # the years it picks by
+        picks = self.cfg.warm_start.picks_a_member(self.agent)
+        held_out = held_out_years(self.ctx) if picks else []  # the years it picks by
         self.warm_start = warm_start(self.cfg, self.ctx.schema, self.agent, model, self.ctx.run.demonstration_sites,
                                      held_out)
         if self.warm_start is not None:  # evaluated like the agent at the end (results.json's warm_start)

@@ -50,7 +50,8 @@ class Speeds:
     train_steps_per_s: dict[str, float]
     env_steps_per_s: dict[str, float] = field(default_factory=dict)  # off-policy agents: stepping alone
     update_s: dict[str, float] = field(default_factory=dict)  # off-policy agents: one gradient update
-    imitation_update_s: dict[str, float] = field(default_factory=dict)  # warm-started agents: one imitation minibatch
+    # Warm-started agents and their ensembles' teachers: one imitation minibatch.
+    imitation_update_s: dict[str, float] = field(default_factory=dict)
     # Warm-started agents: their fresh policy's digest (imitation.policy_digest). Agents that share one imitate once
     # a night: a night's PPO and A2C build the same policy, and the second reuses the first's weights.
     imitation_policy: dict[str, str] = field(default_factory=dict)
@@ -106,6 +107,13 @@ def calibrate(cfg: Config, schema: Path, device: str, agents: list[str], refresh
             speeds.imitation_update_s[agent], speeds.imitation_policy[agent] = _imitation_speed(
                 cfg, schema, agent, agent_device(cfg, agent), simulator)
         log.info("calibrated", agent=agent, steps_per_s=round(speeds.train_steps_per_s[agent], 2))
+    # An ensemble's members are the teacher's policy, imitated at its speed where it does not train tonight.
+    if cfg.warm_start.epochs > 0 and cfg.warm_start.ensemble > 1:
+        for teacher in sorted({cfg.warm_start.teacher_of(a) for a in agents if agent_spec(a).warm_start}):
+            if teacher not in speeds.imitation_update_s:
+                apply_cpu_threads(cfg, teacher, simulator)
+                speeds.imitation_update_s[teacher], speeds.imitation_policy[teacher] = _imitation_speed(
+                    cfg, schema, teacher, agent_device(cfg, teacher), simulator)
     write_json_atomic(cache, asdict(speeds))  # a kill mid-write leaves the old cache or none, never half
     return speeds
 

@@ -76,34 +76,43 @@ def warm_start_s(cfg: Config, schema: Path, speeds: Speeds, agents: list[str],
     demonstrations: each year's optimum solved and replayed in CityLearn, the dataset's and, on the built-in
     site, ``warm_start.extra_draws`` more (a night computes them once). Both are reused only within a process:
     where each stage is its own (``one_process`` False: Ray), every agent computes its own. With
-    ``warm_start.ensemble`` > 1, that many imitations and the student's (``warm_start.student_epochs``), and the
-    members' mean action run over each year of the demonstrations; with ``warm_start.pick_best`` on the built-in
-    site, the pick among them (the members and the student, one call each a step, over the held-out years;
+    ``warm_start.ensemble`` > 1, the student's imitation (``warm_start.student_epochs``) and, for the first agent
+    its teacher's members teach, that many imitations at the teacher's speed and the members' mean action run
+    over each year of the demonstrations; with ``warm_start.pick_best`` on the built-in site, the pick among them
+    (the members and the student, one call each a step, over the held-out years;
     trainer.learn.warm_start_pick)."""
     settings = cfg.warm_start
     if settings.epochs <= 0:
         return {}
     period = schema_length(schema) - 1
+    minibatches_an_epoch = math.ceil(period / settings.batch_size)
     years = 1 + (settings.extra_draws if is_built_in(schema) else 0)
     demonstrations_s = years * (period / speeds.eval_steps_per_s * SAFETY + DEMONSTRATION_SOLVE_S)
     members = settings.ensemble
-    # Each member's imitation, then the student's (its own epochs) where there is an ensemble.
-    epochs = members * settings.epochs + settings.student_epochs if members > 1 else settings.epochs
+    # The agent's own network: the student where there is an ensemble, else the one imitation.
+    own_epochs = settings.student_epochs if members > 1 else settings.epochs
     # The years side by side: each step of them costs each member one call.
-    ensemble_s = 0.0 if members <= 1 else (years / speeds.eval_steps_per_s + members * POLICY_CALL_S) * period * SAFETY
-    if settings.picks_a_member and is_built_in(schema):
-        ensemble_s += (members + 1) * HELD_OUT_YEARS * period * POLICY_CALL_S * SAFETY
-    out, imitated = {}, set()
+    labels_s = 0.0 if members <= 1 else (years / speeds.eval_steps_per_s + members * POLICY_CALL_S) * period * SAFETY
+    pick_s = (members + 1) * HELD_OUT_YEARS * period * POLICY_CALL_S * SAFETY if is_built_in(schema) else 0.0
+    out, imitated, taught = {}, set(), set()
     for agent in agents:
         if not agent_spec(agent).warm_start:
             continue
         policy = speeds.imitation_policy.get(agent)  # None from a calibration before it was recorded: imitates
+        own_update_s = speeds.imitation_update_s.get(agent, 0.0)
         reused = policy in imitated
-        minibatches = 0 if reused else epochs * math.ceil(period / settings.batch_size)
-        out[agent] = (minibatches * speeds.imitation_update_s.get(agent, 0.0) * SAFETY + demonstrations_s
-                      + (0.0 if reused else ensemble_s))
-        if one_process:  # the agents after it reuse both
+        seconds = (0 if reused else own_epochs * minibatches_an_epoch) * own_update_s * SAFETY
+        if settings.picks_a_member(agent) and not reused:
+            seconds += pick_s
+        teacher = settings.teacher_of(agent)
+        members_of = speeds.imitation_policy.get(teacher, teacher)  # PPO's and A2C's own members are the same
+        if members > 1 and members_of not in taught:
+            seconds += (members * settings.epochs * minibatches_an_epoch
+                        * speeds.imitation_update_s.get(teacher, own_update_s) * SAFETY + labels_s)
+        out[agent] = seconds + demonstrations_s
+        if one_process:  # the agents after it reuse them
             demonstrations_s = 0.0
+            taught.add(members_of)
             if policy is not None:
                 imitated.add(policy)
     return out
