@@ -143,8 +143,9 @@ class WarmStartConfig(Section):
         "mean, reusing them within a process), or own: each agent imitates with its own policy. SAC's imitations "
         "fit the optimum closest: PPO taught by them deployed 94.2 % of the optimum's cut over three seeds, by its "
         "own 91.3 % (docs/agent-quality.md).")
-    pick_best: bool = doc("With an ensemble on a built-in site: the warm start is whichever of the members and their "
-                          "distilled mean emits least CO2 over the held-out years (the training simulator judges; "
+    pick_best: bool = doc("With an ensemble on a built-in site, for the agent whose policy the members are (teacher): "
+                          "the warm start is whichever of the members and their distilled mean emits least CO2 "
+                          "over the held-out years (the training simulator judges; "
                           "a member's rank there is its rank over the evaluation year), not always the mean; "
                           "off: a better start that has not yet made a night end higher (docs/agent-quality.md).")
     learning_rate: float = doc("Adam learning rate of the imitation.", gt=0, le=1)
