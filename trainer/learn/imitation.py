@@ -55,6 +55,7 @@ import numpy as np
 from trainer import logs
 from trainer.config import Config
 from trainer.env import make_sb3_env
+from trainer.learn.saved_imitations import SavedImitations
 from trainer.optimum import OptimumReplay, solve
 from trainer.optimum_model import OptimumUnavailable, site_model
 from trainer.roster import agent_spec
@@ -254,25 +255,50 @@ def imitation_key(model: Any, demos: Demonstrations, epochs: int, learning_rate:
 
 
 def imitate_once(model: Any, demos: Demonstrations, epochs: int, learning_rate: float, batch_size: int,
-                 seed: int, machine: bool = True) -> tuple[tuple[float, float], bool]:
-    """:func:`imitate`, or the weights an identical imitation earlier in this process ended with (the same result
-    to the bit: the key holds every input; without ``machine``, the weights of the same imitation on any device and
-    threads). Returns the errors and whether they were reused."""
+                 seed: int, machine: bool = True,
+                 saved: SavedImitations | None = None) -> tuple[tuple[float, float], bool]:
+    """:func:`imitate`, or the weights an identical imitation ended with earlier in this process or, with ``saved``,
+    in any process of the run (the same result to the bit: the key holds every input; without ``machine``, the
+    weights of the same imitation on any device and threads). Where another process is imitating the same, it waits
+    for that one's weights (trainer.learn.saved_imitations). Returns the errors and whether they were reused."""
     key = imitation_key(model, demos, epochs, learning_rate, batch_size, seed, machine)
-    if key in _IMITATED:
-        weights, errors = _IMITATED[key]
-        model.policy.load_state_dict(weights)
-        model.policy.set_training_mode(False)  # as imitate leaves it
-        return errors, True
+    found = _IMITATED.get(key)
+    if saved is not None:
+        if found is None:
+            with saved.claim(key):  # one process imitates it; one beside it waits, then loads it
+                found = saved.load(key)
+                if found is None:
+                    errors = _imitate_and_keep(model, demos, epochs, learning_rate, batch_size, seed, key)
+                    saved.save(key, _IMITATED[key][0], errors)
+                    return errors, False
+        elif not saved.path(key).is_file():  # imitated in this process without a run folder to keep it in
+            saved.save(key, *found)
+    if found is None:
+        return _imitate_and_keep(model, demos, epochs, learning_rate, batch_size, seed, key), False
+    weights, errors = found
+    _keep(key, weights, errors)
+    model.policy.load_state_dict(weights)
+    model.policy.set_training_mode(False)  # as imitate leaves it
+    return errors, True
+
+
+def _imitate_and_keep(model: Any, demos: Demonstrations, epochs: int, learning_rate: float, batch_size: int,
+                      seed: int, key: str) -> tuple[float, float]:
     errors = imitate(model, demos, epochs, learning_rate, batch_size, seed)
-    if len(_IMITATED) >= _IMITATED_KEPT:
+    _keep(key, {name: t.detach().clone() for name, t in model.policy.state_dict().items()}, errors)
+    return errors
+
+
+def _keep(key: str, weights: dict[str, Any], errors: tuple[float, float]) -> None:
+    if key not in _IMITATED and len(_IMITATED) >= _IMITATED_KEPT:
         del _IMITATED[next(iter(_IMITATED))]
-    _IMITATED[key] = ({name: t.detach().clone() for name, t in model.policy.state_dict().items()}, errors)
-    return errors, False
+    _IMITATED[key] = (weights, errors)
 
 
-def distil_an_ensemble(cfg: Config, schema: Path, agent: str, model: Any, demos: Demonstrations,
-                       draws: Path | None) -> tuple[dict[str, Any], tuple[float, float], bool, list[Any]]:
+def distil_an_ensemble(
+    cfg: Config, schema: Path, agent: str, model: Any, demos: Demonstrations, draws: Path | None,
+    saved: SavedImitations | None = None,
+) -> tuple[dict[str, Any], tuple[float, float], bool, list[Any]]:
     """Leave in ``model`` the imitation of ``warm_start.ensemble`` imitations' mean action (module docstring), each
     member a policy of the agent's teacher (``warm_start.teacher``: SAC's for every agent by default).
 
@@ -294,23 +320,33 @@ def distil_an_ensemble(cfg: Config, schema: Path, agent: str, model: Any, demos:
     log.info("warm start: imitating the optimum from several initial weights, then their mean action "
              "(--set warm_start.ensemble=1 for one imitation)")
     try:
-        members, errors = [], []
+        imitated: dict[int, tuple[Any, tuple[float, float]]] = {}  # member index: its policy and errors
         env = make_sb3_env(cfg, schema, "eval", seed)
         try:
-            for k in range(settings.ensemble):  # the first is the seed's own imitation
-                STOP.check("the warm start's ensemble")
-                started = time.perf_counter()
-                # The teacher's policy, and the night's members whichever stage imitated them first: a stage with
-                # other threads or on another device distils the same ones rather than imitating them again.
-                member = _fresh(cfg, teacher, env, str(model.device), seed + k * MEMBER_SEED_STEP)
-                member_errors, reused = imitate_once(member, demos, *fit, seed + k * MEMBER_SEED_STEP, machine=False)
-                errors.append(member_errors)
-                members.append(member.policy)
-                log.info("warm start: ensemble member imitated", member=f"{k + 1}/{settings.ensemble}",
-                         actor_mse=round(member_errors[0], 5), seconds=round(time.perf_counter() - started, 1),
-                         reused=reused)
+            wait = False  # a first pass imitates the members no other process is imitating
+            while len(imitated) < settings.ensemble:
+                for k in range(settings.ensemble):  # the first is the seed's own imitation
+                    if k in imitated:
+                        continue
+                    STOP.check("the warm start's ensemble")
+                    started = time.perf_counter()
+                    # The teacher's policy, and the night's members whichever stage imitated them first: a stage
+                    # with other threads, on another device or in another process distils the same ones.
+                    member_seed = seed + k * MEMBER_SEED_STEP
+                    member = _fresh(cfg, teacher, env, str(model.device), member_seed)
+                    if (not wait and saved is not None
+                            and saved.busy(imitation_key(member, demos, *fit, member_seed, machine=False))):
+                        continue  # a stage beside this one is imitating it: the next one first
+                    member_errors, reused = imitate_once(member, demos, *fit, member_seed, machine=False, saved=saved)
+                    imitated[k] = (member.policy, member_errors)
+                    log.info("warm start: ensemble member imitated", member=f"{k + 1}/{settings.ensemble}",
+                             actor_mse=round(member_errors[0], 5), seconds=round(time.perf_counter() - started, 1),
+                             reused=reused)
+                wait = True  # those left are other processes' to finish: wait for each in turn
         finally:
             env.close()
+        members = [imitated[k][0] for k in range(settings.ensemble)]
+        errors = [imitated[k][1] for k in range(settings.ensemble)]
         started = time.perf_counter()
         labelled = _ensemble_labels(cfg, schema, members, demos, draws)
         log.info("warm start: the members' mean action labelled", steps=len(labelled.actions),
@@ -318,7 +354,7 @@ def distil_an_ensemble(cfg: Config, schema: Path, agent: str, model: Any, demos:
         # The student starts where a single imitation would: the stage's model, as it was built. Its labels agree
         # with each other (one function of the observation), so it can fit them far closer than an imitation fits
         # the optimum's, and must: in closed loop a small miss costs points (docs/agent-quality.md).
-        student, reused = imitate_once(model, labelled, settings.student_epochs, *fit[1:], seed)
+        student, reused = imitate_once(model, labelled, settings.student_epochs, *fit[1:], seed, saved=saved)
     finally:
         random.setstate(state[0])
         np.random.set_state(state[1])
@@ -523,11 +559,12 @@ def keep_near_demonstrations(cfg: Config, schema: Path, agent: str, model: Any, 
 
 
 def warm_start(cfg: Config, schema: Path, agent: str, model: Any, draws: Path | None = None,
-               held_out: list[Path] | None = None) -> dict[str, Any] | None:
+               held_out: list[Path] | None = None, saved: SavedImitations | None = None) -> dict[str, Any] | None:
     """Imitate the optimum before learning (``warm_start.epochs`` > 0); None where it is off or not possible. With
     ``warm_start.ensemble`` > 1, the imitation of that many imitations' mean (:func:`distil_an_ensemble`), or with
     ``warm_start.pick_best`` whichever of it and the members does best over the ``held_out`` years
-    (trainer.learn.warm_start_pick)."""
+    (trainer.learn.warm_start_pick). With ``saved``, the imitations other processes of the run made are reused and
+    this one's kept for them (trainer.learn.saved_imitations)."""
     settings = cfg.warm_start
     log = logs.get().bind(agent=agent)
     if settings.epochs <= 0:
@@ -544,7 +581,7 @@ def warm_start(cfg: Config, schema: Path, agent: str, model: Any, draws: Path | 
     ensemble = None
     if settings.ensemble > 1:
         ensemble, (actor_error, critic_error), reused, members = distil_an_ensemble(cfg, schema, agent, model, demos,
-                                                                                    draws)
+                                                                                    draws, saved)
         from trainer.learn.warm_start_pick import pick_the_best  # lazy: the simulator's VecEnv imports SB3
 
         pick = pick_the_best(cfg, agent, model, members, held_out or []) if settings.picks_a_member(agent) else None
@@ -555,7 +592,7 @@ def warm_start(cfg: Config, schema: Path, agent: str, model: Any, draws: Path | 
                 critic_error = ensemble["members_critic_mse"][pick["member"] - 1]
     else:
         (actor_error, critic_error), reused = imitate_once(model, demos, settings.epochs, settings.learning_rate,
-                                                           settings.batch_size, cfg.seed)
+                                                           settings.batch_size, cfg.seed, saved=saved)
     narrow_exploration(model, settings.policy_std)
     start_temperature(model, settings.sac_temperature)
     summary = {"steps": len(demos.actions), "periods": len(demos.periods) or 1, "epochs": settings.epochs,

@@ -37,6 +37,7 @@ from trainer.learn.imitation import keep_near_demonstrations, warm_start
 from trainer.learn.memory import Shapes, free_memory
 from trainer.learn.preflight import check_memory, check_resume_config
 from trainer.learn.recovery import Failure, OutOfMemory, Recovery, TrainingInterrupted, failure_of
+from trainer.learn.saved_imitations import SavedImitations
 from trainer.learn.selection import BestPolicy, held_out_years
 from trainer.learn.stage_checkpoints import StageCheckpoints
 from trainer.learn.state import EpisodeTracker, Sizes, StopReason
@@ -175,7 +176,7 @@ class StageTrainer:
         picks = self.cfg.warm_start.picks_a_member(self.agent)
         held_out = held_out_years(self.ctx) if picks else []  # the years it picks by
         self.warm_start = warm_start(self.cfg, self.ctx.schema, self.agent, model, self.ctx.run.demonstration_sites,
-                                     held_out)
+                                     held_out, SavedImitations(self.ctx.run.imitations))
         if self.warm_start is not None:  # evaluated like the agent at the end (results.json's warm_start)
             save_warm_start(model, self.folder)
         self.checkpoints.last_checkpoint_step = 0

@@ -74,8 +74,9 @@ def warm_start_s(cfg: Config, schema: Path, speeds: Speeds, agents: list[str],
     """Each warm-started agent's imitation (``warm_start.epochs`` of the period's minibatches at the calibrated
     speed; none for one whose policy an earlier agent imitated: the night reuses it), the first one's also the
     demonstrations: each year's optimum solved and replayed in CityLearn, the dataset's and, on the built-in
-    site, ``warm_start.extra_draws`` more (a night computes them once). Both are reused only within a process:
-    where each stage is its own (``one_process`` False: Ray), every agent computes its own. With
+    site, ``warm_start.extra_draws`` more (a night computes them once a process: where each stage is its own,
+    ``one_process`` False as on Ray, every agent computes its own). An imitation is reused by every process of the
+    night (the run folder keeps it: trainer.learn.saved_imitations), the ensemble's labels only within one. With
     ``warm_start.ensemble`` > 1, the student's imitation (``warm_start.student_epochs``) and, for the first agent
     its teacher's members teach, that many imitations at the teacher's speed and the members' mean action run
     over each year of the demonstrations; with ``warm_start.pick_best`` on the built-in site, the pick among them
@@ -106,15 +107,20 @@ def warm_start_s(cfg: Config, schema: Path, speeds: Speeds, agents: list[str],
             seconds += pick_s
         teacher = settings.teacher_of(agent)
         members_of = speeds.imitation_policy.get(teacher, teacher)  # PPO's and A2C's own members are the same
-        if members > 1 and members_of not in taught:
-            seconds += (members * settings.epochs * minibatches_an_epoch
-                        * speeds.imitation_update_s.get(teacher, own_update_s) * SAFETY + labels_s)
+        first_taught = members_of not in taught
+        if members > 1 and first_taught:
+            seconds += members * settings.epochs * minibatches_an_epoch * speeds.imitation_update_s.get(
+                teacher, own_update_s) * SAFETY
+        if members > 1 and (first_taught or not one_process):  # each process labels the members' mean itself
+            seconds += labels_s
         out[agent] = seconds + demonstrations_s
-        if one_process:  # the agents after it reuse them
+        # The imitations are kept in the run folder for every process of the night (trainer.learn.saved_imitations);
+        # the demonstrations only in a process's memory.
+        taught.add(members_of)
+        if policy is not None:
+            imitated.add(policy)
+        if one_process:
             demonstrations_s = 0.0
-            taught.add(members_of)
-            if policy is not None:
-                imitated.add(policy)
     return out
 
 

@@ -1,0 +1,148 @@
+"""The warm start's imitations kept in the run folder: another process of the night (a stage on Ray, a resumed night)
+loads them instead of imitating them again, and stages side by side split an ensemble's members."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from filelock import FileLock
+from structlog.testing import capture_logs
+
+from trainer.config_files import load_config
+from trainer.env import make_sb3_env
+from trainer.learn import imitation
+from trainer.learn.agents import build_model
+from trainer.learn.imitation import demonstrations, imitation_key, warm_start
+from trainer.learn.saved_imitations import SavedImitations
+
+
+@pytest.fixture(scope="module")
+def week(site_schema, tmp_path_factory):
+    from .conftest import variant
+
+    return variant(site_schema, tmp_path_factory.mktemp("week"), steps=168)
+
+
+@pytest.fixture
+def cfg():
+    return load_config(overrides=["warm_start.epochs=2", "warm_start.ensemble=2", "warm_start.student_epochs=2",
+                                  "warm_start.teacher=sac"])
+
+
+@pytest.fixture
+def new_process(monkeypatch):
+    """What a fresh process has in memory: nothing imitated, nothing labelled."""
+    def forget() -> None:
+        monkeypatch.setattr(imitation, "_IMITATED", {})
+        monkeypatch.setattr(imitation, "_DISTILLED", {})
+    forget()
+    return forget
+
+
+def _stage(cfg, week, saved):
+    """One PPO stage's warm start, as a night's process runs it: its model, its summary and its log."""
+    model = build_model(cfg, "ppo", make_sb3_env(cfg, week, "train", cfg.seed), "cpu", cfg.seed, 1000)
+    with capture_logs() as logged:
+        summary = warm_start(cfg, week, "ppo", model, saved=saved)
+    return model, summary, logged
+
+
+def _reused(logged) -> list[bool]:
+    return [e["reused"] for e in logged if "member" in e]
+
+
+def test_another_process_of_the_night_loads_the_members_and_the_student_to_the_bit(week, cfg, new_process, tmp_path):
+    saved = SavedImitations(tmp_path / "imitations")
+    first, summary, logged = _stage(cfg, week, saved)
+    assert _reused(logged) == [False, False]
+    assert len(list(saved.folder.glob("*.pt"))) == 3  # two SAC members and PPO's student
+
+    new_process()
+    second, again, logged = _stage(cfg, week, saved)
+    assert _reused(logged) == [True, True]
+    assert any("the same imitation as an earlier stage's" in e["event"] for e in logged)  # the student
+    assert again["ensemble"]["members_actor_mse"] == summary["ensemble"]["members_actor_mse"]
+    assert again["actor_mse"] == summary["actor_mse"]
+    for name, weights in first.policy.state_dict().items():
+        assert torch.equal(second.policy.state_dict()[name], weights), name
+
+
+def test_a_damaged_imitation_is_set_aside_and_imitated_again(week, cfg, new_process, tmp_path):
+    saved = SavedImitations(tmp_path / "imitations")
+    _, summary, _ = _stage(cfg, week, saved)
+    files = sorted(saved.folder.glob("*.pt"), key=lambda p: p.stat().st_mtime_ns)
+    files[0].write_bytes(b"half a file")  # the first member's: a disk that filled up mid-write, a bad copy
+
+    new_process()
+    _, again, logged = _stage(cfg, week, saved)
+    warned = [e for e in logged if e["event"].startswith("a saved imitation is unreadable")]
+    assert len(warned) == 1 and warned[0]["path"] == str(files[0])
+    assert files[0].with_suffix(".damaged").read_bytes() == b"half a file"
+    assert _reused(logged) == [False, True]
+    assert files[0].stat().st_size > 1000  # imitated again and kept
+    assert again["ensemble"]["members_actor_mse"] == summary["ensemble"]["members_actor_mse"]
+
+
+def test_a_member_another_stage_is_imitating_is_left_to_it_until_the_others_are_done(week, cfg, new_process,
+                                                                                      tmp_path, monkeypatch):
+    busy_first = []
+
+    class BesideAnotherStage(SavedImitations):
+        """The first member's lock held by a stage beside this one, until this one has done the second."""
+
+        def busy(self, key):
+            if key == member_one and not busy_first:
+                busy_first.append(key)
+                return True
+            return super().busy(key)
+
+    env = make_sb3_env(cfg, week, "train", cfg.seed)
+    member = build_model(cfg, "sac", env, "cpu", cfg.seed, 1 << 30)
+    fit = (cfg.warm_start.epochs, cfg.warm_start.learning_rate, cfg.warm_start.batch_size)
+    member_one = imitation_key(member, demonstrations(cfg, week, cfg.seed), *fit, cfg.seed, machine=False)
+    _, summary, logged = _stage(cfg, week, BesideAnotherStage(tmp_path / "imitations"))
+    assert busy_first == [member_one]
+    assert [e["member"] for e in logged if "member" in e] == ["2/2", "1/2"]
+    # Recorded in the members' order all the same.
+    new_process()
+    _, alone, _ = _stage(cfg, week, SavedImitations(tmp_path / "alone"))
+    assert summary["ensemble"]["members_actor_mse"] == alone["ensemble"]["members_actor_mse"]
+
+
+def test_a_key_is_busy_while_another_holder_imitates_it(tmp_path):
+    saved = SavedImitations(tmp_path)
+    assert not saved.busy("k")
+    held = FileLock(str(tmp_path / "k.lock"))
+    with held:
+        assert saved.busy("k")
+    assert not saved.busy("k")
+    with saved.claim("k"):
+        assert saved.busy("k")
+
+
+def test_an_imitation_a_full_disk_cannot_keep_costs_nothing_but_a_warning(tmp_path, monkeypatch):
+    from trainer.learn import saved_imitations
+
+    def full(path, data):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(saved_imitations, "write_bytes_atomic", full)
+    saved = SavedImitations(tmp_path)
+    with capture_logs() as logged:
+        saved.save("k", {"w": torch.ones(2)}, (0.1, 0.2))
+    assert logged[0]["error"] == "No space left on device" and saved.load("k") is None
+
+
+def test_a_stop_request_ends_the_wait_for_another_stage_s_imitation(tmp_path, monkeypatch):
+    import signal
+
+    from trainer.learn import saved_imitations
+    from trainer.signals import STOP, Stopped
+
+    monkeypatch.setattr(saved_imitations, "WAIT_CHECK_S", 0.01)
+    monkeypatch.setattr(STOP, "signum", signal.SIGTERM)  # as the signal handler sets it
+    saved = SavedImitations(tmp_path)
+    with FileLock(str(tmp_path / "k.lock")):  # another stage is imitating it
+        with pytest.raises(Stopped, match="SIGTERM during the wait for another stage's imitation"):
+            with saved.claim("k"):
+                pytest.fail("claimed a key another process holds")
