@@ -51,6 +51,13 @@ def _reused(logged) -> list[bool]:
     return [e["reused"] for e in logged if "member" in e]
 
 
+def _first_member_key(cfg, week) -> str:
+    """The key the first member's imitation is kept under: SAC's policy from the night's seed."""
+    member = build_model(cfg, "sac", make_sb3_env(cfg, week, "train", cfg.seed), "cpu", cfg.seed, 1 << 30)
+    fit = (cfg.warm_start.epochs, cfg.warm_start.learning_rate, cfg.warm_start.batch_size)
+    return imitation_key(member, demonstrations(cfg, week, cfg.seed), *fit, cfg.seed, machine=False)
+
+
 def test_another_process_of_the_night_loads_the_members_and_the_student_to_the_bit(week, cfg, new_process, tmp_path):
     saved = SavedImitations(tmp_path / "imitations")
     first, summary, logged = _stage(cfg, week, saved)
@@ -70,16 +77,16 @@ def test_another_process_of_the_night_loads_the_members_and_the_student_to_the_b
 def test_a_damaged_imitation_is_set_aside_and_imitated_again(week, cfg, new_process, tmp_path):
     saved = SavedImitations(tmp_path / "imitations")
     _, summary, _ = _stage(cfg, week, saved)
-    files = sorted(saved.folder.glob("*.pt"), key=lambda p: p.stat().st_mtime_ns)
-    files[0].write_bytes(b"half a file")  # the first member's: a disk that filled up mid-write, a bad copy
+    first = saved.path(_first_member_key(cfg, week))
+    first.write_bytes(b"half a file")  # a disk that filled up mid-write, a bad copy
 
     new_process()
     _, again, logged = _stage(cfg, week, saved)
     warned = [e for e in logged if e["event"].startswith("a saved imitation is unreadable")]
-    assert len(warned) == 1 and warned[0]["path"] == str(files[0])
-    assert files[0].with_suffix(".damaged").read_bytes() == b"half a file"
+    assert len(warned) == 1 and warned[0]["path"] == str(first)
+    assert first.with_suffix(".damaged").read_bytes() == b"half a file"
     assert _reused(logged) == [False, True]
-    assert files[0].stat().st_size > 1000  # imitated again and kept
+    assert first.stat().st_size > 1000  # imitated again and kept
     assert again["ensemble"]["members_actor_mse"] == summary["ensemble"]["members_actor_mse"]
 
 
@@ -96,10 +103,7 @@ def test_a_member_another_stage_is_imitating_is_left_to_it_until_the_others_are_
                 return True
             return super().busy(key)
 
-    env = make_sb3_env(cfg, week, "train", cfg.seed)
-    member = build_model(cfg, "sac", env, "cpu", cfg.seed, 1 << 30)
-    fit = (cfg.warm_start.epochs, cfg.warm_start.learning_rate, cfg.warm_start.batch_size)
-    member_one = imitation_key(member, demonstrations(cfg, week, cfg.seed), *fit, cfg.seed, machine=False)
+    member_one = _first_member_key(cfg, week)
     _, summary, logged = _stage(cfg, week, BesideAnotherStage(tmp_path / "imitations"))
     assert busy_first == [member_one]
     assert [e["member"] for e in logged if "member" in e] == ["2/2", "1/2"]
