@@ -117,6 +117,40 @@ def test_sigkill_then_resume_redoes_at_most_1000_steps(tmp_path, site_schema):
     assert (run / "a2c" / "progress.before-0000001000.csv").is_file()  # the curve before the kill is kept
 
 
+KILLED_AFTER_AN_IMITATION = textwrap.dedent("""
+    import os, signal, sys
+    from trainer.learn import saved_imitations
+    original = saved_imitations.SavedImitations.save
+    def save(self, key, weights, errors):
+        original(self, key, weights, errors)
+        os.kill(os.getpid(), signal.SIGKILL)  # the first imitation kept, the process dies with no word
+    saved_imitations.SavedImitations.save = save
+    from trainer.cli import main
+    sys.argv[0] = "trainer"
+    main()
+""")
+
+
+@pytest.mark.slow
+def test_a_run_killed_in_its_warm_start_imitates_only_what_it_had_not_kept(tmp_path, site_schema):
+    from .conftest import variant
+
+    week = variant(site_schema, tmp_path / "week", steps=168)  # its optimum and demonstrations take a second
+    run = tmp_path / "killed"
+    command = ["train", "sac", "--timesteps", "100", "--out", str(run), "--schema", str(week), "--device",
+               "cpu", *sets("warm_start.epochs=3", "warm_start.ensemble=3", "warm_start.student_epochs=3")]
+    killed = subprocess.run([sys.executable, "-c", KILLED_AFTER_AN_IMITATION, *command], cwd=ROOT,
+                            capture_output=True, text=True, timeout=600)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    assert len(list((run / "imitations").glob("*.pt"))) == 1
+    again = trainer(*command)  # the same command into the same folder; the dead process's lock must not block
+    assert again.returncode == 0, again.stderr[-2000:]
+    members = [e for e in events(run) if e["event"] == "warm start: ensemble member imitated"]
+    # The killed run died before it logged its first member: the log holds the second run's alone.
+    assert [(e["member"], e["reused"]) for e in members] == [("1/3", True), ("2/3", False), ("3/3", False)]
+    assert len(list((run / "imitations").glob("*.pt"))) == 4  # three members and the student
+
+
 @pytest.mark.slow
 def test_sigterm_saves_a_checkpoint_and_exits_143(tmp_path, site_schema):
     run = tmp_path / "stopped"
