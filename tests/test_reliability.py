@@ -143,7 +143,7 @@ def test_a_run_killed_in_its_warm_start_imitates_only_what_it_had_not_kept(tmp_p
                             capture_output=True, text=True, timeout=600)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     assert len(list((run / "imitations").glob("*.pt"))) == 1
-    again = trainer(*command)  # the same command into the same folder; the dead process's lock must not block
+    again = trainer("train", "sac", "--resume", str(run), "--device", "cpu")  # the dead process's lock must not block
     assert again.returncode == 0, again.stderr[-2000:]
     members = [e for e in events(run) if e["event"] == "warm start: ensemble member imitated"]
     # The killed run died before it logged its first member: the log holds the second run's alone.

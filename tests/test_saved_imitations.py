@@ -150,3 +150,19 @@ def test_a_stop_request_ends_the_wait_for_another_stage_s_imitation(tmp_path, mo
         with pytest.raises(Stopped, match="SIGTERM during the wait for another stage's imitation"):
             with saved.claim("k"):
                 pytest.fail("claimed a key another process holds")
+
+
+def test_a_run_stopped_in_its_warm_start_can_be_resumed_from_what_it_kept(tmp_path):
+    from trainer.errors import UsageError
+    from trainer.learn.preflight import check_resume_config
+    from trainer.run_dir import RunDir
+    from trainer.session import has_progress
+
+    run = RunDir(tmp_path / "run")
+    run.create(load_config(), ["trainer", "train", "sac"], "cpu")
+    assert not has_progress(run)  # a stop here says nothing of resuming: there is nothing to go on from
+    with pytest.raises(UsageError, match=r"has no sac checkpoint to resume \(it holds none\)"):
+        check_resume_config(run.root, "sac", load_config(), force=False, require_checkpoint=True)
+    SavedImitations(run.imitations).save("k", {"w": torch.ones(2)}, (0.1, 0.2))
+    assert has_progress(run)  # a stop's message now says how to resume
+    check_resume_config(run.root, "sac", load_config(), force=False, require_checkpoint=True)

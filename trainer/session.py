@@ -266,8 +266,9 @@ def site_schema(cfg: Config, source: DatasetSource | None) -> Iterator[Path]:
 
 
 def has_progress(run: RunDir) -> bool:
-    """Whether a resume would start from something: a complete checkpoint, or a finished stage of the night."""
-    if any(run.root.glob("*/checkpoints/step_*/manifest.json")):
+    """Whether a resume would start from something: a complete checkpoint, a warm start's kept imitation, or a
+    finished stage of the night."""
+    if any(run.root.glob("*/checkpoints/step_*/manifest.json")) or run.holds_imitations():
         return True
     if run.schedule.is_file():
         return any(stage.status == "done" for stage in ScheduleState.load(run.schedule).stages)

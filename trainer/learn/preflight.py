@@ -13,6 +13,7 @@ from trainer.env import make_sb3_env
 from trainer.errors import UsageError
 from trainer.learn.memory import GIB, Shapes, host_available_bytes, replay_buffer_bytes
 from trainer.roster import AGENTS
+from trainer.run_dir import RunDir
 
 
 def config_diff(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
@@ -58,6 +59,8 @@ def check_resume_config(run_dir: Path, agent: str, cfg: Config, force: bool, req
     if checkpoint is None:
         if require_checkpoint:
             trained = [a for a in AGENTS if any((run_dir / a / "checkpoints").glob("step_*/manifest.json"))]
+            if not trained and RunDir(run_dir).holds_imitations():
+                return  # stopped in its warm start: the stage starts again and loads what the folder kept
             holds = f"it holds {', '.join(trained)}'s" if trained else "it holds none"
             raise UsageError(f"--resume: {run_dir} has no {agent} checkpoint to resume ({holds}); resume the agent it "
                              f"trained, or train {agent} in a new folder")

@@ -92,8 +92,9 @@ class StageTrainer:
                                        tuple(self.section.net_arch)))
         checkpoint = self.checkpoints.store.latest() if resume else None
         if resume and checkpoint is None:
+            kept = " (its warm start loads the imitations the run kept)" if self.ctx.run.holds_imitations() else ""
             self.log.warning("no valid checkpoint to resume from", folder=str(self.folder.checkpoints),
-                             action="starting fresh")
+                             action=f"starting fresh{kept}")
         if checkpoint is not None:
             check_resume_config(self.ctx.run.root, self.agent, self.cfg, force)
             keep_previous_progress(self.folder, checkpoint.step)
