@@ -83,6 +83,12 @@ def site_schema(tmp_path_factory, default_cfg) -> Path:
     return build_site(default_cfg.scenario, tmp_path_factory.mktemp("site"))
 
 
+@pytest.fixture(scope="session")
+def week(site_schema, tmp_path_factory) -> Path:
+    """The built-in site's first week: an ensemble's year in closed loop takes seconds, not minutes."""
+    return variant(site_schema, tmp_path_factory.mktemp("week"), steps=168)
+
+
 # Like the official CityLearn EV datasets with V2G: one building, a battery, PV, 7.2 kW chargers that can
 # also discharge the cars (a commuter's by day, a fleet van's overnight), a battery small enough that
 # the cars' energy is worth moving.

@@ -182,14 +182,6 @@ def test_an_identical_imitation_is_reused_to_the_bit(site_schema, cfg, monkeypat
 
 
 
-@pytest.fixture(scope="module")
-def week(site_schema, tmp_path_factory):
-    """The built-in site's first week: an ensemble's year in closed loop takes seconds, not minutes."""
-    from .conftest import variant
-
-    return variant(site_schema, tmp_path_factory.mktemp("week"), steps=168)
-
-
 @pytest.mark.parametrize(("agent", "teacher"), [("ppo", "own"), ("sac", "sac"), ("ppo", "sac")])
 def test_the_warm_start_imitates_its_ensemble_s_mean_and_the_stage_goes_on_as_with_one(week, cfg, monkeypatch, agent,
                                                                                         teacher):

@@ -16,13 +16,6 @@ from trainer.learn.imitation import demonstrations, imitation_key, warm_start
 from trainer.learn.saved_imitations import SavedImitations
 
 
-@pytest.fixture(scope="module")
-def week(site_schema, tmp_path_factory):
-    from .conftest import variant
-
-    return variant(site_schema, tmp_path_factory.mktemp("week"), steps=168)
-
-
 @pytest.fixture
 def cfg():
     return load_config(overrides=["warm_start.epochs=2", "warm_start.ensemble=2", "warm_start.student_epochs=2",

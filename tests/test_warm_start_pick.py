@@ -20,13 +20,6 @@ def cfg():
 
 
 @pytest.fixture(scope="module")
-def week(site_schema, tmp_path_factory):
-    from .conftest import variant
-
-    return variant(site_schema, tmp_path_factory.mktemp("week"), steps=168)
-
-
-@pytest.fixture(scope="module")
 def policies(cfg, week):
     """Two untrained policies and one that imitated the optimum for a few epochs: CO2 apart."""
     env = make_sb3_env(cfg, week, "train", cfg.seed)

@@ -116,11 +116,6 @@ class RunDir:
     # trainer evaluate --unseen-year: a year of the built-in site nothing trained on (site/) and the figures there.
     unseen_year = property(lambda self: self.root / "unseen-year")
 
-    def holds_imitations(self) -> bool:
-        """Whether a warm start kept an imitation here (trainer.learn.saved_imitations): a stage stopped in its warm
-        start goes on from them."""
-        return any(self.imitations.glob("*.pt"))
-
     def plot(self, name: str) -> Path:
         """One of the report's plots (``report.PLOTS``, or gpu.png) under plots/."""
         return self.plots / name

@@ -27,6 +27,7 @@ from trainer.env import schema_length
 from trainer.errors import UsageError
 from trainer.files import read_typed, write_json_atomic
 from trainer.learn.preflight import check_memory
+from trainer.learn.saved_imitations import SavedImitations
 from trainer.lock import RunLock
 from trainer.progress import live_console
 from trainer.roster import AGENTS
@@ -268,7 +269,7 @@ def site_schema(cfg: Config, source: DatasetSource | None) -> Iterator[Path]:
 def has_progress(run: RunDir) -> bool:
     """Whether a resume would start from something: a complete checkpoint, a warm start's kept imitation, or a
     finished stage of the night."""
-    if any(run.root.glob("*/checkpoints/step_*/manifest.json")) or run.holds_imitations():
+    if any(run.root.glob("*/checkpoints/step_*/manifest.json")) or SavedImitations(run.imitations).holds_any():
         return True
     if run.schedule.is_file():
         return any(stage.status == "done" for stage in ScheduleState.load(run.schedule).stages)

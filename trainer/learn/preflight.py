@@ -12,6 +12,7 @@ from trainer.config import Config
 from trainer.env import make_sb3_env
 from trainer.errors import UsageError
 from trainer.learn.memory import GIB, Shapes, host_available_bytes, replay_buffer_bytes
+from trainer.learn.saved_imitations import SavedImitations
 from trainer.roster import AGENTS
 from trainer.run_dir import RunDir
 
@@ -59,7 +60,7 @@ def check_resume_config(run_dir: Path, agent: str, cfg: Config, force: bool, req
     if checkpoint is None:
         if require_checkpoint:
             trained = [a for a in AGENTS if any((run_dir / a / "checkpoints").glob("step_*/manifest.json"))]
-            if not trained and RunDir(run_dir).holds_imitations():
+            if not trained and SavedImitations(RunDir(run_dir).imitations).holds_any():
                 return  # stopped in its warm start: the stage starts again and loads what the folder kept
             holds = f"it holds {', '.join(trained)}'s" if trained else "it holds none"
             raise UsageError(f"--resume: {run_dir} has no {agent} checkpoint to resume ({holds}); resume the agent it "

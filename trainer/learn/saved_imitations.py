@@ -30,6 +30,7 @@ from trainer import logs
 from trainer.files import write_bytes_atomic
 from trainer.signals import STOP
 
+SUFFIX = ".pt"  # an imitation's file: its key, then this
 FORMAT = 1  # of the file's contents: another is imitated again, not misread
 WAIT_CHECK_S = 1.0  # how often a process waiting for another's imitation looks for a stop request
 
@@ -44,7 +45,11 @@ class SavedImitations:
         self.folder = folder
 
     def path(self, key: str) -> Path:
-        return self.folder / f"{key}.pt"
+        return self.folder / f"{key}{SUFFIX}"
+
+    def holds_any(self) -> bool:
+        """Whether a warm start kept an imitation here: a stage stopped in its warm start goes on from them."""
+        return any(self.folder.glob(f"*{SUFFIX}"))
 
     def load(self, key: str) -> tuple[Weights, Errors] | None:
         """The weights (on the CPU) and errors saved under ``key``; None where there are none or they are damaged."""

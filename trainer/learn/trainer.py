@@ -61,6 +61,7 @@ class StageTrainer:
         self.section = self.cfg.agent(agent)
         self.rel = self.cfg.reliability
         self.folder = ctx.run.agent(agent)
+        self.imitations = SavedImitations(ctx.run.imitations)  # the warm start's, kept for the run's other processes
         self.simulator = simulator_used(self.cfg, ctx.schema)
         self.n_envs = training_envs(self.cfg, agent, self.simulator)
         self.sizes = initial_sizes(self.section, agent, target, self.n_envs)
@@ -92,7 +93,7 @@ class StageTrainer:
                                        tuple(self.section.net_arch)))
         checkpoint = self.checkpoints.store.latest() if resume else None
         if resume and checkpoint is None:
-            kept = " (its warm start loads the imitations the run kept)" if self.ctx.run.holds_imitations() else ""
+            kept = " (its warm start loads the imitations the run kept)" if self.imitations.holds_any() else ""
             self.log.warning("no valid checkpoint to resume from", folder=str(self.folder.checkpoints),
                              action=f"starting fresh{kept}")
         if checkpoint is not None:
@@ -177,7 +178,7 @@ class StageTrainer:
         picks = self.cfg.warm_start.picks_a_member(self.agent)
         held_out = held_out_years(self.ctx) if picks else []  # the years it picks by
         self.warm_start = warm_start(self.cfg, self.ctx.schema, self.agent, model, self.ctx.run.demonstration_sites,
-                                     held_out, SavedImitations(self.ctx.run.imitations))
+                                     held_out, self.imitations)
         if self.warm_start is not None:  # evaluated like the agent at the end (results.json's warm_start)
             save_warm_start(model, self.folder)
         self.checkpoints.last_checkpoint_step = 0
