@@ -54,18 +54,17 @@ def variant(schema: Path, folder: Path, edit=None, steps: int | None = None) -> 
     return out
 
 
-def random_ev_curves(schema_path: Path, folder: Path) -> Path:
-    """A copy of the site in ``folder`` with its cars' battery curves left out, so CityLearn draws random ones
-    (as where an official dataset leaves them out)."""
-    schema = json.loads(schema_path.read_text())
+def drop_ev_curves(schema: dict) -> None:
+    """Leave the cars' battery curves out of a schema, so CityLearn draws random ones (as where an official
+    dataset leaves them out)."""
     for ev in schema["electric_vehicles_def"].values():
         for key in ("power_efficiency_curve", "capacity_power_curve", "efficiency"):
             ev["battery"]["attributes"].pop(key, None)
-    schema["root_directory"] = str(schema_path.parent)
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / "schema.json"
-    path.write_text(json.dumps(schema))
-    return path
+
+
+def random_ev_curves(schema_path: Path, folder: Path) -> Path:
+    """A copy of the site in ``folder`` whose cars' battery curves CityLearn draws at random."""
+    return variant(schema_path, folder, drop_ev_curves)
 
 
 @pytest.fixture(scope="session")

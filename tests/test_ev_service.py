@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from trainer.config_files import load_config
+from trainer.controllers import RuleBasedController, UncontrolledBaseline
 from trainer.env import ActionScale, CentralAgentArrays, make_citylearn_env, make_sb3_env
 from trainer.ev_service import connected_sessions
 from trainer.metrics import run_episode
@@ -56,6 +57,44 @@ def test_a_random_policy_behind_the_guard_meets_every_departure(site_schema, v2g
     assert metrics["ev_departure_soc_met_pct"] == 100.0
     assert metrics["ev_unmet_kwh"] == 0.0
     assert env.env.guard.interventions > 0  # it had work to do
+
+
+@pytest.mark.parametrize("stop_at_target", [True, False])
+def test_cars_charged_at_full_power_leave_at_their_target_and_no_fuller(site_schema, stop_at_target):
+    cfg = load_config(overrides=[f"ev.stop_at_target={str(stop_at_target).lower()}"])
+    env = make_sb3_env(cfg, site_schema, "eval", 0, eval_days=14)
+    left: list[tuple[float, float]] = []  # (state of charge at departure, target)
+
+    class FullPowerWatchingDepartures:
+        leaving: list = []  # (car, target) leaving after this step
+
+        def act(self, obs, citylearn_env):
+            t = citylearn_env.time_step
+            left.extend((float(car.battery.soc[t - 1]), target) for car, target in self.leaving)
+            chargers = [c for b in citylearn_env.buildings for c in b.electric_vehicle_chargers or []]
+            self.leaving = [(c.connected_electric_vehicle,
+                             float(c.charger_simulation.electric_vehicle_required_soc_departure[t]))
+                            for c in chargers if c.connected_electric_vehicle is not None
+                            and c.charger_simulation.electric_vehicle_charger_state[t] == 1
+                            and c.charger_simulation.electric_vehicle_departure_time[t] == 0]
+            return np.ones(env.action_space.shape, dtype=np.float32)
+
+    metrics = run_episode(FullPowerWatchingDepartures(), env)
+    assert metrics["ev_departure_soc_met_pct"] == 100.0 and len(left) > 10
+    above = [soc - target for soc, target in left]
+    if stop_at_target:  # each car leaves with its target and the margin, what full power till then would pass
+        assert max(above) <= cfg.ev.margin_soc + 1e-4 and env.env.guard.lowered > 0
+    else:
+        assert max(above) > 0.1 and env.env.guard.lowered == 0
+
+
+def test_the_uncontrolled_baseline_runs_unguarded(site_schema, default_cfg):
+    env = make_sb3_env(default_cfg, site_schema, "eval", 0, eval_days=7)
+    assert default_cfg.ev.stop_at_target
+    run_episode(UncontrolledBaseline(), env)
+    assert env.env.guard.lowered == 0 and env.env.guard.interventions == 0  # its cars filled at full power
+    run_episode(RuleBasedController(), env)
+    assert env.env.guard.lowered > 0  # the guard is back for every other controller
 
 
 def test_without_the_guard_a_car_that_is_never_charged_is_stranded(site_schema):

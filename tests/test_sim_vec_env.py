@@ -9,6 +9,7 @@ from trainer.config_files import load_config
 from trainer.env import make_sb3_env
 from trainer.sim.vec_env import SimVecEnv
 
+from .conftest import drop_ev_curves
 from .test_sim import TWO_WEEKS, _v2g, variant
 
 
@@ -16,7 +17,8 @@ from .test_sim import TWO_WEEKS, _v2g, variant
 def sites(site_schema, tmp_path_factory):
     root = tmp_path_factory.mktemp("vec-sites")
     return {"built-in": variant(site_schema, root / "built-in", steps=TWO_WEEKS),
-            "v2g": variant(site_schema, root / "v2g", _v2g, steps=TWO_WEEKS)}
+            "v2g": variant(site_schema, root / "v2g", _v2g, steps=TWO_WEEKS),
+            "random-curves": variant(site_schema, root / "random-curves", drop_ev_curves, steps=TWO_WEEKS)}
 
 
 def drive_both(cfg, schema, steps: int, seed: int = 0):
@@ -35,16 +37,19 @@ def drive_both(cfg, schema, steps: int, seed: int = 0):
         got = got[0]
         worst_reward = max(worst_reward, abs(reward - float(rewards[0])))
     guard = product.env.guard
-    return worst_obs, worst_reward, guard.interventions, sim.guard.interventions
+    return worst_obs, worst_reward, (guard.interventions, guard.lowered), (sim.guard.interventions, sim.guard.lowered)
 
 
 @pytest.mark.parametrize("site, overrides", [("built-in", ()), ("built-in", ("reward.storage=1.0",)),
-                                             ("v2g", ())], ids=["built-in", "storage-credit", "v2g-curves"])
+                                             ("v2g", ()), ("random-curves", ())],
+                         ids=["built-in", "storage-credit", "v2g-curves", "charging-curves"])
 def test_observations_rewards_and_the_guard_are_the_product_s(site, overrides, sites):
     cfg = load_config(overrides=list(overrides))
-    worst_obs, worst_reward, raised, sim_raised = drive_both(cfg, sites[site], TWO_WEEKS - 2)
+    worst_obs, worst_reward, (raised, lowered), sim_changes = drive_both(cfg, sites[site], TWO_WEEKS - 2)
     assert worst_obs < 1e-5 and worst_reward < 1e-5
-    assert raised > 0 and sim_raised == raised  # the guard acted, and on the same steps
+    assert raised > 0 and sim_changes == (raised, lowered)  # the guard acted, and on the same steps
+    # a car that cannot be discharged stops at its goal: half the random actions charge past it
+    assert (lowered > 0) == (site != "v2g")
 
 
 def test_the_built_in_site_takes_the_closed_forms_and_the_v2g_variant_the_steps(sites):

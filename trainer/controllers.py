@@ -35,6 +35,9 @@ LOW_CARBON_QUANTILE = 0.40
 
 
 class Controller(Protocol):
+    """What evaluates over an episode. One that sets ``guarded = False`` runs without the EV guard (the
+    uncontrolled baseline: trainer.env.guard_for); every other controller's EV actions are guarded."""
+
     name: str
 
     def act(self, obs: np.ndarray, env: CityLearnEnv) -> np.ndarray:
@@ -43,6 +46,7 @@ class Controller(Protocol):
 
 class UncontrolledBaseline:
     name = "baseline"
+    guarded = False  # a site without control: its cars charge at full power until full (trainer.env.guard_for)
 
     def act(self, obs: np.ndarray, env: CityLearnEnv) -> np.ndarray:
         actions = []

@@ -11,6 +11,8 @@ import functools
 import multiprocessing
 import os
 import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -285,12 +287,29 @@ class NormalisationPlan:
         return self.normalise(raw)
 
 
+@contextmanager
+def guard_for(sb3_env: gymnasium.Env, controller: object) -> Iterator[None]:
+    """The EV guard off while a controller that says ``guarded = False`` runs (the uncontrolled baseline, whose cars
+    charge at full power until full, as on a site without control); else the environment as it is."""
+    arrays = sb3_env
+    while not isinstance(arrays, CentralAgentArrays) and hasattr(arrays, "env"):
+        arrays = arrays.env
+    if getattr(controller, "guarded", True) or not isinstance(arrays, CentralAgentArrays):
+        yield
+        return
+    saved, arrays.guard = arrays.guard, None
+    try:
+        yield
+    finally:
+        arrays.guard = saved
+
+
 def make_sb3_env(cfg: Config, schema: Path, purpose: Purpose, seed: int, eval_days: int | None = None):
     """CityLearn → flat normalised arrays for SB3, with SB3's Monitor for episode stats."""
     from stable_baselines3.common.monitor import Monitor  # lazy: SB3 imports torch
 
     env = make_citylearn_env(cfg, schema, purpose, seed, eval_days)
-    guard = EvServiceGuard(cfg.ev.margin_soc) if cfg.ev.guard else None
+    guard = EvServiceGuard.of(cfg.ev)
     return Monitor(CentralAgentArrays(env, guard, tuple(cfg.observations.carbon_ahead_hours)))
 
 

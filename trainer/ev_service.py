@@ -24,12 +24,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 # The guard's arithmetic ships with every exported controller: one copy, in the file that ships.
-from trainer.standalone_controller import GUARD_RAISE, ChargingPath, Curve, minimum_action
+from trainer.standalone_controller import ChargingPath, Curve, guarded_action
+
+if TYPE_CHECKING:
+    from trainer.config import EvConfig
 
 CONNECTED = 1
 
@@ -101,17 +104,25 @@ def raised_kwh(path: ChargingPath, wanted: float, needed: float) -> float:
 
 
 class EvServiceGuard:
-    """Raises each connected car's charging action to the least that still serves it by departure.
+    """Raises each connected car's charging action to the least that still serves it by departure and, with
+    ``stop_at_target``, lowers a charge-only car's to the most that does not fill it past its target.
 
     ``margin_soc`` (a fraction of the car's capacity) covers what an exact prediction cannot: float
     rounding and capacity fade. Acts on CityLearn's own action list (one array per building for
     a central agent's single array) before ``CityLearnEnv.step``; counts the steps it intervened.
     """
 
-    def __init__(self, margin_soc: float) -> None:
+    def __init__(self, margin_soc: float, stop_at_target: bool = False) -> None:
         self.margin_soc = margin_soc
+        self.stop_at_target = stop_at_target
         self.interventions = 0
         self.raised_kwh = 0.0
+        self.lowered = 0
+
+    @classmethod
+    def of(cls, ev: EvConfig) -> EvServiceGuard | None:
+        """The guard ``ev`` (the config's section) asks for; None where it is off."""
+        return cls(ev.margin_soc, ev.stop_at_target) if ev.guard else None
 
     def apply(self, env: Any, actions: np.ndarray) -> np.ndarray:
         """``actions``: the central agent's flat native action vector; returns a guarded copy."""
@@ -126,10 +137,13 @@ class EvServiceGuard:
                     continue
                 wanted = float(guarded[position])
                 goal = session.required_kwh + self.margin_soc * session.path.capacity_kwh
-                needed = minimum_action(session.path, session.energy_init, goal, session.steps_left, wanted)
-                if needed > wanted + GUARD_RAISE:
+                action, change = guarded_action(session.path, session.energy_init, goal, session.steps_left, wanted,
+                                                self.stop_at_target)
+                if change > 0:
                     self.interventions += 1
-                    self.raised_kwh += raised_kwh(session.path, wanted, needed)
-                    guarded[position] = needed
+                    self.raised_kwh += raised_kwh(session.path, wanted, action)
+                elif change < 0:
+                    self.lowered += 1
+                guarded[position] = action
             offset += len(names)
         return guarded

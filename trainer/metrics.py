@@ -36,6 +36,7 @@ import numpy as np
 import pandas as pd
 
 from trainer.controllers import Controller
+from trainer.env import guard_for
 from trainer.progress import Progress
 from trainer.roster import AGENTS
 from trainer.signals import STOP
@@ -84,32 +85,33 @@ def run_episode(controller: Controller, sb3_env: gymnasium.Env, timeseries_path:
     done = False
     steps = 0
     start = time.perf_counter()
-    while not done:
-        STOP.check("an evaluation")
-        t = env.time_step
-        leaving = []
-        for b in env.buildings:
-            for charger in b.electric_vehicle_chargers or []:
-                sim = charger.charger_simulation
-                if (
-                    t < len(sim.electric_vehicle_charger_state)
-                    and sim.electric_vehicle_charger_state[t] == 1
-                    and sim.electric_vehicle_departure_time[t] == 0
-                    and charger.connected_electric_vehicle is not None
-                ):
-                    leaving.append(
-                        (charger.connected_electric_vehicle, float(sim.electric_vehicle_required_soc_departure[t]))
-                    )
-        action = controller.act(obs, env)
-        obs, _, terminated, truncated, _ = sb3_env.step(action)
-        steps += 1
-        for ev, required in leaving:
-            soc = float(ev.battery.soc[t])
-            departures_met.append(soc >= required - EV_SOC_TOLERANCE)
-            unmet_kwh += max(required - soc, 0.0) * float(ev.battery.capacity)
-        done = terminated or truncated
-        if progress is not None:
-            progress.update(steps)
+    with guard_for(sb3_env, controller):  # the uncontrolled baseline runs unguarded
+        while not done:
+            STOP.check("an evaluation")
+            t = env.time_step
+            leaving = []
+            for b in env.buildings:
+                for charger in b.electric_vehicle_chargers or []:
+                    sim = charger.charger_simulation
+                    if (
+                        t < len(sim.electric_vehicle_charger_state)
+                        and sim.electric_vehicle_charger_state[t] == 1
+                        and sim.electric_vehicle_departure_time[t] == 0
+                        and charger.connected_electric_vehicle is not None
+                    ):
+                        leaving.append(
+                            (charger.connected_electric_vehicle, float(sim.electric_vehicle_required_soc_departure[t]))
+                        )
+            action = controller.act(obs, env)
+            obs, _, terminated, truncated, _ = sb3_env.step(action)
+            steps += 1
+            for ev, required in leaving:
+                soc = float(ev.battery.soc[t])
+                departures_met.append(soc >= required - EV_SOC_TOLERANCE)
+                unmet_kwh += max(required - soc, 0.0) * float(ev.battery.capacity)
+            done = terminated or truncated
+            if progress is not None:
+                progress.update(steps)
     if progress is not None:
         progress.close()
     wall = time.perf_counter() - start

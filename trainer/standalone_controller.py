@@ -211,6 +211,45 @@ def minimum_action(path: ChargingPath, energy_init: float, goal_kwh: float, step
     return high
 
 
+def maximum_action(path: ChargingPath, energy_init: float, goal_kwh: float, action: float) -> float:
+    """The greatest action <= ``action`` after which the car holds no more than ``goal_kwh``: a car that can only be
+    charged stops once it holds its departure goal, since what it takes beyond leaves with it, imported for nothing.
+
+    ``action`` itself where it is not a charge or its step stays within the goal; 0 where the car already holds more.
+    """
+    action = min(max(float(action), -1.0), 1.0)
+    if action <= 0.0 or path.stored_after(energy_init, action) <= goal_kwh:
+        return action
+    if energy_init >= goal_kwh:
+        return 0.0
+    low, high = 0.0, action
+    for _ in range(BISECTION_STEPS):
+        mid = 0.5 * (low + high)
+        if path.stored_after(energy_init, mid) <= goal_kwh:
+            low = mid
+        else:
+            high = mid
+    return low
+
+
+def guarded_action(path: ChargingPath, energy_init: float, goal_kwh: float, steps_left: int, wanted: float,
+                   stop_at_target: bool) -> tuple[float, int]:
+    """The guard on one connected car: (the action, +1 where it raised ``wanted``, -1 where it lowered it, else 0).
+
+    Raised to the least that still serves the car by departure (:func:`minimum_action`); with ``stop_at_target``, on
+    a charger that cannot discharge the car, lowered to the most that does not fill it past its goal
+    (:func:`maximum_action`). A change smaller than GUARD_RAISE is bisection noise, not a change.
+    """
+    needed = minimum_action(path, energy_init, goal_kwh, steps_left, wanted)
+    if needed > wanted + GUARD_RAISE:
+        return needed, 1
+    if stop_at_target and path.max_discharge_kw <= 0.0:
+        most = maximum_action(path, energy_init, goal_kwh, wanted)
+        if most < wanted - GUARD_RAISE:  # and never below what still serves the car
+            return minimum_action(path, energy_init, goal_kwh, steps_left, most), -1
+    return wanted, 0
+
+
 # ---------------------------------------------------------------------------------------------- observations
 
 
@@ -294,6 +333,7 @@ class Controller:
         guard = spec["ev_guard"]
         self.guard_on = bool(guard["enabled"])
         self.margin_soc = float(guard["margin_soc"])
+        self.stop_at_target = bool(guard.get("stop_at_target", False))  # exports before it was a rule did not stop
         self.hours = float(guard["hours"])
         self.batteries: list[dict[str, Any]] = guard["ev_batteries"]
         self.chargers = [GuardedCharger(**c) for c in guard["chargers"]]
@@ -360,19 +400,20 @@ class Controller:
         (out,) = self._session.run([self.spec["policy"]["output"]], {self.spec["policy"]["input"]: features})
         return np.clip(np.asarray(out, dtype=float), -1.0, 1.0)
 
-    def native(self, raw: np.ndarray) -> tuple[np.ndarray, list[bool]]:
+    def native(self, raw: np.ndarray) -> tuple[np.ndarray, list[int]]:
         """CityLearn's actions (each in its own range) for one raw vector, with the guard applied."""
         action = self.policy_actions(self.normalise(raw)[None, :])[0]
         native = self.native_low + (action + 1.0) / 2.0 * (self.native_high - self.native_low)
         return self.guarded(raw, native)
 
-    def guarded(self, raw: np.ndarray, native: np.ndarray) -> tuple[np.ndarray, list[bool]]:
-        """``native`` with each connected car's action raised to the least that still serves it by departure
-        (the product's EV guard, from the readings), and which actions it raised."""
+    def guarded(self, raw: np.ndarray, native: np.ndarray) -> tuple[np.ndarray, list[int]]:
+        """``native`` with the product's EV guard applied from the readings: each connected car's action raised to
+        the least that still serves it by departure and, where the export stops cars at their goal, lowered to the
+        most that does not fill a car past it; and, per action, +1 where it raised it, -1 where it lowered it."""
         native = np.array(native, dtype=float, copy=True)
-        raised = [False] * len(native)
+        changed = [0] * len(native)
         if not self.guard_on:
-            return native, raised
+            return native, changed
         value = dict(zip(self.names, raw.tolist()))
         for index, c in enumerate(self.chargers):
             capacity, required, left = value[c.capacity], value[c.required_soc], value[c.departure_time]
@@ -381,12 +422,9 @@ class Controller:
             path = self._path(index, capacity)
             energy = max(value[c.soc], path.min_soc) * capacity  # CityLearn floors what a car holds there
             goal = (required + self.margin_soc) * capacity
-            wanted = float(native[c.action])
-            needed = minimum_action(path, energy, goal, max(int(left), 0), wanted)
-            if needed > wanted + GUARD_RAISE:
-                native[c.action] = needed
-                raised[c.action] = True
-        return native, raised
+            native[c.action], changed[c.action] = guarded_action(path, energy, goal, max(int(left), 0),
+                                                                 float(native[c.action]), self.stop_at_target)
+        return native, changed
 
     def _path(self, charger: int, capacity: float) -> ChargingPath:
         """The charger with the car whose capacity the readings give (the site's first of that capacity)."""
@@ -399,13 +437,14 @@ class Controller:
 
     def act(self, observations: dict[str, Any]) -> dict[str, dict[str, Any]]:
         """One step: raw observations by name -> each action in CityLearn's units and in kW, guard applied."""
-        native, raised = self.native(self.raw_vector(observations))
+        native, changed = self.native(self.raw_vector(observations))
         out = {}
-        for spec, value, up in zip(self.actions, native.tolist(), raised):
+        for spec, value, change in zip(self.actions, native.tolist(), changed):
             kw = spec.get("kw_per_unit")
             if spec.get("kw_per_unit_discharging") is not None and value < 0:
                 kw = spec["kw_per_unit_discharging"]
-            out[spec["name"]] = {"value": value, "kw": None if kw is None else value * kw, "guard_raised": up}
+            out[spec["name"]] = {"value": value, "kw": None if kw is None else value * kw,
+                                 "guard_raised": change > 0, "guard_lowered": change < 0}
         return out
 
 
@@ -499,9 +538,11 @@ def main(argv: list[str] | None = None) -> int:
         if as_csv:
             names = [a["name"] for a in controller.actions]
             writer = csv.writer(sys.stdout)
-            writer.writerow([f"{n}_kw" for n in names] + [f"{n}_guard_raised" for n in names])
+            writer.writerow([f"{n}_kw" for n in names] + [f"{n}_guard_raised" for n in names]
+                            + [f"{n}_guard_lowered" for n in names])
             for r in results:
-                writer.writerow([r[n]["kw"] for n in names] + [int(r[n]["guard_raised"]) for n in names])
+                writer.writerow([r[n]["kw"] for n in names] + [int(r[n]["guard_raised"]) for n in names]
+                                + [int(r[n]["guard_lowered"]) for n in names])
         else:
             print(json.dumps(results[0] if len(results) == 1 else results, indent=2))
         return 0

@@ -132,14 +132,14 @@ def _build(ctx: RunContext, agent: str, model: Any, staging: Path, log: Any) -> 
         onnx_policy.write_onnx(model.policy, len(plan.features), staging / POLICY_FILE)
         results = ctx.run.results()
         document = spec.spec(
-            env, plan, currency=cfg.scenario.currency, guard_on=cfg.ev.guard, margin_soc=cfg.ev.margin_soc,
+            env, plan, currency=cfg.scenario.currency, ev=cfg.ev,
             policy=_policy_entry(agent, model, staging / POLICY_FILE, len(plan.features)),
             site=_site_entry(ctx, env), metrics=_metrics_entry(results, agent), run=_run_entry(ctx, agent))
         write_json_atomic(staging / SPEC_FILE, document)
         shutil.copyfile(standalone_controller.__file__, staging / "controller.py")
         log.info("replaying the evaluation with the exported controller", hours=env.time_steps - 1)
         acting = _ExportedActing(Controller.load(staging), model, arrays,
-                                 EvServiceGuard(cfg.ev.margin_soc) if cfg.ev.guard else None)
+                                 EvServiceGuard.of(cfg.ev))
         figures = run_episode(acting, arrays, label=f"{agent} export")
     finally:
         env.close()

@@ -20,6 +20,7 @@ from trainer.standalone_controller import FORMAT, VERSION
 if TYPE_CHECKING:
     from citylearn.citylearn import CityLearnEnv
 
+    from trainer.config import EvConfig
     from trainer.env import NormalisationPlan
 
 # (CityLearn's observation key, as a pattern; its unit; whether its range is fixed by definition). A range fixed
@@ -117,8 +118,10 @@ def actions(env: CityLearnEnv) -> list[dict[str, Any]]:
     return out
 
 
-def guard(env: CityLearnEnv, names: list[str], enabled: bool, margin_soc: float) -> dict[str, Any]:
-    """The EV guard: each charger's readings and physics, and the cars' batteries (told apart by capacity)."""
+def guard(env: CityLearnEnv, names: list[str], ev: EvConfig) -> dict[str, Any]:
+    """The EV guard as ``ev`` (the config's section) sets it: each charger's readings and physics, and the cars'
+    batteries (told apart by capacity)."""
+    enabled = ev.guard
     evs = list(env.electric_vehicles or [])
     chargers, position = [], 0
     for building in env.buildings:
@@ -140,11 +143,11 @@ def guard(env: CityLearnEnv, names: list[str], enabled: bool, margin_soc: float)
     # A car's battery numbers do not depend on the charger it is plugged into: any one serves to read them.
     site_chargers = [c for b in env.buildings for c in b.electric_vehicle_chargers or []]
     batteries = [charging_path(site_chargers[0], ev.battery).parts()[1] for ev in evs] if site_chargers else []
-    return {"enabled": bool(enabled and chargers), "margin_soc": margin_soc,
+    return {"enabled": bool(enabled and chargers), "margin_soc": ev.margin_soc, "stop_at_target": ev.stop_at_target,
             "hours": float(env.seconds_per_time_step) / 3600.0, "chargers": chargers, "ev_batteries": batteries}
 
 
-def spec(env: CityLearnEnv, plan: NormalisationPlan, *, currency: str, guard_on: bool, margin_soc: float,
+def spec(env: CityLearnEnv, plan: NormalisationPlan, *, currency: str, ev: EvConfig,
          policy: dict[str, Any], site: dict[str, Any], metrics: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
     return {
         "format": FORMAT,
@@ -153,7 +156,7 @@ def spec(env: CityLearnEnv, plan: NormalisationPlan, *, currency: str, guard_on:
         "observations": observations(env, plan, currency),
         "features": [asdict(f) for f in plan.features],
         "actions": actions(env),
-        "ev_guard": guard(env, plan.names, guard_on, margin_soc),
+        "ev_guard": guard(env, plan.names, ev),
         "site": site,
         "metrics": metrics,
         "run": run,

@@ -9,12 +9,16 @@ The charging physics is the batteries' own (trainer.sim.battery.charged), so it 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from trainer.sim.battery import BatteryBank, carried_soc, charged
 from trainer.sim.site import SiteTables
-from trainer.standalone_controller import BISECTION_STEPS
+from trainer.standalone_controller import BISECTION_STEPS, GUARD_RAISE
+
+if TYPE_CHECKING:
+    from trainer.config import EvConfig
 
 
 @dataclass
@@ -109,12 +113,36 @@ class Sessions:
                 low = np.where(bisect & ~serves, mid, low)
         return np.where(enough, action, np.where(hopeless, 1.0, high))
 
+    def maximum_action(self, action: np.ndarray, margin_kwh: np.ndarray) -> np.ndarray:
+        """The greatest action <= ``action`` after which each car holds no more than its goal (the standalone
+        controller's ``maximum_action``): ``action`` where it is no charge or stays within the goal."""
+        goal = self.required_kwh + margin_kwh
+        now = self.stored()
+        base = np.clip(action, -1.0, 1.0)
+        over = self.valid & (base > 0) & (self.stored_after(now, base) > goal)
+        if not over.any():
+            return base
+        if self.linear:  # a step stores in proportion to the action below the power and capacity limits
+            most = np.clip((goal - now) / np.maximum(self._stored_per_action(), 1e-12), 0.0, base)
+        else:
+            low, high = np.zeros_like(base), base.copy()
+            for _ in range(BISECTION_STEPS):
+                mid = 0.5 * (low + high)
+                within = self.stored_after(now, mid) <= goal
+                low, high = np.where(within, mid, low), np.where(within, high, mid)
+            most = low
+        return np.where(over, np.where(now >= goal, 0.0, most), base)
+
+    def _stored_per_action(self) -> np.ndarray:
+        """On linear paths, the kWh a step stores per unit of action (below the power and capacity limits)."""
+        chargers, s = self.tables.chargers, self.spec
+        return chargers.max_charge_kw * s.hours * chargers.efficiency * np.sqrt(s.efficiency_y[..., 0])
+
     def _linear_minimum(self, now: np.ndarray, goal: np.ndarray, later: np.ndarray, base: np.ndarray) -> np.ndarray:
         """The least action whose step leaves enough for full power to serve the car (where that exists)."""
-        chargers, s = self.tables.chargers, self.spec
+        chargers = self.tables.chargers
         needed = np.where(later > 0, goal - later * self.full_step_kwh(), goal)
-        per_action = chargers.max_charge_kw * s.hours * chargers.efficiency * np.sqrt(s.efficiency_y[..., 0])
-        action = (needed - now) / np.maximum(per_action, 1e-12)
+        action = (needed - now) / np.maximum(self._stored_per_action(), 1e-12)
         deadband = np.clip(chargers.min_charge_kw, 0.0, chargers.max_charge_kw) / np.maximum(chargers.max_charge_kw,
                                                                                                   1e-12)
         return np.clip(np.maximum(np.maximum(action, deadband), base), 0.0, 1.0)
@@ -132,24 +160,39 @@ def linear_paths(tables: SiteTables) -> bool:
 class Guard:
     """The EV service guard (trainer.ev_service.EvServiceGuard) on native action arrays (N, n_actions)."""
 
-    def __init__(self, margin_soc: float) -> None:
+    def __init__(self, margin_soc: float, stop_at_target: bool = False) -> None:
         self.margin_soc = margin_soc
+        self.stop_at_target = stop_at_target
         self.interventions = 0
         self.raised_kwh = 0.0
+        self.lowered = 0
+
+    @classmethod
+    def of(cls, ev: EvConfig) -> Guard | None:
+        """The guard ``ev`` (the config's section) asks for; None where it is off."""
+        return cls(ev.margin_soc, ev.stop_at_target) if ev.guard else None
 
     def apply(self, sessions: Sessions, actions: np.ndarray) -> np.ndarray:
         chargers = sessions.tables.chargers
         wanted = actions[:, chargers.action]
         if not sessions.valid.any():
             return actions
-        needed = sessions.minimum_action(wanted, self.margin_soc * sessions.spec.capacity)
-        raise_ = sessions.valid & (needed > wanted + 1e-4)  # bisection noise on a serving schedule is no raise
+        margin = self.margin_soc * sessions.spec.capacity
+        needed = sessions.minimum_action(wanted, margin)
+        raise_ = sessions.valid & (needed > wanted + GUARD_RAISE)  # bisection noise on a serving schedule is no raise
         self.interventions += int(raise_.sum())
         added = ((np.maximum(needed, 0.0) - np.maximum(wanted, 0.0)) * chargers.max_charge_kw
                  + (np.maximum(-wanted, 0.0) - np.maximum(-needed, 0.0)) * chargers.max_discharge_kw)
         self.raised_kwh += float((added * sessions.spec.hours)[raise_].sum())
+        result = np.where(raise_, needed, wanted)
+        if self.stop_at_target:  # charge-only chargers stop at the goal (standalone_controller.guarded_action)
+            most = sessions.maximum_action(wanted, margin)
+            lower = sessions.valid & ~raise_ & (chargers.max_discharge_kw <= 0) & (most < wanted - GUARD_RAISE)
+            self.lowered += int(lower.sum())
+            if lower.any():  # and never below what still serves the car
+                result = np.where(lower, sessions.minimum_action(most, margin), result)
         guarded = actions.copy()
-        guarded[:, chargers.action] = np.where(raise_, needed, wanted)
+        guarded[:, chargers.action] = result
         return guarded
 
 

@@ -126,7 +126,7 @@ class ParityCheck:
         env, tables = self.env, self.tables
         act = POLICIES[policy](self.cfg.seed, self.cfg)
         scale = ActionScale.of(env)
-        guard = EvServiceGuard(self.cfg.ev.margin_soc) if self.cfg.ev.guard else None
+        guard = EvServiceGuard.of(self.cfg.ev)
         sim = VectorSite(tables, 1)
         sim.reset(np.ones(1, dtype=bool), np.zeros(1, dtype=int))
         observations, _ = env.reset()

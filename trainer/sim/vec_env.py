@@ -35,7 +35,7 @@ class SimVecEnv(VecEnv):
         arrays.reset()
         self.plan, self.scale, self.carbon_ahead = arrays.plan, arrays.scale, arrays.carbon_ahead
         self.reward = _RewardTerms(cfg, env, tables)
-        self.guard = Guard(cfg.ev.margin_soc) if cfg.ev.guard else None
+        self.guard = Guard.of(cfg.ev)
         self.linear = linear_paths(tables)
         self.render_mode = None  # nothing to draw; SB3 asks
         super().__init__(n_envs, arrays.observation_space, arrays.action_space)
