@@ -118,59 +118,61 @@ def _sample(folder: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(handle))
 
 
-def test_the_exported_guard_keeps_a_discharge_only_where_the_car_is_still_served(exports):
-    controller = Controller.load(exports["a2c"][1])
+def guard_one_car(controller: Controller):
+    """(soc, required, hours_left, wanted) -> (the exported guard's action, its change: +1 raised, -1 lowered) for a
+    car at the export's first charger, every other reading zero."""
     charger = controller.chargers[0]
-    assert charger.charger["max_discharge_kw"] == pytest.approx(7.2)  # the V2G site's chargers discharge
     capacity = controller.batteries[0]["capacity_kwh"]
-    path = controller._path(0, capacity)
     position = {name: i for i, name in enumerate(controller.names)}
     raw = np.zeros(len(controller.names))
 
-    def guarded(soc: float, required: float, hours_left: int) -> tuple[float, bool]:
+    def guarded(soc: float, required: float, hours_left: int, wanted: float) -> tuple[float, int]:
         for name, value in ((charger.connected, 1), (charger.soc, soc), (charger.capacity, capacity),
                             (charger.required_soc, required), (charger.departure_time, hours_left)):
-            raw[position[name]] = value
-        native = np.zeros(len(controller.actions))
-        native[charger.action] = -1.0  # the policy asks for a full discharge
-        native, changed = controller.guarded(raw, native)
-        return float(native[charger.action]), changed[charger.action] > 0
-
-    assert guarded(0.9, 0.3, 5) == (-1.0, False)  # plenty of slack: the discharge stands
-    # full power this step and the next three just serve it: the discharge becomes charging, and enough of it
-    reach = path.reachable(path.stored_after(0.3 * capacity, 1.0), 3)
-    needed = (reach - 0.5) / capacity - controller.margin_soc
-    action, raised = guarded(0.3, needed, 3)
-    assert raised and 0.0 < action <= 1.0
-    goal = (needed + controller.margin_soc) * capacity
-    assert path.reachable(path.stored_after(0.3 * capacity, action), 3) >= goal
-
-
-def test_the_exported_guard_stops_a_charge_only_car_at_its_goal(exports):
-    controller = Controller.load(exports["sac"][1])  # the built-in site: chargers that cannot discharge
-    assert controller.stop_at_target
-    charger = controller.chargers[0]
-    capacity = controller.batteries[0]["capacity_kwh"]
-    path = controller._path(0, capacity)
-    position = {name: i for i, name in enumerate(controller.names)}
-    raw = np.zeros(len(controller.names))
-
-    def guarded(soc: float, required: float, wanted: float) -> tuple[float, int]:
-        for name, value in ((charger.connected, 1), (charger.soc, soc), (charger.capacity, capacity),
-                            (charger.required_soc, required), (charger.departure_time, 5)):
             raw[position[name]] = value
         native = np.zeros(len(controller.actions))
         native[charger.action] = wanted
         native, changed = controller.guarded(raw, native)
         return float(native[charger.action]), changed[charger.action]
 
+    return guarded
+
+
+def test_the_exported_guard_keeps_a_discharge_only_where_the_car_is_still_served(exports):
+    controller = Controller.load(exports["a2c"][1])
+    assert controller.chargers[0].charger["max_discharge_kw"] == pytest.approx(7.2)  # the V2G site's discharge
+    capacity = controller.batteries[0]["capacity_kwh"]
+    path = controller._path(0, capacity)
+    guarded = guard_one_car(controller)
+
+    assert guarded(0.9, 0.3, 5, -1.0) == (-1.0, 0)  # plenty of slack: the policy's full discharge stands
+    # full power this step and the next three just serve it: the discharge becomes charging, and enough of it
+    reach = path.reachable(path.stored_after(0.3 * capacity, 1.0), 3)
+    needed = (reach - 0.5) / capacity - controller.margin_soc
+    action, change = guarded(0.3, needed, 3, -1.0)
+    assert change == 1 and 0.0 < action <= 1.0
+    goal = (needed + controller.margin_soc) * capacity
+    assert path.reachable(path.stored_after(0.3 * capacity, action), 3) >= goal
+    assert guarded(0.9, 0.3, 5, 1.0) == (1.0, 0)  # a car that can feed the site back may hold more than its goal
+
+
+def test_the_exported_guard_stops_a_charge_only_car_at_its_goal(exports):
+    controller = Controller.load(exports["sac"][1])  # the built-in site: chargers that cannot discharge
+    assert controller.stop_at_target
+    capacity = controller.batteries[0]["capacity_kwh"]
+    path = controller._path(0, capacity)
+    guarded = guard_one_car(controller)
+
     goal = (0.8 + controller.margin_soc) * capacity
-    action, change = guarded(0.75, 0.8, 1.0)  # full power would fill it past 80 %: it stops at the goal
+    action, change = guarded(0.75, 0.8, 5, 1.0)  # full power would fill it past 80 %: it stops at the goal
     assert change == -1 and 0.0 < action < 1.0
     assert path.stored_after(0.75 * capacity, action) == pytest.approx(goal, abs=1e-4)
-    assert guarded(0.75, 0.8, 0.05) == (0.05, 0)  # a charge that stays below the goal stands
-    assert guarded(0.9, 0.8, 1.0) == (0.0, -1)  # a car already past its goal takes nothing more
-    assert guarded(0.9, 0.8, -1.0) == (-1.0, 0)  # a negative action on a charge-only charger is idle anyway
+    assert guarded(0.75, 0.8, 5, 0.05) == (0.05, 0)  # a charge that stays below the goal stands
+    assert guarded(0.9, 0.8, 5, 1.0) == (0.0, -1)  # a car already past its goal takes nothing more
+    assert guarded(0.9, 0.8, 5, -1.0) == (-1.0, 0)  # a negative action on a charge-only charger is idle anyway
+    # the last step before departure, short of the goal: raised to serve it, whatever the stop
+    action, change = guarded(0.7, 0.8, 0, 0.0)
+    assert change == 1 and path.stored_after(0.7 * capacity, action) >= goal - 1e-6
 
 
 @pytest.mark.parametrize("change, message", [
