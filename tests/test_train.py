@@ -74,16 +74,19 @@ def test_evaluate_reproduces_a_runs_results(tmp_path, site_schema):
     )
     assert trained.exit_code == 0, trained.output
     before = json.loads((out / "results.json").read_text())
+    (out / "ppo" / "warm_start.zip").write_bytes((out / "ppo" / "model.zip").read_bytes())
     result = CliRunner().invoke(cli, ["evaluate", str(out)])
     assert result.exit_code == 0, result.output
     after = json.loads((out / "results.json").read_text())
     assert list(after) == ["baseline", "rbc", "optimum", "planner", "ppo"]  # the other references are added
     for agent in ("baseline", "ppo"):
         assert after[agent]["co2_kg"] == before[agent]["co2_kg"]  # deterministic, bit for bit
-    assert after["ppo"]["timesteps"] == 128  # training figures are kept
+    assert after["ppo"]["timesteps"] == 128  # the training record is kept, every key of it
+    assert set(before["ppo"]) <= set(after["ppo"])
+    assert after["ppo"]["warm_start"]["co2_kg"] == after["ppo"]["co2_kg"]  # its warm start evaluated again
+    assert json.loads((out / "ppo" / "metrics.json").read_text())["warm_start"] == after["ppo"]["warm_start"]
 
     # --unseen-year: the same controllers over a year of the site no stage saw, results.json untouched
-    (out / "ppo" / "warm_start.zip").write_bytes((out / "ppo" / "model.zip").read_bytes())
     kept = (out / "results.json").read_bytes()
     unseen = CliRunner().invoke(cli, ["evaluate", str(out), "--unseen-year"])
     assert unseen.exit_code == 0, unseen.output

@@ -374,7 +374,8 @@ def report_command(run_dir: str) -> None:
               help="Instead, run the references, each deployed model and its warm start over a year of the built-in "
                    "site no stage trained on; write RUN_DIR/unseen-year/results.json (results.json untouched).")
 def evaluate(run_dir: str, device: str | None, unseen_year: bool) -> None:
-    """Re-evaluate every saved model of RUN_DIR and the references; rewrite results.json."""
+    """Re-evaluate the references, every saved model of RUN_DIR and its warm start with this version (after an
+    upgrade: its guard and metrics), keeping the training record; rewrite results.json."""
     with session.reopen_run(run_dir, device or "cpu") as ctx:
         State.log_file = ctx.run.log_file
         if unseen_year:

@@ -304,18 +304,21 @@ def train_with_baseline(ctx: RunContext, agent: str, resume: bool, force: bool) 
 
 
 def reevaluate(ctx: RunContext) -> dict[str, dict[str, Any]]:
-    """``trainer evaluate``: the references and every saved model again; training figures are kept.
-    Every model is loaded first, so a damaged one stops the command before anything is rewritten."""
+    """``trainer evaluate``: the references, every saved model and its warm start again, with this version's
+    evaluation (after an upgrade: its guard, its metrics); the training record (steps, time, which policy was kept
+    and why, the warm start's imitation) is kept. Every model is loaded first, so a damaged one stops the command
+    before anything is rewritten."""
     models = {agent: _load(ctx, agent) for agent in AGENTS if ctx.run.agent(agent).model.is_file()}
     new = {name: evaluate_reference(ctx, name) for name in REFERENCES}
     for agent, model in models.items():
         folder = ctx.run.agent(agent)
-        if folder.model.is_file():
-            try:
-                previous = read_json(folder.metrics) if folder.metrics.is_file() else {}
-            except DamagedFile:
-                previous = {}
-            metrics = evaluate_model(ctx, agent, model)
-            metrics.update({k: previous.get(k) for k in ("timesteps", "train_wall_s", "steps_per_s")})
-            new[agent] = metrics
+        try:
+            previous = read_json(folder.metrics) if folder.metrics.is_file() else {}
+        except DamagedFile:
+            previous = {}
+        metrics = {**previous, **evaluate_model(ctx, agent, model)}
+        if folder.warm_start.is_file():
+            metrics["warm_start"] = {**(previous.get("warm_start") or {}), **_evaluate_warm_start(ctx, agent)}
+        write_json_atomic(folder.metrics, metrics)
+        new[agent] = metrics
     return record_results(ctx.run, new, rebuild=True)
