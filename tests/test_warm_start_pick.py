@@ -37,7 +37,7 @@ def test_the_simulator_counts_a_policy_s_co2_as_citylearn_does(cfg, week, polici
     simulated = co2_over_the_years(cfg, [week, week], [m.policy for m in policies])
     citylearn = [_citylearn_co2(cfg, week, m) for m in policies]
     np.testing.assert_allclose(simulated, 2 * np.asarray(citylearn), rtol=1e-4)
-    assert len(set(np.round(citylearn))) == 3  # three different policies: the check compares something
+    assert len(set(np.round(citylearn, 1))) == 3  # three different policies: the check compares something
 
 
 def test_the_stage_starts_from_the_member_that_emits_least(cfg, week, policies):
@@ -72,7 +72,8 @@ def test_the_warm_start_records_its_pick_and_the_chosen_fit(cfg, week):
     summary = warm_start(several, week, "ppo", model, held_out=[week])
     ensemble, pick = summary["ensemble"], summary["ensemble"]["pick"]
     assert pick["member"] in (0, 1, 2) and len(pick["held_out_co2_kg"]) == 3
-    assert pick["member"] == int(np.argmin(pick["held_out_co2_kg"]))
+    # the least emitter (the record rounds to 0.1 kg, so two members may read alike)
+    assert pick["held_out_co2_kg"][pick["member"]] == min(pick["held_out_co2_kg"])
     if pick["member"]:
         assert summary["actor_mse"] == ensemble["members_actor_mse"][pick["member"] - 1]
     assert _citylearn_co2(several, week, model) == pytest.approx(min(pick["held_out_co2_kg"]), rel=1e-4)
