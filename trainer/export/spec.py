@@ -142,7 +142,7 @@ def guard(env: CityLearnEnv, names: list[str], ev: EvConfig) -> dict[str, Any]:
             chargers.append({"action": action, **readings, "charger": charger_part})
     # A car's battery numbers do not depend on the charger it is plugged into: any one serves to read them.
     site_chargers = [c for b in env.buildings for c in b.electric_vehicle_chargers or []]
-    batteries = [charging_path(site_chargers[0], ev.battery).parts()[1] for ev in evs] if site_chargers else []
+    batteries = [charging_path(site_chargers[0], car.battery).parts()[1] for car in evs] if site_chargers else []
     return {"enabled": bool(enabled and chargers), "margin_soc": ev.margin_soc, "stop_at_target": ev.stop_at_target,
             "hours": float(env.seconds_per_time_step) / 3600.0, "chargers": chargers, "ev_batteries": batteries}
 
