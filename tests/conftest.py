@@ -16,6 +16,7 @@ os.environ["PVBESS_CACHE"] = tempfile.mkdtemp(prefix="pvbess-test-cache-")
 from trainer.config import Config
 from trainer.config_files import load_config
 from trainer.scenario import build_site
+from trainer.site import Site
 
 OFFICIAL = "citylearn_challenge_2022_phase_all"
 _SHARED_DATASETS = Path(__file__).resolve().parents[1].parent / "shared" / "citylearn" / "datasets"
@@ -83,9 +84,20 @@ def site_schema(tmp_path_factory, default_cfg) -> Path:
 
 
 @pytest.fixture(scope="session")
+def built_in(site_schema) -> Site:
+    """The built-in site as a run holds it."""
+    return Site.load(site_schema)
+
+
+@pytest.fixture(scope="session")
 def week(site_schema, tmp_path_factory) -> Path:
     """The built-in site's first week: an ensemble's year in closed loop takes seconds, not minutes."""
     return variant(site_schema, tmp_path_factory.mktemp("week"), steps=168)
+
+
+@pytest.fixture(scope="session")
+def week_site(week) -> Site:
+    return Site.load(week)
 
 
 # Like the official CityLearn EV datasets with V2G: one building, a battery, PV, 7.2 kW chargers that can

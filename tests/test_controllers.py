@@ -11,10 +11,10 @@ from trainer.metrics import compare_to_baseline, run_episode
 
 
 @pytest.fixture(scope="module")
-def four_weeks(site_schema, default_cfg):
+def four_weeks(built_in, default_cfg):
     results = {}
     for controller in (UncontrolledBaseline(), RuleBasedController()):
-        env = make_sb3_env(default_cfg, site_schema, "eval", seed=0, eval_days=28)
+        env = make_sb3_env(default_cfg, built_in, "eval", seed=0, eval_days=28)
         results[controller.name] = run_episode(controller, env)
     compare_to_baseline(results)
     return results
@@ -43,9 +43,9 @@ def test_metrics_are_consistent(four_weeks):
         assert metrics["citylearn_kpis"]["carbon_emissions_total"] is not None
 
 
-def test_rbc_sends_pv_surplus_to_the_battery_at_the_power_it_means(site_schema, default_cfg):
+def test_rbc_sends_pv_surplus_to_the_battery_at_the_power_it_means(built_in, default_cfg):
     """CityLearn 3.0.2 scales the battery action by nominal power: 20 kW of surplus is 20/50 = 0.4."""
-    env = make_sb3_env(default_cfg, site_schema, "eval", seed=0, eval_days=28)
+    env = make_sb3_env(default_cfg, built_in, "eval", seed=0, eval_days=28)
     citylearn_env = env.unwrapped
     obs, _ = env.reset()
     rbc = RuleBasedController()
@@ -72,21 +72,21 @@ def test_rbc_sends_pv_surplus_to_the_battery_at_the_power_it_means(site_schema, 
     assert checked == 5, "not enough hours with PV surplus left for the battery"
 
 
-def test_a_short_evaluation_repeats_its_window_and_normalises_as_the_whole_period(site_schema, default_cfg):
-    week = make_sb3_env(default_cfg, site_schema, "eval", seed=0, eval_days=7)
+def test_a_short_evaluation_repeats_its_window_and_normalises_as_the_whole_period(built_in, default_cfg):
+    week = make_sb3_env(default_cfg, built_in, "eval", seed=0, eval_days=7)
     first, again = (run_episode(UncontrolledBaseline(), week) for _ in range(2))
     assert first["eval_timesteps"] == again["eval_timesteps"] == 7 * 24 - 1
     assert first["co2_kg"] == again["co2_kg"]  # the learning curve's environment is reset for every point
-    year = make_sb3_env(default_cfg, site_schema, "eval", seed=0)
+    year = make_sb3_env(default_cfg, built_in, "eval", seed=0)
     year.reset()
     week_limits = week.unwrapped.buildings[0].periodic_normalized_observation_space_limits
     np.testing.assert_equal(week_limits, year.unwrapped.buildings[0].periodic_normalized_observation_space_limits)
 
 
-def test_an_episode_ends_as_a_time_limit_not_a_terminal_state(site_schema, default_cfg):
+def test_an_episode_ends_as_a_time_limit_not_a_terminal_state(built_in, default_cfg):
     # The site goes on after the window: SB3 bootstraps a truncated end from the last observation,
     # where a terminal one would tell the learner that nothing stored pays after it.
-    env = make_sb3_env(default_cfg, site_schema, "eval", seed=0, eval_days=1)
+    env = make_sb3_env(default_cfg, built_in, "eval", seed=0, eval_days=1)
     env.reset()
     endings = []
     for _ in range(48):

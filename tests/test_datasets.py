@@ -11,6 +11,7 @@ from trainer.cli import cli
 from trainer.controllers import RuleBasedController
 from trainer.env import make_sb3_env
 from trainer.metrics import run_episode
+from trainer.site import Site
 
 from .conftest import OFFICIAL, tiny_overrides, variant
 
@@ -40,7 +41,7 @@ def test_dataset_by_name(tmp_path, official_schema, monkeypatch):
 
 
 def test_rbc_acts_on_every_building(official_schema, default_cfg):
-    env = make_sb3_env(default_cfg, official_schema, "eval", seed=0, eval_days=2)
+    env = make_sb3_env(default_cfg, Site.load(official_schema), "eval", seed=0, eval_days=2)
     metrics = run_episode(RuleBasedController(), env)
     assert metrics["eval_timesteps"] == 47
     assert math.isfinite(metrics["co2_kg"])

@@ -10,6 +10,7 @@ from trainer.controllers import RuleBasedController, UncontrolledBaseline
 from trainer.env import ActionScale, CentralAgentArrays, make_citylearn_env, make_sb3_env
 from trainer.ev_service import connected_sessions
 from trainer.metrics import run_episode
+from trainer.site import Site
 
 from .conftest import random_ev_curves
 
@@ -17,7 +18,7 @@ from .conftest import random_ev_curves
 @pytest.mark.parametrize("v2g", [False, True], ids=["charging", "v2g"])
 def test_predicted_charging_is_what_citylearn_stores(site_schema, v2g_schema, tmp_path, default_cfg, v2g):
     schema = random_ev_curves(v2g_schema if v2g else site_schema, tmp_path)
-    env = make_citylearn_env(default_cfg, schema, "eval", 0, eval_days=21)
+    env = make_citylearn_env(default_cfg, Site.load(schema), "eval", 0, eval_days=21)
     env.reset()
     curve = np.asarray(env.electric_vehicles[0].battery.power_efficiency_curve)[1]
     assert curve.max() - curve.min() > 0.01  # really a curve, so the prediction has something to get right
@@ -45,7 +46,7 @@ def test_a_random_policy_behind_the_guard_meets_every_departure(site_schema, v2g
     # one folder each: the two copies share a file name
     schema = {"builtin": site_schema, "random-curves": random_ev_curves(site_schema, tmp_path / "built-in"),
               "v2g-random-curves": random_ev_curves(v2g_schema, tmp_path / "v2g")}[site]
-    env = make_sb3_env(default_cfg, schema, "eval", 0, eval_days=28)
+    env = make_sb3_env(default_cfg, Site.load(schema), "eval", 0, eval_days=28)
     rng = np.random.default_rng(0)
 
     class RandomPolicy:  # on V2G sites, half its EV actions discharge the car
@@ -60,9 +61,9 @@ def test_a_random_policy_behind_the_guard_meets_every_departure(site_schema, v2g
 
 
 @pytest.mark.parametrize("stop_at_target", [True, False])
-def test_cars_charged_at_full_power_leave_at_their_target_and_no_fuller(site_schema, stop_at_target):
+def test_cars_charged_at_full_power_leave_at_their_target_and_no_fuller(built_in, stop_at_target):
     cfg = load_config(overrides=[f"ev.stop_at_target={str(stop_at_target).lower()}"])
-    env = make_sb3_env(cfg, site_schema, "eval", 0, eval_days=14)
+    env = make_sb3_env(cfg, built_in, "eval", 0, eval_days=14)
     left: list[tuple[float, float]] = []  # (state of charge at departure, target)
 
     class FullPowerWatchingDepartures:
@@ -88,8 +89,8 @@ def test_cars_charged_at_full_power_leave_at_their_target_and_no_fuller(site_sch
         assert max(above) > 0.1 and env.env.guard.lowered == 0
 
 
-def test_the_uncontrolled_baseline_runs_unguarded(site_schema, default_cfg):
-    env = make_sb3_env(default_cfg, site_schema, "eval", 0, eval_days=7)
+def test_the_uncontrolled_baseline_runs_unguarded(built_in, default_cfg):
+    env = make_sb3_env(default_cfg, built_in, "eval", 0, eval_days=7)
     assert default_cfg.ev.stop_at_target
     run_episode(UncontrolledBaseline(), env)
     assert env.env.guard.lowered == 0 and env.env.guard.interventions == 0  # its cars filled at full power
@@ -97,9 +98,9 @@ def test_the_uncontrolled_baseline_runs_unguarded(site_schema, default_cfg):
     assert env.env.guard.lowered > 0  # the guard is back for every other controller
 
 
-def test_without_the_guard_a_car_that_is_never_charged_is_stranded(site_schema):
+def test_without_the_guard_a_car_that_is_never_charged_is_stranded(built_in):
     cfg = load_config(overrides=["ev.guard=false"])
-    env = make_sb3_env(cfg, site_schema, "eval", 0, eval_days=7)
+    env = make_sb3_env(cfg, built_in, "eval", 0, eval_days=7)
 
     class NeverCharge:
         def act(self, obs, citylearn_env):
@@ -111,8 +112,8 @@ def test_without_the_guard_a_car_that_is_never_charged_is_stranded(site_schema):
     assert metrics["ev_unmet_kwh"] > 100
 
 
-def test_an_agents_zero_is_half_power_and_the_battery_keeps_its_range(site_schema, default_cfg):
-    env = CentralAgentArrays(make_citylearn_env(default_cfg, site_schema, "eval", 0, eval_days=2))
+def test_an_agents_zero_is_half_power_and_the_battery_keeps_its_range(built_in, default_cfg):
+    env = CentralAgentArrays(make_citylearn_env(default_cfg, built_in, "eval", 0, eval_days=2))
     assert env.action_space.low.tolist() == [-1.0] * 5 and env.action_space.high.tolist() == [1.0] * 5
     assert env.scale.to_native(np.zeros(5)).tolist() == [0.0, 0.5, 0.5, 0.5, 0.5]
     assert env.scale.to_native(-np.ones(5)).tolist() == [-1.0, 0.0, 0.0, 0.0, 0.0]
@@ -120,10 +121,10 @@ def test_an_agents_zero_is_half_power_and_the_battery_keeps_its_range(site_schem
     assert env.scale.to_native(env.scale.to_agent(native)) == pytest.approx(native, abs=1e-6)
 
 
-def test_carbon_ahead_observations_are_the_datasets_own_values(site_schema):
+def test_carbon_ahead_observations_are_the_datasets_own_values(built_in):
     cfg = load_config(overrides=["observations.carbon_ahead_hours=[1,6,24]"])
-    env = make_sb3_env(cfg, site_schema, "eval", 0, eval_days=3)
-    plain = make_sb3_env(load_config(), site_schema, "eval", 0, eval_days=3)
+    env = make_sb3_env(cfg, built_in, "eval", 0, eval_days=3)
+    plain = make_sb3_env(load_config(), built_in, "eval", 0, eval_days=3)
     assert env.observation_space.shape[0] == plain.observation_space.shape[0] + 3
     obs, _ = env.reset()
     carbon = np.asarray(env.unwrapped.buildings[0].carbon_intensity.carbon_intensity, dtype=float)

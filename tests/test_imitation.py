@@ -15,6 +15,7 @@ from trainer.env import make_sb3_env
 from trainer.learn.agents import build_model
 from trainer.learn.imitation import demonstrations, keep_near_demonstrations, time_with_the_term, warm_start
 from trainer.metrics import run_episode
+from trainer.site import Site
 
 from .conftest import tiny_overrides
 
@@ -24,25 +25,25 @@ def cfg():
     return load_config(overrides=["warm_start.epochs=20", "warm_start.ensemble=1"])
 
 
-def test_demonstrations_are_the_optimum_replayed_over_the_whole_dataset(site_schema, cfg):
-    demos = demonstrations(cfg, site_schema, cfg.seed)
+def test_demonstrations_are_the_optimum_replayed_over_the_whole_dataset(built_in, cfg):
+    demos = demonstrations(cfg, built_in, cfg.seed)
     assert demos.observations.shape == (8759, 48) and demos.actions.shape == (8759, 5)
     assert np.all(np.abs(demos.actions) <= 1.0)
     returns = demos.returns(0.99)
     assert returns[-1] == pytest.approx(demos.rewards[-1])
     assert returns[-2] == pytest.approx(demos.rewards[-2] + 0.99 * demos.rewards[-1])
-    assert demonstrations(cfg, site_schema, cfg.seed) is demos  # once per process
+    assert demonstrations(cfg, built_in, cfg.seed) is demos  # once per process
 
 
 @pytest.mark.parametrize("agent", ["ppo", "sac"])
-def test_a_warm_started_policy_cuts_co2_and_serves_every_car(site_schema, cfg, agent):
-    env = make_sb3_env(cfg, site_schema, "train", cfg.seed)
+def test_a_warm_started_policy_cuts_co2_and_serves_every_car(built_in, cfg, agent):
+    env = make_sb3_env(cfg, built_in, "train", cfg.seed)
     model = build_model(cfg, agent, env, "cpu", cfg.seed, 1000)
-    summary = warm_start(cfg, site_schema, agent, model)
+    summary = warm_start(cfg, built_in, agent, model)
     assert summary["epochs"] == 20 and summary["actor_mse"] < 0.15
     # SAC goes on at a temperature on this reward's scale, held near the demonstrations by its own term; PPO by a
     # behaviour-cloning term hooked on its optimizer.
-    assert keep_near_demonstrations(cfg, site_schema, agent, model)
+    assert keep_near_demonstrations(cfg, built_in, agent, model)
     if agent == "sac":
         assert float(model.log_ent_coef.detach().exp()) == pytest.approx(cfg.warm_start.sac_temperature)
         assert len(model.fine_tune.observations) == 8759 and model.fine_tune.alpha == 0.25
@@ -50,8 +51,8 @@ def test_a_warm_started_policy_cuts_co2_and_serves_every_car(site_schema, cfg, a
     else:
         assert len(model.policy.optimizer._optimizer_step_pre_hooks) == 1
     # January's four weeks (the optimum cuts 14.5 % there).
-    cloned = run_episode(PolicyController(agent, model), make_sb3_env(cfg, site_schema, "eval", 0, eval_days=28))
-    base = run_episode(UncontrolledBaseline(), make_sb3_env(cfg, site_schema, "eval", 0, eval_days=28))
+    cloned = run_episode(PolicyController(agent, model), make_sb3_env(cfg, built_in, "eval", 0, eval_days=28))
+    base = run_episode(UncontrolledBaseline(), make_sb3_env(cfg, built_in, "eval", 0, eval_days=28))
     assert cloned["co2_kg"] < 0.95 * base["co2_kg"]
     assert cloned["ev_departure_soc_met_pct"] == 100.0
 
@@ -78,11 +79,11 @@ def test_a_fresh_stage_records_its_warm_start(tmp_path):
 
 
 @pytest.mark.parametrize("agent", ["a2c", "ppo"])
-def test_policy_gradient_steps_are_pulled_toward_the_demonstrations(site_schema, cfg, agent):
+def test_policy_gradient_steps_are_pulled_toward_the_demonstrations(built_in, cfg, agent):
     import torch
 
-    model = build_model(cfg, agent, make_sb3_env(cfg, site_schema, "train", cfg.seed), "cpu", cfg.seed, 1000)
-    demos = demonstrations(cfg, site_schema, cfg.seed)
+    model = build_model(cfg, agent, make_sb3_env(cfg, built_in, "train", cfg.seed), "cpu", cfg.seed, 1000)
+    demos = demonstrations(cfg, built_in, cfg.seed)
     observations, actions = torch.as_tensor(demos.observations), torch.as_tensor(demos.actions)
 
     def distance() -> float:
@@ -94,8 +95,8 @@ def test_policy_gradient_steps_are_pulled_toward_the_demonstrations(site_schema,
     optimizer.zero_grad()
     optimizer.step()  # no policy gradient and no term: nothing moves
     assert distance() == before
-    assert keep_near_demonstrations(cfg, site_schema, agent, model)
-    assert keep_near_demonstrations(cfg, site_schema, agent, model)
+    assert keep_near_demonstrations(cfg, built_in, agent, model)
+    assert keep_near_demonstrations(cfg, built_in, agent, model)
     assert len(optimizer._optimizer_step_pre_hooks) == 1  # attached twice (a resumed model): still one term
     for group in optimizer.param_groups:
         group["lr"] = 1e-3  # the agents' own 1e-5 and 1e-4 would take many steps to show it
@@ -106,25 +107,25 @@ def test_policy_gradient_steps_are_pulled_toward_the_demonstrations(site_schema,
 
 
 @pytest.mark.parametrize("agent,weight,hooks", [("ppo", 10.0, 1), ("ppo", 0.0, 0), ("a2c", 10.0, 1)])
-def test_a_calibration_times_the_term_its_stage_will_carry(site_schema, agent, weight, hooks):
+def test_a_calibration_times_the_term_its_stage_will_carry(built_in, agent, weight, hooks):
     cfg = load_config(overrides=[f"warm_start.{agent}_bc_weight={weight}"])
-    model = build_model(cfg, agent, make_sb3_env(cfg, site_schema, "train", cfg.seed), "cpu", cfg.seed, 1000)
+    model = build_model(cfg, agent, make_sb3_env(cfg, built_in, "train", cfg.seed), "cpu", cfg.seed, 1000)
     time_with_the_term(cfg, agent, model)
     assert len(model.policy.optimizer._optimizer_step_pre_hooks) == hooks
     model.policy.optimizer.zero_grad()
     model.policy.optimizer.step()  # the stand-in term runs: its batch has the policy's shapes
 
 
-def test_the_warm_start_also_imitates_other_years_of_the_built_in_site(site_schema, tmp_path):
+def test_the_warm_start_also_imitates_other_years_of_the_built_in_site(built_in, tmp_path):
     from trainer.learn.imitation import training_demonstrations
     from trainer.scenario import DRAW_SEED_OFFSET
 
     cfg = load_config(overrides=["warm_start.extra_draws=1"])
-    demos = training_demonstrations(cfg, site_schema, cfg.seed, tmp_path / "draws")
+    demos = training_demonstrations(cfg, built_in, cfg.seed, tmp_path / "draws")
     drawn = json.loads((tmp_path / "draws" / "draw-1" / "schema.json").read_text())
     assert drawn["pvbess_site"]["seed"] == cfg.scenario.seed + DRAW_SEED_OFFSET
     assert demos.periods == (8759, 8759) and demos.observations.shape == (2 * 8759, 48)
-    own = demonstrations(cfg, site_schema, cfg.seed)
+    own = demonstrations(cfg, built_in, cfg.seed)
     assert np.array_equal(demos.observations[:8759], own.observations)
     assert not np.array_equal(demos.observations[8759:], own.observations)  # another year, not a copy
     # Each year's returns end with its own period: the first year's last step is worth its own reward.
@@ -132,37 +133,35 @@ def test_the_warm_start_also_imitates_other_years_of_the_built_in_site(site_sche
     assert returns[8758] == pytest.approx(demos.rewards[8758])
     assert returns[0] == pytest.approx(own.returns(0.99)[0])
     # Without a folder for the draws (or on any other dataset) the dataset's own demonstrations.
-    assert training_demonstrations(cfg, site_schema, cfg.seed, None) is own
+    assert training_demonstrations(cfg, built_in, cfg.seed, None) is own
 
 
 def test_another_draw_is_only_of_the_built_in_site(tmp_path):
-    from trainer.scenario import another_draw
-
     schema = tmp_path / "schema.json"
     schema.write_text(json.dumps({"buildings": {}}))
-    assert another_draw(schema, tmp_path / "draw", 2000, load_config().scenario) is None
+    assert Site.load(schema).draw(tmp_path / "draw", 2000) is None
     assert not (tmp_path / "draw").exists()
 
 
-def test_the_plan_s_imitation_speed_is_measured_on_the_agent_s_own_model(site_schema, cfg):
+def test_the_plan_s_imitation_speed_is_measured_on_the_agent_s_own_model(built_in, cfg):
     import math
 
     from trainer.learn.imitation import imitation_update_s
 
-    model = build_model(cfg, "sac", make_sb3_env(cfg, site_schema, "train", cfg.seed), "cpu", cfg.seed, 1000)
+    model = build_model(cfg, "sac", make_sb3_env(cfg, built_in, "train", cfg.seed), "cpu", cfg.seed, 1000)
     seconds = imitation_update_s(model, 64, updates=3)
     assert seconds > 0 and math.isfinite(seconds)
 
 
-def test_an_identical_imitation_is_reused_to_the_bit(site_schema, cfg, monkeypatch):
+def test_an_identical_imitation_is_reused_to_the_bit(built_in, cfg, monkeypatch):
     """A night's PPO and A2C build the same policy from the same seed: the second copies the first's imitation."""
     import torch
 
     from trainer.learn import imitation
 
     monkeypatch.setattr(imitation, "_IMITATED", {})
-    env = make_sb3_env(cfg, site_schema, "train", cfg.seed)
-    args = (demonstrations(cfg, site_schema, cfg.seed), 2, cfg.warm_start.learning_rate, cfg.warm_start.batch_size,
+    env = make_sb3_env(cfg, built_in, "train", cfg.seed)
+    args = (demonstrations(cfg, built_in, cfg.seed), 2, cfg.warm_start.learning_rate, cfg.warm_start.batch_size,
             cfg.seed)
     first, reused = imitation.imitate_once(build_model(cfg, "ppo", env, "cpu", cfg.seed, 1000), *args)
     assert not reused
@@ -183,8 +182,8 @@ def test_an_identical_imitation_is_reused_to_the_bit(site_schema, cfg, monkeypat
 
 
 @pytest.mark.parametrize(("agent", "teacher"), [("ppo", "own"), ("sac", "sac"), ("ppo", "sac")])
-def test_the_warm_start_imitates_its_ensemble_s_mean_and_the_stage_goes_on_as_with_one(week, cfg, monkeypatch, agent,
-                                                                                        teacher):
+def test_the_warm_start_imitates_its_ensemble_s_mean_and_the_stage_goes_on_as_with_one(week_site, cfg, monkeypatch,
+                                                                                        agent, teacher):
     import torch
     from structlog.testing import capture_logs
 
@@ -194,25 +193,26 @@ def test_the_warm_start_imitates_its_ensemble_s_mean_and_the_stage_goes_on_as_wi
     several = cfg.model_copy(update={"warm_start": cfg.warm_start.model_copy(update={
         "epochs": 3, "ensemble": 3, "student_epochs": 5, "teacher": teacher})})
     members_are = agent if teacher == "own" else teacher
-    env = make_sb3_env(several, week, "train", several.seed)
+    env = make_sb3_env(several, week_site, "train", several.seed)
     model = build_model(several, agent, env, "cpu", several.seed, 1000)
     single = build_model(several, agent, env, "cpu", several.seed, 1000)
-    imitation.imitate(single, demonstrations(several, week, several.seed), 3, several.warm_start.learning_rate,
+    imitation.imitate(single, demonstrations(several, week_site, several.seed), 3, several.warm_start.learning_rate,
                       several.warm_start.batch_size, several.seed)
     torch.manual_seed(123)
     with capture_logs() as logged:
-        summary = warm_start(several, week, agent, model)
+        summary = warm_start(several, week_site, agent, model)
     after = torch.rand(3)  # the stage goes on with the random state it had: building members reseeds it
     torch.manual_seed(123)
     assert torch.equal(after, torch.rand(3))
-    steps = len(demonstrations(several, week, several.seed).actions)
+    steps = len(demonstrations(several, week_site, several.seed).actions)
     ensemble = summary["ensemble"]
     assert ensemble["members"] == 3 and len(ensemble["members_actor_mse"]) == 3
     assert ensemble["teacher"] == members_are
     assert ensemble["labelled_steps"] == 2 * steps  # the demonstrations' states and the ensemble's own year
     # The first member is the teacher's single imitation; the policy is the student, not it.
     assert ensemble["members_actor_mse"][0] == round(imitation.imitate(
-        build_model(several, members_are, env, "cpu", several.seed, 1000), demonstrations(several, week, several.seed),
+        build_model(several, members_are, env, "cpu", several.seed, 1000),
+        demonstrations(several, week_site, several.seed),
         3, several.warm_start.learning_rate, several.warm_start.batch_size, several.seed)[0], 5)
     assert not all(torch.equal(single.policy.state_dict()[n], t) for n, t in model.policy.state_dict().items())
     # The student fits the members' mean for its own epochs, from the stage's model as it was built.
@@ -229,7 +229,7 @@ def test_the_warm_start_imitates_its_ensemble_s_mean_and_the_stage_goes_on_as_wi
     assert {e["teacher"] for e in progress if "member" in e} == {members_are}
 
 
-def test_one_ensemble_teaches_every_agent_of_a_night_on_any_threads(week, cfg, monkeypatch):
+def test_one_ensemble_teaches_every_agent_of_a_night_on_any_threads(week_site, cfg, monkeypatch):
     """SAC's stage imitates the members (on every core); PPO's and A2C's (one torch thread) distil the same ones."""
     import torch
     from structlog.testing import capture_logs
@@ -240,16 +240,16 @@ def test_one_ensemble_teaches_every_agent_of_a_night_on_any_threads(week, cfg, m
     monkeypatch.setattr(imitation, "_DISTILLED", {})
     several = cfg.model_copy(update={"warm_start": cfg.warm_start.model_copy(update={
         "epochs": 2, "ensemble": 2, "student_epochs": 2, "teacher": "sac"})})
-    env = make_sb3_env(several, week, "train", several.seed)
+    env = make_sb3_env(several, week_site, "train", several.seed)
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
         with capture_logs() as first:
-            sac = warm_start(several, week, "sac", build_model(several, "sac", env, "cpu", several.seed, 1000))
+            sac = warm_start(several, week_site, "sac", build_model(several, "sac", env, "cpu", several.seed, 1000))
         torch.set_num_threads(1)
         with capture_logs() as second:
-            ppo = warm_start(several, week, "ppo", build_model(several, "ppo", env, "cpu", several.seed, 1000))
-            a2c = warm_start(several, week, "a2c", build_model(several, "a2c", env, "cpu", several.seed, 1000))
+            ppo = warm_start(several, week_site, "ppo", build_model(several, "ppo", env, "cpu", several.seed, 1000))
+            a2c = warm_start(several, week_site, "a2c", build_model(several, "a2c", env, "cpu", several.seed, 1000))
     finally:
         torch.set_num_threads(threads)
     # The same members (their fit's errors too) and their labels: imitated once, by SAC's stage.
@@ -263,14 +263,14 @@ def test_one_ensemble_teaches_every_agent_of_a_night_on_any_threads(week, cfg, m
     assert any("the same imitation as an earlier stage's" in e["event"] for e in second)
 
 
-def test_the_ensemble_s_labels_are_its_mean_action_where_it_goes_in_closed_loop(week, cfg, monkeypatch):
+def test_the_ensemble_s_labels_are_its_mean_action_where_it_goes_in_closed_loop(week_site, cfg, monkeypatch):
     from trainer.learn import imitation
 
     monkeypatch.setattr(imitation, "_DISTILLED", {})
-    env = make_sb3_env(cfg, week, "train", cfg.seed)
+    env = make_sb3_env(cfg, week_site, "train", cfg.seed)
     members = [build_model(cfg, "ppo", env, "cpu", seed, 1000).policy for seed in (1, 2)]
-    demos = demonstrations(cfg, week, cfg.seed)
-    labelled = imitation._ensemble_labels(cfg, week, members, demos, None)
+    demos = demonstrations(cfg, week_site, cfg.seed)
+    labelled = imitation._ensemble_labels(cfg, week_site, members, demos, None)
     steps = len(demos.actions)
     assert labelled.periods == (steps, steps) and labelled.period_steps == steps
 
@@ -283,7 +283,7 @@ def test_the_ensemble_s_labels_are_its_mean_action_where_it_goes_in_closed_loop(
     ours = labelled.observations[steps:]
     assert ours.shape == demos.observations.shape and not np.array_equal(ours, demos.observations)
     np.testing.assert_allclose(labelled.actions[steps:], mean(ours), atol=1e-6)
-    replay = make_sb3_env(cfg, week, "eval", cfg.seed)
+    replay = make_sb3_env(cfg, week_site, "eval", cfg.seed)
     obs, _ = replay.reset()
     for t in range(3):
         np.testing.assert_allclose(ours[t], obs, atol=1e-6)
@@ -291,4 +291,4 @@ def test_the_ensemble_s_labels_are_its_mean_action_where_it_goes_in_closed_loop(
         assert labelled.rewards[steps + t] == pytest.approx(reward)
     # A second agent's ensemble of the same members is not run again.
     monkeypatch.setattr(imitation, "make_sb3_env", None)
-    assert imitation._ensemble_labels(cfg, week, members, demos, None) is labelled
+    assert imitation._ensemble_labels(cfg, week_site, members, demos, None) is labelled

@@ -13,6 +13,7 @@ from trainer.env import make_citylearn_env, make_sb3_env
 from trainer.metrics import run_episode
 from trainer.optimum import OptimumReplay, solve
 from trainer.optimum_model import BatteryModel, EvSession, OptimumUnavailable, SiteModel, site_model
+from trainer.site import Site
 
 from .conftest import random_ev_curves
 
@@ -73,16 +74,17 @@ def test_the_models_uncontrolled_co2_is_the_baseline(site_schema, v2g_schema, tm
     # The baseline charges each car at full power from arrival in CityLearn's own physics: with random
     # battery curves the best-case relaxation alone drew 1-2 % too little energy.
     schema = site_schema if site == "built-in" else random_ev_curves(v2g_schema, tmp_path / "site")
-    env = make_sb3_env(default_cfg, schema, "eval", 0, eval_days=28)
+    env = make_sb3_env(default_cfg, Site.load(schema), "eval", 0, eval_days=28)
     env.reset()
     model = site_model(env.unwrapped, default_cfg.ev.margin_soc)
-    baseline = run_episode(UncontrolledBaseline(), make_sb3_env(default_cfg, schema, "eval", 0, eval_days=28))
+    baseline = run_episode(UncontrolledBaseline(),
+                           make_sb3_env(default_cfg, Site.load(schema), "eval", 0, eval_days=28))
     assert model.steps == baseline["eval_timesteps"]
     assert model.co2_kg(model.uncontrolled_net_kwh()) == pytest.approx(baseline["co2_kg"], rel=0.001)
 
 
 def test_on_a_v2g_site_the_optimum_feeds_the_site_from_cars_and_its_replay_reaches_it(v2g_schema, default_cfg):
-    env = make_sb3_env(default_cfg, v2g_schema, "eval", 0, eval_days=28)
+    env = make_sb3_env(default_cfg, Site.load(v2g_schema), "eval", 0, eval_days=28)
     env.reset()
     model = site_model(env.unwrapped, default_cfg.ev.margin_soc)
     assert model.sessions and all(s.max_feed_kwh_per_step > 0 for s in model.sessions)
@@ -91,18 +93,19 @@ def test_on_a_v2g_site_the_optimum_feeds_the_site_from_cars_and_its_replay_reach
     # The fleet van arrives in the evening's dirty hours with little to spare: a small but real gain.
     assert solution.co2_kg < charging_only.co2_kg - 0.001 * model.co2_kg(model.uncontrolled_net_kwh())
     assert min(series.min() for series in solution.ev_actions.values()) < -0.5  # the cars really feed the site
-    replay = run_episode(OptimumReplay(solution), make_sb3_env(default_cfg, v2g_schema, "eval", 0, eval_days=28))
+    replay = run_episode(OptimumReplay(solution),
+                         make_sb3_env(default_cfg, Site.load(v2g_schema), "eval", 0, eval_days=28))
     assert replay["co2_kg"] >= solution.co2_kg - 1e-6
     assert replay["co2_kg"] == pytest.approx(solution.co2_kg, rel=0.02)
     assert replay["ev_departure_soc_met_pct"] == 100.0
 
 
-def test_the_replay_reaches_the_bound_and_serves_every_car(site_schema, default_cfg):
-    env = make_sb3_env(default_cfg, site_schema, "eval", 0, eval_days=28)
+def test_the_replay_reaches_the_bound_and_serves_every_car(built_in, default_cfg):
+    env = make_sb3_env(default_cfg, built_in, "eval", 0, eval_days=28)
     env.reset()
     model = site_model(env.unwrapped, default_cfg.ev.margin_soc)
     solution = solve(model)
-    replay = run_episode(OptimumReplay(solution), make_sb3_env(default_cfg, site_schema, "eval", 0, eval_days=28))
+    replay = run_episode(OptimumReplay(solution), make_sb3_env(default_cfg, built_in, "eval", 0, eval_days=28))
     uncontrolled = model.co2_kg(model.uncontrolled_net_kwh())
     assert solution.co2_kg < 0.9 * uncontrolled  # a real cut
     assert replay["co2_kg"] >= solution.co2_kg - 1e-6  # a bound
@@ -111,7 +114,7 @@ def test_the_replay_reaches_the_bound_and_serves_every_car(site_schema, default_
 
 
 def test_the_official_dataset_solves_with_batteries_only(official_schema, default_cfg):
-    env = make_citylearn_env(default_cfg, official_schema, "eval", 0, eval_days=7)
+    env = make_citylearn_env(default_cfg, Site.load(official_schema), "eval", 0, eval_days=7)
     env.reset()
     model = site_model(env, default_cfg.ev.margin_soc)
     assert len(model.batteries) == 17 and not model.sessions
@@ -126,7 +129,7 @@ def test_thermal_storage_is_a_clear_skip(site_schema, tmp_path, default_cfg):
                                    "attributes": {"capacity": 50.0}}
     path = tmp_path / "schema.json"
     path.write_text(json.dumps(schema))
-    env = make_citylearn_env(default_cfg, path, "eval", 0, eval_days=2)
+    env = make_citylearn_env(default_cfg, Site.load(path), "eval", 0, eval_days=2)
     env.reset()
     with pytest.raises(OptimumUnavailable, match="Building_1 has cooling storage"):
         site_model(env, default_cfg.ev.margin_soc)

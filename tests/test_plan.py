@@ -8,6 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from trainer.cli import cli
+from trainer.site import Site
 
 
 def plan(tmp_path, *args: str):
@@ -69,17 +70,17 @@ def test_report_refuses_a_folder_without_results(tmp_path):
         f"error: no results in {tmp_path}: it has no results.json (pass a folder made by trainer train or night)")
 
 
-def test_the_calibration_follows_the_simulator_agents_train_on(site_schema):
+def test_the_calibration_follows_the_simulator_agents_train_on(built_in):
     from trainer.config_files import load_config
     from trainer.night.calibrate import _cache_key
 
-    citylearn = _cache_key(load_config(overrides=["train.simulator=citylearn"]), site_schema, "cpu")
-    simulated = _cache_key(load_config(), site_schema, "cpu")
+    citylearn = _cache_key(load_config(overrides=["train.simulator=citylearn"]), built_in, "cpu")
+    simulated = _cache_key(load_config(), built_in, "cpu")
     assert citylearn != simulated  # speeds measured on one are never used for the other
-    assert _cache_key(load_config(overrides=["seed=7"]), site_schema, "cpu") == simulated  # each seed trains as fast
+    assert _cache_key(load_config(overrides=["seed=7"]), built_in, "cpu") == simulated  # each seed trains as fast
 
 
-def test_calibration_measures_the_environments_the_night_trains_on(site_schema, monkeypatch):
+def test_calibration_measures_the_environments_the_night_trains_on(built_in, monkeypatch):
     import pytest
 
     from trainer.config_files import load_config
@@ -93,14 +94,14 @@ def test_calibration_measures_the_environments_the_night_trains_on(site_schema, 
 
     monkeypatch.setattr(calibrate, "training_vec_env", factory)
     cfg = load_config()  # auto: the built-in site is one the simulator models
-    for measure in (lambda: calibrate._onpolicy_speed(cfg, site_schema, "cpu", "ppo", "vector"),
-                    lambda: calibrate._off_policy_speed(cfg, site_schema, "sac", "cpu", "vector", 16)):
+    for measure in (lambda: calibrate._onpolicy_speed(cfg, built_in, "cpu", "ppo", "vector"),
+                    lambda: calibrate._off_policy_speed(cfg, built_in, "sac", "cpu", "vector", 16)):
         with pytest.raises(RuntimeError, match="measured"):
             measure()
     assert asked == [("vector", 64), ("vector", 16)]
 
 
-def test_sac_on_many_sites_is_costed_per_site(site_schema, monkeypatch, tmp_path):
+def test_sac_on_many_sites_is_costed_per_site(built_in, monkeypatch, tmp_path):
     from trainer.config_files import load_config
     from trainer.night import calibrate
 
@@ -110,11 +111,11 @@ def test_sac_on_many_sites_is_costed_per_site(site_schema, monkeypatch, tmp_path
     monkeypatch.setattr(calibrate, "_eval_speed", lambda cfg, schema: 100.0)
     monkeypatch.setattr(calibrate, "_imitation_speed", lambda cfg, schema, agent, device, simulator: (0.004, "p"))
     cfg = load_config(overrides=[f"output.root={tmp_path}"])
-    speeds = calibrate.calibrate(cfg, site_schema, "cpu", ["sac"], refresh=True)
+    speeds = calibrate.calibrate(cfg, built_in, "cpu", ["sac"], refresh=True)
     assert speeds.imitation_update_s == {"sac": 0.004} and speeds.imitation_policy == {"sac": "p"}  # on by default
     assert speeds.train_steps_per_s["sac"] == pytest.approx(1 / (0.02 / 16 + 1 / 1000))
     on_citylearn = calibrate.calibrate(load_config(overrides=[f"output.root={tmp_path}", "train.simulator=citylearn"]),
-                                       site_schema, "cpu", ["sac"], refresh=True)
+                                       built_in, "cpu", ["sac"], refresh=True)
     assert on_citylearn.train_steps_per_s["sac"] == pytest.approx(1 / (0.02 + 0.5 / 1000))  # learning while stepping
 
 
@@ -137,7 +138,7 @@ def test_a_plan_that_ends_well_before_its_deadline_says_the_budget_is_a_cap():
     assert "ends" not in render(planned, start + timedelta(minutes=35), [], Speeds()).split("planned end")[1]
 
 
-def test_the_plan_counts_each_warm_start_and_the_night_s_demonstrations_once(site_schema, tmp_path):
+def test_the_plan_counts_each_warm_start_and_the_night_s_demonstrations_once(built_in, tmp_path):
     import math
 
     from trainer.config_files import load_config
@@ -154,52 +155,52 @@ def test_the_plan_counts_each_warm_start_and_the_night_s_demonstrations_once(sit
     members, student = 5 * 400 * an_epoch, 1200 * an_epoch
     year = 8759 / 1000.0 * SAFETY + DEMONSTRATION_SOLVE_S
     labels_s = (4 / 1000.0 + 5 * POLICY_CALL_S) * 8759 * SAFETY  # the members' mean action over the four years
-    estimate = warm_start_s(cfg, site_schema, speeds, ["sac", "ppo"])
+    estimate = warm_start_s(cfg, built_in, speeds, ["sac", "ppo"])
     # SAC imitates the members, labels their mean and fits its student; PPO, after it, its student alone.
     assert estimate["sac"] == pytest.approx((members + student) * 0.003 * SAFETY + 4 * year + labels_s)
     assert estimate["ppo"] == pytest.approx(student * 0.001 * SAFETY)
     # PPO first, or alone: it imitates SAC's members at SAC's speed.
     taught_first = members * 0.003 * SAFETY + 4 * year + labels_s
-    assert warm_start_s(cfg, site_schema, speeds, ["ppo", "sac"]) == pytest.approx(
+    assert warm_start_s(cfg, built_in, speeds, ["ppo", "sac"]) == pytest.approx(
         {"ppo": student * 0.001 * SAFETY + taught_first, "sac": student * 0.003 * SAFETY})
     # Each agent its own members: PPO's at its own speed, beside SAC's.
     own = load_config(overrides=[*five, "warm_start.teacher=own"])
-    assert warm_start_s(own, site_schema, speeds, ["sac", "ppo"])["ppo"] == pytest.approx(
+    assert warm_start_s(own, built_in, speeds, ["sac", "ppo"])["ppo"] == pytest.approx(
         (members + student) * 0.001 * SAFETY + labels_s)
     one = load_config(overrides=["warm_start.ensemble=1"])
     single = 400 * an_epoch  # one imitation's minibatches
-    assert warm_start_s(one, site_schema, speeds, ["ppo"])["ppo"] == pytest.approx(single * 0.001 * SAFETY + 4 * year)
+    assert warm_start_s(one, built_in, speeds, ["ppo"])["ppo"] == pytest.approx(single * 0.001 * SAFETY + 4 * year)
     # warm_start.pick_best: the members and the student, one call each a step over the two held-out years; only an
     # agent whose members are its own policy can start from one of them.
     pick_s = 6 * 2 * 8759 * POLICY_CALL_S * SAFETY
     picks = load_config(overrides=[*five, "warm_start.pick_best=true"])
-    assert warm_start_s(picks, site_schema, speeds, ["sac", "ppo"]) == pytest.approx(
+    assert warm_start_s(picks, built_in, speeds, ["sac", "ppo"]) == pytest.approx(
         {"sac": estimate["sac"] + pick_s, "ppo": estimate["ppo"]})
     # Another dataset has its one year; with the warm start off there is nothing to count.
     other = tmp_path / "schema.json"
     other.write_text(json.dumps({"simulation_start_time_step": 0, "simulation_end_time_step": 8759}))
     labels_of_one_year = (1 / 1000.0 + 5 * POLICY_CALL_S) * 8759 * SAFETY
-    assert warm_start_s(cfg, other, speeds, ["ppo"])["ppo"] == pytest.approx(
+    assert warm_start_s(cfg, Site.load(other), speeds, ["ppo"])["ppo"] == pytest.approx(
         student * 0.001 * SAFETY + members * 0.003 * SAFETY + year + labels_of_one_year)
     off = load_config(overrides=["warm_start.epochs=0"])
-    assert warm_start_s(off, site_schema, speeds, ["sac", "ppo"]) == {}
+    assert warm_start_s(off, built_in, speeds, ["sac", "ppo"]) == {}
     # A2C starts from PPO's policy: the night fits that student once, whichever comes first.
     shared = Speeds(eval_steps_per_s=1000.0, train_steps_per_s={},
                     imitation_update_s={"sac": 0.003, "ppo": 0.001, "a2c": 0.002},
                     imitation_policy={"sac": "sac 256x256", "ppo": "256x256", "a2c": "256x256"})
-    assert warm_start_s(cfg, site_schema, shared, ["ppo", "a2c"])["a2c"] == 0.0
-    assert warm_start_s(cfg, site_schema, shared, ["a2c", "ppo"])["ppo"] == 0.0
+    assert warm_start_s(cfg, built_in, shared, ["ppo", "a2c"])["a2c"] == 0.0
+    assert warm_start_s(cfg, built_in, shared, ["a2c", "ppo"])["ppo"] == 0.0
     # With their own members too, the second reuses them: they are the same policy's.
-    assert warm_start_s(own, site_schema, shared, ["ppo", "a2c"])["a2c"] == 0.0
+    assert warm_start_s(own, built_in, shared, ["ppo", "a2c"])["a2c"] == 0.0
     # On Ray each stage is a process of its own: each computes the demonstrations and the members' labels, and
     # loads the imitations an earlier one kept in the run folder (the members, the student of the same policy).
-    apart = warm_start_s(cfg, site_schema, shared, ["ppo", "a2c"], one_process=False)
+    apart = warm_start_s(cfg, built_in, shared, ["ppo", "a2c"], one_process=False)
     assert apart == pytest.approx({"ppo": student * 0.001 * SAFETY + taught_first, "a2c": 4 * year + labels_s})
     shared.imitation_policy = {}  # a calibration from before the digests: each fits its student
-    assert warm_start_s(cfg, site_schema, shared, ["ppo", "a2c"])["a2c"] == pytest.approx(student * 0.002 * SAFETY)
+    assert warm_start_s(cfg, built_in, shared, ["ppo", "a2c"])["a2c"] == pytest.approx(student * 0.002 * SAFETY)
 
 
-def test_a_trained_stage_counts_its_evaluations_after_training(site_schema, tmp_path):
+def test_a_trained_stage_counts_its_evaluations_after_training(built_in, tmp_path):
     # The deployed policy and its warm start over the evaluation, and on the built-in site the confirmation of the
     # pick against the warm start over two held-out years (four more): left out, the last agent of a 20-minute
     # night lost its slot to the overrun.
@@ -208,34 +209,34 @@ def test_a_trained_stage_counts_its_evaluations_after_training(site_schema, tmp_
 
     other = tmp_path / "schema.json"
     other.write_text(json.dumps({"simulation_start_time_step": 0, "simulation_end_time_step": 8759}))
-    assert policy_evaluations(load_config(), site_schema) == 6
-    assert policy_evaluations(load_config(), other) == 2  # no held-out year to confirm over
-    assert policy_evaluations(load_config(overrides=["train.keep_best=false"]), site_schema) == 2
-    assert policy_evaluations(load_config(overrides=["warm_start.epochs=0"]), site_schema) == 1
+    assert policy_evaluations(load_config(), built_in) == 6
+    assert policy_evaluations(load_config(), Site.load(other)) == 2  # no held-out year to confirm over
+    assert policy_evaluations(load_config(overrides=["train.keep_best=false"]), built_in) == 2
+    assert policy_evaluations(load_config(overrides=["warm_start.epochs=0"]), built_in) == 1
 
 
-def test_a_timed_night_runs_the_warm_start_s_ensemble_only_where_it_fits(site_schema, tmp_path):
+def test_a_timed_night_runs_the_warm_start_s_ensemble_only_where_it_fits(built_in, tmp_path):
     from trainer.config_files import load_config
     from trainer.night.calibrate import Speeds
     from trainer.night.plan import ENSEMBLE_SHARE, fit_ensemble, warm_start_s
 
     cfg = load_config()
     speeds = Speeds(eval_steps_per_s=400.0, train_steps_per_s={}, imitation_update_s={"sac": 0.006, "ppo": 0.002})
-    needed = sum(warm_start_s(cfg, site_schema, speeds, ["sac", "ppo"]).values())
+    needed = sum(warm_start_s(cfg, built_in, speeds, ["sac", "ppo"]).values())
     # Untimed, or with time to spare: as configured.
-    assert fit_ensemble(cfg, site_schema, speeds, ["sac", "ppo"], None) == (cfg, None)
-    assert fit_ensemble(cfg, site_schema, speeds, ["sac", "ppo"], needed / ENSEMBLE_SHARE) == (cfg, None)
+    assert fit_ensemble(cfg, built_in, speeds, ["sac", "ppo"], None) == (cfg, None)
+    assert fit_ensemble(cfg, built_in, speeds, ["sac", "ppo"], needed / ENSEMBLE_SHARE) == (cfg, None)
     # A 20-minute night: one imitation, and the plan says why.
-    fitted, why = fit_ensemble(cfg, site_schema, speeds, ["sac", "ppo"], 1200.0)
+    fitted, why = fit_ensemble(cfg, built_in, speeds, ["sac", "ppo"], 1200.0)
     assert fitted.warm_start.ensemble == 1 and fitted.warm_start.epochs == 400
     members, minutes = cfg.warm_start.ensemble, round(needed / 60)
     assert why == (f"one imitation, not the mean of {members}: with it the warm starts would take ~{minutes} min, "
                    "over 25% of the night's 20 min (a longer night runs it)")
     one = load_config(overrides=["warm_start.ensemble=1"])
-    assert fit_ensemble(one, site_schema, speeds, ["sac"], 60.0) == (one, None)
+    assert fit_ensemble(one, built_in, speeds, ["sac"], 60.0) == (one, None)
 
 
-def test_the_night_runs_and_records_the_ensemble_its_time_affords(site_schema, tmp_path):
+def test_the_night_runs_and_records_the_ensemble_its_time_affords(built_in, tmp_path):
     from datetime import datetime, timedelta
 
     from trainer.config_files import load_config
@@ -246,7 +247,7 @@ def test_the_night_runs_and_records_the_ensemble_its_time_affords(site_schema, t
 
     run = RunDir(tmp_path / "run")
     run.create(load_config(), ["trainer", "night"], "cpu")
-    ctx = RunContext(load_config(), run, site_schema, "cpu")
+    ctx = RunContext(load_config(), run, built_in, "cpu")
     speeds = Speeds(eval_steps_per_s=400.0, train_steps_per_s={}, imitation_update_s={"sac": 0.006})
     now = datetime(2026, 11, 26, 22, 0)
     fitted, notes = _fit_warm_start(ctx, speeds, ["sac"], now + timedelta(minutes=20), now, True)

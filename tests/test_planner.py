@@ -16,6 +16,7 @@ from trainer.metrics import run_episode
 from trainer.optimum import OptimumReplay, solve
 from trainer.optimum_model import SiteModel
 from trainer.planner import HORIZON_STEPS, DayAheadPlanner, Forecast, PlannerUnavailable, day_ahead_planner
+from trainer.site import Site
 
 
 def test_the_forecast_starts_at_what_is_seen_and_fades_to_the_mean_year():
@@ -30,7 +31,7 @@ def test_the_forecast_starts_at_what_is_seen_and_fades_to_the_mean_year():
 
 
 def _planner_and_env(cfg, schema, days):
-    env = make_sb3_env(cfg, schema, "eval", 0, eval_days=days)
+    env = make_sb3_env(cfg, Site.load(schema), "eval", 0, eval_days=days)
     env.reset()
     planner = day_ahead_planner(cfg, env.unwrapped)
     return planner, env, planner.model
@@ -51,11 +52,11 @@ def test_the_planner_reads_no_hour_after_the_present(default_cfg, site_schema):
     env.close()
 
 
-def test_the_planner_serves_every_car_and_cuts_co2_no_further_than_the_optimum(default_cfg, site_schema):
+def test_the_planner_serves_every_car_and_cuts_co2_no_further_than_the_optimum(default_cfg, site_schema, built_in):
     planner, env, model = _planner_and_env(default_cfg, site_schema, 4)
     result = run_episode(planner, env)
-    baseline = run_episode(UncontrolledBaseline(), make_sb3_env(default_cfg, site_schema, "eval", 0, eval_days=4))
-    optimum = run_episode(OptimumReplay(solve(model)), make_sb3_env(default_cfg, site_schema, "eval", 0, eval_days=4))
+    baseline = run_episode(UncontrolledBaseline(), make_sb3_env(default_cfg, built_in, "eval", 0, eval_days=4))
+    optimum = run_episode(OptimumReplay(solve(model)), make_sb3_env(default_cfg, built_in, "eval", 0, eval_days=4))
     assert result["ev_departure_soc_met_pct"] == 100.0
     assert optimum["co2_kg"] * 0.999 <= result["co2_kg"] < baseline["co2_kg"]
     assert HORIZON_STEPS == 24
@@ -63,7 +64,7 @@ def test_the_planner_serves_every_car_and_cuts_co2_no_further_than_the_optimum(d
 
 def test_the_planner_is_skipped_with_its_reason_on_a_dataset_without_other_years(tmp_path, official_schema,
                                                                                   default_cfg):
-    env = make_sb3_env(default_cfg, official_schema, "eval", 0, eval_days=1)
+    env = make_sb3_env(default_cfg, Site.load(official_schema), "eval", 0, eval_days=1)
     env.reset()
     with pytest.raises(PlannerUnavailable, match="other years of the built-in site; this dataset has none"):
         day_ahead_planner(default_cfg, env.unwrapped)

@@ -17,6 +17,7 @@ from trainer.learn.trainer import StageTrainer, TrainingInterrupted
 from trainer.run_dir import RunDir
 from trainer.session import RunContext
 from trainer.signals import STOP
+from trainer.site import Site
 
 from .conftest import tiny_overrides
 
@@ -54,7 +55,7 @@ def context(tmp_path, name, schema, agent, extra=()):
         "scenario.train_episode_days=1", f"{agent}.checkpoint_freq_steps={EPISODE}",
         "sac.learning_starts=20", f"ppo.n_steps={EPISODE}", "ppo.batch_size=23", "a2c.n_steps=23",
         "ppo.n_envs=1", "a2c.n_envs=1", "sac.n_envs=1", *extra))
-    return RunContext(cfg, RunDir(tmp_path / name), schema, "cpu")
+    return RunContext(cfg, RunDir(tmp_path / name), Site.load(schema), "cpu")
 
 
 def params(model) -> dict[str, torch.Tensor]:

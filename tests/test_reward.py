@@ -11,6 +11,7 @@ from trainer.env import ActionScale, make_sb3_env
 from trainer.optimum import OptimumReplay, solve
 from trainer.optimum_model import site_model
 from trainer.reward import SiteScale, kwh_value, reward_terms, weighted_reward
+from trainer.site import Site
 
 SCALE = SiteScale(scale_kw=100.0, carbon_max=0.5, price_max=0.4)
 WEIGHTS = {"co2": 0.5, "cost": 0.15, "ev": 2.0, "grid": 0.05, "solar": 0.2}
@@ -72,7 +73,7 @@ def _score(cfg, schema, controller) -> tuple[float, dict[str, float], float]:
     """(episode reward, per-term sums, unmet kWh at departures) over the first ``DAYS``."""
     from trainer.metrics import run_episode
 
-    env = make_sb3_env(cfg, schema, "eval", cfg.seed, eval_days=DAYS)
+    env = make_sb3_env(cfg, Site.load(schema), "eval", cfg.seed, eval_days=DAYS)
     reward = env.unwrapped.reward_function
     totals = {"reward": 0.0}
     terms: dict[str, float] = {}
@@ -92,10 +93,10 @@ def _score(cfg, schema, controller) -> tuple[float, dict[str, float], float]:
 
 
 @pytest.fixture(scope="module")
-def year_scores(site_schema):
+def year_scores(site_schema, built_in):
     """Four-week scores of five fixed policies with the guard off (the reward alone judges them)."""
     cfg = load_config(overrides=["ev.guard=false"])
-    env = make_sb3_env(cfg, site_schema, "eval", cfg.seed, eval_days=DAYS)
+    env = make_sb3_env(cfg, built_in, "eval", cfg.seed, eval_days=DAYS)
     env.reset()
     solution = solve(site_model(env.unwrapped, cfg.ev.margin_soc))
     env.close()
@@ -128,11 +129,11 @@ def test_the_ev_term_adds_up_to_the_final_shortfall(year_scores):
         assert scores[name][1]["ev"] == 0.0 and scores[name][2] == 0.0
 
 
-def test_the_storage_credit_telescopes_to_the_change_in_stored_energy(site_schema):
+def test_the_storage_credit_telescopes_to_the_change_in_stored_energy(built_in):
     """Potential-based shaping adds gamma x potential(after) - potential(before) and nothing else."""
-    plain = make_sb3_env(load_config(overrides=["reward.storage=0"]), site_schema, "eval", 0, eval_days=5)
+    plain = make_sb3_env(load_config(overrides=["reward.storage=0"]), built_in, "eval", 0, eval_days=5)
     cfg = load_config(overrides=["reward.storage=2", "reward.storage_gamma=1"])
-    shaped = make_sb3_env(cfg, site_schema, "eval", 0, eval_days=5)
+    shaped = make_sb3_env(cfg, built_in, "eval", 0, eval_days=5)
     plain.reset()
     shaped.reset()
     credit = shaped.unwrapped.reward_function.stored

@@ -32,11 +32,11 @@ def new_process(monkeypatch):
     return forget
 
 
-def _stage(cfg, week, saved):
+def _stage(cfg, week_site, saved):
     """One PPO stage's warm start, as a night's process runs it: its model, its summary and its log."""
-    model = build_model(cfg, "ppo", make_sb3_env(cfg, week, "train", cfg.seed), "cpu", cfg.seed, 1000)
+    model = build_model(cfg, "ppo", make_sb3_env(cfg, week_site, "train", cfg.seed), "cpu", cfg.seed, 1000)
     with capture_logs() as logged:
-        summary = warm_start(cfg, week, "ppo", model, saved=saved)
+        summary = warm_start(cfg, week_site, "ppo", model, saved=saved)
     return model, summary, logged
 
 
@@ -44,21 +44,22 @@ def _reused(logged) -> list[bool]:
     return [e["reused"] for e in logged if "member" in e]
 
 
-def _first_member_key(cfg, week) -> str:
+def _first_member_key(cfg, week_site) -> str:
     """The key the first member's imitation is kept under: SAC's policy from the night's seed."""
-    member = build_model(cfg, "sac", make_sb3_env(cfg, week, "train", cfg.seed), "cpu", cfg.seed, 1 << 30)
+    member = build_model(cfg, "sac", make_sb3_env(cfg, week_site, "train", cfg.seed), "cpu", cfg.seed, 1 << 30)
     fit = (cfg.warm_start.epochs, cfg.warm_start.learning_rate, cfg.warm_start.batch_size)
-    return imitation_key(member, demonstrations(cfg, week, cfg.seed), *fit, cfg.seed, machine=False)
+    return imitation_key(member, demonstrations(cfg, week_site, cfg.seed), *fit, cfg.seed, machine=False)
 
 
-def test_another_process_of_the_night_loads_the_members_and_the_student_to_the_bit(week, cfg, new_process, tmp_path):
+def test_another_process_of_the_night_loads_the_members_and_the_student_to_the_bit(week_site, cfg, new_process,
+                                                                                   tmp_path):
     saved = SavedImitations(tmp_path / "imitations")
-    first, summary, logged = _stage(cfg, week, saved)
+    first, summary, logged = _stage(cfg, week_site, saved)
     assert _reused(logged) == [False, False]
     assert len(list(saved.folder.glob("*.pt"))) == 3  # two SAC members and PPO's student
 
     new_process()
-    second, again, logged = _stage(cfg, week, saved)
+    second, again, logged = _stage(cfg, week_site, saved)
     assert _reused(logged) == [True, True]
     assert any("the same imitation as an earlier stage's" in e["event"] for e in logged)  # the student
     assert again["ensemble"]["members_actor_mse"] == summary["ensemble"]["members_actor_mse"]
@@ -67,14 +68,14 @@ def test_another_process_of_the_night_loads_the_members_and_the_student_to_the_b
         assert torch.equal(second.policy.state_dict()[name], weights), name
 
 
-def test_a_damaged_imitation_is_set_aside_and_imitated_again(week, cfg, new_process, tmp_path):
+def test_a_damaged_imitation_is_set_aside_and_imitated_again(week_site, cfg, new_process, tmp_path):
     saved = SavedImitations(tmp_path / "imitations")
-    _, summary, _ = _stage(cfg, week, saved)
-    first = saved.path(_first_member_key(cfg, week))
+    _, summary, _ = _stage(cfg, week_site, saved)
+    first = saved.path(_first_member_key(cfg, week_site))
     first.write_bytes(b"half a file")  # a disk that filled up mid-write, a bad copy
 
     new_process()
-    _, again, logged = _stage(cfg, week, saved)
+    _, again, logged = _stage(cfg, week_site, saved)
     warned = [e for e in logged if e["event"].startswith("a saved imitation is unreadable")]
     assert len(warned) == 1 and warned[0]["path"] == str(first)
     assert first.with_suffix(".damaged").read_bytes() == b"half a file"
@@ -83,7 +84,7 @@ def test_a_damaged_imitation_is_set_aside_and_imitated_again(week, cfg, new_proc
     assert again["ensemble"]["members_actor_mse"] == summary["ensemble"]["members_actor_mse"]
 
 
-def test_a_member_another_stage_is_imitating_is_left_to_it_until_the_others_are_done(week, cfg, new_process,
+def test_a_member_another_stage_is_imitating_is_left_to_it_until_the_others_are_done(week_site, cfg, new_process,
                                                                                       tmp_path, monkeypatch):
     busy_first = []
 
@@ -96,13 +97,13 @@ def test_a_member_another_stage_is_imitating_is_left_to_it_until_the_others_are_
                 return True
             return super().busy(key)
 
-    member_one = _first_member_key(cfg, week)
-    _, summary, logged = _stage(cfg, week, BesideAnotherStage(tmp_path / "imitations"))
+    member_one = _first_member_key(cfg, week_site)
+    _, summary, logged = _stage(cfg, week_site, BesideAnotherStage(tmp_path / "imitations"))
     assert busy_first == [member_one]
     assert [e["member"] for e in logged if "member" in e] == ["2/2", "1/2"]
     # Recorded in the members' order all the same.
     new_process()
-    _, alone, _ = _stage(cfg, week, SavedImitations(tmp_path / "alone"))
+    _, alone, _ = _stage(cfg, week_site, SavedImitations(tmp_path / "alone"))
     assert summary["ensemble"]["members_actor_mse"] == alone["ensemble"]["members_actor_mse"]
 
 

@@ -78,9 +78,9 @@ def test_same_config_gives_same_bytes_and_seed_changes_them(tmp_path, default_cf
     assert (third / "weather.csv").read_bytes() != (first / "weather.csv").read_bytes()
 
 
-def test_citylearn_energy_balance_holds(site_schema, default_cfg):
+def test_citylearn_energy_balance_holds(built_in, default_cfg):
     """net = load - PV + battery + EV charging, for arbitrary actions."""
-    env = make_citylearn_env(default_cfg, site_schema, "eval", seed=0, eval_days=3)
+    env = make_citylearn_env(default_cfg, built_in, "eval", seed=0, eval_days=3)
     env.reset()
     rng = np.random.default_rng(0)
     steps = 60

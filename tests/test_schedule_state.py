@@ -15,6 +15,7 @@ from trainer.night.budget import StageSpec, allocate
 from trainer.night.state import Night, StageEvent, StageJob, StageOutcome, drive, plan
 from trainer.run_dir import RunDir
 from trainer.schedule_file import DONE, FAILED, PENDING, RUNNING, SKIPPED, ScheduleState, StageRecord
+from trainer.site import SCHEMA, Site
 
 START = datetime(2026, 11, 22, 22, 0, 0)
 # Targets far beyond an hour's training, so timed runs end by their slots.
@@ -98,7 +99,8 @@ def new_state(tmp_path, deadline: datetime | None, clock: Clock, runner=None) ->
 
 def run(state: ScheduleState, executor: FakeExecutor, clock: Clock) -> ScheduleState:
     """The night's driver on the fake backend: the stages, then the report."""
-    ctx = SimpleNamespace(run=RunDir(state.path.parent), schema=state.path.parent / "schema.json")
+    folder = state.path.parent
+    ctx = SimpleNamespace(run=RunDir(folder), site=Site(SCHEMA, folder / "schema.json", None, {}))
     drive([Night(ctx, state, SPECS, report=executor.report)], executor, clock)
     return state
 
@@ -212,7 +214,7 @@ def test_a_warm_start_runs_inside_its_stage_s_slot_and_later_ones_keep_theirs(tm
     runner = WarmStarting(clock)
     state = ScheduleState.new(tmp_path / "schedule.json", STAGES, clock(), deadline)
     plan(state, specs_with_setup, clock())
-    ctx = SimpleNamespace(run=RunDir(tmp_path), schema=tmp_path / "schema.json")
+    ctx = SimpleNamespace(run=RunDir(tmp_path), site=Site(SCHEMA, tmp_path / "schema.json", None, {}))
     drive([Night(ctx, state, specs_with_setup, report=runner.report)], runner, clock)
     assert [s.status for s in state.stages] == [DONE] * 6 and clock() <= deadline
     # 3600 s - 5 evaluations x 60 s - 30 s report - 3 warm starts x 120 s = 2910 s of training, split 2:1:1;

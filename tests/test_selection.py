@@ -10,6 +10,7 @@ from click.testing import CliRunner
 from trainer.cli import cli
 from trainer.learn.selection import BestPolicy, Candidate
 from trainer.run_dir import AgentDir
+from trainer.site import SCHEMA, Site
 
 from .conftest import tiny_overrides
 
@@ -20,6 +21,11 @@ class FakeModel:
 
     def save(self, path: str) -> None:
         Path(path).write_text(self.name)
+
+
+def _unread(tmp_path):
+    """A site whose schema these tests never read (the selection's figures are stubbed)."""
+    return Site(SCHEMA, tmp_path / "schema.json", None, {})
 
 
 def test_the_ev_target_comes_first_then_co2_and_ties_keep_the_earlier(tmp_path):
@@ -88,21 +94,22 @@ def test_without_keep_best_the_last_policy_is_deployed(tmp_path):
     assert ppo["warm_start"]["co2_kg"] != ppo["co2_kg"]
 
 
-def test_a_damaged_validation_site_is_named_with_the_fix(tmp_path, site_schema, tiny_cfg):
+def test_a_damaged_validation_site_is_named_with_the_fix(tmp_path, built_in, tiny_cfg):
     import pytest
 
     from trainer.files import DamagedFile
-    from trainer.learn.selection import validation_schema
+    from trainer.learn.selection import validation_site
     from trainer.run_dir import RunDir
     from trainer.session import RunContext
 
-    ctx = RunContext(tiny_cfg, RunDir(tmp_path / "run"), site_schema, "cpu")
-    schema, held_out = validation_schema(ctx)
+    ctx = RunContext(tiny_cfg, RunDir(tmp_path / "run"), built_in, "cpu")
+    site, held_out = validation_site(ctx)
+    schema = site.schema
     assert held_out and schema == tmp_path / "run" / "validation-site" / "schema.json" and schema.is_file()
-    assert validation_schema(ctx) == (schema, True)  # built once
+    assert (validation_site(ctx)[0].schema, validation_site(ctx)[1]) == (schema, True)  # built once
     schema.unlink()
     with pytest.raises(DamagedFile, match=r"validation-site holds no schema.json .*delete the folder"):
-        validation_schema(ctx)
+        validation_site(ctx)
     assert not list((tmp_path / "run").glob(".validation-site-*"))  # nothing left aside
 
 
@@ -127,7 +134,7 @@ def test_a_policy_must_beat_its_warm_start_over_two_held_out_years_too(monkeypat
     monkeypatch.setattr(selection, "run_episode", lambda model, env: dict(
         zip(("co2_kg_per_year", "ev_departure_soc_met_pct"), year[model.name, env.year])))
     cfg = tiny_cfg.model_copy(update={"schedule": tiny_cfg.schedule.model_copy(update={"eval_days": None})})
-    ctx = RunContext(cfg, RunDir(tmp_path / "run"), tmp_path / "schema.json", "cpu")
+    ctx = RunContext(cfg, RunDir(tmp_path / "run"), _unread(tmp_path), "cpu")
     kept = {"step": 4000, "final_step": 9000, "why": "a later policy was worse on the validation window",
             "held_out": True, "validation_co2_kg_per_year": 44_210.4}
     chosen, warm = FakeModel("step 4000"), FakeModel("warm start")
@@ -164,27 +171,27 @@ def test_a_policy_must_beat_its_warm_start_over_two_held_out_years_too(monkeypat
     assert summary["why"].endswith("and it beat its warm start over the 2 whole held-out years together by more "
                                    "than 0.05% (44.30 against 44.48 t/yr; 44.15 against 44.10 t/yr)")
     # A short evaluation (--quick) confirms over as many days of each year, and says so.
-    ctx = RunContext(tiny_cfg, RunDir(tmp_path / "run"), tmp_path / "schema.json", "cpu")
+    ctx = RunContext(tiny_cfg, RunDir(tmp_path / "run"), _unread(tmp_path), "cpu")
     assert "over the first 3 days of the 2 held-out years together by more than 0.05%" in confirm()[1]["why"]
 
 
-def test_the_held_out_years_are_two_draws_built_once_and_none_on_a_dataset(tiny_cfg, site_schema, tmp_path):
+def test_the_held_out_years_are_two_draws_built_once_and_none_on_a_dataset(tiny_cfg, site_schema, built_in, tmp_path):
     from trainer.learn.selection import held_out_years
     from trainer.run_dir import RunDir
     from trainer.session import RunContext
 
-    ctx = RunContext(tiny_cfg, RunDir(tmp_path / "run"), site_schema, "cpu")
-    years = held_out_years(ctx)
+    ctx = RunContext(tiny_cfg, RunDir(tmp_path / "run"), built_in, "cpu")
+    years = [year.schema for year in held_out_years(ctx)]
     assert years == [tmp_path / "run" / "validation-site" / "schema.json",
                      tmp_path / "run" / "validation-site-2" / "schema.json"]
     seeds = [json.loads(y.read_text())["pvbess_site"]["seed"] for y in years]
     own = json.loads(site_schema.read_text())["pvbess_site"]["seed"]
     assert seeds == [own + 1000, own + 1001]
-    assert held_out_years(ctx) == years  # built once
+    assert [year.schema for year in held_out_years(ctx)] == years  # built once
     other = tmp_path / "dataset" / "schema.json"
     other.parent.mkdir()
     other.write_text(json.dumps({"simulation_start_time_step": 0, "simulation_end_time_step": 8759}))
-    assert held_out_years(RunContext(tiny_cfg, RunDir(tmp_path / "run2"), other, "cpu")) == []
+    assert held_out_years(RunContext(tiny_cfg, RunDir(tmp_path / "run2"), Site.load(other), "cpu")) == []
 
 
 def test_an_unreadable_warm_start_leaves_the_window_s_pick_deployed(monkeypatch, tiny_cfg, tmp_path):
@@ -195,7 +202,7 @@ def test_an_unreadable_warm_start_leaves_the_window_s_pick_deployed(monkeypatch,
     from trainer.run_dir import RunDir
     from trainer.session import RunContext
 
-    ctx = RunContext(tiny_cfg, RunDir(tmp_path / "run"), tmp_path / "schema.json", "cpu")
+    ctx = RunContext(tiny_cfg, RunDir(tmp_path / "run"), _unread(tmp_path), "cpu")
     folder = ctx.run.agent("sac")
     folder.root.mkdir(parents=True)
     folder.warm_start.write_text("not a model")
@@ -210,7 +217,7 @@ def test_an_unreadable_warm_start_leaves_the_window_s_pick_deployed(monkeypatch,
     def confirm(*args, **kwargs):
         raise AssertionError("nothing to confirm against")
 
-    monkeypatch.setattr(stages, "validation_schema", lambda ctx: (tmp_path / "schema.json", True))
+    monkeypatch.setattr(stages, "validation_site", lambda ctx: (tmp_path / "schema.json", True))
     monkeypatch.setattr(stages, "load_model", load)
     monkeypatch.setattr(stages, "confirm_over_the_years", confirm)
     model, kept = stages._best_policy(ctx, "sac", SimpleNamespace(best=best), SimpleNamespace(num_timesteps=9000))
@@ -223,7 +230,7 @@ def test_an_unreadable_warm_start_leaves_the_report_without_its_comparison(monke
     from trainer.run_dir import RunDir
     from trainer.session import RunContext
 
-    ctx = RunContext(tiny_cfg, RunDir(tmp_path / "run"), tmp_path / "schema.json", "cpu")
+    ctx = RunContext(tiny_cfg, RunDir(tmp_path / "run"), _unread(tmp_path), "cpu")
     folder = ctx.run.agent("sac")
     folder.root.mkdir(parents=True)
     folder.warm_start.write_text("not a model")
@@ -239,7 +246,7 @@ def test_an_unreadable_warm_start_leaves_the_report_without_its_comparison(monke
     assert stages._evaluate_warm_start(ctx, "sac") == {"unreadable": f"{folder.warm_start} is not an SB3 model.zip"}
 
 
-def test_a_stage_its_time_slot_ends_offers_its_last_policy_too(monkeypatch, site_schema, tmp_path):
+def test_a_stage_its_time_slot_ends_offers_its_last_policy_too(monkeypatch, built_in, tmp_path):
     """The slot ends mid-rollout: the policy of the last checkpoint is evaluated and can be deployed."""
     from types import SimpleNamespace
 
@@ -257,7 +264,7 @@ def test_a_stage_its_time_slot_ends_offers_its_last_policy_too(monkeypatch, site
 
     monkeypatch.setattr(guard, "time", SimpleNamespace(monotonic=monotonic))
     cfg = load_config(overrides=tiny_overrides("schedule.curve_every_steps=1000000", "ppo.n_envs=4"))
-    metrics = train_agent(RunContext(cfg, RunDir(tmp_path / "run"), site_schema, "cpu"), "ppo", 10_000,
+    metrics = train_agent(RunContext(cfg, RunDir(tmp_path / "run"), built_in, "cpu"), "ppo", 10_000,
                           time_limit_s=1e9)
     assert metrics["ended_by"] == "time slot" and metrics["timesteps"] == 9 * 128  # nine whole rollouts
     curve = (tmp_path / "run" / "ppo" / "eval_curve.csv").read_text().splitlines()

@@ -17,6 +17,7 @@ from trainer.env import make_citylearn_env
 from trainer.sim.battery import curve_at
 from trainer.sim.parity import POLICIES, TOLERANCE, ParityCheck
 from trainer.sim.site import SiteTables, Unsupported, VectorSite
+from trainer.site import Site
 
 from .conftest import variant
 
@@ -66,7 +67,7 @@ def short_sites(site_schema, tmp_path_factory):
 
 @pytest.mark.parametrize("site", ["built-in", "v2g", "two buildings"])
 def test_every_policy_gives_citylearn_s_observations_and_net_consumption(site, short_sites, cfg):
-    check = ParityCheck(cfg, short_sites[site])
+    check = ParityCheck(cfg, Site.load(short_sites[site]))
     for policy in POLICIES:
         result = check.run(policy)
         assert result.ok, f"{site}, {policy}: {result.line()}"
@@ -75,7 +76,7 @@ def test_every_policy_gives_citylearn_s_observations_and_net_consumption(site, s
 
 
 def test_v2g_cars_discharge_and_the_variant_exercises_its_limits(short_sites, cfg):
-    check = ParityCheck(cfg, short_sites["v2g"])
+    check = ParityCheck(cfg, Site.load(short_sites["v2g"]))
     sim = VectorSite(check.tables, 2)
     sim.reset(np.ones(2, dtype=bool), np.zeros(2, dtype=int))
     tables = check.tables
@@ -90,13 +91,13 @@ def test_v2g_cars_discharge_and_the_variant_exercises_its_limits(short_sites, cf
 
 
 @pytest.mark.slow
-def test_the_optimum_s_whole_year_on_the_built_in_site(site_schema, cfg):
-    result = ParityCheck(cfg, site_schema).run("optimum")
+def test_the_optimum_s_whole_year_on_the_built_in_site(built_in, cfg):
+    result = ParityCheck(cfg, built_in).run("optimum")
     assert result.ok and result.steps == 8759, result.line()
 
 
 def test_the_official_dataset_s_seventeen_buildings(official_schema, tmp_path, cfg):
-    check = ParityCheck(cfg, variant(official_schema, tmp_path, steps=7 * 24))
+    check = ParityCheck(cfg, Site.load(variant(official_schema, tmp_path, steps=7 * 24)))
     assert check.tables.n_buildings == 17
     for policy in ("random", "extreme"):
         result = check.run(policy)
@@ -104,7 +105,7 @@ def test_the_official_dataset_s_seventeen_buildings(official_schema, tmp_path, c
 
 
 def test_many_environments_in_their_own_windows_step_as_one_each(short_sites, cfg):
-    env = make_citylearn_env(cfg, short_sites["built-in"], "eval", 0)
+    env = make_citylearn_env(cfg, Site.load(short_sites["built-in"]), "eval", 0)
     tables = SiteTables.read(env)
     starts = np.asarray([0, 30, 100])
     sim = VectorSite(tables, 3)
@@ -128,7 +129,7 @@ def _thermal(data: dict) -> None:
 
 
 def test_a_thermal_storage_action_is_refused_with_the_reason(site_schema, tmp_path, cfg):
-    env = make_citylearn_env(cfg, variant(site_schema, tmp_path, _thermal, steps=48), "eval", 0)
+    env = make_citylearn_env(cfg, Site.load(variant(site_schema, tmp_path, _thermal, steps=48)), "eval", 0)
     with pytest.raises(Unsupported, match="actions the simulator does not model: dhw_storage"):
         SiteTables.read(env)
 

@@ -8,6 +8,7 @@ import pytest
 from trainer.config_files import load_config
 from trainer.env import make_sb3_env
 from trainer.sim.vec_env import SimVecEnv
+from trainer.site import Site
 
 from .conftest import drop_ev_curves
 from .test_sim import TWO_WEEKS, _v2g, variant
@@ -23,8 +24,8 @@ def sites(site_schema, tmp_path_factory):
 
 def drive_both(cfg, schema, steps: int, seed: int = 0):
     """The product's CityLearn environment (guard, reward, normalisation) and the simulator, same agent actions."""
-    product = make_sb3_env(cfg, schema, "eval", cfg.seed)
-    sim = SimVecEnv(cfg, schema, 1, cfg.seed)
+    product = make_sb3_env(cfg, Site.load(schema), "eval", cfg.seed)
+    sim = SimVecEnv(cfg, Site.load(schema), 1, cfg.seed)
     expected, _ = product.reset()
     got = sim.reset()[0]
     rng = np.random.default_rng(seed)
@@ -54,13 +55,13 @@ def test_observations_rewards_and_the_guard_are_the_product_s(site, overrides, s
 
 def test_the_built_in_site_takes_the_closed_forms_and_the_v2g_variant_the_steps(sites):
     cfg = load_config()
-    assert SimVecEnv(cfg, sites["built-in"], 1, 0).linear
-    assert not SimVecEnv(cfg, sites["v2g"], 1, 0).linear
+    assert SimVecEnv(cfg, Site.load(sites["built-in"]), 1, 0).linear
+    assert not SimVecEnv(cfg, Site.load(sites["v2g"]), 1, 0).linear
 
 
 def test_auto_reset_windows_and_the_episode_cursor(sites):
     cfg = load_config()
-    env = SimVecEnv(cfg, sites["built-in"], 3, seed=7, episode_steps=24)
+    env = SimVecEnv(cfg, Site.load(sites["built-in"]), 3, seed=7, episode_steps=24)
     first = env.reset()
     assert first.shape == (3, env.observation_space.shape[0]) and env.episode_index() == [0, 0, 0]
     starts = [int(s) for s in env.site.start]
@@ -76,7 +77,7 @@ def test_auto_reset_windows_and_the_episode_cursor(sites):
     assert all(info["TimeLimit.truncated"] for info in infos)  # a window's end is a time limit: SB3 bootstraps
     assert infos[0]["episode"]["l"] == 23 and np.isfinite(infos[0]["episode"]["r"])
     # windows are a function of the seed, the environment and the episode: a resumed cursor walks the same ones
-    again = SimVecEnv(cfg, sites["built-in"], 3, seed=7, episode_steps=24)
+    again = SimVecEnv(cfg, Site.load(sites["built-in"]), 3, seed=7, episode_steps=24)
     again.env_method("set_next_episode", 1, indices=[0, 1, 2])
     again.reset()
     assert [int(s) for s in again.site.start] == [int(s) for s in env.site.start]
@@ -91,8 +92,9 @@ def test_train_simulator_vector_refuses_a_dataset_it_cannot_model_and_auto_falls
 
     schema = variant(site_schema, tmp_path, _thermal, steps=48)
     with pytest.raises(UsageError, match="train.simulator is vector, but .* dhw_storage"):
-        training_vec_env(load_config(overrides=["train.simulator=vector"]), schema, 1, subprocesses=False)
-    env, simulator = training_vec_env(load_config(overrides=["train.simulator=auto"]), schema, 1, subprocesses=False)
+        training_vec_env(load_config(overrides=["train.simulator=vector"]), Site.load(schema), 1, subprocesses=False)
+    env, simulator = training_vec_env(load_config(overrides=["train.simulator=auto"]), Site.load(schema), 1,
+                                      subprocesses=False)
     try:
         assert simulator == "citylearn"
     finally:
@@ -105,13 +107,13 @@ def test_the_site_is_read_once_into_the_cache_and_a_damaged_file_is_read_again(s
     monkeypatch.setenv("PVBESS_CACHE", str(tmp_path))
     monkeypatch.setattr(vec_env, "_TABLES", {})  # an earlier test in this process may hold the site already
     cfg = load_config()
-    first = SimVecEnv(cfg, sites["v2g"], 1, 0)
+    first = SimVecEnv(cfg, Site.load(sites["v2g"]), 1, 0)
     files = list((tmp_path / "pvbess-trainer" / "sim").glob("*.npz"))
     assert len(files) == 1
     vec_env._TABLES.clear()  # another process: only the disk is left
     reads = []
     monkeypatch.setattr(cache.SiteTables, "read", lambda env: reads.append(env) or pytest.fail("read again"))
-    again = SimVecEnv(cfg, sites["v2g"], 1, 0)
+    again = SimVecEnv(cfg, Site.load(sites["v2g"]), 1, 0)
     for name in ("raw", "fixed_net", "connected", "incoming_soc", "carbon"):
         np.testing.assert_array_equal(getattr(again.tables, name), getattr(first.tables, name))
     assert again.tables.chargers.charge_curves[0] is not None  # the optional curves survive the round trip
@@ -121,6 +123,6 @@ def test_the_site_is_read_once_into_the_cache_and_a_damaged_file_is_read_again(s
     monkeypatch.setenv("PVBESS_CACHE", str(tmp_path))
     files[0].write_bytes(b"not an archive")
     vec_env._TABLES.clear()
-    SimVecEnv(cfg, sites["v2g"], 1, 0)  # read from CityLearn again, and the file replaced
+    SimVecEnv(cfg, Site.load(sites["v2g"]), 1, 0)  # read from CityLearn again, and the file replaced
     with np.load(files[0], allow_pickle=False) as data:
         assert "raw" in data

@@ -14,13 +14,14 @@ from trainer.env import CentralAgentArrays, make_citylearn_env
 from trainer.errors import ConfigError
 from trainer.learn.agents import MAX_AUTO_ENVS, apply_sizes, training_envs
 from trainer.learn.fast_sac import FastSAC
+from trainer.site import Site
 
 
 def _same_observations(cfg, schema, steps: int) -> float:
     """Step the product's wrapper and CityLearn's side by side with the same actions; worst difference."""
-    ours = CentralAgentArrays(make_citylearn_env(cfg, schema, "eval", 0, eval_days=30))
+    ours = CentralAgentArrays(make_citylearn_env(cfg, Site.load(schema), "eval", 0, eval_days=30))
     theirs = StableBaselines3Wrapper(
-        NormalizedObservationWrapper(make_citylearn_env(cfg, schema, "eval", 0, eval_days=30))
+        NormalizedObservationWrapper(make_citylearn_env(cfg, Site.load(schema), "eval", 0, eval_days=30))
     )
     assert ours.observation_space == theirs.observation_space
     a, _ = ours.reset()

@@ -23,16 +23,16 @@ def no_stop_left_over():
     STOP.signum, STOP.training, STOP.interrupting = None, False, None
 
 
-def test_an_evaluation_stops_at_its_next_step(tiny_cfg, site_schema):
-    env = make_sb3_env(tiny_cfg, site_schema, "eval", tiny_cfg.seed, eval_days=1)
+def test_an_evaluation_stops_at_its_next_step(tiny_cfg, built_in):
+    env = make_sb3_env(tiny_cfg, built_in, "eval", tiny_cfg.seed, eval_days=1)
     STOP.signum = signal.SIGTERM
     with pytest.raises(Stopped, match=r"^stopped by SIGTERM during an evaluation \(nothing to checkpoint there\)$"):
         run_episode(UncontrolledBaseline(), env)
     env.close()
 
 
-def test_an_evaluation_inside_training_leaves_the_stop_to_the_training_loop(tiny_cfg, site_schema):
-    env = make_sb3_env(tiny_cfg, site_schema, "eval", tiny_cfg.seed, eval_days=1)
+def test_an_evaluation_inside_training_leaves_the_stop_to_the_training_loop(tiny_cfg, built_in):
+    env = make_sb3_env(tiny_cfg, built_in, "eval", tiny_cfg.seed, eval_days=1)
     STOP.signum = signal.SIGINT
     with STOP.while_training():  # a learning-curve evaluation: the guard checkpoints, then stops
         metrics = run_episode(UncontrolledBaseline(), env)
@@ -40,15 +40,15 @@ def test_an_evaluation_inside_training_leaves_the_stop_to_the_training_loop(tiny
     env.close()
 
 
-def test_calibration_stops_before_measuring(tiny_cfg, site_schema, tmp_path):
+def test_calibration_stops_before_measuring(tiny_cfg, built_in, tmp_path):
     cfg = tiny_cfg.model_copy(update={"output": tiny_cfg.output.model_copy(update={"root": str(tmp_path)})})
     STOP.signum = signal.SIGINT
     with pytest.raises(Stopped, match="during calibration"):
-        calibrate(cfg, site_schema, "cpu", ["a2c"], refresh=True)
+        calibrate(cfg, built_in, "cpu", ["a2c"], refresh=True)
     assert not (tmp_path / ".calibration").exists()
 
 
-def test_worker_start_up_is_interrupted_at_once(tiny_cfg, site_schema, monkeypatch):
+def test_worker_start_up_is_interrupted_at_once(tiny_cfg, built_in, monkeypatch):
     started = []
 
     class SlowWorkers:  # a signal arrives while the workers are starting
@@ -59,7 +59,7 @@ def test_worker_start_up_is_interrupted_at_once(tiny_cfg, site_schema, monkeypat
 
     monkeypatch.setattr("stable_baselines3.common.vec_env.SubprocVecEnv", SlowWorkers)
     with handle_stop_signals(), pytest.raises(Stopped, match="during the start of the environment workers"):
-        make_training_vec_env(tiny_cfg, site_schema, tiny_cfg.seed, 2, subprocesses=True)
+        make_training_vec_env(tiny_cfg, built_in, tiny_cfg.seed, 2, subprocesses=True)
     assert started == [2]
 
 

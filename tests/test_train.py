@@ -17,6 +17,7 @@ from trainer.config_files import load_config
 from trainer.learn.agents import fit_rollout
 from trainer.learn.model_file import load_model
 from trainer.metrics import METRIC_KEYS
+from trainer.site import Site
 
 from .conftest import tiny_overrides
 
@@ -119,7 +120,7 @@ def test_unseen_year_needs_the_built_in_site(tmp_path, site_schema, default_cfg)
     from .conftest import variant
 
     dataset = variant(site_schema, tmp_path / "dataset", edit=lambda data: data.pop("pvbess_site"))
-    ctx = RunContext(default_cfg, RunDir(tmp_path / "run"), dataset, "cpu")
+    ctx = RunContext(default_cfg, RunDir(tmp_path / "run"), Site.load(dataset), "cpu")
     with pytest.raises(UsageError, match="a dataset with one period: --unseen-year needs the built-in site"):
         evaluate_unseen_year(ctx)
     assert not (tmp_path / "run" / "unseen-year" / "results.json").exists()
@@ -199,12 +200,12 @@ def test_checkpoints_follow_the_steps_but_never_come_closer_than_the_floor(monke
 
 
 @pytest.mark.parametrize("optimizer, expected", [("rmsprop", "RMSprop"), ("adam", "Adam")])
-def test_a2c_takes_its_configured_optimizer_and_advantage_normalisation(optimizer, expected, site_schema):
+def test_a2c_takes_its_configured_optimizer_and_advantage_normalisation(optimizer, expected, built_in):
     from trainer.config_files import load_config
     from trainer.env import make_sb3_env
     from trainer.learn.agents import build_model
 
     cfg = load_config(overrides=[f"a2c.optimizer={optimizer}", f"a2c.normalize_advantage={optimizer == 'adam'}"])
-    model = build_model(cfg, "a2c", make_sb3_env(cfg, site_schema, "train", cfg.seed), "cpu", cfg.seed, 1000)
+    model = build_model(cfg, "a2c", make_sb3_env(cfg, built_in, "train", cfg.seed), "cpu", cfg.seed, 1000)
     assert type(model.policy.optimizer).__name__ == expected
     assert model.normalize_advantage == (optimizer == "adam")

@@ -20,7 +20,6 @@ from trainer import benchmark, logs, session
 from trainer import cli_shared as opts
 from trainer.cli_shared import State, command, options
 from trainer.config_files import doc_text
-from trainer.datasets import resolve_dataset
 from trainer.doctor import FAIL, format_table, run_checks
 from trainer.doctor import as_json as checks_as_json
 from trainer.errors import UsageError
@@ -36,6 +35,7 @@ from trainer.scenario import build_site
 from trainer.signals import handle_stop_signals
 from trainer.sim import parity
 from trainer.sim.site import Unsupported
+from trainer.site import given_site
 
 
 def _print_results(results: dict, run: RunDir) -> None:
@@ -143,7 +143,7 @@ def night(config_files: tuple[str, ...], overrides: tuple[str, ...], profile: st
         check_resume_config(Path(out), agent, cfg, force)
     with session.open_run(cfg, "night", out, schema, dataset, resuming=resume is not None, agents=chosen) as ctx:
         State.opened(ctx, "night")
-        targets = session.training_targets(cfg, chosen, quick, ctx.schema)
+        targets = session.training_targets(cfg, chosen, quick, ctx.site)
         with handle_stop_signals():
             state = runner.run_night(ctx, chosen, targets, deadline, resume is not None, force, click.echo, backend,
                                      backend_options)
@@ -251,7 +251,7 @@ def plan_command(config_files: tuple[str, ...], overrides: tuple[str, ...], prof
     """Print the night's timeline from measured speed, and what cannot fit."""
     cfg = session.resolve_config(config_files, overrides, device=device, profile=profile)
     cfg, chosen, deadline = session.night_plan(cfg, quick, agents, budget, finish_by)
-    click.echo(plan.plan_text(cfg, resolve_dataset(schema, dataset), chosen, quick, deadline, refresh))
+    click.echo(plan.plan_text(cfg, given_site(schema, dataset), chosen, quick, deadline, refresh))
 
 
 def _env_counts(ctx: click.Context, param: click.Parameter, text: str | None) -> tuple[int, ...] | None:
@@ -287,7 +287,7 @@ def benchmark_command(config_files: tuple[str, ...], overrides: tuple[str, ...],
     """
     cfg = session.resolve_config(config_files, overrides, device=device, profile=profile)
     chosen = session.parse_agents(agents or ",".join(AGENTS))
-    text, failed = benchmark.run_command(cfg, resolve_dataset(schema, dataset), chosen, quick, repeats, learning,
+    text, failed = benchmark.run_command(cfg, given_site(schema, dataset), chosen, quick, repeats, learning,
                                          session.parse_seeds(seeds) if learning else [], json_path,
                                          lambda *a: click.echo(benchmark.progress_line(*a), err=True), sweep)
     click.echo(text)
@@ -309,11 +309,11 @@ def sim_check(config_files: tuple[str, ...], overrides: tuple[str, ...], profile
               dataset: str | None, policies: tuple[str, ...], steps: int | None) -> None:
     """Whether the training simulator matches CityLearn on this dataset, and where it first does not."""
     cfg = session.resolve_config(config_files, overrides, profile=profile)
-    source = resolve_dataset(schema, dataset)
-    with session.site_schema(cfg, source) as path:
+    given = given_site(schema, dataset)
+    with session.site_for(cfg, given) as site:
         click.echo("reading the dataset: a zero-action pass of CityLearn over its period", err=True)
         try:
-            check = parity.ParityCheck(cfg, path)
+            check = parity.ParityCheck(cfg, site)
         except Unsupported as exc:
             raise UsageError(f"the training simulator does not model this dataset: {exc}; "
                              "training uses CityLearn itself there") from None
@@ -321,7 +321,7 @@ def sim_check(config_files: tuple[str, ...], overrides: tuple[str, ...], profile
         for policy in policies or parity.POLICIES:
             results.append(check.run(policy, steps))
             click.echo(results[-1].line())
-    click.echo(parity.verdict(results, str(path) if source else "the built-in site"))
+    click.echo(parity.verdict(results, str(site.schema) if given else "the built-in site"))
     matched = all(r.ok for r in results)
     sys.exit(0 if matched else 1)
 

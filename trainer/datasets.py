@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 from trainer.errors import DatasetError
@@ -46,40 +45,7 @@ SCHEMA_CLASSES = frozenset({
 })
 
 
-@dataclass(frozen=True)
-class DatasetSource:
-    """Where a run's dataset comes from: the built-in site, a schema path or a dataset name."""
-
-    schema: Path
-    label: str
-    builtin: bool
-
-
-def resolve_dataset(schema: str | None, dataset: str | None) -> DatasetSource | None:
-    """Check ``--schema``/``--dataset`` before anything runs; None means the built-in site."""
-    if schema is not None and dataset is not None:
-        raise DatasetError("pass either --schema or --dataset, not both")
-    if schema is not None and not schema.strip():
-        raise DatasetError("--schema is empty; pass the path of a dataset's schema.json (or leave --schema out for the "
-                           "built-in site)")
-    if dataset is not None:
-        _check_name(dataset)
-    if schema:
-        path = Path(schema).expanduser()
-        if path.is_dir():
-            path = path / "schema.json"
-        if not path.is_file():
-            raise DatasetError(f"CityLearn schema not found: {path} (pass the path of a dataset's schema.json)")
-        check_dataset(path)
-        return DatasetSource(path.resolve(), path.parent.name, builtin=False)
-    if dataset:
-        path = find_dataset(dataset)
-        check_dataset(path)
-        return DatasetSource(path, dataset, builtin=False)
-    return None
-
-
-def _check_name(name: str) -> None:
+def check_name(name: str) -> None:
     """A dataset name is a name: CityLearn keeps only its last part, so 'a/b' would be the cached 'b'."""
     if not name.strip() or name.strip(".") == "" or any(sep in name for sep in ("/", "\\", os.sep)):
         raise DatasetError(f"--dataset takes a CityLearn dataset's name (no '/' or '\\', not empty), got {name!r}; "
@@ -159,8 +125,9 @@ def _named_classes(node: object, where: str):
             yield from _named_classes(value, f"{where}[{index}]")
 
 
-def check_dataset(schema: Path) -> None:
-    """Open the dataset fully: the schema, every file it names, and the columns the simulation needs."""
+def check_dataset(schema: Path) -> dict:
+    """Open the dataset fully: the schema, every file it names, and the columns the simulation needs; the schema's
+    JSON, read once here."""
     data = read_schema(schema)
     buildings = data.get("buildings") if isinstance(data, dict) else None
     if not isinstance(buildings, dict) or not any(b.get("include", True) for b in buildings.values()
@@ -185,6 +152,7 @@ def check_dataset(schema: Path) -> None:
             if isinstance(charger, dict) and charger.get("charger_simulation"):
                 _check_csv(root / charger["charger_simulation"], (), f"building {name}'s charger", checked, rows,
                            set())
+    return data
 
 
 # Beyond this, sums and squares in CityLearn's float32 arithmetic overflow to infinity (float32 holds 3.4e38).

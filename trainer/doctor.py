@@ -18,14 +18,14 @@ from monitor.nvml import Nvml, NvmlUnavailable
 from trainer import profiles
 from trainer.checks import FAIL, PASS, WARN, Check
 from trainer.config import Config
-from trainer.datasets import resolve_dataset
-from trainer.env import make_sb3_env
+from trainer.env import policy_sizes
 from trainer.errors import TrainerError
 from trainer.learn.agents import TENSORBOARD_FIX, tensorboard_installed
 from trainer.learn.memory import GIB, Shapes, available_bytes, batch_bytes, host_available_bytes, replay_buffer_bytes
 from trainer.roster import AGENTS, off_policy_agents
-from trainer.session import site_schema
-from trainer.sim.site import unsupported_reason
+from trainer.session import site_for
+from trainer.sim.factory import unmodelled as unmodelled_by_simulator
+from trainer.site import given_site
 
 DISK_WARN_BYTES = 5 * GIB
 DISK_FAIL_BYTES = 500 * 1024**2
@@ -231,13 +231,8 @@ def run_checks(load: Callable[[], Config], schema: str | None, dataset: str | No
 
 def _dataset_shapes(cfg: Config, schema: str | None, dataset: str | None) -> tuple[tuple[int, int], str | None]:
     """(observations, actions) of the dataset, and why the training simulator does not model it (None: it does)."""
-    with site_schema(cfg, resolve_dataset(schema, dataset)) as path:
-        env = make_sb3_env(cfg, path, "train", cfg.seed)
-        try:
-            obs_act = (env.observation_space.shape[0], env.action_space.shape[0])
-            return obs_act, unsupported_reason(env.unwrapped)
-        finally:
-            env.close()
+    with site_for(cfg, given_site(schema, dataset)) as site:
+        return policy_sizes(cfg, site), unmodelled_by_simulator(cfg, site)
 
 
 def check_simulator(choice: str, unmodelled: str | None) -> Check:

@@ -14,7 +14,6 @@ import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 import gymnasium
@@ -22,10 +21,10 @@ import numpy as np
 
 from trainer import logs
 from trainer.config import Config
-from trainer.datasets import read_schema
 from trainer.errors import DatasetError
 from trainer.ev_service import EvServiceGuard
 from trainer.signals import STOP, Stopped
+from trainer.site import Site
 from trainer.standalone_controller import Normaliser
 
 if TYPE_CHECKING:
@@ -53,22 +52,17 @@ def _episode_kwargs(cfg: Config, purpose: Purpose, n_steps: int, eval_days: int 
             "episode_time_steps": window, "random_episode_split": False, "rolling_episode_split": False}
 
 
-def schema_length(schema: Path) -> int:
-    data = read_schema(schema)
-    return int(data.get("simulation_end_time_step", 8759)) - int(data.get("simulation_start_time_step", 0)) + 1
-
-
-def make_citylearn_env(cfg: Config, schema: Path, purpose: Purpose, seed: int, eval_days: int | None = None):
+def make_citylearn_env(cfg: Config, site: Site, purpose: Purpose, seed: int, eval_days: int | None = None):
     """A central-agent CityLearnEnv with the multi-objective reward."""
     # Lazy: CityLearn (and the reward, which subclasses its RewardFunction) take seconds to import.
     from citylearn.citylearn import CityLearnEnv
 
     from trainer.reward import MultiObjectiveReward
 
-    kwargs = _episode_kwargs(cfg, purpose, schema_length(schema), eval_days)  # refuses a class it does not load
+    kwargs = _episode_kwargs(cfg, purpose, site.length, eval_days)
     try:
         env = CityLearnEnv(
-            str(schema),
+            str(site.schema),
             central_agent=True,
             reward_function=MultiObjectiveReward,
             reward_function_kwargs=cfg.reward.model_dump(),
@@ -78,7 +72,7 @@ def make_citylearn_env(cfg: Config, schema: Path, purpose: Purpose, seed: int, e
             **kwargs,
         )
     except (FileNotFoundError, KeyError, ValueError) as exc:
-        raise DatasetError(f"could not load CityLearn schema {schema}: {exc}") from exc
+        raise DatasetError(f"could not load CityLearn schema {site.schema}: {exc}") from exc
     # CityLearn 3.0.2 passes this argument on under another name and keeps the schema's value
     # (false for the built-in site): set it where reset() reads it, or training walks the windows in order.
     env.random_episode_split = bool(kwargs["random_episode_split"])
@@ -304,13 +298,25 @@ def guard_for(sb3_env: gymnasium.Env, controller: object) -> Iterator[None]:
         arrays.guard = saved
 
 
-def make_sb3_env(cfg: Config, schema: Path, purpose: Purpose, seed: int, eval_days: int | None = None):
+def make_sb3_env(cfg: Config, site: Site, purpose: Purpose, seed: int, eval_days: int | None = None):
     """CityLearn → flat normalised arrays for SB3, with SB3's Monitor for episode stats."""
     from stable_baselines3.common.monitor import Monitor  # lazy: SB3 imports torch
 
-    env = make_citylearn_env(cfg, schema, purpose, seed, eval_days)
+    env = make_citylearn_env(cfg, site, purpose, seed, eval_days)
     guard = EvServiceGuard.of(cfg.ev)
     return Monitor(CentralAgentArrays(env, guard, tuple(cfg.observations.carbon_ahead_hours)))
+
+
+def policy_sizes(cfg: Config, site: Site) -> tuple[int, int]:
+    """(observations, actions) of a policy on ``site`` with this config's observations, learnt once per site."""
+    def measure() -> tuple[int, int]:
+        env = make_sb3_env(cfg, site, "train", cfg.seed)
+        try:
+            return env.observation_space.shape[0], env.action_space.shape[0]
+        finally:
+            env.close()
+
+    return site.remember(("policy sizes", tuple(cfg.observations.carbon_ahead_hours)), measure)
 
 
 # CityLearn seeds episode window k with random_seed x (k + 1): a prime stride between the seeds of
@@ -319,16 +325,16 @@ ENV_SEED_STRIDE = 7919
 WORKER_PRELOAD = ["trainer.env", "citylearn.citylearn", "stable_baselines3.common.vec_env.subproc_vec_env"]
 
 
-def _training_env(cfg: Config, schema: Path, seed: int, index: int):
+def _training_env(cfg: Config, site: Site, seed: int, index: int):
     if multiprocessing.parent_process() is not None:
         # Ctrl+C and a service manager's SIGTERM reach the whole process group: the trainer saves a
         # checkpoint and closes its workers itself. A worker whose trainer died reads EOF and exits.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    return make_sb3_env(cfg, schema, "train", seed + index * ENV_SEED_STRIDE)
+    return make_sb3_env(cfg, site, "train", seed + index * ENV_SEED_STRIDE)
 
 
-def make_training_vec_env(cfg: Config, schema: Path, seed: int, n_envs: int, subprocesses: bool):
+def make_training_vec_env(cfg: Config, site: Site, seed: int, n_envs: int, subprocesses: bool):
     """``n_envs`` training environments, stepped in worker processes when ``subprocesses``.
 
     Falls back to stepping them in this process (DummyVecEnv), with a warning, where worker
@@ -336,7 +342,7 @@ def make_training_vec_env(cfg: Config, schema: Path, seed: int, n_envs: int, sub
     """
     from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv  # lazy: SB3 imports torch
 
-    factories = [functools.partial(_training_env, cfg, schema, seed, i) for i in range(n_envs)]
+    factories = [functools.partial(_training_env, cfg, site, seed, i) for i in range(n_envs)]
     if subprocesses:
         if "forkserver" in multiprocessing.get_all_start_methods():  # SB3's choice where it exists (not Windows)
             # Workers fork from a server that has imported these once (about 5 s each otherwise).

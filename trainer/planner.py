@@ -10,7 +10,7 @@ have not arrived yet are unknown to it. With a perfect forecast instead the same
 ~99.6 % of the optimum's cut on the built-in site, so what it loses is the forecast
 (docs/agent-quality.md).
 
-The other years are the built-in site's own draws (``scenario.another_draw``'s seeds, the warm
+The other years are the built-in site's own draws (``Site.draw``'s seeds, the warm
 start's demonstration years): a dataset that is not a built-in site has none, and the planner is
 skipped there with that reason.
 """
@@ -41,6 +41,7 @@ from trainer.optimum_model import (
     site_model,
 )
 from trainer.scenario import DRAW_SEED_OFFSET, build_site
+from trainer.site import BUILT_IN, Site
 
 HORIZON_STEPS = 24  # a day: 12 hours reach 94.4 %, 24 and 48 the same 95.4 % (linear model, docs/agent-quality.md)
 FORECAST_YEARS = 3  # the other draws whose mean is the forecast
@@ -163,14 +164,14 @@ def _forecast(site_json: str, cfg_json: str, steps: int) -> Forecast:
     cfg = Config.model_validate_json(cfg_json)
     try:
         site = ScenarioConfig.model_validate(json.loads(site_json))
-    except ValueError:  # a site an older version built, with keys since retired (as scenario.another_draw)
+    except ValueError:  # a site an older version built, with keys since retired (as trainer.site.Site.load)
         site = cfg.scenario
     years = []
     with tempfile.TemporaryDirectory(prefix="pvbess-planner-") as folder:
         for k in range(FORECAST_YEARS):
             drawn = site.model_copy(update={"seed": site.seed + DRAW_SEED_OFFSET + k})
-            schema = build_site(drawn, Path(folder) / f"draw-{k + 1}")
-            env = make_sb3_env(cfg, schema, "eval", 0, eval_days=max(1, -(-steps // 24)))
+            year = Site.load(build_site(drawn, Path(folder) / f"draw-{k + 1}"), BUILT_IN, fallback=drawn)
+            env = make_sb3_env(cfg, year, "eval", 0, eval_days=max(1, -(-steps // 24)))
             try:
                 env.reset()
                 years.append(site_model(env.unwrapped, cfg.ev.margin_soc))

@@ -13,8 +13,6 @@ describes the site and its uncontrolled CO2.
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
@@ -22,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from trainer.config import ScenarioConfig
-from trainer.files import DamagedFile, refuse_links_out
+from trainer.files import refuse_links_out
 from trainer.scenario_series import (
     HOURS_PER_YEAR,
     charger_names,
@@ -217,44 +215,9 @@ def build_site(cfg: ScenarioConfig, out_dir: Path) -> Path:
     return schema_path
 
 
-def is_built_in(schema: Path) -> bool:
-    """Whether ``schema`` is a built-in site (it carries the scenario it was built from)."""
-    return "pvbess_site" in json.loads(schema.read_text(encoding="utf-8"))
-
-
 # The built-in site's other years by their offset from scenario.seed: each use has its own, none sees another's.
 VALIDATION_SEED_OFFSET = 1000  # the selection's validation window and held-out year (<run>/validation-site/)
 SECOND_HELD_OUT_SEED_OFFSET = 1001  # the selection's second held-out year (<run>/validation-site-2/)
 HELD_OUT_YEARS = 2  # the two above: what the selection confirms a pick over and chooses a warm start by
 DRAW_SEED_OFFSET = 2000  # + k: the years whose optimum the warm start imitates too (<run>/demonstration-sites/)
 UNSEEN_YEAR_SEED_OFFSET = 3000  # trainer evaluate --unseen-year (<run>/unseen-year/): used by nothing else
-
-
-def another_draw(schema: Path, folder: Path, seed_offset: int, fallback: ScenarioConfig) -> Path | None:
-    """The built-in site of ``schema`` drawn again with its ``scenario.seed`` + ``seed_offset``: another year of the
-    same climate and equipment, built once into ``folder``. None where ``schema`` is any other dataset.
-
-    The draw takes the site's own scenario (a built-in site passed by --schema need not share the run's config);
-    one an older version wrote, with keys since retired, falls back to ``fallback``. Built aside and renamed into
-    place: stages side by side on Ray may both get here first.
-    """
-    data = json.loads(schema.read_text(encoding="utf-8"))
-    if "pvbess_site" not in data:  # not a built-in site (is_built_in's test, on the schema read once)
-        return None
-    drawn = folder / SCHEMA_FILE
-    if not drawn.is_file():
-        try:
-            site = ScenarioConfig.model_validate(data["pvbess_site"])
-        except ValueError:
-            site = fallback
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        aside = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
-        build_site(site.model_copy(update={"seed": site.seed + seed_offset}), aside)
-        try:
-            aside.rename(folder)
-        except OSError:  # another stage's is already there: use it
-            shutil.rmtree(aside, ignore_errors=True)
-        if not drawn.is_file():
-            raise DamagedFile(f"{folder} holds no {SCHEMA_FILE} (a damaged copy of the site): delete the folder and "
-                              "run again; it is built anew")
-    return drawn

@@ -14,16 +14,14 @@ import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime
 from pathlib import Path
 
 from trainer import durations, logs, profiles
 from trainer.config import MAX_SEED, Config
 from trainer.config_files import load_config
-from trainer.datasets import DatasetSource, check_dataset, resolve_dataset
 from trainer.device import apply_gpu_flags, resolve_device
-from trainer.env import schema_length
 from trainer.errors import UsageError
 from trainer.files import read_typed, write_json_atomic
 from trainer.learn.preflight import check_memory
@@ -34,6 +32,8 @@ from trainer.roster import AGENTS
 from trainer.run_dir import RunDir, default_run_dir
 from trainer.scenario import SCHEMA_FILE, build_site
 from trainer.schedule_file import ScheduleState
+from trainer.site import BUILT_IN, SITE_KINDS, Site, given_site
+from trainer.site.kinds import kind_of
 
 LATEST = "latest"  # --resume without a folder: --out, else the newest run
 
@@ -44,7 +44,7 @@ class RunContext:
 
     cfg: Config
     run: RunDir
-    schema: Path
+    site: Site
     device: str
 
     @property
@@ -58,6 +58,7 @@ class RunRecord:
 
     schema: str | None  # a CityLearn dataset's schema.json; None: the built-in site, generated into site/
     label: str | None
+    kind: str | None = None  # trainer.site.SITE_KINDS' name of how it was given (a run before it: by its schema)
 
     def save(self, run: RunDir) -> None:
         write_json_atomic(run.record, asdict(self))
@@ -71,8 +72,15 @@ class RunRecord:
         raise UsageError(f"{run.root}: cannot tell which dataset this run used (no {run.record.name} and no site/ "
                          "folder); pass --schema or --dataset")
 
-    def source(self) -> DatasetSource | None:
-        return resolve_dataset(self.schema, None) if self.schema else None
+    def given(self) -> Site | None:
+        """The dataset the run was given, checked again (it may have changed since); None: the built-in site."""
+        if not self.schema:
+            return None
+        site = given_site(self.schema, None)
+        kind = SITE_KINDS.get(self.kind or "")
+        if site is None or kind is None:
+            return site
+        return replace(site, kind=kind_of(site.data, kind), label=self.label)
 
 
 # ------------------------------------------------------------------------------ config
@@ -180,11 +188,11 @@ def length_overrides(agents: Sequence[str], timesteps: int | None, episodes: int
     return extra
 
 
-def training_timesteps(cfg: Config, agent: str, schema: Path) -> int:
+def training_timesteps(cfg: Config, agent: str, site: Site) -> int:
     section = cfg.agent(agent)
     if section.timesteps is not None:
         return section.timesteps
-    episode = min(cfg.scenario.train_episode_days * 24, schema_length(schema))
+    episode = min(cfg.scenario.train_episode_days * 24, site.length)
     return int(section.episodes) * episode
 
 
@@ -210,8 +218,8 @@ def quick_night(cfg: Config) -> Config:
                                                         "sac_critic_updates": 0})})
 
 
-def training_targets(cfg: Config, agents: Sequence[str], quick: bool, schema: Path) -> dict[str, int]:
-    return {a: cfg.schedule.quick_timesteps.get(a, 1000) if quick else training_timesteps(cfg, a, schema)
+def training_targets(cfg: Config, agents: Sequence[str], quick: bool, site: Site) -> dict[str, int]:
+    return {a: cfg.schedule.quick_timesteps.get(a, 1000) if quick else training_timesteps(cfg, a, site)
             for a in agents}
 
 
@@ -219,32 +227,32 @@ def training_targets(cfg: Config, agents: Sequence[str], quick: bool, schema: Pa
 
 
 @contextmanager
-def staged_dataset(cfg: Config, run: RunDir, source: DatasetSource | None, resuming: bool) -> Iterator[Path]:
-    """The run's schema, checked before the run folder is touched: the given dataset, a resumed run's own
+def staged_dataset(cfg: Config, run: RunDir, given: Site | None, resuming: bool) -> Iterator[Site]:
+    """The run's site, checked before the run folder is touched: the given dataset, a resumed run's own
     site, or the built-in site generated into a temporary folder (:func:`place_dataset` moves it in)."""
-    if source is not None:
-        yield source.schema
+    if given is not None:
+        yield given
     elif resuming and (run.site / SCHEMA_FILE).is_file():
-        check_dataset(run.site / SCHEMA_FILE)  # it may have been edited since: refuse a class CityLearn would run
-        yield run.site / SCHEMA_FILE
+        # It may have been edited since: refuse a class CityLearn would run.
+        yield Site.load(run.site / SCHEMA_FILE, BUILT_IN, check=True, fallback=cfg.scenario)
     else:
         start = time.perf_counter()
         with tempfile.TemporaryDirectory() as tmp:
             schema = build_site(cfg.scenario, Path(tmp) / "site")
             logs.get().debug("built-in site generated", seconds=round(time.perf_counter() - start, 2))
-            yield schema
+            yield Site.load(schema, BUILT_IN, fallback=cfg.scenario)
 
 
-def place_dataset(run: RunDir, staged: Path, source: DatasetSource | None) -> Path:
-    """Where the run reads its schema from once the folder is open: a generated site is copied into site/."""
-    if source is not None:
-        logs.get().info("dataset", schema=str(source.schema), label=source.label)
-        return source.schema
-    if staged.parent == run.site:
+def place_dataset(run: RunDir, staged: Site, given: Site | None) -> Site:
+    """The site the run reads once its folder is open: a generated site is copied into site/."""
+    if given is not None:
+        logs.get().info("dataset", schema=str(given.schema), label=given.label, kind=given.kind.name)
+        return given
+    if staged.schema.parent == run.site:
         return staged
-    shutil.copytree(staged.parent, run.site, dirs_exist_ok=True)
+    shutil.copytree(staged.schema.parent, run.site, dirs_exist_ok=True)
     logs.get().info("built-in site generated", schema=str(run.site / SCHEMA_FILE))
-    return run.site / SCHEMA_FILE
+    return Site(staged.kind, run.site / SCHEMA_FILE, staged.label, staged.data, staged.scenario)
 
 
 def _create(run: RunDir) -> RunLock:
@@ -257,13 +265,13 @@ def _create(run: RunDir) -> RunLock:
 
 
 @contextmanager
-def site_schema(cfg: Config, source: DatasetSource | None) -> Iterator[Path]:
-    """The dataset's schema, or the built-in site generated into a temporary folder (plan, benchmark, doctor)."""
-    if source is not None:
-        yield source.schema
+def site_for(cfg: Config, given: Site | None) -> Iterator[Site]:
+    """The given dataset's site, or the built-in site generated into a temporary folder (plan, benchmark, doctor)."""
+    if given is not None:
+        yield given
         return
     with tempfile.TemporaryDirectory() as tmp:
-        yield build_site(cfg.scenario, Path(tmp) / "site")
+        yield Site.load(build_site(cfg.scenario, Path(tmp) / "site"), BUILT_IN, fallback=cfg.scenario)
 
 
 def has_progress(run: RunDir) -> bool:
@@ -285,11 +293,11 @@ def open_run(cfg: Config, command: str, out: str | Path | None, schema: str | No
     in the folder as the lock is taken): a refused command leaves an existing folder byte for byte as it was.
     """
     previous = RunRecord.load(RunDir(Path(out))) if resuming and not schema and not dataset else None
-    source = previous.source() if previous else resolve_dataset(schema, dataset)
+    given = previous.given() if previous else given_site(schema, dataset)
     device = resolve_device(cfg.gpu.device)
-    label = source.label if source else None
+    label = given.label if given else None
     run = RunDir(Path(out)) if out else default_run_dir(cfg, command.replace(" ", "-"), label)
-    with staged_dataset(cfg, run, source, resuming) as staged:
+    with staged_dataset(cfg, run, given, resuming) as staged:
         for agent in agents:
             check_memory(cfg, staged, agent)
         lock = _create(run)
@@ -298,15 +306,15 @@ def open_run(cfg: Config, command: str, out: str | Path | None, schema: str | No
             logs.configure(run.log_file)
             logs.get().info("run resumed" if resuming else "run started", run=str(run.root), command=command,
                             device=device)
-            RunRecord(str(source.schema) if source else None, label).save(run)
-            schema_path = place_dataset(run, staged, source)
+            RunRecord(str(given.schema) if given else None, label, given.kind.name if given else None).save(run)
+            site = place_dataset(run, staged, given)
         except BaseException:
             lock.release()
             raise
     try:
         apply_gpu_flags(cfg.gpu, device)
         with live_console():
-            yield RunContext(cfg, run, schema_path, device)
+            yield RunContext(cfg, run, site, device)
     finally:
         lock.release()
 
@@ -319,13 +327,12 @@ def reopen_run(run_dir: str | Path, device: str) -> Iterator[RunContext]:
         raise UsageError(f"not a run folder: {run_dir} has no config.yaml (pass a folder made by trainer train or "
                          "night)")
     cfg = load_config([run.config])
-    source = RunRecord.load(run).source()
-    schema = source.schema if source else run.site / SCHEMA_FILE
-    if source is None:
-        check_dataset(schema)  # before the lock note and the log: refuse a class CityLearn would run
+    # Before the lock note and the log: a built-in site is checked too, to refuse a class CityLearn would run.
+    site = RunRecord.load(run).given() or Site.load(run.site / SCHEMA_FILE, BUILT_IN, check=True,
+                                                    fallback=cfg.scenario)
     lock = RunLock(run.root).acquire()
     try:
         logs.configure(run.log_file)
-        yield RunContext(cfg, run, schema, resolve_device(device))
+        yield RunContext(cfg, run, site, resolve_device(device))
     finally:
         lock.release()

@@ -21,12 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from trainer.config import Config
-from trainer.datasets import DatasetSource
 from trainer.device import cpu_cores, resolve_device
 from trainer.files import write_json_atomic
 from trainer.learn.agents import ENVS_PER_CORE
 from trainer.roster import AGENTS, agent_spec
-from trainer.session import site_schema
+from trainer.session import site_for
+from trainer.site import Site
 
 
 class TrialKind(StrEnum):
@@ -94,9 +94,9 @@ def _bench_config(cfg: Config, sizes: Sizes) -> Config:
     return Config.model_validate(data)
 
 
-def measure(trial: Trial, config_path: Path, schema: Path, device: str, sizes: Sizes) -> dict[str, Any]:
+def measure(trial: Trial, config_path: Path, site: Site, device: str, sizes: Sizes) -> dict[str, Any]:
     """Run one trial in a fresh interpreter; its last stdout line is the JSON result."""
-    spec = json.dumps({"trial": asdict(trial), "config": str(config_path), "schema": str(schema),
+    spec = json.dumps({"trial": asdict(trial), "config": str(config_path), "schema": str(site.schema),
                        "device": device, "sizes": asdict(sizes)})
     started = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "trainer.benchmark.trial", spec], capture_output=True, text=True,
@@ -208,7 +208,7 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return round(a / b, 2) if a and b else None
 
 
-def _run_trials(trials: list[Trial], configs: dict[int, Config], schema: Path, device: str, sizes: Sizes,
+def _run_trials(trials: list[Trial], configs: dict[int, Config], site: Site, device: str, sizes: Sizes,
                 progress) -> None:
     """Each trial in its own process with the config of its seed (key 0 when seeds do not vary)."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -217,18 +217,18 @@ def _run_trials(trials: list[Trial], configs: dict[int, Config], schema: Path, d
             paths[seed] = Path(tmp) / f"config-{seed}.json"
             paths[seed].write_text(json.dumps(cfg.to_dict()), encoding="utf-8")
         for i, trial in enumerate(trials, 1):
-            trial.result = measure(trial, paths[trial.seed], schema, device, sizes)
+            trial.result = measure(trial, paths[trial.seed], site, device, sizes)
             if progress is not None:
                 progress(i, len(trials), trial)
 
 
-def run_benchmark(cfg: Config, schema: Path, device: str, agents: list[str], sizes: Sizes,
+def run_benchmark(cfg: Config, site: Site, device: str, agents: list[str], sizes: Sizes,
                   progress=None) -> dict[str, Any]:
     """Every trial in its own process, interleaved; returns machine, sizes, raw trials and summary."""
     info = machine()
     started = time.perf_counter()
     trials = plan_trials(agents, sizes, info["cores"])
-    _run_trials(trials, {0: _bench_config(cfg, sizes)}, schema, device, sizes, progress)
+    _run_trials(trials, {0: _bench_config(cfg, sizes)}, site, device, sizes, progress)
     return {
         "machine": info,
         "device": device,
@@ -239,7 +239,7 @@ def run_benchmark(cfg: Config, schema: Path, device: str, agents: list[str], siz
     }
 
 
-def run_learning_check(cfg: Config, schema: Path, device: str, agents: list[str], seeds: list[int],
+def run_learning_check(cfg: Config, site: Site, device: str, agents: list[str], seeds: list[int],
                        progress=None) -> dict[str, Any]:
     """CO2 kg/year of each agent trained by the plain SB3 loop and by the product: same seed, same
     timesteps (each agent's ``timesteps``), same environment and reward, same evaluation."""
@@ -252,7 +252,7 @@ def run_learning_check(cfg: Config, schema: Path, device: str, agents: list[str]
         for kind in (TrialKind.LEARN_PLAIN, TrialKind.LEARN_PRODUCT)
     ]
     configs = {seed: Config.model_validate({**cfg.to_dict(), "seed": seed}) for seed in seeds}
-    _run_trials(trials, configs, schema, device, Sizes(), progress)
+    _run_trials(trials, configs, site, device, Sizes(), progress)
     rows: dict[str, Any] = {}
     for agent in agents:
         row = {side: [t.result.get("co2_kg_per_year") for t in trials if t.agent == agent and t.kind == f"learn_{side}"]
@@ -328,7 +328,7 @@ def progress_line(i: int, total: int, trial: Trial) -> str:
     return " ".join(part for part in (f"[{i}/{total}]", str(trial.kind), trial.agent or "", envs, shown) if part)
 
 
-def run_command(cfg: Config, source: DatasetSource | None, agents: list[str], quick: bool, repeats: int | None,
+def run_command(cfg: Config, given: Site | None, agents: list[str], quick: bool, repeats: int | None,
                 learning: bool, seeds: list[int], json_path: str | None = None,
                 progress: Callable[[int, int, Trial], None] | None = None,
                 sweep: tuple[int, ...] | None = None) -> tuple[str, bool]:
@@ -337,20 +337,20 @@ def run_command(cfg: Config, source: DatasetSource | None, agents: list[str], qu
         Path(json_path).parent.mkdir(parents=True, exist_ok=True)  # fail now, not after five minutes
     sizes = Sizes.quick() if quick else Sizes()
     sizes = replace(sizes, repeats=repeats or sizes.repeats, sweep=sweep or sizes.sweep)
-    report, text, failed = _measure(cfg, source, agents, sizes, learning, seeds, progress)
+    report, text, failed = _measure(cfg, given, agents, sizes, learning, seeds, progress)
     if json_path:
         write_json_atomic(Path(json_path), report)
         text += f"\nfigures written to {json_path}"
     return text, failed
 
 
-def _measure(cfg: Config, source: DatasetSource | None, agents: list[str], sizes: Sizes, learning: bool,
+def _measure(cfg: Config, given: Site | None, agents: list[str], sizes: Sizes, learning: bool,
              seeds: list[int], progress: Callable[[int, int, Trial], None] | None,
              ) -> tuple[dict[str, Any], str, bool]:
     device = resolve_device(cfg.gpu.device)
-    with site_schema(cfg, source) as schema:
+    with site_for(cfg, given) as site:
         if learning:
-            report = run_learning_check(cfg, schema, device, agents, seeds, progress)
+            report = run_learning_check(cfg, site, device, agents, seeds, progress)
             return report, format_learning(report), bool(report["errors"])
-        report = run_benchmark(cfg, schema, device, agents, sizes, progress)
+        report = run_benchmark(cfg, site, device, agents, sizes, progress)
         return report, format_report(report), bool(report["summary"]["errors"])

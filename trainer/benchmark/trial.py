@@ -24,13 +24,13 @@ from trainer.agent_config import OffPolicyConfig
 from trainer.benchmark.measure import Sizes, Trial, TrialKind
 from trainer.config import Config
 from trainer.controllers import PolicyController
-from trainer.datasets import read_schema
 from trainer.device import apply_gpu_flags
 from trainer.env import make_citylearn_env, make_sb3_env, make_training_vec_env
 from trainer.metrics import run_episode
 from trainer.night.stages import RunContext, training_timesteps
 from trainer.roster import agent_spec
 from trainer.run_dir import RunDir
+from trainer.site import Site
 
 if TYPE_CHECKING:
     from stable_baselines3.common.base_class import BaseAlgorithm
@@ -108,12 +108,12 @@ def _env_rate(env: gymnasium.Env, steps: int) -> float:
     return steps / (time.perf_counter() - start)
 
 
-def _plain_env(schema: Path):
+def _plain_env(site: Site):
     from citylearn.citylearn import CityLearnEnv  # lazy: CityLearn takes seconds to import
     from citylearn.wrappers import NormalizedObservationWrapper, StableBaselines3Wrapper
 
-    read_schema(schema)  # refuses a class the product does not load, as every environment it builds
-    return StableBaselines3Wrapper(NormalizedObservationWrapper(CityLearnEnv(str(schema), central_agent=True)))
+    # The site was read by trainer.datasets.read_schema, which refuses a class the product does not load.
+    return StableBaselines3Wrapper(NormalizedObservationWrapper(CityLearnEnv(str(site.schema), central_agent=True)))
 
 
 def _update_rate(model: BaseAlgorithm, batch_size: int, updates: int) -> float:
@@ -123,40 +123,40 @@ def _update_rate(model: BaseAlgorithm, batch_size: int, updates: int) -> float:
     return updates / (time.perf_counter() - start)
 
 
-def run_trial(trial: Trial, cfg: Config, schema: Path, device: str, sizes: Sizes) -> dict[str, Any]:
+def run_trial(trial: Trial, cfg: Config, site: Site, device: str, sizes: Sizes) -> dict[str, Any]:
     """Measure one trial in this process (called in a fresh child by :func:`measure`)."""
 
     if trial.kind == TrialKind.ENV_PLAIN:
-        env = _plain_env(schema)
+        env = _plain_env(site)
         return {"steps_per_s": _env_rate(env, sizes.env_steps)}
     if trial.kind == TrialKind.ENV_PRODUCT:
-        return {"steps_per_s": _env_rate(make_sb3_env(cfg, schema, "train", cfg.seed), sizes.env_steps)}
+        return {"steps_per_s": _env_rate(make_sb3_env(cfg, site, "train", cfg.seed), sizes.env_steps)}
     if trial.kind in (TrialKind.LEARN_PLAIN, TrialKind.LEARN_PRODUCT):
-        return _learn_and_evaluate(trial, cfg, schema, device)
+        return _learn_and_evaluate(trial, cfg, site, device)
     if trial.kind == TrialKind.SIMULATOR:
         from trainer.sim.vec_env import SimVecEnv  # lazy: only this trial reads the site into arrays
 
-        env = SimVecEnv(cfg, schema, trial.n_envs, cfg.seed, episode_steps=cfg.scenario.train_episode_days * 24)
+        env = SimVecEnv(cfg, site, trial.n_envs, cfg.seed, episode_steps=cfg.scenario.train_episode_days * 24)
         return {"steps_per_s": _vec_env_rate(env, max(sizes.env_steps, 50 * trial.n_envs))}
     if trial.kind == TrialKind.SWEEP:
         return {
             "steps_per_s": _vec_env_rate(
-                make_training_vec_env(cfg, schema, cfg.seed, trial.n_envs, trial.n_envs > 1), sizes.env_steps
+                make_training_vec_env(cfg, site, cfg.seed, trial.n_envs, trial.n_envs > 1), sizes.env_steps
             )
         }
     agent = trial.agent
     assert agent is not None
     stopwatch = _Stopwatch(_warmup(agent, cfg))
     if trial.kind == TrialKind.PLAIN:
-        model, n_envs = _train_plain(agent, _plain_env(schema), cfg, device, _steps(agent, sizes), stopwatch,
-                                     schema), 1
+        model, n_envs = _train_plain(agent, _plain_env(site), cfg, device, _steps(agent, sizes), stopwatch,
+                                     site), 1
     else:
         # The warm start's length changes what a policy knows, not how fast it then trains (Sizes.imitation_epochs).
         # SAC's first updates of critics alone are cheaper than the rest of its stage: a short trial times the rest.
         brief = cfg.warm_start.model_copy(update={"epochs": min(cfg.warm_start.epochs, sizes.imitation_epochs),
                                                   "extra_draws": 0, "ensemble": 1,
                                                   "sac_critic_updates": 0})
-        model, n_envs = _train_product(agent, cfg.model_copy(update={"warm_start": brief}), schema, device,
+        model, n_envs = _train_product(agent, cfg.model_copy(update={"warm_start": brief}), site, device,
                                        _steps(agent, sizes), stopwatch)
     out: dict[str, Any] = {"steps_per_s": stopwatch.rate(), "n_envs": n_envs, "torch_threads": _threads(),
                            "tree_pss_mb": stopwatch.tree_pss_mb}
@@ -169,7 +169,7 @@ def run_trial(trial: Trial, cfg: Config, schema: Path, device: str, sizes: Sizes
 
 
 def _train_plain(agent: str, env: gymnasium.Env, cfg: Config, device: str, steps: int,
-                 callback: BaseCallback | None = None, schema: Path | None = None) -> BaseAlgorithm:
+                 callback: BaseCallback | None = None, site: Site | None = None) -> BaseAlgorithm:
     """The plain recipe: SB3's own class on one environment, torch's default threads.
 
     PPO's rollout is the product's whole rollout; A2C's is one of the product's environments' share
@@ -180,11 +180,11 @@ def _train_plain(agent: str, env: gymnasium.Env, cfg: Config, device: str, steps
     from trainer.sim.factory import simulator_used
 
     algo = agent_spec(agent).plain_class()
-    share = training_envs(cfg, agent, simulator_used(cfg, schema)) if agent == "a2c" and schema else 1
+    share = training_envs(cfg, agent, simulator_used(cfg, site)) if agent == "a2c" and site else 1
     section = cfg.agent(agent)
     params = section.sb3_kwargs(share)
-    if isinstance(section, OffPolicyConfig) and schema is not None:
-        params.update(same_updates_per_step(section, training_envs(cfg, agent, simulator_used(cfg, schema))))
+    if isinstance(section, OffPolicyConfig) and site is not None:
+        params.update(same_updates_per_step(section, training_envs(cfg, agent, simulator_used(cfg, site))))
     if params.get("normalize_advantage") and params["n_steps"] < 2:
         # One environment's share of a short rollout can be a single step: one advantage has no spread to
         # normalise (SB3 divides by its NaN standard deviation).
@@ -202,14 +202,14 @@ def same_updates_per_step(section: OffPolicyConfig, n_envs: int) -> dict[str, in
     return {"gradient_steps": rate.numerator, "train_freq": rate.denominator}
 
 
-def _train_product(agent: str, cfg: Config, schema: Path, device: str, steps: int,
+def _train_product(agent: str, cfg: Config, site: Site, device: str, steps: int,
                    callback: BaseCallback | None = None) -> tuple[BaseAlgorithm, int]:
     """The product: a night's StageTrainer (in a throw-away run folder). Returns (model, n_envs)."""
     from trainer.learn.trainer import StageTrainer  # lazy: SB3 and torch
 
     apply_gpu_flags(cfg.gpu, device)
     with tempfile.TemporaryDirectory() as tmp:
-        trainer = StageTrainer(RunContext(cfg, RunDir(Path(tmp)), schema, device), agent, steps,
+        trainer = StageTrainer(RunContext(cfg, RunDir(Path(tmp)), site, device), agent, steps,
                                callbacks=[callback] if callback else None)
         try:
             return trainer.train(), trainer.n_envs
@@ -225,25 +225,25 @@ class _IgnoreResetSeed(gymnasium.Wrapper):
         return self.env.reset(options=options)
 
 
-def _learn_and_evaluate(trial: Trial, cfg: Config, schema: Path, device: str) -> dict[str, Any]:
+def _learn_and_evaluate(trial: Trial, cfg: Config, site: Site, device: str) -> dict[str, Any]:
     """Train ``trial.agent`` for its timesteps with one side, then CO2 kg/year over the evaluation period."""
     # lazy: CityLearn takes seconds to import
     from citylearn.wrappers import NormalizedObservationWrapper, StableBaselines3Wrapper
 
     agent = trial.agent
     assert agent is not None
-    steps = training_timesteps(cfg, agent, schema)
+    steps = training_timesteps(cfg, agent, site)
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         if trial.kind == TrialKind.LEARN_PLAIN:
             # The same environment, reward and episode windows as the product; SB3's own loop.
             env = _IgnoreResetSeed(StableBaselines3Wrapper(NormalizedObservationWrapper(
-                make_citylearn_env(cfg, schema, "train", cfg.seed))))
-            model = _train_plain(agent, env, cfg, device, steps, schema=schema)
+                make_citylearn_env(cfg, site, "train", cfg.seed))))
+            model = _train_plain(agent, env, cfg, device, steps, site=site)
         else:
-            model, _ = _train_product(agent, cfg, schema, device, steps)
+            model, _ = _train_product(agent, cfg, site, device, steps)
         train_s = time.perf_counter() - started
-        eval_env = make_sb3_env(cfg, schema, "eval", cfg.seed, eval_days=cfg.schedule.eval_days)
+        eval_env = make_sb3_env(cfg, site, "eval", cfg.seed, eval_days=cfg.schedule.eval_days)
         try:
             metrics = run_episode(PolicyController(agent, model), eval_env, Path(tmp) / "timeseries.csv")
         finally:
@@ -283,7 +283,7 @@ def _child_main(spec_json: str) -> None:
                      "simulator": tuple(spec["sizes"]["simulator"])})
     trial = Trial(**{k: v for k, v in spec["trial"].items() if k != "result"})
     trial.kind = TrialKind(trial.kind)
-    result = run_trial(trial, cfg, Path(spec["schema"]), spec["device"], sizes)
+    result = run_trial(trial, cfg, Site.load(Path(spec["schema"]), fallback=cfg.scenario), spec["device"], sizes)
     result.update(_peak_rss_mb())
     print(json.dumps(result))
 

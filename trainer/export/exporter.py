@@ -122,7 +122,7 @@ def export_run(ctx: RunContext, agent: str, out: Path) -> dict[str, Any]:
 def _build(ctx: RunContext, agent: str, model: Any, staging: Path, log: Any) -> tuple[dict[str, Any], _Replay]:
     """Write the export into ``staging`` and prove it on the evaluation; raises where the proof fails."""
     cfg = ctx.cfg
-    env = make_citylearn_env(cfg, ctx.schema, "eval", ctx.seed, eval_days=cfg.schedule.eval_days)
+    env = make_citylearn_env(cfg, ctx.site, "eval", ctx.seed, eval_days=cfg.schedule.eval_days)
     try:
         arrays = CentralAgentArrays(env, None, tuple(cfg.observations.carbon_ahead_hours))
         arrays.reset()
@@ -209,7 +209,7 @@ def _policy_entry(agent: str, model: Any, path: Path, features: int) -> dict[str
 
 def _site_entry(ctx: RunContext, env: Any) -> dict[str, Any]:
     return {
-        "schema": str(ctx.schema), "built_in": ctx.schema.parent == ctx.run.site,
+        "schema": str(ctx.site.schema), "built_in": ctx.site.schema.parent == ctx.run.site,
         "buildings": [b.name for b in env.buildings], "hours_per_step": env.seconds_per_time_step / 3600,
         "battery_kwh": [float(b.electrical_storage.capacity) for b in env.buildings],
         "battery_kw": [float(b.electrical_storage.nominal_power) for b in env.buildings],

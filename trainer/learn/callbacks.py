@@ -14,7 +14,7 @@ from stable_baselines3.common.callbacks import BaseCallback
 
 from trainer.controllers import PolicyController
 from trainer.env import make_sb3_env
-from trainer.learn.selection import BestPolicy, Candidate, record_references, validation_schema
+from trainer.learn.selection import BestPolicy, Candidate, record_references, validation_site
 from trainer.metrics import run_episode
 from trainer.progress import Progress
 
@@ -105,8 +105,8 @@ class EvalCurve(BaseCallback):
 
     def evaluate(self) -> None:
         if self._env is None:
-            schema, held_out = validation_schema(self.ctx) if self.best is not None else (self.ctx.schema, False)
-            self._env = make_sb3_env(self.ctx.cfg, schema, "eval", self.ctx.seed,
+            site, held_out = validation_site(self.ctx) if self.best is not None else (self.ctx.site, False)
+            self._env = make_sb3_env(self.ctx.cfg, site, "eval", self.ctx.seed,
                                      eval_days=self.ctx.cfg.schedule.curve_eval_days)
             if held_out:
                 record_references(self.ctx, self._env, held_out)

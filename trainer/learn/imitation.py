@@ -59,8 +59,9 @@ from trainer.learn.saved_imitations import SavedImitations
 from trainer.optimum import OptimumReplay, solve
 from trainer.optimum_model import OptimumUnavailable, site_model
 from trainer.roster import agent_spec
-from trainer.scenario import DRAW_SEED_OFFSET, another_draw
+from trainer.scenario import DRAW_SEED_OFFSET
 from trainer.signals import STOP
+from trainer.site import Site
 
 
 @dataclass(frozen=True)
@@ -99,15 +100,15 @@ _CACHE: dict[tuple[str, str, int], Demonstrations] = {}
 _UNAVAILABLE: dict[tuple[str, str, int], str] = {}  # why not, for a dataset the optimum does not model
 
 
-def demonstrations(cfg: Config, schema: Path, seed: int) -> Demonstrations:
+def demonstrations(cfg: Config, site: Site, seed: int) -> Demonstrations:
     """The optimum's dispatch over the dataset's whole period, replayed: what the agent would have seen and done."""
-    key = (str(schema), cfg.digest(), seed)
+    key = (str(site.schema), cfg.digest(), seed)
     if key in _CACHE:
         return _CACHE[key]
     if key in _UNAVAILABLE:
         raise OptimumUnavailable(_UNAVAILABLE[key])
     started = time.perf_counter()
-    env = make_sb3_env(cfg, schema, "eval", seed)
+    env = make_sb3_env(cfg, site, "eval", seed)
     try:
         env.reset()
         try:
@@ -134,7 +135,7 @@ def demonstrations(cfg: Config, schema: Path, seed: int) -> Demonstrations:
     return result
 
 
-def training_demonstrations(cfg: Config, schema: Path, seed: int, draws: Path | None) -> Demonstrations:
+def training_demonstrations(cfg: Config, site: Site, seed: int, draws: Path | None) -> Demonstrations:
     """The dataset's demonstrations and, on the built-in site, those of ``warm_start.extra_draws`` other years of its
     climate (built once under ``draws``; None: the dataset's alone).
 
@@ -142,20 +143,16 @@ def training_demonstrations(cfg: Config, schema: Path, seed: int, draws: Path | 
     far depends on its initialisation (measured: SAC's imitation of one year reached 85.8-91.9 % of the optimum's cut
     over three seeds; with three more years 91.2-93.7 %; docs/agent-quality.md).
     """
-    parts = [demonstrations(cfg, year, seed) for year in demonstration_schemas(cfg, schema, draws)]
+    parts = [demonstrations(cfg, year, seed) for year in demonstration_years(cfg, site, draws)]
     return parts[0] if len(parts) == 1 else Demonstrations.joined(parts)
 
 
-def demonstration_schemas(cfg: Config, schema: Path, draws: Path | None) -> list[Path]:
-    """The years the warm start learns from: the dataset and, on the built-in site, ``warm_start.extra_draws`` other
-    draws of its climate, built once under ``draws``."""
-    years = [schema]
-    if draws is not None:
-        for k in range(cfg.warm_start.extra_draws):
-            drawn = another_draw(schema, draws / f"draw-{k + 1}", DRAW_SEED_OFFSET + k, cfg.scenario)
-            if drawn is None:
-                break  # not the built-in site: the dataset has its one period
-            years.append(drawn)
+def demonstration_years(cfg: Config, site: Site, draws: Path | None) -> list[Site]:
+    """The years the warm start learns from: the dataset and, where its kind draws other years (the built-in site),
+    ``warm_start.extra_draws`` of them, built once under ``draws``."""
+    years = [site]
+    if draws is not None and site.kind.draws:
+        years += [site.draw(draws / f"draw-{k + 1}", DRAW_SEED_OFFSET + k) for k in range(cfg.warm_start.extra_draws)]
     return years
 
 
@@ -296,7 +293,7 @@ def _keep(key: str, weights: dict[str, Any], errors: tuple[float, float]) -> Non
 
 
 def distil_an_ensemble(
-    cfg: Config, schema: Path, agent: str, model: Any, demos: Demonstrations, draws: Path | None,
+    cfg: Config, site: Site, agent: str, model: Any, demos: Demonstrations, draws: Path | None,
     saved: SavedImitations | None = None,
 ) -> tuple[dict[str, Any], tuple[float, float], bool, list[Any]]:
     """Leave in ``model`` the imitation of ``warm_start.ensemble`` imitations' mean action (module docstring), each
@@ -321,7 +318,7 @@ def distil_an_ensemble(
              "(--set warm_start.ensemble=1 for one imitation)")
     try:
         imitated: dict[int, tuple[Any, tuple[float, float]]] = {}  # member index: its policy and errors
-        env = make_sb3_env(cfg, schema, "eval", seed)
+        env = make_sb3_env(cfg, site, "eval", seed)
         try:
             wait = False  # a first pass imitates the members no other process is imitating
             while len(imitated) < settings.ensemble:
@@ -348,7 +345,7 @@ def distil_an_ensemble(
         members = [imitated[k][0] for k in range(settings.ensemble)]
         errors = [imitated[k][1] for k in range(settings.ensemble)]
         started = time.perf_counter()
-        labelled = _ensemble_labels(cfg, schema, members, demos, draws)
+        labelled = _ensemble_labels(cfg, site, members, demos, draws)
         log.info("warm start: the members' mean action labelled", steps=len(labelled.actions),
                  seconds=round(time.perf_counter() - started, 1))
         # The student starts where a single imitation would: the stage's model, as it was built. Its labels agree
@@ -372,11 +369,11 @@ def _fresh(cfg: Config, agent: str, env: Any, device: str, seed: int) -> Any:
     return build_model(cfg, agent, env, device, seed, 1 << 30)
 
 
-def _ensemble_labels(cfg: Config, schema: Path, members: list[Any], demos: Demonstrations,
+def _ensemble_labels(cfg: Config, site: Site, members: list[Any], demos: Demonstrations,
                      draws: Path | None) -> Demonstrations:
     """The demonstrations' states and the states the members' mean action reaches in closed loop over each year of
     the demonstrations, each labelled with that mean action; the rewards it earned there (the critic's returns)."""
-    digest = hashlib.sha256(f"{cfg.digest()} {schema} {draws}".encode())
+    digest = hashlib.sha256(f"{cfg.digest()} {site.schema} {draws}".encode())
     for member in members:  # the same members on any device and threads act alike
         digest.update(weights_digest(member, 0.0, machine=False).encode())
     digest.update(demos.observations.tobytes())
@@ -391,7 +388,7 @@ def _ensemble_labels(cfg: Config, schema: Path, members: list[Any], demos: Demon
     parts = [Demonstrations(demos.observations, mean_action(demos.observations), demos.rewards, 0.0)]
     # The years side by side, so that each member acts on all of them at once (a policy's call costs as much for a
     # few states as for one).
-    envs = [make_sb3_env(cfg, year, "eval", cfg.seed) for year in demonstration_schemas(cfg, schema, draws)]
+    envs = [make_sb3_env(cfg, year, "eval", cfg.seed) for year in demonstration_years(cfg, site, draws)]
     try:
         obs = [env.reset()[0] for env in envs]
         runs: list[tuple[list, list, list]] = [([], [], []) for _ in envs]
@@ -530,7 +527,7 @@ def time_with_the_term(cfg: Config, agent: str, model: Any) -> None:
     BehaviourCloningTerm(model.policy, zeros, np.zeros((rows, *model.action_space.shape), np.float32), strength, rows)
 
 
-def keep_near_demonstrations(cfg: Config, schema: Path, agent: str, model: Any, draws: Path | None = None) -> bool:
+def keep_near_demonstrations(cfg: Config, site: Site, agent: str, model: Any, draws: Path | None = None) -> bool:
     """Keep the agent's fine-tuning near the demonstrations it was warm-started on: SAC's TD3+BC term
     (``warm_start.sac_bc_alpha``) after its critics' first updates alone (``warm_start.sac_critic_updates``),
     PPO's and A2C's behaviour-cloning term (``warm_start.ppo_bc_weight``, ``warm_start.a2c_bc_weight``).
@@ -545,7 +542,7 @@ def keep_near_demonstrations(cfg: Config, schema: Path, agent: str, model: Any, 
     if settings.epochs <= 0 or (strength <= 0 and critic_updates <= 0) or (spec.off_policy and fine_tune is None):
         return False
     try:
-        demos = training_demonstrations(cfg, schema, cfg.seed, draws)
+        demos = training_demonstrations(cfg, site, cfg.seed, draws)
     except OptimumUnavailable:
         return False  # the warm start said so
     log = logs.get().bind(agent=agent, strength=strength, steps=len(demos.actions))
@@ -558,8 +555,8 @@ def keep_near_demonstrations(cfg: Config, schema: Path, agent: str, model: Any, 
     return True
 
 
-def warm_start(cfg: Config, schema: Path, agent: str, model: Any, draws: Path | None = None,
-               held_out: list[Path] | None = None, saved: SavedImitations | None = None) -> dict[str, Any] | None:
+def warm_start(cfg: Config, site: Site, agent: str, model: Any, draws: Path | None = None,
+               held_out: list[Site] | None = None, saved: SavedImitations | None = None) -> dict[str, Any] | None:
     """Imitate the optimum before learning (``warm_start.epochs`` > 0); None where it is off or not possible. With
     ``warm_start.ensemble`` > 1, the imitation of that many imitations' mean (:func:`distil_an_ensemble`), or with
     ``warm_start.pick_best`` whichever of it and the members does best over the ``held_out`` years
@@ -573,14 +570,14 @@ def warm_start(cfg: Config, schema: Path, agent: str, model: Any, draws: Path | 
         log.info("warm start skipped: this agent's policy cannot imitate (its roster row)")
         return None
     try:
-        demos = training_demonstrations(cfg, schema, cfg.seed, draws)
+        demos = training_demonstrations(cfg, site, cfg.seed, draws)
     except OptimumUnavailable as exc:
         log.warning("warm start skipped: the optimum is not available for this dataset", reason=str(exc))
         return None
     started = time.perf_counter()
     ensemble = None
     if settings.ensemble > 1:
-        ensemble, (actor_error, critic_error), reused, members = distil_an_ensemble(cfg, schema, agent, model, demos,
+        ensemble, (actor_error, critic_error), reused, members = distil_an_ensemble(cfg, site, agent, model, demos,
                                                                                     draws, saved)
         from trainer.learn.warm_start_pick import pick_the_best  # lazy: the simulator's VecEnv imports SB3
 

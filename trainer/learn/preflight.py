@@ -9,12 +9,13 @@ from trainer import logs
 from trainer.agent_config import OffPolicyConfig
 from trainer.checkpoint import CheckpointStore
 from trainer.config import Config
-from trainer.env import make_sb3_env
+from trainer.env import policy_sizes
 from trainer.errors import UsageError
 from trainer.learn.memory import GIB, Shapes, host_available_bytes, replay_buffer_bytes
 from trainer.learn.saved_imitations import SavedImitations
 from trainer.roster import AGENTS
 from trainer.run_dir import RunDir
+from trainer.site import Site
 
 
 def config_diff(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
@@ -76,16 +77,12 @@ def check_resume_config(run_dir: Path, agent: str, cfg: Config, force: bool, req
                      "resume with the same config, or pass --force to resume with the new one")
 
 
-def check_memory(cfg: Config, schema: Path, agent: str) -> None:
+def check_memory(cfg: Config, site: Site, agent: str) -> None:
     """Refuse, before the night starts, an off-policy agent's replay buffer that cannot fit in RAM."""
     section = cfg.agent(agent)
     if not isinstance(section, OffPolicyConfig):
         return
-    env = make_sb3_env(cfg, schema, "train", cfg.seed)
-    try:
-        shapes = Shapes(env.observation_space.shape[0], env.action_space.shape[0], tuple(section.net_arch))
-    finally:
-        env.close()
+    shapes = Shapes(*policy_sizes(cfg, site), tuple(section.net_arch))
     need, have = replay_buffer_bytes(shapes, section.buffer_size), host_available_bytes()
     if need > have:
         per = replay_buffer_bytes(shapes, 1)

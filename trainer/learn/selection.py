@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainer import logs
@@ -32,7 +31,8 @@ from trainer.env import make_sb3_env
 from trainer.files import write_json_atomic
 from trainer.metrics import run_episode
 from trainer.references import REFERENCE_ROSTER
-from trainer.scenario import SECOND_HELD_OUT_SEED_OFFSET, VALIDATION_SEED_OFFSET, another_draw
+from trainer.scenario import SECOND_HELD_OUT_SEED_OFFSET, VALIDATION_SEED_OFFSET
+from trainer.site import Site
 
 if TYPE_CHECKING:
     from trainer.run_dir import AgentDir
@@ -102,11 +102,11 @@ class BestPolicy:
         return True
 
 
-def validation_schema(ctx: RunContext) -> tuple[Path, bool]:
-    """(the schema validation runs on, whether it is held out from the final evaluation)."""
-    # The built-in site: another draw of the same climate; any other dataset: its own first days.
-    drawn = another_draw(ctx.schema, ctx.run.validation_site, VALIDATION_SEED_OFFSET, ctx.cfg.scenario)
-    return (ctx.schema, False) if drawn is None else (drawn, True)
+def validation_site(ctx: RunContext) -> tuple[Site, bool]:
+    """(the site validation runs on, whether it is held out from the final evaluation)."""
+    # A site that draws other years (the built-in site): another draw of the same climate; any other: its first days.
+    drawn = ctx.site.draw(ctx.run.validation_site, VALIDATION_SEED_OFFSET)
+    return (ctx.site, False) if drawn is None else (drawn, True)
 
 
 def kept_summary(best: BestPolicy, final_step: int, held_out: bool) -> dict[str, Any]:
@@ -125,20 +125,20 @@ def kept_summary(best: BestPolicy, final_step: int, held_out: bool) -> dict[str,
             "last_validation_co2_kg_per_year": None if best.last is None else round(best.last.co2_kg_per_year, 1)}
 
 
-def held_out_years(ctx: RunContext) -> list[Path]:
-    """The years a pick is confirmed over: the validation window's (``validation_schema``) and a second draw of the
+def held_out_years(ctx: RunContext) -> list[Site]:
+    """The years a pick is confirmed over: the validation window's (``validation_site``) and a second draw of the
     built-in site (``scenario.seed`` + SECOND_HELD_OUT_SEED_OFFSET, built once into ``<run>/validation-site-2/``);
     none on any other dataset, which has no other year."""
-    first, held_out = validation_schema(ctx)
+    first, held_out = validation_site(ctx)
     if not held_out:
         return []
-    second = another_draw(ctx.schema, ctx.run.second_held_out_site, SECOND_HELD_OUT_SEED_OFFSET, ctx.cfg.scenario)
+    second = ctx.site.draw(ctx.run.second_held_out_site, SECOND_HELD_OUT_SEED_OFFSET)
     assert second is not None  # the site that drew the first year draws the second
     return [first, second]
 
 
-def _over_the_year(ctx: RunContext, agent: str, model: Any, schema: Path) -> Candidate:
-    env = make_sb3_env(ctx.cfg, schema, "eval", ctx.seed, eval_days=ctx.cfg.schedule.eval_days)
+def _over_the_year(ctx: RunContext, agent: str, model: Any, year: Site) -> Candidate:
+    env = make_sb3_env(ctx.cfg, year, "eval", ctx.seed, eval_days=ctx.cfg.schedule.eval_days)
     try:
         metrics = run_episode(PolicyController(agent, model), env)
     finally:
@@ -161,8 +161,8 @@ def confirm_over_the_years(ctx: RunContext, agent: str, chosen: Any, warm_start:
     decision is deterministic, so a resumed stage makes it alike. ``warm_start_window``: the warm start's figure on
     the window.
     """
-    figures = [(_over_the_year(ctx, agent, chosen, schema), _over_the_year(ctx, agent, warm_start, schema))
-               for schema in held_out_years(ctx)]
+    figures = [(_over_the_year(ctx, agent, chosen, year), _over_the_year(ctx, agent, warm_start, year))
+               for year in held_out_years(ctx)]
     if not figures:  # no other year (any dataset but the built-in site): the window's pick stands
         return chosen, kept
     years = [{"co2_kg_per_year": round(deployed.co2_kg_per_year, 1),

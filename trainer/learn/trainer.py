@@ -17,7 +17,6 @@ docs/reliability.md for what each promise means and the test that backs it.
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainer import logs
@@ -44,6 +43,7 @@ from trainer.learn.state import EpisodeTracker, Sizes, StopReason
 from trainer.run_dir import AgentDir
 from trainer.signals import STOP
 from trainer.sim.factory import simulator_used, training_vec_env
+from trainer.site import Site
 
 if TYPE_CHECKING:
     from stable_baselines3.common.base_class import BaseAlgorithm
@@ -62,7 +62,7 @@ class StageTrainer:
         self.rel = self.cfg.reliability
         self.folder = ctx.run.agent(agent)
         self.imitations = SavedImitations(ctx.run.imitations)  # the warm start's, kept for the run's other processes
-        self.simulator = simulator_used(self.cfg, ctx.schema)
+        self.simulator = simulator_used(self.cfg, ctx.site)
         self.n_envs = training_envs(self.cfg, agent, self.simulator)
         self.sizes = initial_sizes(self.section, agent, target, self.n_envs)
         self.device = agent_device(self.cfg, agent)
@@ -86,9 +86,9 @@ class StageTrainer:
     def train(self, resume: bool = False, force: bool = False) -> BaseAlgorithm:
         """Train to the target; returns the model. Raises TrainingInterrupted on a stop signal."""
         self.log.info("torch threads", cpu_threads=apply_cpu_threads(self.cfg, self.agent, self.simulator))
-        self.env = training_env(self.cfg, self.ctx.schema, self.agent, self.n_envs, self.simulator)
+        self.env = training_env(self.cfg, self.ctx.site, self.agent, self.n_envs, self.simulator)
         self.episodes = EpisodeTracker(self.env)
-        check_memory(self.cfg, self.ctx.schema, self.agent)  # again: memory may have gone since the night began
+        check_memory(self.cfg, self.ctx.site, self.agent)  # again: memory may have gone since the night began
         self.recovery.fit_batch(Shapes(self.env.observation_space.shape[0], self.env.action_space.shape[0],
                                        tuple(self.section.net_arch)))
         checkpoint = self.checkpoints.store.latest() if resume else None
@@ -166,7 +166,7 @@ class StageTrainer:
         model.set_logger(self._sb3_logger)
         apply_sizes(model, self.sizes.batch_size, self.sizes.n_steps, self.sizes.learning_rate,
                     self.section.learning_rate_end)
-        keep_near_demonstrations(self.cfg, self.ctx.schema, self.agent, model, self.ctx.run.demonstration_sites)
+        keep_near_demonstrations(self.cfg, self.ctx.site, self.agent, model, self.ctx.run.demonstration_sites)
         from trainer.learn.fast_sac import TrainWhileStepping  # lazy: SB3 and torch
 
         if isinstance(self.env, TrainWhileStepping):
@@ -177,7 +177,7 @@ class StageTrainer:
         model = build_model(self.cfg, self.agent, self.env, self.device, self.cfg.seed, self.target)
         picks = self.cfg.warm_start.picks_a_member(self.agent)
         held_out = held_out_years(self.ctx) if picks else []  # the years it picks by
-        self.warm_start = warm_start(self.cfg, self.ctx.schema, self.agent, model, self.ctx.run.demonstration_sites,
+        self.warm_start = warm_start(self.cfg, self.ctx.site, self.agent, model, self.ctx.run.demonstration_sites,
                                      held_out, self.imitations)
         if self.warm_start is not None:  # evaluated like the agent at the end (results.json's warm_start)
             save_warm_start(model, self.folder)
@@ -228,7 +228,7 @@ def initial_sizes(section: AgentConfig, agent: str, target: int, n_envs: int) ->
     return sizes
 
 
-def training_env(cfg: Config, schema: Path, agent: str, n_envs: int, simulator: str) -> VecEnv:
+def training_env(cfg: Config, site: Site, agent: str, n_envs: int, simulator: str) -> VecEnv:
     """The training environments (train.simulator): the simulator's N sites in this process, or CityLearn's,
     parallel for on-policy agents and in a worker for one learning while stepping."""
     from stable_baselines3.common.vec_env import (
@@ -238,7 +238,7 @@ def training_env(cfg: Config, schema: Path, agent: str, n_envs: int, simulator: 
     from trainer.learn.fast_sac import TrainWhileStepping
 
     overlap = cfg.agent(agent).learns_while_stepping
-    env, simulator = training_vec_env(cfg, schema, n_envs, subprocesses=n_envs > 1 or overlap, simulator=simulator)
+    env, simulator = training_vec_env(cfg, site, n_envs, subprocesses=n_envs > 1 or overlap, simulator=simulator)
     workers = isinstance(env, SubprocVecEnv)
     logs.get().info("training environments", agent=agent, n_envs=n_envs, simulator=simulator, workers=workers,
                     learn_while_stepping=overlap and workers)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -26,16 +25,17 @@ from trainer.config import Config
 from trainer.signals import STOP
 from trainer.sim.site import Unsupported
 from trainer.sim.vec_env import SimVecEnv
+from trainer.site import Site
 
 _PICKED: dict[str, np.ndarray] = {}  # each candidate's CO2 by the candidates' digest (a process's few stages)
 
 
-def co2_over_the_years(cfg: Config, years: list[Path], policies: list[Any]) -> np.ndarray:
+def co2_over_the_years(cfg: Config, years: list[Site], policies: list[Any]) -> np.ndarray:
     """kg CO2 each policy's site imports over ``years`` together, every policy acting deterministically from the
     start of each year's period; Unsupported where the simulator does not model a year's dataset."""
     totals = np.zeros(len(policies))
-    for schema in years:
-        env = SimVecEnv(cfg, schema, len(policies), cfg.seed)
+    for year in years:
+        env = SimVecEnv(cfg, year, len(policies), cfg.seed)
         observations = env.reset()
         done = False
         while not done:
@@ -49,7 +49,7 @@ def co2_over_the_years(cfg: Config, years: list[Path], policies: list[Any]) -> n
     return totals
 
 
-def pick_the_best(cfg: Config, agent: str, model: Any, members: list[Any], years: list[Path]) -> dict[str, Any] | None:
+def pick_the_best(cfg: Config, agent: str, model: Any, members: list[Any], years: list[Site]) -> dict[str, Any] | None:
     """Leave in ``model`` whichever of its own policy (the distilled mean) and ``members`` (policies of the same
     architecture) emits least CO2 over ``years``; what results.json records of the choice, or None where there is
     nothing to choose by (no held-out year, or a dataset the simulator does not model)."""
@@ -61,8 +61,8 @@ def pick_the_best(cfg: Config, agent: str, model: Any, members: list[Any], years
     candidates = [model.policy, *members]
     # A night's PPO and A2C share their imitations (trainer.learn.imitation.imitate_once): the second picks alike
     # without running them again.
-    key = hashlib.sha256(" ".join([cfg.digest(), *map(str, years), *(weights_digest(p, 0.0) for p in candidates)])
-                         .encode()).hexdigest()
+    parts = [cfg.digest(), *(str(year.schema) for year in years), *(weights_digest(p, 0.0) for p in candidates)]
+    key = hashlib.sha256(" ".join(parts).encode()).hexdigest()
     started = time.perf_counter()
     if key not in _PICKED:
         if len(_PICKED) >= 2:

@@ -31,9 +31,9 @@ from trainer.files import write_json_atomic
 from trainer.learn.agents import build_model, training_envs
 from trainer.learn.imitation import time_with_the_term
 from trainer.roster import AGENTS, agent_spec
-from trainer.scenario import is_built_in
 from trainer.signals import STOP
 from trainer.sim.factory import CITYLEARN, VECTOR, simulator_used, training_vec_env
+from trainer.site import Site
 
 if TYPE_CHECKING:
     from stable_baselines3.common.base_class import BaseAlgorithm
@@ -59,21 +59,20 @@ class Speeds:
     machine: str = ""
 
 
-def _cache_key(cfg: Config, schema: Path, device: str) -> str:
+def _cache_key(cfg: Config, site: Site, device: str) -> str:
     # Not the training seed: a night per seed (trainer night --seeds) trains as fast under each.
     relevant = {k: cfg.to_dict()[k] for k in ("scenario", *AGENTS, "reward", "gpu", "train", "warm_start")}
     relevant["eval_days"] = cfg.schedule.eval_days
     machine = f"{socket.gethostname()}|{platform.machine()}|{os.cpu_count()}|{device}"
-    # The built-in site is the same wherever it was generated: key it by its config, not its path.
-    blob = json.dumps(
-        {"m": machine, "c": relevant, "s": "builtin" if is_built_in(schema) else str(schema)}, sort_keys=True
-    ).encode()
+    # A generated site is the same wherever it was generated: key it by its scenario, not its path.
+    where = site.scenario.model_dump(mode="json") if site.scenario is not None else str(site.schema)
+    blob = json.dumps({"m": machine, "c": relevant, "s": where}, sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
-def calibrate(cfg: Config, schema: Path, device: str, agents: list[str], refresh: bool = False) -> Speeds:
+def calibrate(cfg: Config, site: Site, device: str, agents: list[str], refresh: bool = False) -> Speeds:
     """Speeds for this machine and config, from the cache when it has them."""
-    cache = Path(cfg.output.root) / ".calibration" / f"{_cache_key(cfg, schema, device)}.json"
+    cache = Path(cfg.output.root) / ".calibration" / f"{_cache_key(cfg, site, device)}.json"
     cached = _read_cache(cache) if not refresh else None
     if cached is not None and all(a in cached.train_steps_per_s for a in agents):
         logs.get().info("calibration from cache", path=str(cache))
@@ -81,17 +80,17 @@ def calibrate(cfg: Config, schema: Path, device: str, agents: list[str], refresh
     log = logs.get()
     log.info("calibrating: measuring each agent on this machine (under a minute; later plans read the cache)",
              agents=agents, steps=CALIBRATION_STEPS, device=device)
-    speeds = Speeds(eval_steps_per_s=_eval_speed(cfg, schema), train_steps_per_s={},
+    speeds = Speeds(eval_steps_per_s=_eval_speed(cfg, site), train_steps_per_s={},
                     measured_at=datetime.now().isoformat(timespec="seconds"),
                     machine=f"{socket.gethostname()} ({os.cpu_count()} CPUs, {device})")
-    simulator = simulator_used(cfg, schema)  # the night's stages train on what calibration measures
+    simulator = simulator_used(cfg, site)  # the night's stages train on what calibration measures
     for agent in agents:
         STOP.check("calibration")
         apply_cpu_threads(cfg, agent, simulator)  # as the stage will
         section = cfg.agent(agent)
         if isinstance(section, OffPolicyConfig):
             n_envs = training_envs(cfg, agent, simulator)
-            env_rate, update_s = _off_policy_speed(cfg, schema, agent, agent_device(cfg, agent), simulator, n_envs)
+            env_rate, update_s = _off_policy_speed(cfg, site, agent, agent_device(cfg, agent), simulator, n_envs)
             speeds.env_steps_per_s[agent], speeds.update_s[agent] = env_rate, update_s
             # SB3 takes gradient_steps updates every train_freq steps of all n_envs sites together.
             update = update_s * section.gradient_steps / (section.train_freq * n_envs)
@@ -101,11 +100,11 @@ def calibrate(cfg: Config, schema: Path, device: str, agents: list[str], refresh
             per_step = update + (0.5 if overlap else 1.0) / env_rate
             speeds.train_steps_per_s[agent] = 1 / per_step
         else:
-            speeds.train_steps_per_s[agent] = _onpolicy_speed(cfg, schema, agent_device(cfg, agent), agent,
+            speeds.train_steps_per_s[agent] = _onpolicy_speed(cfg, site, agent_device(cfg, agent), agent,
                                                               simulator)
         if cfg.warm_start.epochs > 0 and agent_spec(agent).warm_start:
             speeds.imitation_update_s[agent], speeds.imitation_policy[agent] = _imitation_speed(
-                cfg, schema, agent, agent_device(cfg, agent), simulator)
+                cfg, site, agent, agent_device(cfg, agent), simulator)
         log.info("calibrated", agent=agent, steps_per_s=round(speeds.train_steps_per_s[agent], 2))
     # An ensemble's members are the teacher's policy, imitated at its speed where it does not train tonight.
     if cfg.warm_start.epochs > 0 and cfg.warm_start.ensemble > 1:
@@ -113,7 +112,7 @@ def calibrate(cfg: Config, schema: Path, device: str, agents: list[str], refresh
             if teacher not in speeds.imitation_update_s:
                 apply_cpu_threads(cfg, teacher, simulator)
                 speeds.imitation_update_s[teacher], speeds.imitation_policy[teacher] = _imitation_speed(
-                    cfg, schema, teacher, agent_device(cfg, teacher), simulator)
+                    cfg, site, teacher, agent_device(cfg, teacher), simulator)
     write_json_atomic(cache, asdict(speeds))  # a kill mid-write leaves the old cache or none, never half
     return speeds
 
@@ -129,8 +128,8 @@ def _read_cache(cache: Path) -> Speeds | None:
         return None
 
 
-def _eval_speed(cfg: Config, schema: Path) -> float:
-    env = make_sb3_env(cfg, schema, "eval", cfg.seed, eval_days=max(CALIBRATION_STEPS // 24 + 1, 1))
+def _eval_speed(cfg: Config, site: Site) -> float:
+    env = make_sb3_env(cfg, site, "eval", cfg.seed, eval_days=max(CALIBRATION_STEPS // 24 + 1, 1))
     controller = UncontrolledBaseline()
     try:
         obs, _ = env.reset()
@@ -152,13 +151,13 @@ def _quiet(model: BaseAlgorithm, folder: str) -> BaseAlgorithm:
     return model
 
 
-def _onpolicy_speed(cfg: Config, schema: Path, device: str, agent: str, simulator: str) -> float:
+def _onpolicy_speed(cfg: Config, site: Site, device: str, agent: str, simulator: str) -> float:
     # At least one whole rollout, so the update's cost is in the figure (on CityLearn at most 1,000 steps;
     # the simulator steps a rollout in a fraction of a second).
     rollout = cfg.agent(agent).n_steps
     steps = max(CALIBRATION_STEPS, rollout) if simulator == VECTOR else min(max(CALIBRATION_STEPS, rollout), 1000)
     n_envs = training_envs(cfg, agent, simulator)
-    env, _ = training_vec_env(cfg, schema, n_envs, subprocesses=n_envs > 1, simulator=simulator)
+    env, _ = training_vec_env(cfg, site, n_envs, subprocesses=n_envs > 1, simulator=simulator)
     try:
         with tempfile.TemporaryDirectory() as tmp:
             model = _quiet(build_model(cfg, agent, env, device, cfg.seed, steps), tmp)
@@ -170,12 +169,12 @@ def _onpolicy_speed(cfg: Config, schema: Path, device: str, agent: str, simulato
         env.close()
 
 
-def _imitation_speed(cfg: Config, schema: Path, agent: str, device: str, simulator: str) -> tuple[float, str]:
+def _imitation_speed(cfg: Config, site: Site, agent: str, device: str, simulator: str) -> tuple[float, str]:
     """Seconds one minibatch of the warm start's imitation takes (trainer.learn.imitation), and the digest of the
     policy it starts from."""
     from trainer.learn.imitation import imitation_update_s, policy_digest  # lazy: torch
 
-    env, _ = training_vec_env(cfg, schema, 1, subprocesses=False, simulator=simulator)
+    env, _ = training_vec_env(cfg, site, 1, subprocesses=False, simulator=simulator)
     try:
         model = build_model(cfg, agent, env, device, cfg.seed, CALIBRATION_STEPS)
         digest = policy_digest(model)  # before the timing trains it
@@ -184,10 +183,10 @@ def _imitation_speed(cfg: Config, schema: Path, agent: str, device: str, simulat
         env.close()
 
 
-def _off_policy_speed(cfg: Config, schema: Path, agent: str, device: str, simulator: str,
+def _off_policy_speed(cfg: Config, site: Site, agent: str, device: str, simulator: str,
                       n_envs: int) -> tuple[float, float]:
     """(environment steps/s without updates, seconds per gradient update at the configured batch)."""
-    env, _ = training_vec_env(cfg, schema, n_envs, subprocesses=False, simulator=simulator)
+    env, _ = training_vec_env(cfg, site, n_envs, subprocesses=False, simulator=simulator)
     steps = max(CALIBRATION_STEPS, 20 * n_envs)
     try:
         with tempfile.TemporaryDirectory() as tmp:

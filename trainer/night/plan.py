@@ -4,19 +4,17 @@ from __future__ import annotations
 
 import math
 from datetime import datetime
-from pathlib import Path
 
 from trainer.agent_config import OffPolicyConfig
 from trainer.config import Config
-from trainer.datasets import DatasetSource
 from trainer.device import apply_gpu_flags, resolve_device
-from trainer.env import schema_length
 from trainer.night.budget import PlannedStage, StageKind, StageSpec, timeline
 from trainer.night.calibrate import Speeds, calibrate
 from trainer.references import REFERENCE_ROSTER, REFERENCES
 from trainer.roster import agent_spec
-from trainer.scenario import HELD_OUT_YEARS, is_built_in
-from trainer.session import site_schema, training_targets
+from trainer.scenario import HELD_OUT_YEARS
+from trainer.session import site_for, training_targets
+from trainer.site import Site
 
 REPORT_S = 20.0
 # A year of the warm start's demonstrations beyond its replay: the linear program and, for a draw, building the site.
@@ -31,12 +29,12 @@ SAFETY = 1.15
 
 
 def stage_specs(
-    cfg: Config, schema: Path, speeds: Speeds, agents: list[str], targets: dict[str, int], one_process: bool = True
+    cfg: Config, site: Site, speeds: Speeds, agents: list[str], targets: dict[str, int], one_process: bool = True
 ) -> dict[str, StageSpec]:
     """What the planner knows of each stage (evaluation times padded by SAFETY); ``one_process``: the backend runs
     every stage in this process, so a stage reuses what an earlier one computed (backends.py)."""
-    eval_steps = schema_length(schema) - 1 if cfg.schedule.eval_days is None else min(
-        cfg.schedule.eval_days * 24, schema_length(schema)) - 1
+    eval_steps = site.length - 1 if cfg.schedule.eval_days is None else min(
+        cfg.schedule.eval_days * 24, site.length) - 1
     eval_s = eval_steps / speeds.eval_steps_per_s * SAFETY
     # A trained policy adds its forward pass to every evaluation step.
     policy_eval_s = eval_s * 1.25
@@ -44,10 +42,10 @@ def stage_specs(
     specs = {name: StageSpec(name, StageKind.EVAL, eval_s * spec.eval_cost + spec.solve_s)
              for name, spec in REFERENCE_ROSTER.items()}
     specs["report"] = StageSpec("report", StageKind.REPORT, REPORT_S)
-    agent_eval_s = policy_eval_s * policy_evaluations(cfg, schema)
+    agent_eval_s = policy_eval_s * policy_evaluations(cfg, site)
     if cfg.train.keep_best:  # the last policy's evaluation on the validation window, after the slot (its candidacy)
         agent_eval_s += policy_eval_s * min(cfg.schedule.curve_eval_days * 24, eval_steps) / eval_steps
-    warm_starts = warm_start_s(cfg, schema, speeds, agents, one_process)
+    warm_starts = warm_start_s(cfg, site, speeds, agents, one_process)
     # The validation (learning-curve) evaluations take up to their share of a stage; with a four-week window
     # they do take it, on CityLearn and on the simulator alike (measured: a 20-minute night's SAC overran by 3 min).
     training_share = 1.0 - cfg.schedule.curve_max_share
@@ -58,7 +56,7 @@ def stage_specs(
     return specs
 
 
-def policy_evaluations(cfg: Config, schema: Path) -> int:
+def policy_evaluations(cfg: Config, site: Site) -> int:
     """Evaluations as long as the final one that a trained stage runs after training: its deployed policy; its warm
     start (results.json's warm_start); and, where held-out years exist (the built-in site) and the selection keeps
     the best, the confirmation of a pick against the warm start over two held-out years (trainer.learn.selection: four
@@ -66,10 +64,10 @@ def policy_evaluations(cfg: Config, schema: Path) -> int:
     out)."""
     if cfg.warm_start.epochs <= 0:
         return 1
-    return 2 + 2 * HELD_OUT_YEARS if cfg.train.keep_best and is_built_in(schema) else 2
+    return 2 + 2 * HELD_OUT_YEARS if cfg.train.keep_best and site.kind.draws else 2
 
 
-def warm_start_s(cfg: Config, schema: Path, speeds: Speeds, agents: list[str],
+def warm_start_s(cfg: Config, site: Site, speeds: Speeds, agents: list[str],
                  one_process: bool = True) -> dict[str, float]:
     """Each warm-started agent's imitation (``warm_start.epochs`` of the period's minibatches at the calibrated
     speed; none for one whose policy an earlier agent imitated: the night reuses it), the first one's also the
@@ -85,16 +83,16 @@ def warm_start_s(cfg: Config, schema: Path, speeds: Speeds, agents: list[str],
     settings = cfg.warm_start
     if settings.epochs <= 0:
         return {}
-    period = schema_length(schema) - 1
+    period = site.length - 1
     minibatches_an_epoch = math.ceil(period / settings.batch_size)
-    years = 1 + (settings.extra_draws if is_built_in(schema) else 0)
+    years = 1 + (settings.extra_draws if site.kind.draws else 0)
     demonstrations_s = years * (period / speeds.eval_steps_per_s * SAFETY + DEMONSTRATION_SOLVE_S)
     members = settings.ensemble
     # The agent's own network: the student where there is an ensemble, else the one imitation.
     own_epochs = settings.student_epochs if members > 1 else settings.epochs
     # The years side by side: each step of them costs each member one call.
     labels_s = 0.0 if members <= 1 else (years / speeds.eval_steps_per_s + members * POLICY_CALL_S) * period * SAFETY
-    pick_s = (members + 1) * HELD_OUT_YEARS * period * POLICY_CALL_S * SAFETY if is_built_in(schema) else 0.0
+    pick_s = (members + 1) * HELD_OUT_YEARS * period * POLICY_CALL_S * SAFETY if site.kind.draws else 0.0
     out, imitated, taught = {}, set(), set()
     for agent in agents:
         if not agent_spec(agent).warm_start:
@@ -124,7 +122,7 @@ def warm_start_s(cfg: Config, schema: Path, speeds: Speeds, agents: list[str],
     return out
 
 
-def fit_ensemble(cfg: Config, schema: Path, speeds: Speeds, agents: list[str], available_s: float | None,
+def fit_ensemble(cfg: Config, site: Site, speeds: Speeds, agents: list[str], available_s: float | None,
                  one_process: bool = True) -> tuple[Config, str | None]:
     """The night's config with ``warm_start.ensemble`` as it fits, and why it changed (None: it did not).
 
@@ -137,7 +135,7 @@ def fit_ensemble(cfg: Config, schema: Path, speeds: Speeds, agents: list[str], a
     settings = cfg.warm_start
     if available_s is None or settings.ensemble <= 1 or settings.epochs <= 0:
         return cfg, None
-    needed = sum(warm_start_s(cfg, schema, speeds, agents, one_process).values())
+    needed = sum(warm_start_s(cfg, site, speeds, agents, one_process).values())
     if needed <= ENSEMBLE_SHARE * available_s:
         return cfg, None
     single = cfg.model_copy(update={"warm_start": settings.model_copy(update={"ensemble": 1})})
@@ -214,10 +212,10 @@ def render(planned: list[PlannedStage], deadline: datetime | None, notes: list[s
     return "\n".join(lines)
 
 
-def build_plan(cfg: Config, schema: Path, speeds: Speeds, agents: list[str], targets: dict[str, int],
+def build_plan(cfg: Config, site: Site, speeds: Speeds, agents: list[str], targets: dict[str, int],
                start: datetime, deadline: datetime | None,
                one_process: bool = True) -> tuple[list[PlannedStage], list[str]]:
-    specs = stage_specs(cfg, schema, speeds, agents, targets, one_process)
+    specs = stage_specs(cfg, site, speeds, agents, targets, one_process)
     order = [*REFERENCES, *agents, "report"]
     available = (deadline - start).total_seconds() if deadline else None
     planned = timeline([specs[n] for n in order], start, available)
@@ -225,15 +223,15 @@ def build_plan(cfg: Config, schema: Path, speeds: Speeds, agents: list[str], tar
 
 
 
-def plan_text(cfg: Config, source: DatasetSource | None, agents: list[str], quick: bool, deadline: datetime | None,
+def plan_text(cfg: Config, given: Site | None, agents: list[str], quick: bool, deadline: datetime | None,
               refresh: bool = False) -> str:
     """``trainer plan``: calibrate (or read the cache) with the night's threads and flags, and render the plan."""
     device = resolve_device(cfg.gpu.device)
     apply_gpu_flags(cfg.gpu, device)
-    with site_schema(cfg, source) as schema:
-        speeds = calibrate(cfg, schema, device, agents, refresh=refresh)
-        targets = training_targets(cfg, agents, quick, schema)
+    with site_for(cfg, given) as site:
+        speeds = calibrate(cfg, site, device, agents, refresh=refresh)
+        targets = training_targets(cfg, agents, quick, site)
         now = datetime.now()
-        cfg, why = fit_ensemble(cfg, schema, speeds, agents, (deadline - now).total_seconds() if deadline else None)
-        planned, notes = build_plan(cfg, schema, speeds, agents, targets, now, deadline)
+        cfg, why = fit_ensemble(cfg, site, speeds, agents, (deadline - now).total_seconds() if deadline else None)
+        planned, notes = build_plan(cfg, site, speeds, agents, targets, now, deadline)
     return render(planned, deadline, ([f"warm start: {why}"] if why else []) + notes, speeds)

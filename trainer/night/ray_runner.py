@@ -35,7 +35,7 @@ from trainer.checks import FAIL, PASS, Check
 from trainer.config import Config
 from trainer.config_files import load_config
 from trainer.device import ASSIGNED_CPUS_ENV
-from trainer.env import make_sb3_env
+from trainer.env import policy_sizes
 from trainer.errors import TrainerError, UsageError
 from trainer.learn.memory import Shapes, replay_buffer_bytes
 from trainer.learn.recovery import TrainingInterrupted
@@ -95,7 +95,7 @@ def run_stage(job: StageJob) -> StageOutcome:
     retried = folder.checkpoints.is_dir()  # an attempt after a killed one goes on from its checkpoint
     try:
         with handle_stop_signals():
-            return run_job(RunContext(cfg, run, Path(job.schema), device), replace(job, resume=job.resume or retried))
+            return run_job(RunContext(cfg, run, job.site, device), replace(job, resume=job.resume or retried))
     except TrainingInterrupted as exc:
         if exc.signal_name == "SIGTERM":
             raise StageRetry(f"{job.name}: stopped by SIGTERM at step {exc.step}; run again from its "
@@ -163,7 +163,7 @@ class RayBackend:
     def open(cls, nights: list[Night], options: dict[str, Any], say: Callable[[str], None]) -> Iterator[RayBackend]:
         first = nights[0].ctx
         with ray_session(options.get("address"), shared=first.run.root) as ray:
-            executor = cls(ray, nights, observation_action_sizes(first.cfg, first.schema), say)
+            executor = cls(ray, nights, policy_sizes(first.cfg, first.site), say)
             executor.fit()
             previous = {s: signal.signal(s, executor._on_stop) for s in (signal.SIGINT, signal.SIGTERM)}
             try:
@@ -250,14 +250,6 @@ def _read_attempts(run: RunDir, name: str) -> tuple[dict[str, Any], ...]:
     if not path.is_file():
         return ()
     return tuple(json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip())
-
-
-def observation_action_sizes(cfg: Config, schema: Path) -> tuple[int, int]:
-    env = make_sb3_env(cfg, schema, "train", cfg.seed)
-    try:
-        return env.observation_space.shape[0], env.action_space.shape[0]
-    finally:
-        env.close()
 
 
 # ------------------------------------------------------------------------------ the plan, side by side

@@ -31,13 +31,13 @@ def prepare(ctx: RunContext, agents: list[str], targets: dict[str, int], deadlin
             resume: bool, force: bool = False, one_process: bool = True) -> Night:
     """Calibrate, (re)plan and return the night with the plan's text (its first screen); ``one_process``: the
     backend's (backends.py)."""
-    speeds = calibrate(ctx.cfg, ctx.schema, ctx.device, agents)
+    speeds = calibrate(ctx.cfg, ctx.site, ctx.device, agents)
     now = datetime.now()  # after calibrating: the plan starts when the first stage can
     resumed = ScheduleState.load(ctx.run.schedule) if resume and ctx.run.schedule.is_file() else None
     if resumed is not None:
         deadline = resumed.deadline_dt()  # the same deadline as the night began with
     ctx, fitted = _fit_warm_start(ctx, speeds, agents, deadline, now, one_process)
-    specs = stage_specs(ctx.cfg, ctx.schema, speeds, agents, targets, one_process)
+    specs = stage_specs(ctx.cfg, ctx.site, speeds, agents, targets, one_process)
     if resumed is not None:
         state = resumed
         logs.get().info("schedule resumed", deadline=state.deadline,
@@ -49,7 +49,7 @@ def prepare(ctx: RunContext, agents: list[str], targets: dict[str, int], deadlin
     plan(state, specs, now)
     state.save()
     remaining = [s.name for s in state.stages if s.status not in FINISHED]
-    planned, notes = build_plan(ctx.cfg, ctx.schema, speeds, [a for a in agents if a in remaining], targets, now,
+    planned, notes = build_plan(ctx.cfg, ctx.site, speeds, [a for a in agents if a in remaining], targets, now,
                                 deadline, one_process)
     text = render([p for p in planned if p.name in remaining], deadline, [*fitted, *notes], speeds)
     return Night(ctx, state, specs, force, text, keep=lambda name, metrics: record_results(ctx.run, {name: metrics}),
@@ -61,7 +61,7 @@ def _fit_warm_start(ctx: RunContext, speeds: Speeds, agents: list[str], deadline
     """The run with the warm start's ensemble the night's time affords (plan.fit_ensemble), written to its
     config.yaml (a resumed night and Ray's workers read it from there), and the plan's note of it."""
     available = (deadline - now).total_seconds() if deadline else None
-    fitted, why = fit_ensemble(ctx.cfg, ctx.schema, speeds, agents, available, one_process)
+    fitted, why = fit_ensemble(ctx.cfg, ctx.site, speeds, agents, available, one_process)
     if why is None:
         return ctx, []
     logs.get().info(f"warm start: {why}")

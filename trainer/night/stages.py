@@ -23,7 +23,7 @@ from trainer.files import DamagedFile, read_json, write_json_atomic, write_text_
 from trainer.learn.agents import save_model_atomic
 from trainer.learn.model_file import load_model
 from trainer.learn.recovery import StageFailed
-from trainer.learn.selection import confirm_over_the_years, kept_summary, validation_schema
+from trainer.learn.selection import confirm_over_the_years, kept_summary, validation_site
 from trainer.learn.trainer import StageTrainer
 from trainer.learn.trainer import summary as training_summary
 from trainer.metrics import METRIC_KEYS, compare_to_baseline, run_episode
@@ -32,7 +32,7 @@ from trainer.night.state import StageJob, StageOutcome
 from trainer.references import BASELINE, REFERENCE_ROSTER, REFERENCES, ReferenceUnavailable
 from trainer.roster import AGENTS
 from trainer.run_dir import AgentDir, RunDir
-from trainer.scenario import UNSEEN_YEAR_SEED_OFFSET, another_draw
+from trainer.scenario import UNSEEN_YEAR_SEED_OFFSET
 from trainer.session import RunContext, training_timesteps
 
 if TYPE_CHECKING:
@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 
 
 def _eval_env(ctx: RunContext):
-    return make_sb3_env(ctx.cfg, ctx.schema, "eval", ctx.seed, eval_days=ctx.cfg.schedule.eval_days)
+    return make_sb3_env(ctx.cfg, ctx.site, "eval", ctx.seed, eval_days=ctx.cfg.schedule.eval_days)
 
 
 def _skipped(why: ReferenceUnavailable) -> dict[str, Any]:
@@ -122,7 +122,7 @@ def _best_policy(ctx: RunContext, agent: str, trainer: StageTrainer,
     best = trainer.best
     if best is None or best.best is None:
         return model, None
-    kept = kept_summary(best, int(model.num_timesteps), validation_schema(ctx)[1])
+    kept = kept_summary(best, int(model.num_timesteps), validation_site(ctx)[1])
     if best.best.step != model.num_timesteps:
         logs.get().info("deploying the best policy seen, not the last", agent=agent, step=best.best.step,
                         final_step=int(model.num_timesteps), why=kept["why"],
@@ -188,10 +188,10 @@ def evaluate_unseen_year(ctx: RunContext) -> dict[str, dict[str, Any]]:
     (docs/agent-quality.md).
     """
     folder = ctx.run.unseen_year
-    schema = another_draw(ctx.schema, folder / "site", UNSEEN_YEAR_SEED_OFFSET, ctx.cfg.scenario)
-    if schema is None:
-        raise UsageError(f"{ctx.run.root} was run on {ctx.schema}, a dataset with one period: --unseen-year needs the "
-                         "built-in site, which can draw another year of its climate; evaluate without it")
+    year = ctx.site.draw(folder / "site", UNSEEN_YEAR_SEED_OFFSET)
+    if year is None:
+        raise UsageError(f"{ctx.run.root} was run on {ctx.site.schema}, a dataset with one period: --unseen-year needs "
+                         "the built-in site, which can draw another year of its climate; evaluate without it")
     controllers: dict[str, PolicyController] = {}  # by the row's name; every model is loaded before anything runs
     for agent in AGENTS:
         agent_dir = ctx.run.agent(agent)
@@ -203,7 +203,7 @@ def evaluate_unseen_year(ctx: RunContext) -> dict[str, dict[str, Any]]:
                 fix=f"delete it to evaluate without it; trainer train {agent} writes it again"))
 
     def open_env():
-        return make_sb3_env(ctx.cfg, schema, "eval", ctx.seed, eval_days=ctx.cfg.schedule.eval_days)
+        return make_sb3_env(ctx.cfg, year, "eval", ctx.seed, eval_days=ctx.cfg.schedule.eval_days)
 
     results: dict[str, dict[str, Any]] = {}
     for name, spec in REFERENCE_ROSTER.items():
@@ -299,7 +299,7 @@ def train_with_baseline(ctx: RunContext, agent: str, resume: bool, force: bool) 
     done = ctx.run.results()
     if BASELINE not in done:
         record_results(ctx.run, {BASELINE: evaluate_reference(ctx, BASELINE)})
-    steps = training_timesteps(ctx.cfg, agent, ctx.schema)
+    steps = training_timesteps(ctx.cfg, agent, ctx.site)
     return record_results(ctx.run, {agent: train_agent(ctx, agent, steps, resume=resume, force=force)})
 
 

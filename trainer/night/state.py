@@ -30,6 +30,7 @@ from trainer.schedule_file import (
     StageRecord,
     Status,
 )
+from trainer.site import Site
 
 if TYPE_CHECKING:
     from trainer.session import RunContext
@@ -46,7 +47,7 @@ class StageJob:
     """One stage as a backend places it: what a process needs to run it, wherever and whenever it starts."""
 
     run: str                      # the run folder
-    schema: str                   # the dataset's schema.json
+    site: Site                    # the dataset
     name: str
     kind: StageKind
     target: int = 0               # training steps
@@ -184,7 +185,7 @@ def _start(night: Night, record: StageRecord, parallel: bool, clock: Callable[[]
         alloc = allocate(open_specs, (deadline - now).total_seconds())
         # Its own warm start runs inside its limit; the later stages' are theirs to keep.
         reserve = sum(s.fixed_s for s in open_specs) + sum(s.setup_s for s in open_specs[1:]) + sum(alloc[1:])
-    job = StageJob(str(night.ctx.run.root), str(night.ctx.schema), record.name, record.kind,
+    job = StageJob(str(night.ctx.run.root), night.ctx.site, record.name, record.kind,
                    record.timesteps_target, resume, night.force, deadline.timestamp() if deadline else None,
                    reserve, spec.steps_per_s)
     if not parallel:  # it starts now: the slot is known

@@ -16,7 +16,6 @@ from typing import Any
 
 from trainer import session
 from trainer.config import Config
-from trainer.datasets import resolve_dataset
 from trainer.errors import TrainerError, UsageError
 from trainer.files import DamagedFile, read_json, write_json_atomic, write_text_atomic
 from trainer.learn.preflight import check_resume_config
@@ -28,6 +27,7 @@ from trainer.roster import AGENTS
 from trainer.run_dir import RunDir
 from trainer.schedule_file import ScheduleState
 from trainer.session import open_run, training_targets
+from trainer.site import given_site
 
 SWEEP = "sweep.json"
 SUMMARY = "sweep.md"
@@ -54,7 +54,7 @@ def run_sweep(cfg: Config, seeds: list[int], folder: Path, schema: str | None, d
     if resume and not is_sweep(folder):
         raise UsageError(f"--resume: {folder} is not a sweep folder (no {SWEEP}); pass the folder a --seeds night made")
     seeds = read_seeds(folder) if resume else seeds
-    resolve_dataset(schema, dataset)  # every check before the sweep's folder or any seed's is written
+    given_site(schema, dataset)  # every check before the sweep's folder or any seed's is written
     RunDir(folder).refuse_links_out()  # a seed's folder linked out of the sweep's would take its writes elsewhere
     runs = [folder / f"seed-{seed}" for seed in seeds]
     seeded = [cfg.model_copy(update={"seed": seed}) for seed in seeds]
@@ -71,7 +71,7 @@ def run_sweep(cfg: Config, seeds: list[int], folder: Path, schema: str | None, d
         if not is_sweep(folder):  # sweep.json once the first night has passed its checks (and made the folder)
             write_json_atomic(folder / SWEEP, {"seeds": seeds, "runs": [r.name for r in runs],
                                                "backend": backend_name})
-        prepared = prepare(ctx, agents, training_targets(ctx.cfg, agents, quick, ctx.schema), deadline, resuming,
+        prepared = prepare(ctx, agents, training_targets(ctx.cfg, agents, quick, ctx.site), deadline, resuming,
                            force, chosen.one_process)
         say(f"seed {ctx.cfg.seed}: {prepared.plan_text}\n")
         return prepared

@@ -22,6 +22,7 @@ import numpy as np
 from trainer import logs
 from trainer.sim.battery import BatterySpec
 from trainer.sim.site import ChargerSpec, SiteTables
+from trainer.site import Site
 
 FORMAT = 1  # bump when SiteTables or what it reads changes
 
@@ -31,14 +32,11 @@ def cache_folder() -> Path:
     return Path(root) / "pvbess-trainer" / "sim"
 
 
-def dataset_digest(schema: Path, seed: int) -> str:
+def dataset_digest(site: Site, seed: int) -> str:
     """The dataset's content (its schema and every CSV beside or under its root), the seed and CityLearn's version."""
-    data = json.loads(schema.read_text(encoding="utf-8"))
-    configured = data.get("root_directory")
-    root = schema.parent if not configured else (schema.parent / Path(str(configured)).expanduser()).resolve()
     digest = hashlib.sha256(f"{FORMAT} {seed} {metadata.version('citylearn')}".encode())
-    digest.update(schema.read_bytes())
-    for csv in sorted(root.glob("*.csv")):
+    digest.update(json.dumps(site.data, sort_keys=True).encode())
+    for csv in sorted(site.root.glob("*.csv")):
         digest.update(csv.name.encode())
         digest.update(csv.read_bytes())
     return digest.hexdigest()[:24]
@@ -83,9 +81,9 @@ def _unflatten(data: Any) -> SiteTables:
     return SiteTables(**values)
 
 
-def cached_tables(env: Any, schema: Path, seed: int) -> SiteTables:
+def cached_tables(env: Any, site: Site, seed: int) -> SiteTables:
     """The site's tables from the cache, or read from ``env`` (a CityLearnEnv of the whole period) and kept."""
-    path = cache_folder() / f"{dataset_digest(schema, seed)}.npz"
+    path = cache_folder() / f"{dataset_digest(site, seed)}.npz"
     if path.is_file():
         try:
             with np.load(path, allow_pickle=False) as data:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from trainer import logs
@@ -10,33 +9,28 @@ from trainer.config import Config
 from trainer.env import make_citylearn_env, make_training_vec_env
 from trainer.errors import UsageError
 from trainer.sim.site import unsupported_reason
+from trainer.site import Site
 
 VECTOR, CITYLEARN = "vector", "citylearn"
 
-# (schema path, mtime, size) -> why the simulator does not model it (None: it does); one dataset a process.
-_UNMODELLED: dict[tuple[str, int, int], str | None] = {}
-
-
-def unmodelled(cfg: Config, schema: Path) -> str | None:
-    """Why the training simulator does not model this dataset, or None; asked of CityLearn once a process."""
-    stat = schema.stat()
-    key = (str(schema.resolve()), stat.st_mtime_ns, stat.st_size)
-    if key not in _UNMODELLED:
-        env = make_citylearn_env(cfg, schema, "eval", cfg.seed)
+def unmodelled(cfg: Config, site: Site) -> str | None:
+    """Why the training simulator does not model this dataset, or None; asked of CityLearn once a site."""
+    def ask() -> str | None:
+        env = make_citylearn_env(cfg, site, "eval", cfg.seed)
         try:
-            _UNMODELLED.clear()
-            _UNMODELLED[key] = unsupported_reason(env)
+            return unsupported_reason(env)
         finally:
             env.close()
-    return _UNMODELLED[key]
+
+    return site.remember("unmodelled by the training simulator", ask)
 
 
-def simulator_used(cfg: Config, schema: Path) -> str:
+def simulator_used(cfg: Config, site: Site) -> str:
     """VECTOR or CITYLEARN: what train.simulator gives on this dataset (a UsageError where vector cannot be had)."""
     choice = cfg.train.simulator
     if choice == CITYLEARN:
         return CITYLEARN
-    reason = unmodelled(cfg, schema)
+    reason = unmodelled(cfg, site)
     if reason is None:
         return VECTOR
     if choice == VECTOR:
@@ -46,12 +40,12 @@ def simulator_used(cfg: Config, schema: Path) -> str:
     return CITYLEARN
 
 
-def training_vec_env(cfg: Config, schema: Path, n_envs: int, subprocesses: bool,
+def training_vec_env(cfg: Config, site: Site, n_envs: int, subprocesses: bool,
                      simulator: str | None = None) -> tuple[Any, str]:
     """(the VecEnv of ``n_envs`` training environments, VECTOR or CITYLEARN); ``simulator`` if already chosen."""
-    simulator = simulator or simulator_used(cfg, schema)
+    simulator = simulator or simulator_used(cfg, site)
     if simulator == VECTOR:
         from trainer.sim.vec_env import SimVecEnv  # lazy: reading the site steps CityLearn through its period
 
-        return SimVecEnv(cfg, schema, n_envs, cfg.seed, episode_steps=cfg.scenario.train_episode_days * 24), VECTOR
-    return make_training_vec_env(cfg, schema, cfg.seed, n_envs, subprocesses), CITYLEARN
+        return SimVecEnv(cfg, site, n_envs, cfg.seed, episode_steps=cfg.scenario.train_episode_days * 24), VECTOR
+    return make_training_vec_env(cfg, site, cfg.seed, n_envs, subprocesses), CITYLEARN

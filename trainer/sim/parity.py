@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -22,6 +21,7 @@ from trainer.env import ActionScale, make_citylearn_env
 from trainer.ev_service import EvServiceGuard
 from trainer.optimum_model import site_model
 from trainer.sim.site import SiteTables, VectorSite
+from trainer.site import Site
 
 # kWh and state-of-charge fractions: CityLearn keeps both in float32 and sums a building's devices in an
 # order of its own, so a year of steps differs by a few 1e-6 (7.6e-6 on the built-in site).
@@ -113,12 +113,12 @@ class ParityCheck:
     """One CityLearn environment of the whole period and the simulator built from it."""
 
     cfg: Config
-    schema: Path
+    site: Site
     tables: SiteTables = field(init=False)
     env: Any = field(init=False)
 
     def __post_init__(self) -> None:
-        self.env = make_citylearn_env(self.cfg, self.schema, "eval", self.cfg.seed)
+        self.env = make_citylearn_env(self.cfg, self.site, "eval", self.cfg.seed)
         self.tables = SiteTables.read(self.env)
         self.names = _column_names(self.env)
 

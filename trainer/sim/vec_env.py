@@ -12,7 +12,6 @@ end is a time limit (``TimeLimit.truncated``), as trainer.env reports CityLearn'
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -23,14 +22,15 @@ from trainer.env import CentralAgentArrays, make_citylearn_env, site_scales
 from trainer.reward import TERMS, _grid_kwh_per_stored_kwh, kwh_value, mean_kwh_value
 from trainer.sim.ev import Guard, Sessions, Shortfalls, linear_paths
 from trainer.sim.site import SiteTables, VectorSite
+from trainer.site import Site
 
 
 class SimVecEnv(VecEnv):
     """``n_envs`` copies of the site in episode windows of ``episode_steps`` (None: the whole period from its start)."""
 
-    def __init__(self, cfg: Config, schema: Path, n_envs: int, seed: int, episode_steps: int | None = None) -> None:
-        env = make_citylearn_env(cfg, schema, "eval", seed)  # the whole period: CityLearn's normalisation is over it
-        self.tables = tables = site_tables(env, schema, seed)
+    def __init__(self, cfg: Config, site: Site, n_envs: int, seed: int, episode_steps: int | None = None) -> None:
+        env = make_citylearn_env(cfg, site, "eval", seed)  # the whole period: CityLearn's normalisation is over it
+        self.tables = tables = site_tables(env, site, seed)
         arrays = CentralAgentArrays(env, None, tuple(cfg.observations.carbon_ahead_hours))
         arrays.reset()
         self.plan, self.scale, self.carbon_ahead = arrays.plan, arrays.scale, arrays.carbon_ahead
@@ -155,16 +155,16 @@ class SimVecEnv(VecEnv):
 _TABLES: dict[tuple, SiteTables] = {}
 
 
-def site_tables(env: Any, schema: Path, seed: int) -> SiteTables:
+def site_tables(env: Any, site: Site, seed: int) -> SiteTables:
     """The site's tables, read once per process for a dataset file as it is now (a night's stages share them),
     and from the disk cache in later processes (trainer.sim.cache)."""
     from trainer.sim.cache import cached_tables  # the one place tables are kept on disk
 
-    stat = schema.stat()
-    key = (str(schema.resolve()), stat.st_mtime_ns, stat.st_size, seed)
+    stat = site.schema.stat()
+    key = (str(site.schema.resolve()), stat.st_mtime_ns, stat.st_size, seed)
     if key not in _TABLES:
         _TABLES.clear()  # one dataset at a time: a year of a 17-building site is tens of MB
-        _TABLES[key] = cached_tables(env, schema, seed)
+        _TABLES[key] = cached_tables(env, site, seed)
     return _TABLES[key]
 
 

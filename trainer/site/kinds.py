@@ -1,0 +1,67 @@
+"""The kinds of dataset a run may control, one row each in :data:`SITE_KINDS`.
+
+A kind says what a site of it can give beyond its own period: the built-in site draws other years of its
+climate (the selection's held-out years, the warm start's extra years, the unseen year); a dataset a user
+brings has its one period. Code asks the kind (``site.kind.draws``), never where the dataset came from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from trainer.config import ScenarioConfig
+from trainer.scenario import SCHEMA_FILE, build_site
+
+if TYPE_CHECKING:
+    from trainer.site.site import Site
+
+# Builds another year of ``site`` into ``folder`` with the seed offset given and returns its schema.json.
+DrawYear = Callable[["Site", Path, int], Path]
+
+
+@dataclass(frozen=True)
+class SiteKind:
+    """One kind of dataset: its name (run.json, the logs), what it is, and how it draws another year (if it can)."""
+
+    name: str
+    doc: str
+    draw_year: DrawYear | None = None
+
+    @property
+    def draws(self) -> bool:
+        """Whether a site of this kind has years other than its own period (held-out years, extra demonstrations)."""
+        return self.draw_year is not None
+
+    def __reduce__(self) -> tuple:
+        # A worker process or a Ray task gets the row of its own table, so that `site.kind is BUILT_IN` holds there.
+        return kind_named, (self.name,)
+
+
+def _draw_built_in(site: Site, folder: Path, seed_offset: int) -> Path:
+    scenario = site.scenario or ScenarioConfig()
+    build_site(scenario.model_copy(update={"seed": scenario.seed + seed_offset}), folder)
+    return folder / SCHEMA_FILE
+
+
+BUILT_IN = SiteKind("built-in", "the product's own site, generated from a scenario (the config's, or the one a "
+                                "schema it generated carries); other years are the same climate drawn again",
+                    _draw_built_in)
+SCHEMA = SiteKind("schema", "a CityLearn dataset given by its schema.json (--schema): its one period")
+NAMED = SiteKind("citylearn", "a CityLearn dataset given by name (--dataset), found as CityLearn finds it: its one "
+                              "period")
+
+SITE_KINDS: dict[str, SiteKind] = {kind.name: kind for kind in (BUILT_IN, SCHEMA, NAMED)}
+
+
+def kind_named(name: str) -> SiteKind:
+    """The row of :data:`SITE_KINDS` called ``name``."""
+    return SITE_KINDS[name]
+
+
+def kind_of(data: dict, given: SiteKind) -> SiteKind:
+    """The kind of a schema given as ``given``: one the product generated carries its scenario, and is built-in
+    however it was given (a built-in site passed by --schema still draws its other years)."""
+    return BUILT_IN if "pvbess_site" in data else given

@@ -1,0 +1,130 @@
+"""A run's site: its dataset resolved once (schema read and checked, kind, period, scenario) and carried as one object.
+
+Every part of a run asks the :class:`Site` it was handed rather than reading the schema again: how long its period
+is, whether it can draw other years, where its files lie. Facts that need a CityLearn environment to learn (the
+policy's sizes, what the training simulator cannot model) are remembered on the site the first time they are asked.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Callable, Hashable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from trainer.config import ScenarioConfig
+from trainer.datasets import check_dataset, check_name, find_dataset, read_schema
+from trainer.errors import DatasetError
+from trainer.files import DamagedFile
+from trainer.scenario import SCHEMA_FILE
+from trainer.site.kinds import BUILT_IN, NAMED, SCHEMA, SiteKind, kind_of
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, eq=False)
+class Site:
+    """One CityLearn dataset as a run uses it."""
+
+    kind: SiteKind
+    schema: Path  # the schema.json CityLearn reads
+    label: str | None  # how the run names it (a dataset's name or folder); None: the built-in site
+    data: Mapping[str, Any] = field(repr=False)  # the schema's JSON, read and checked once
+    scenario: ScenarioConfig | None = field(default=None, repr=False)  # what a built-in site was generated from
+    _facts: dict[Hashable, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def load(cls, schema: Path, given: SiteKind = SCHEMA, label: str | None = None, *, check: bool = False,
+             fallback: ScenarioConfig | None = None) -> Site:
+        """The site of ``schema``, read once (with ``check``, every file it names is opened too: a dataset a user
+        gave). A built-in site's scenario is read from the schema; one an older version wrote, with keys since
+        retired, takes ``fallback`` (the run's ``scenario`` section)."""
+        data = check_dataset(schema) if check else read_schema(schema)
+        kind = kind_of(data, given)
+        scenario = None
+        if kind is BUILT_IN:
+            try:
+                scenario = ScenarioConfig.model_validate(data["pvbess_site"])
+            except (ValueError, KeyError):
+                scenario = fallback or ScenarioConfig()
+        return cls(kind, schema, label, data, scenario)
+
+    # ----------------------------------------------------------------- the period
+
+    @property
+    def start(self) -> int:
+        return int(self.data.get("simulation_start_time_step", 0))
+
+    @property
+    def length(self) -> int:
+        """Steps in the schema's period (its end step included)."""
+        return int(self.data.get("simulation_end_time_step", 8759)) - self.start + 1
+
+    @property
+    def root(self) -> Path:
+        """Where CityLearn reads the dataset's files: ``root_directory`` (absolute, or relative to the schema), else
+        beside the schema."""
+        configured = self.data.get("root_directory")
+        return self.schema.parent if not configured else (self.schema.parent / Path(str(configured)).expanduser()
+                                                          ).resolve()
+
+    # ----------------------------------------------------------------- other years
+
+    def draw(self, folder: Path, seed_offset: int) -> Site | None:
+        """Another year of this site (its kind's ``draw_year`` with ``seed_offset``), built once into ``folder``;
+        None where the kind has its one period. Built aside and renamed into place: stages side by side on Ray may
+        both get here first."""
+        if self.kind.draw_year is None:
+            return None
+        drawn = folder / SCHEMA_FILE
+        if not drawn.is_file():
+            folder.parent.mkdir(parents=True, exist_ok=True)
+            aside = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
+            self.kind.draw_year(self, aside, seed_offset)
+            try:
+                aside.rename(folder)
+            except OSError:  # another stage's is already there: use it
+                shutil.rmtree(aside, ignore_errors=True)
+            if not drawn.is_file():
+                raise DamagedFile(f"{folder} holds no {SCHEMA_FILE} (a damaged copy of the site): delete the folder "
+                                  "and run again; it is built anew")
+        return Site.load(drawn, self.kind, self.label, fallback=self.scenario)
+
+    # ----------------------------------------------------------------- facts learnt once
+
+    def remember(self, key: Hashable, make: Callable[[], T]) -> T:
+        """``make()`` the first time ``key`` is asked of this site, the same answer after."""
+        if key not in self._facts:
+            self._facts[key] = make()
+        return self._facts[key]
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Workers and Ray tasks get the site without what this process learnt of it (it may hold large objects).
+        return {**self.__dict__, "_facts": {}}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+
+def given_site(schema: str | None, dataset: str | None) -> Site | None:
+    """The dataset ``--schema``/``--dataset`` name, checked fully before anything runs; None means the built-in site
+    (generated from the config: ``trainer.session`` places it)."""
+    if schema is not None and dataset is not None:
+        raise DatasetError("pass either --schema or --dataset, not both")
+    if schema is not None and not schema.strip():
+        raise DatasetError("--schema is empty; pass the path of a dataset's schema.json (or leave --schema out for the "
+                           "built-in site)")
+    if dataset is not None:
+        check_name(dataset)
+    if schema:
+        path = Path(schema).expanduser()
+        if path.is_dir():
+            path = path / "schema.json"
+        if not path.is_file():
+            raise DatasetError(f"CityLearn schema not found: {path} (pass the path of a dataset's schema.json)")
+        return Site.load(path.resolve(), SCHEMA, path.parent.name, check=True)
+    if dataset:
+        return Site.load(find_dataset(dataset), NAMED, dataset, check=True)
+    return None
