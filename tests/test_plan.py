@@ -8,6 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from trainer.cli import cli
+from trainer.sim.simulators import VECTOR, Simulator
 from trainer.site import Site
 
 
@@ -88,14 +89,14 @@ def test_calibration_measures_the_environments_the_night_trains_on(built_in, mon
 
     asked = []
 
-    def factory(cfg, schema, n_envs, subprocesses, simulator):
-        asked.append((simulator, n_envs))
+    def factory(simulator, cfg, site, n_envs, subprocesses=False):
+        asked.append((simulator.name, n_envs))
         raise RuntimeError("measured")
 
-    monkeypatch.setattr(calibrate, "training_vec_env", factory)
+    monkeypatch.setattr(Simulator, "training_env", factory)
     cfg = load_config()  # auto: the built-in site is one the simulator models
-    for measure in (lambda: calibrate._onpolicy_speed(cfg, built_in, "cpu", "ppo", "vector"),
-                    lambda: calibrate._off_policy_speed(cfg, built_in, "sac", "cpu", "vector", 16)):
+    for measure in (lambda: calibrate._onpolicy_speed(cfg, built_in, "cpu", "ppo", VECTOR),
+                    lambda: calibrate._off_policy_speed(cfg, built_in, "sac", "cpu", VECTOR, 16)):
         with pytest.raises(RuntimeError, match="measured"):
             measure()
     assert asked == [("vector", 64), ("vector", 16)]

@@ -16,6 +16,7 @@ from trainer.config_files import load_config
 from trainer.env import make_citylearn_env
 from trainer.sim.battery import curve_at
 from trainer.sim.parity import POLICIES, TOLERANCE, ParityCheck
+from trainer.sim.simulators import SIMULATORS
 from trainer.sim.site import SiteTables, Unsupported, VectorSite
 from trainer.site import Site
 
@@ -65,9 +66,11 @@ def short_sites(site_schema, tmp_path_factory):
     }
 
 
+@pytest.mark.parametrize("simulator", [row for row in SIMULATORS.values() if row.physics is not None],
+                         ids=lambda row: row.name)
 @pytest.mark.parametrize("site", ["built-in", "v2g", "two buildings"])
-def test_every_policy_gives_citylearn_s_observations_and_net_consumption(site, short_sites, cfg):
-    check = ParityCheck(cfg, Site.load(short_sites[site]))
+def test_every_policy_gives_citylearn_s_observations_and_net_consumption(site, simulator, short_sites, cfg):
+    check = ParityCheck(cfg, Site.load(short_sites[site]), simulator)
     for policy in POLICIES:
         result = check.run(policy)
         assert result.ok, f"{site}, {policy}: {result.line()}"
@@ -77,9 +80,9 @@ def test_every_policy_gives_citylearn_s_observations_and_net_consumption(site, s
 
 def test_v2g_cars_discharge_and_the_variant_exercises_its_limits(short_sites, cfg):
     check = ParityCheck(cfg, Site.load(short_sites["v2g"]))
-    sim = VectorSite(check.tables, 2)
+    sim = VectorSite(check.model, 2)
     sim.reset(np.ones(2, dtype=bool), np.zeros(2, dtype=int))
-    tables = check.tables
+    tables = check.model
     connected = np.flatnonzero((tables.connected >= 0).any(axis=1))
     t = int(connected[5])
     sim.reset(np.ones(2, dtype=bool), np.full(2, t))
@@ -98,7 +101,7 @@ def test_the_optimum_s_whole_year_on_the_built_in_site(built_in, cfg):
 
 def test_the_official_dataset_s_seventeen_buildings(official_schema, tmp_path, cfg):
     check = ParityCheck(cfg, Site.load(variant(official_schema, tmp_path, steps=7 * 24)))
-    assert check.tables.n_buildings == 17
+    assert check.model.n_buildings == 17
     for policy in ("random", "extreme"):
         result = check.run(policy)
         assert result.ok, result.line()
@@ -158,3 +161,12 @@ def test_sim_check_says_whether_the_simulator_matches_and_refuses_what_it_cannot
     assert refused.exit_code == 2
     assert "does not model this dataset" in refused.output and "dhw_storage" in refused.output
     assert "Traceback" not in refused.output
+
+
+def test_train_simulator_offers_every_row_of_the_table_and_auto():
+    from typing import get_args
+
+    from trainer.config import Config
+
+    choices = get_args(Config.model_fields["train"].annotation.model_fields["simulator"].annotation)
+    assert set(choices) == {"auto", *SIMULATORS}

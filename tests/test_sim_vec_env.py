@@ -86,17 +86,18 @@ def test_auto_reset_windows_and_the_episode_cursor(sites):
 
 def test_train_simulator_vector_refuses_a_dataset_it_cannot_model_and_auto_falls_back(site_schema, tmp_path):
     from trainer.errors import UsageError
-    from trainer.sim.factory import training_vec_env
+    from trainer.sim.simulators import simulator_for
 
     from .test_sim import _thermal
 
     schema = variant(site_schema, tmp_path, _thermal, steps=48)
     with pytest.raises(UsageError, match="train.simulator is vector, but .* dhw_storage"):
-        training_vec_env(load_config(overrides=["train.simulator=vector"]), Site.load(schema), 1, subprocesses=False)
-    env, simulator = training_vec_env(load_config(overrides=["train.simulator=auto"]), Site.load(schema), 1,
-                                      subprocesses=False)
+        simulator_for(load_config(overrides=["train.simulator=vector"]), Site.load(schema))
+    auto = load_config(overrides=["train.simulator=auto"])
+    simulator = simulator_for(auto, Site.load(schema))
+    env = simulator.training_env(auto, Site.load(schema), 1)
     try:
-        assert simulator == "citylearn"
+        assert simulator.name == "citylearn"
     finally:
         env.close()
 

@@ -14,6 +14,7 @@ from trainer.env import CentralAgentArrays, make_citylearn_env
 from trainer.errors import ConfigError
 from trainer.learn.agents import MAX_AUTO_ENVS, apply_sizes, training_envs
 from trainer.learn.fast_sac import FastSAC
+from trainer.sim.simulators import CITYLEARN, VECTOR
 from trainer.site import Site
 
 
@@ -192,7 +193,7 @@ def test_deferred_update_runs_before_learn_returns():
     (1, "ppo", 4), (2, "ppo", 8), (2, "a2c", 8), (16, "ppo", 32), (16, "a2c", 32), (1, "sac", 1), (64, "ppo", 32),
 ])
 def test_citylearn_workers_are_chosen_from_the_cores(cores, agent, expected, default_cfg):
-    n = training_envs(default_cfg, agent, "citylearn", cores=cores)
+    n = training_envs(default_cfg, agent, CITYLEARN, cores=cores)
     assert n == expected and n <= MAX_AUTO_ENVS
     assert agent == "sac" or default_cfg.agent(agent).n_steps % n == 0
 
@@ -203,12 +204,12 @@ def test_citylearn_workers_are_chosen_from_the_cores(cores, agent, expected, def
 ])
 def test_simulated_sites_follow_train_sites_whatever_the_cores(overrides, agent, expected):
     cfg = load_config(overrides=list(overrides))
-    assert training_envs(cfg, agent, "vector", cores=64) == training_envs(cfg, agent, "vector", cores=1) == expected
+    assert training_envs(cfg, agent, VECTOR, cores=64) == training_envs(cfg, agent, VECTOR, cores=1) == expected
 
 
 def test_configured_environments_must_divide_the_rollout():
     cfg = load_config(overrides=["ppo.n_envs=4"])
-    assert training_envs(cfg, "ppo", "citylearn", cores=2) == training_envs(cfg, "ppo", "vector") == 4
+    assert training_envs(cfg, "ppo", CITYLEARN, cores=2) == training_envs(cfg, "ppo", VECTOR) == 4
     with pytest.raises(ConfigError, match=r"n_steps \(2048\) must be a multiple of n_envs \(3\)"):
         load_config(overrides=["ppo.n_envs=3"])
 
@@ -221,7 +222,7 @@ def test_torch_threads_follow_the_agent_unless_set(default_cfg, monkeypatch):
     assert [cpu_threads_for(default_cfg, a) for a in ("sac", "ppo", "a2c")] == [1, 1, 1]  # workers beside each
     alone = load_config(overrides=["sac.learn_while_stepping=false"])
     assert [cpu_threads_for(alone, a) for a in ("sac", "ppo", "a2c")] == [6, 1, 1]
-    simulated = [cpu_threads_for(default_cfg, a, "vector") for a in ("sac", "ppo", "a2c")]
+    simulated = [cpu_threads_for(default_cfg, a, in_process=True) for a in ("sac", "ppo", "a2c")]
     assert simulated == [6, 1, 1]  # no worker beside SAC on the training simulator
     fixed = load_config(overrides=["gpu.cpu_threads=3"])
     assert [cpu_threads_for(fixed, a) for a in ("sac", "ppo", "a2c")] == [3, 3, 3]

@@ -42,10 +42,10 @@ def resolve_device(requested: str) -> str:
     return requested
 
 
-def cpu_threads_for(cfg: Config, agent: str, simulator: str = "citylearn") -> int:
+def cpu_threads_for(cfg: Config, agent: str, in_process: bool = False) -> int:
     """torch's intra-op threads for a stage: ``gpu.cpu_threads``, or with 0 one per core for an off-policy
-    agent (SAC) stepping its environments itself (the training simulator, or CityLearn without learning while
-    stepping), and one thread otherwise.
+    agent (SAC) stepping its environments itself (an ``in_process`` simulator's, or CityLearn's without learning
+    while stepping), and one thread otherwise.
 
     Measured on 2 cores (docs/benchmarks.md): SAC's update alone ran 1.3x faster on 2 threads, but
     with a CityLearn worker stepping beside it training ran ~20% slower than on one thread; on 16
@@ -55,14 +55,14 @@ def cpu_threads_for(cfg: Config, agent: str, simulator: str = "citylearn") -> in
     if cfg.gpu.cpu_threads:
         return cfg.gpu.cpu_threads
     section = cfg.agent(agent)
-    alone = simulator == "vector" or not section.learns_while_stepping
+    alone = in_process or not section.learns_while_stepping
     return cpu_cores() if isinstance(section, OffPolicyConfig) and alone else 1
 
 
-def apply_cpu_threads(cfg: Config, agent: str, simulator: str = "citylearn") -> int:
+def apply_cpu_threads(cfg: Config, agent: str, in_process: bool = False) -> int:
     import torch  # lazy: torch takes seconds to import
 
-    threads = cpu_threads_for(cfg, agent, simulator)
+    threads = cpu_threads_for(cfg, agent, in_process)
     torch.set_num_threads(threads)
     return threads
 

@@ -24,7 +24,7 @@ from trainer.learn.agents import TENSORBOARD_FIX, tensorboard_installed
 from trainer.learn.memory import GIB, Shapes, available_bytes, batch_bytes, host_available_bytes, replay_buffer_bytes
 from trainer.roster import AGENTS, off_policy_agents
 from trainer.session import site_for
-from trainer.sim.factory import unmodelled as unmodelled_by_simulator
+from trainer.sim.simulators import simulator_check
 from trainer.site import given_site
 
 DISK_WARN_BYTES = 5 * GIB
@@ -216,38 +216,23 @@ def run_checks(load: Callable[[], Config], schema: str | None, dataset: str | No
     checks += [*check_gpu_switches(cfg), check_tensorboard(cfg)]
     checks.append(check_disk(Path(cfg.output.root)))
     try:
-        obs_act, unmodelled = _dataset_shapes(cfg, schema, dataset)
+        obs_act, simulator = _dataset_checks(cfg, schema, dataset)
         checks.append(Check("dataset", PASS, f"{schema or dataset or 'built-in site'} loads offline "
                                              f"({obs_act[0]} observations, {obs_act[1]} actions)"))
     except TrainerError as exc:
         checks.append(Check("dataset", FAIL, str(exc), "pass --schema PATH or set CITYLEARN_LOCAL_DATASETS_PATH"))
         return checks
-    checks.append(check_simulator(cfg.train.simulator, unmodelled))
+    checks.append(simulator)
     import torch  # lazy: torch takes seconds to import
 
     checks += check_memory(cfg, obs_act, "cuda" if torch.cuda.is_available() and cfg.gpu.device != "cpu" else "cpu")
     return checks
 
 
-def _dataset_shapes(cfg: Config, schema: str | None, dataset: str | None) -> tuple[tuple[int, int], str | None]:
-    """(observations, actions) of the dataset, and why the training simulator does not model it (None: it does)."""
+def _dataset_checks(cfg: Config, schema: str | None, dataset: str | None) -> tuple[tuple[int, int], Check]:
+    """(observations, actions) of the dataset, and what agents will train on there."""
     with site_for(cfg, given_site(schema, dataset)) as site:
-        return policy_sizes(cfg, site), unmodelled_by_simulator(cfg, site)
-
-
-def check_simulator(choice: str, unmodelled: str | None) -> Check:
-    """What agents will train on (train.simulator), and why where it is not the training simulator."""
-    if choice == "citylearn":
-        hint = "" if unmodelled else "; the training simulator models this dataset: train.simulator: auto uses it"
-        return Check("simulator", PASS, f"agents train on CityLearn (train.simulator: citylearn){hint}")
-    if unmodelled is None:
-        return Check("simulator", PASS, f"agents train on the training simulator (train.simulator: {choice}); "
-                                        "evaluation runs in CityLearn")
-    if choice == "auto":
-        return Check("simulator", PASS, f"agents train on CityLearn: the training simulator does not model this "
-                                        f"dataset ({unmodelled})")
-    return Check("simulator", FAIL, f"train.simulator is vector, but the training simulator does not model this "
-                                    f"dataset: {unmodelled}", "set train.simulator: auto or citylearn")
+        return policy_sizes(cfg, site), simulator_check(cfg, site)
 
 
 def format_table(checks: list[Check]) -> str:

@@ -25,11 +25,12 @@ from trainer.benchmark.measure import Sizes, Trial, TrialKind
 from trainer.config import Config
 from trainer.controllers import PolicyController
 from trainer.device import apply_gpu_flags
-from trainer.env import make_citylearn_env, make_sb3_env, make_training_vec_env
+from trainer.env import make_citylearn_env, make_sb3_env
 from trainer.metrics import run_episode
 from trainer.night.stages import RunContext, training_timesteps
 from trainer.roster import agent_spec
 from trainer.run_dir import RunDir
+from trainer.sim.simulators import CITYLEARN, VECTOR, simulator_for
 from trainer.site import Site
 
 if TYPE_CHECKING:
@@ -134,14 +135,12 @@ def run_trial(trial: Trial, cfg: Config, site: Site, device: str, sizes: Sizes) 
     if trial.kind in (TrialKind.LEARN_PLAIN, TrialKind.LEARN_PRODUCT):
         return _learn_and_evaluate(trial, cfg, site, device)
     if trial.kind == TrialKind.SIMULATOR:
-        from trainer.sim.vec_env import SimVecEnv  # lazy: only this trial reads the site into arrays
-
-        env = SimVecEnv(cfg, site, trial.n_envs, cfg.seed, episode_steps=cfg.scenario.train_episode_days * 24)
+        env = VECTOR.training_env(cfg, site, trial.n_envs)
         return {"steps_per_s": _vec_env_rate(env, max(sizes.env_steps, 50 * trial.n_envs))}
     if trial.kind == TrialKind.SWEEP:
         return {
             "steps_per_s": _vec_env_rate(
-                make_training_vec_env(cfg, site, cfg.seed, trial.n_envs, trial.n_envs > 1), sizes.env_steps
+                CITYLEARN.training_env(cfg, site, trial.n_envs, trial.n_envs > 1), sizes.env_steps
             )
         }
     agent = trial.agent
@@ -177,14 +176,13 @@ def _train_plain(agent: str, env: gymnasium.Env, cfg: Config, device: str, steps
     SAC makes as many gradient steps per environment step as the product (:func:`same_updates_per_step`).
     """
     from trainer.learn.agents import training_envs  # lazy: agents builds SB3 models (torch)
-    from trainer.sim.factory import simulator_used
 
     algo = agent_spec(agent).plain_class()
-    share = training_envs(cfg, agent, simulator_used(cfg, site)) if agent == "a2c" and site else 1
+    share = training_envs(cfg, agent, simulator_for(cfg, site)) if agent == "a2c" and site else 1
     section = cfg.agent(agent)
     params = section.sb3_kwargs(share)
     if isinstance(section, OffPolicyConfig) and site is not None:
-        params.update(same_updates_per_step(section, training_envs(cfg, agent, simulator_used(cfg, site))))
+        params.update(same_updates_per_step(section, training_envs(cfg, agent, simulator_for(cfg, site))))
     if params.get("normalize_advantage") and params["n_steps"] < 2:
         # One environment's share of a short rollout can be a single step: one advantage has no spread to
         # normalise (SB3 divides by its NaN standard deviation).

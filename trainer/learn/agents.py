@@ -10,6 +10,7 @@ from trainer import device, logs
 from trainer.agent_config import OffPolicyConfig, OnPolicyConfig
 from trainer.config import Config
 from trainer.roster import agent_spec
+from trainer.sim.simulators import Simulator
 
 if TYPE_CHECKING:
     import gymnasium
@@ -25,10 +26,10 @@ def algorithm(name: str):
     return agent_spec(name).algorithm_class()
 
 
-def training_envs(cfg: Config, agent: str, simulator: str, cores: int | None = None) -> int:
-    """Training environments for an agent on ``simulator`` (trainer.sim.factory's VECTOR or CITYLEARN).
+def training_envs(cfg: Config, agent: str, simulator: Simulator, cores: int | None = None) -> int:
+    """Training environments for an agent on ``simulator`` (a row of trainer.sim.simulators.SIMULATORS).
 
-    On the training simulator every site is a row of arrays in this process: PPO and A2C take
+    On an in-process simulator (the training simulator) every site is a row of arrays in this process: PPO and A2C take
     ``train.sites`` (``n_envs: 0``), SAC ``sac.n_envs``. On CityLearn SAC steps one environment, and
     ``n_envs: 0`` takes the largest divisor of ``n_steps`` up to ENVS_PER_CORE workers per core (at
     most MAX_AUTO_ENVS). More workers than cores: each step waits on the slowest worker and on waking
@@ -37,7 +38,7 @@ def training_envs(cfg: Config, agent: str, simulator: str, cores: int | None = N
     with 8; docs/benchmarks.md). Either way every environment collects the same share of a rollout.
     """
     section = cfg.agent(agent)
-    vector = simulator == "vector"
+    vector = simulator.in_process
     if isinstance(section, OffPolicyConfig):
         return section.n_envs if vector else 1
     if not isinstance(section, OnPolicyConfig):

@@ -42,7 +42,7 @@ from trainer.learn.stage_checkpoints import StageCheckpoints
 from trainer.learn.state import EpisodeTracker, Sizes, StopReason
 from trainer.run_dir import AgentDir
 from trainer.signals import STOP
-from trainer.sim.factory import simulator_used, training_vec_env
+from trainer.sim.simulators import Simulator, simulator_for
 from trainer.site import Site
 
 if TYPE_CHECKING:
@@ -62,7 +62,7 @@ class StageTrainer:
         self.rel = self.cfg.reliability
         self.folder = ctx.run.agent(agent)
         self.imitations = SavedImitations(ctx.run.imitations)  # the warm start's, kept for the run's other processes
-        self.simulator = simulator_used(self.cfg, ctx.site)
+        self.simulator = simulator_for(self.cfg, ctx.site)
         self.n_envs = training_envs(self.cfg, agent, self.simulator)
         self.sizes = initial_sizes(self.section, agent, target, self.n_envs)
         self.device = agent_device(self.cfg, agent)
@@ -85,7 +85,7 @@ class StageTrainer:
 
     def train(self, resume: bool = False, force: bool = False) -> BaseAlgorithm:
         """Train to the target; returns the model. Raises TrainingInterrupted on a stop signal."""
-        self.log.info("torch threads", cpu_threads=apply_cpu_threads(self.cfg, self.agent, self.simulator))
+        self.log.info("torch threads", cpu_threads=apply_cpu_threads(self.cfg, self.agent, self.simulator.in_process))
         self.env = training_env(self.cfg, self.ctx.site, self.agent, self.n_envs, self.simulator)
         self.episodes = EpisodeTracker(self.env)
         check_memory(self.cfg, self.ctx.site, self.agent)  # again: memory may have gone since the night began
@@ -228,7 +228,7 @@ def initial_sizes(section: AgentConfig, agent: str, target: int, n_envs: int) ->
     return sizes
 
 
-def training_env(cfg: Config, site: Site, agent: str, n_envs: int, simulator: str) -> VecEnv:
+def training_env(cfg: Config, site: Site, agent: str, n_envs: int, simulator: Simulator) -> VecEnv:
     """The training environments (train.simulator): the simulator's N sites in this process, or CityLearn's,
     parallel for on-policy agents and in a worker for one learning while stepping."""
     from stable_baselines3.common.vec_env import (
@@ -238,9 +238,9 @@ def training_env(cfg: Config, site: Site, agent: str, n_envs: int, simulator: st
     from trainer.learn.fast_sac import TrainWhileStepping
 
     overlap = cfg.agent(agent).learns_while_stepping
-    env, simulator = training_vec_env(cfg, site, n_envs, subprocesses=n_envs > 1 or overlap, simulator=simulator)
+    env = simulator.training_env(cfg, site, n_envs, subprocesses=n_envs > 1 or overlap)
     workers = isinstance(env, SubprocVecEnv)
-    logs.get().info("training environments", agent=agent, n_envs=n_envs, simulator=simulator, workers=workers,
+    logs.get().info("training environments", agent=agent, n_envs=n_envs, simulator=simulator.name, workers=workers,
                     learn_while_stepping=overlap and workers)
     return TrainWhileStepping(env) if overlap and workers else env
 

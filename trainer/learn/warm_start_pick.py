@@ -23,8 +23,8 @@ import numpy as np
 from trainer import logs
 from trainer.config import Config
 from trainer.signals import STOP
+from trainer.sim.simulators import judging_env
 from trainer.sim.site import Unsupported
-from trainer.sim.vec_env import SimVecEnv
 from trainer.site import Site
 
 _PICKED: dict[str, np.ndarray] = {}  # each candidate's CO2 by the candidates' digest (a process's few stages)
@@ -35,7 +35,7 @@ def co2_over_the_years(cfg: Config, years: list[Site], policies: list[Any]) -> n
     start of each year's period; Unsupported where the simulator does not model a year's dataset."""
     totals = np.zeros(len(policies))
     for year in years:
-        env = SimVecEnv(cfg, year, len(policies), cfg.seed)
+        env = judging_env(cfg, year, len(policies))
         observations = env.reset()
         done = False
         while not done:

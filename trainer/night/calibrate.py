@@ -32,7 +32,7 @@ from trainer.learn.agents import build_model, training_envs
 from trainer.learn.imitation import time_with_the_term
 from trainer.roster import AGENTS, agent_spec
 from trainer.signals import STOP
-from trainer.sim.factory import CITYLEARN, VECTOR, simulator_used, training_vec_env
+from trainer.sim.simulators import Simulator, simulator_for
 from trainer.site import Site
 
 if TYPE_CHECKING:
@@ -83,10 +83,10 @@ def calibrate(cfg: Config, site: Site, device: str, agents: list[str], refresh: 
     speeds = Speeds(eval_steps_per_s=_eval_speed(cfg, site), train_steps_per_s={},
                     measured_at=datetime.now().isoformat(timespec="seconds"),
                     machine=f"{socket.gethostname()} ({os.cpu_count()} CPUs, {device})")
-    simulator = simulator_used(cfg, site)  # the night's stages train on what calibration measures
+    simulator = simulator_for(cfg, site)  # the night's stages train on what calibration measures
     for agent in agents:
         STOP.check("calibration")
-        apply_cpu_threads(cfg, agent, simulator)  # as the stage will
+        apply_cpu_threads(cfg, agent, simulator.in_process)  # as the stage will
         section = cfg.agent(agent)
         if isinstance(section, OffPolicyConfig):
             n_envs = training_envs(cfg, agent, simulator)
@@ -96,7 +96,7 @@ def calibrate(cfg: Config, site: Site, device: str, agents: list[str], refresh: 
             update = update_s * section.gradient_steps / (section.train_freq * n_envs)
             # Learning while stepping (a CityLearn worker) hides the environment's step behind the update,
             # but not the action choice and the bookkeeping around it: count half of the step, to be safe.
-            overlap = simulator == CITYLEARN and section.learns_while_stepping
+            overlap = not simulator.in_process and section.learns_while_stepping
             per_step = update + (0.5 if overlap else 1.0) / env_rate
             speeds.train_steps_per_s[agent] = 1 / per_step
         else:
@@ -110,7 +110,7 @@ def calibrate(cfg: Config, site: Site, device: str, agents: list[str], refresh: 
     if cfg.warm_start.epochs > 0 and cfg.warm_start.ensemble > 1:
         for teacher in sorted({cfg.warm_start.teacher_of(a) for a in agents if agent_spec(a).warm_start}):
             if teacher not in speeds.imitation_update_s:
-                apply_cpu_threads(cfg, teacher, simulator)
+                apply_cpu_threads(cfg, teacher, simulator.in_process)
                 speeds.imitation_update_s[teacher], speeds.imitation_policy[teacher] = _imitation_speed(
                     cfg, site, teacher, agent_device(cfg, teacher), simulator)
     write_json_atomic(cache, asdict(speeds))  # a kill mid-write leaves the old cache or none, never half
@@ -151,13 +151,13 @@ def _quiet(model: BaseAlgorithm, folder: str) -> BaseAlgorithm:
     return model
 
 
-def _onpolicy_speed(cfg: Config, site: Site, device: str, agent: str, simulator: str) -> float:
+def _onpolicy_speed(cfg: Config, site: Site, device: str, agent: str, simulator: Simulator) -> float:
     # At least one whole rollout, so the update's cost is in the figure (on CityLearn at most 1,000 steps;
     # the simulator steps a rollout in a fraction of a second).
     rollout = cfg.agent(agent).n_steps
-    steps = max(CALIBRATION_STEPS, rollout) if simulator == VECTOR else min(max(CALIBRATION_STEPS, rollout), 1000)
+    steps = max(CALIBRATION_STEPS, rollout) if simulator.in_process else min(max(CALIBRATION_STEPS, rollout), 1000)
     n_envs = training_envs(cfg, agent, simulator)
-    env, _ = training_vec_env(cfg, site, n_envs, subprocesses=n_envs > 1, simulator=simulator)
+    env = simulator.training_env(cfg, site, n_envs, subprocesses=n_envs > 1)
     try:
         with tempfile.TemporaryDirectory() as tmp:
             model = _quiet(build_model(cfg, agent, env, device, cfg.seed, steps), tmp)
@@ -169,12 +169,12 @@ def _onpolicy_speed(cfg: Config, site: Site, device: str, agent: str, simulator:
         env.close()
 
 
-def _imitation_speed(cfg: Config, site: Site, agent: str, device: str, simulator: str) -> tuple[float, str]:
+def _imitation_speed(cfg: Config, site: Site, agent: str, device: str, simulator: Simulator) -> tuple[float, str]:
     """Seconds one minibatch of the warm start's imitation takes (trainer.learn.imitation), and the digest of the
     policy it starts from."""
     from trainer.learn.imitation import imitation_update_s, policy_digest  # lazy: torch
 
-    env, _ = training_vec_env(cfg, site, 1, subprocesses=False, simulator=simulator)
+    env = simulator.training_env(cfg, site, 1)
     try:
         model = build_model(cfg, agent, env, device, cfg.seed, CALIBRATION_STEPS)
         digest = policy_digest(model)  # before the timing trains it
@@ -183,10 +183,10 @@ def _imitation_speed(cfg: Config, site: Site, agent: str, device: str, simulator
         env.close()
 
 
-def _off_policy_speed(cfg: Config, site: Site, agent: str, device: str, simulator: str,
+def _off_policy_speed(cfg: Config, site: Site, agent: str, device: str, simulator: Simulator,
                       n_envs: int) -> tuple[float, float]:
     """(environment steps/s without updates, seconds per gradient update at the configured batch)."""
-    env, _ = training_vec_env(cfg, site, n_envs, subprocesses=False, simulator=simulator)
+    env = simulator.training_env(cfg, site, n_envs)
     steps = max(CALIBRATION_STEPS, 20 * n_envs)
     try:
         with tempfile.TemporaryDirectory() as tmp:

@@ -20,7 +20,7 @@ from trainer.config import Config
 from trainer.env import ActionScale, make_citylearn_env
 from trainer.ev_service import EvServiceGuard
 from trainer.optimum_model import site_model
-from trainer.sim.site import SiteTables, VectorSite
+from trainer.sim.simulators import VECTOR, Simulator, SiteModel
 from trainer.site import Site
 
 # kWh and state-of-charge fractions: CityLearn keeps both in float32 and sums a building's devices in an
@@ -110,28 +110,32 @@ POLICIES: dict[str, Callable[[int, Config], Policy]] = {
 
 @dataclass
 class ParityCheck:
-    """One CityLearn environment of the whole period and the simulator built from it."""
+    """One CityLearn environment of the whole period and a simulator's model of the site read from it (any row of
+    trainer.sim.simulators.SIMULATORS with physics; the training simulator by default)."""
 
     cfg: Config
     site: Site
-    tables: SiteTables = field(init=False)
+    simulator: Simulator = VECTOR
+    model: SiteModel = field(init=False)
     env: Any = field(init=False)
 
     def __post_init__(self) -> None:
+        if self.simulator.physics is None:
+            raise ValueError(f"{self.simulator.name} is the reference the parity harness compares with")
         self.env = make_citylearn_env(self.cfg, self.site, "eval", self.cfg.seed)
-        self.tables = SiteTables.read(self.env)
+        self.model = self.simulator.physics(self.env)
         self.names = _column_names(self.env)
 
     def run(self, policy: str, steps: int | None = None, tolerance: float = TOLERANCE) -> ParityResult:
-        env, tables = self.env, self.tables
+        env, model = self.env, self.model
         act = POLICIES[policy](self.cfg.seed, self.cfg)
         scale = ActionScale.of(env)
         guard = EvServiceGuard.of(self.cfg.ev)
-        sim = VectorSite(tables, 1)
+        sim = model.copies(1)
         sim.reset(np.ones(1, dtype=bool), np.zeros(1, dtype=int))
         observations, _ = env.reset()
         result = ParityResult(policy)
-        limit = tables.steps - 1 if steps is None else min(steps, tables.steps - 1)
+        limit = model.steps - 1 if steps is None else min(steps, model.steps - 1)
         for t in range(limit + 1):
             raw = np.asarray(observations[0], dtype=float)
             simulated = sim.observe()[0]

@@ -152,6 +152,10 @@ class SiteTables:
     def n_buildings(self) -> int:
         return self.fixed_net.shape[1]
 
+    def copies(self, n_envs: int) -> VectorSite:
+        """``n_envs`` copies of the site, stepped as one (trainer.sim.simulators.SiteModel)."""
+        return VectorSite(self, n_envs)
+
     @classmethod
     def read(cls, env: Any) -> SiteTables:
         """From a CityLearnEnv whose episode is the whole period (trainer.env's evaluation environment)."""
