@@ -10,7 +10,7 @@ from stable_baselines3 import PPO
 from stable_baselines3.common.logger import configure
 
 from trainer.learn.fast_ppo import FastPPO, numpy_step_unsupported
-from trainer.learn.imitation import BehaviourCloningTerm
+from trainer.learn.warm_start import BehaviourCloningTerm
 
 # 128-step rollouts in minibatches of 48 end each epoch on a short one, on purpose: SB3 warns of it.
 pytestmark = pytest.mark.filterwarnings("ignore:You have specified a mini-batch size")

@@ -13,7 +13,7 @@ from trainer.config_files import load_config
 from trainer.controllers import PolicyController, UncontrolledBaseline
 from trainer.env import make_sb3_env
 from trainer.learn.agents import build_model
-from trainer.learn.imitation import demonstrations, keep_near_demonstrations, time_with_the_term, warm_start
+from trainer.learn.warm_start import demonstrations, keep_near_demonstrations, time_with_the_term, warm_start
 from trainer.metrics import run_episode
 from trainer.site import Site
 
@@ -117,7 +117,7 @@ def test_a_calibration_times_the_term_its_stage_will_carry(built_in, agent, weig
 
 
 def test_the_warm_start_also_imitates_other_years_of_the_built_in_site(built_in, tmp_path):
-    from trainer.learn.imitation import training_demonstrations
+    from trainer.learn.warm_start import training_demonstrations
     from trainer.scenario import DRAW_SEED_OFFSET
 
     cfg = load_config(overrides=["warm_start.extra_draws=1"])
@@ -146,7 +146,7 @@ def test_another_draw_is_only_of_the_built_in_site(tmp_path):
 def test_the_plan_s_imitation_speed_is_measured_on_the_agent_s_own_model(built_in, cfg):
     import math
 
-    from trainer.learn.imitation import imitation_update_s
+    from trainer.learn.warm_start.cloning import imitation_update_s
 
     model = build_model(cfg, "sac", make_sb3_env(cfg, built_in, "train", cfg.seed), "cpu", cfg.seed, 1000)
     seconds = imitation_update_s(model, 64, updates=3)
@@ -157,25 +157,25 @@ def test_an_identical_imitation_is_reused_to_the_bit(built_in, cfg, monkeypatch)
     """A night's PPO and A2C build the same policy from the same seed: the second copies the first's imitation."""
     import torch
 
-    from trainer.learn import imitation
+    from trainer.learn.warm_start import cloning
 
-    monkeypatch.setattr(imitation, "_IMITATED", {})
+    monkeypatch.setattr(cloning, "_IMITATED", {})
     env = make_sb3_env(cfg, built_in, "train", cfg.seed)
     args = (demonstrations(cfg, built_in, cfg.seed), 2, cfg.warm_start.learning_rate, cfg.warm_start.batch_size,
             cfg.seed)
-    first, reused = imitation.imitate_once(build_model(cfg, "ppo", env, "cpu", cfg.seed, 1000), *args)
+    first, reused = cloning.imitate_once(build_model(cfg, "ppo", env, "cpu", cfg.seed, 1000), *args)
     assert not reused
     a2c = build_model(cfg, "a2c", env, "cpu", cfg.seed, 1000)
-    second, reused = imitation.imitate_once(a2c, *args)
+    second, reused = cloning.imitate_once(a2c, *args)
     assert reused and second == first and not a2c.policy.training
     fresh = build_model(cfg, "a2c", env, "cpu", cfg.seed, 1000)
-    assert imitation.imitate(fresh, *args) == first
+    assert cloning.imitate(fresh, *args) == first
     for name, weights in fresh.policy.state_dict().items():
         assert torch.equal(a2c.policy.state_dict()[name], weights), name
     # Another seed's policy starts elsewhere: imitated afresh.
-    assert not imitation.imitate_once(build_model(cfg, "a2c", env, "cpu", cfg.seed + 1, 1000), *args)[1]
+    assert not cloning.imitate_once(build_model(cfg, "a2c", env, "cpu", cfg.seed + 1, 1000), *args)[1]
     # What the night's plan counts on (its calibration records each agent's digest).
-    digests = {agent: imitation.policy_digest(build_model(cfg, agent, env, "cpu", cfg.seed, 1000))
+    digests = {agent: cloning.policy_digest(build_model(cfg, agent, env, "cpu", cfg.seed, 1000))
                for agent in ("sac", "ppo", "a2c")}
     assert digests["ppo"] == digests["a2c"] != digests["sac"]
 
@@ -187,16 +187,17 @@ def test_the_warm_start_imitates_its_ensemble_s_mean_and_the_stage_goes_on_as_wi
     import torch
     from structlog.testing import capture_logs
 
-    from trainer.learn import imitation
+    from trainer.learn.warm_start import cloning
+    from trainer.learn.warm_start import ensemble as distilling
 
-    monkeypatch.setattr(imitation, "_DISTILLED", {})
+    monkeypatch.setattr(distilling, "_DISTILLED", {})
     several = cfg.model_copy(update={"warm_start": cfg.warm_start.model_copy(update={
         "epochs": 3, "ensemble": 3, "student_epochs": 5, "teacher": teacher})})
     members_are = agent if teacher == "own" else teacher
     env = make_sb3_env(several, week_site, "train", several.seed)
     model = build_model(several, agent, env, "cpu", several.seed, 1000)
     single = build_model(several, agent, env, "cpu", several.seed, 1000)
-    imitation.imitate(single, demonstrations(several, week_site, several.seed), 3, several.warm_start.learning_rate,
+    cloning.imitate(single, demonstrations(several, week_site, several.seed), 3, several.warm_start.learning_rate,
                       several.warm_start.batch_size, several.seed)
     torch.manual_seed(123)
     with capture_logs() as logged:
@@ -210,15 +211,15 @@ def test_the_warm_start_imitates_its_ensemble_s_mean_and_the_stage_goes_on_as_wi
     assert ensemble["teacher"] == members_are
     assert ensemble["labelled_steps"] == 2 * steps  # the demonstrations' states and the ensemble's own year
     # The first member is the teacher's single imitation; the policy is the student, not it.
-    assert ensemble["members_actor_mse"][0] == round(imitation.imitate(
+    assert ensemble["members_actor_mse"][0] == round(cloning.imitate(
         build_model(several, members_are, env, "cpu", several.seed, 1000),
         demonstrations(several, week_site, several.seed),
         3, several.warm_start.learning_rate, several.warm_start.batch_size, several.seed)[0], 5)
     assert not all(torch.equal(single.policy.state_dict()[n], t) for n, t in model.policy.state_dict().items())
     # The student fits the members' mean for its own epochs, from the stage's model as it was built.
-    labelled = next(iter(imitation._DISTILLED.values()))
+    labelled = next(iter(distilling._DISTILLED.values()))
     assert ensemble["student_epochs"] == 5
-    assert summary["actor_mse"] == round(imitation.imitate(
+    assert summary["actor_mse"] == round(cloning.imitate(
         build_model(several, agent, env, "cpu", several.seed, 1000), labelled, 5, several.warm_start.learning_rate,
         several.warm_start.batch_size, several.seed)[0], 5)
     # Minutes of work on a real site: the log says what is happening, member by member, and how to have one.
@@ -234,10 +235,11 @@ def test_one_ensemble_teaches_every_agent_of_a_night_on_any_threads(week_site, c
     import torch
     from structlog.testing import capture_logs
 
-    from trainer.learn import imitation
+    from trainer.learn.warm_start import cloning
+    from trainer.learn.warm_start import ensemble as distilling
 
-    monkeypatch.setattr(imitation, "_IMITATED", {})
-    monkeypatch.setattr(imitation, "_DISTILLED", {})
+    monkeypatch.setattr(cloning, "_IMITATED", {})
+    monkeypatch.setattr(distilling, "_DISTILLED", {})
     several = cfg.model_copy(update={"warm_start": cfg.warm_start.model_copy(update={
         "epochs": 2, "ensemble": 2, "student_epochs": 2, "teacher": "sac"})})
     env = make_sb3_env(several, week_site, "train", several.seed)
@@ -257,20 +259,20 @@ def test_one_ensemble_teaches_every_agent_of_a_night_on_any_threads(week_site, c
         a2c["ensemble"]["members_actor_mse"]
     assert [e["reused"] for e in first if "member" in e] == [False, False]
     assert [e["reused"] for e in second if "member" in e] == [True, True, True, True]
-    assert len(imitation._DISTILLED) == 1
+    assert len(distilling._DISTILLED) == 1
     # Each agent fits its own student: A2C's policy is PPO's, so it reuses PPO's.
     assert ppo["actor_mse"] == a2c["actor_mse"] != sac["actor_mse"]
     assert any("the same imitation as an earlier stage's" in e["event"] for e in second)
 
 
 def test_the_ensemble_s_labels_are_its_mean_action_where_it_goes_in_closed_loop(week_site, cfg, monkeypatch):
-    from trainer.learn import imitation
+    from trainer.learn.warm_start import ensemble as distilling
 
-    monkeypatch.setattr(imitation, "_DISTILLED", {})
+    monkeypatch.setattr(distilling, "_DISTILLED", {})
     env = make_sb3_env(cfg, week_site, "train", cfg.seed)
     members = [build_model(cfg, "ppo", env, "cpu", seed, 1000).policy for seed in (1, 2)]
     demos = demonstrations(cfg, week_site, cfg.seed)
-    labelled = imitation._ensemble_labels(cfg, week_site, members, demos, None)
+    labelled = distilling._ensemble_labels(cfg, week_site, members, demos, None)
     steps = len(demos.actions)
     assert labelled.periods == (steps, steps) and labelled.period_steps == steps
 
@@ -290,5 +292,5 @@ def test_the_ensemble_s_labels_are_its_mean_action_where_it_goes_in_closed_loop(
         obs, reward, _, _, _ = replay.step(mean(obs[None])[0])
         assert labelled.rewards[steps + t] == pytest.approx(reward)
     # A second agent's ensemble of the same members is not run again.
-    monkeypatch.setattr(imitation, "make_sb3_env", None)
-    assert imitation._ensemble_labels(cfg, week_site, members, demos, None) is labelled
+    monkeypatch.setattr(distilling, "make_sb3_env", None)
+    assert distilling._ensemble_labels(cfg, week_site, members, demos, None) is labelled

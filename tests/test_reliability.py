@@ -119,7 +119,7 @@ def test_sigkill_then_resume_redoes_at_most_1000_steps(tmp_path, site_schema):
 
 KILLED_AFTER_AN_IMITATION = textwrap.dedent("""
     import os, signal, sys
-    from trainer.learn import saved_imitations
+    from trainer.learn.warm_start import saved as saved_imitations
     original = saved_imitations.SavedImitations.save
     def save(self, key, weights, errors):
         original(self, key, weights, errors)

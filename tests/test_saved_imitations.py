@@ -10,10 +10,10 @@ from structlog.testing import capture_logs
 
 from trainer.config_files import load_config
 from trainer.env import make_sb3_env
-from trainer.learn import imitation
 from trainer.learn.agents import build_model
-from trainer.learn.imitation import demonstrations, imitation_key, warm_start
-from trainer.learn.saved_imitations import SavedImitations
+from trainer.learn.warm_start import cloning, demonstrations, imitation_key, warm_start
+from trainer.learn.warm_start import ensemble as distilling
+from trainer.learn.warm_start.saved import SavedImitations
 
 
 @pytest.fixture
@@ -26,8 +26,8 @@ def cfg():
 def new_process(monkeypatch):
     """What a fresh process has in memory: nothing imitated, nothing labelled."""
     def forget() -> None:
-        monkeypatch.setattr(imitation, "_IMITATED", {})
-        monkeypatch.setattr(imitation, "_DISTILLED", {})
+        monkeypatch.setattr(cloning, "_IMITATED", {})
+        monkeypatch.setattr(distilling, "_DISTILLED", {})
     forget()
     return forget
 
@@ -119,7 +119,7 @@ def test_a_key_is_busy_while_another_holder_imitates_it(tmp_path):
 
 
 def test_an_imitation_a_full_disk_cannot_keep_costs_nothing_but_a_warning(tmp_path, monkeypatch):
-    from trainer.learn import saved_imitations
+    from trainer.learn.warm_start import saved as saved_imitations
 
     def full(path, data):
         raise OSError(28, "No space left on device")
@@ -134,7 +134,7 @@ def test_an_imitation_a_full_disk_cannot_keep_costs_nothing_but_a_warning(tmp_pa
 def test_a_stop_request_ends_the_wait_for_another_stage_s_imitation(tmp_path, monkeypatch):
     import signal
 
-    from trainer.learn import saved_imitations
+    from trainer.learn.warm_start import saved as saved_imitations
     from trainer.signals import STOP, Stopped
 
     monkeypatch.setattr(saved_imitations, "WAIT_CHECK_S", 0.01)

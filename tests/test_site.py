@@ -11,8 +11,8 @@ import pytest
 
 from trainer.config_files import load_config
 from trainer.errors import DatasetError
-from trainer.learn.imitation import demonstration_years
 from trainer.learn.selection import held_out_years, validation_site
+from trainer.learn.warm_start.optimum_demonstrations import demonstration_years
 from trainer.night.plan import policy_evaluations
 from trainer.run_dir import RunDir
 from trainer.session import RunContext, RunRecord

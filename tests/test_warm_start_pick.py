@@ -9,8 +9,9 @@ from trainer.config_files import load_config
 from trainer.controllers import PolicyController
 from trainer.env import make_sb3_env
 from trainer.learn.agents import build_model
-from trainer.learn.imitation import demonstrations, imitate, warm_start
-from trainer.learn.warm_start_pick import co2_over_the_years, pick_the_best
+from trainer.learn.warm_start import demonstrations, warm_start
+from trainer.learn.warm_start.cloning import imitate
+from trainer.learn.warm_start.pick import co2_over_the_years, pick_the_best
 from trainer.metrics import run_episode
 from trainer.site import Site
 
@@ -92,7 +93,7 @@ def test_the_warm_start_records_its_pick_and_the_chosen_fit(cfg, week, week_site
 
 def test_a_second_agent_with_the_same_imitations_picks_alike_without_running_them(cfg, week_site, policies,
                                                                                  monkeypatch):
-    from trainer.learn import warm_start_pick
+    from trainer.learn.warm_start import pick as warm_start_pick
 
     monkeypatch.setattr(warm_start_pick, "_PICKED", {})
     model = build_model(cfg, "ppo", make_sb3_env(cfg, week_site, "train", cfg.seed), "cpu", 1, 1000)

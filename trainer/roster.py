@@ -33,7 +33,7 @@ class AgentSpec:
     plain: str                   # "module:Class" of stable-baselines3's own, the benchmark's plain recipe
     critics: int = 1             # critic networks a gradient step runs (targets included): the batch back-off
     actors: int = 1              # actor networks a gradient step runs (targets included)
-    warm_start: bool = True      # its policy can imitate the optimum (a stochastic actor: trainer.learn.imitation)
+    warm_start: bool = True      # its policy can imitate the optimum (a stochastic actor: trainer.learn.warm_start)
     fine_tune_key: str | None = None  # warm_start.<key>: the strength of the term that keeps it near the demos
     saved_keys: frozenset[str] = frozenset()  # what its SB3 class saves beyond SAC, PPO and A2C (model_file)
 

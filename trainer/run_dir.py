@@ -110,7 +110,7 @@ class RunDir:
     second_held_out_site = property(lambda self: self.root / "validation-site-2")  # the selection's second one
     # The built-in site's other draws whose optimum the warm start imitates too (warm_start.extra_draws).
     demonstration_sites = property(lambda self: self.root / "demonstration-sites")
-    # The warm start's imitations, for the night's other processes (trainer.learn.saved_imitations).
+    # The warm start's imitations, for the night's other processes (trainer.learn.warm_start.saved).
     imitations = property(lambda self: self.root / "imitations")
     validation_references = property(lambda self: self.root / "validation-site" / "references.json")
     # trainer evaluate --unseen-year: a year of the built-in site nothing trained on (site/) and the figures there.

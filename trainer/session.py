@@ -25,7 +25,7 @@ from trainer.device import apply_gpu_flags, resolve_device
 from trainer.errors import UsageError
 from trainer.files import read_typed, write_json_atomic
 from trainer.learn.preflight import check_memory
-from trainer.learn.saved_imitations import SavedImitations
+from trainer.learn.warm_start.saved import SavedImitations
 from trainer.lock import RunLock
 from trainer.progress import live_console
 from trainer.roster import AGENTS

@@ -12,7 +12,7 @@ from trainer.config import Config
 from trainer.env import policy_sizes
 from trainer.errors import UsageError
 from trainer.learn.memory import GIB, Shapes, host_available_bytes, replay_buffer_bytes
-from trainer.learn.saved_imitations import SavedImitations
+from trainer.learn.warm_start.saved import SavedImitations
 from trainer.roster import AGENTS
 from trainer.run_dir import RunDir
 from trainer.site import Site

@@ -32,14 +32,14 @@ from trainer.learn.agents import (
     sb3_logger,
     training_envs,
 )
-from trainer.learn.imitation import keep_near_demonstrations, warm_start
 from trainer.learn.memory import Shapes, free_memory
 from trainer.learn.preflight import check_memory, check_resume_config
 from trainer.learn.recovery import Failure, OutOfMemory, Recovery, TrainingInterrupted, failure_of
-from trainer.learn.saved_imitations import SavedImitations
 from trainer.learn.selection import BestPolicy, held_out_years
 from trainer.learn.stage_checkpoints import StageCheckpoints
 from trainer.learn.state import EpisodeTracker, Sizes, StopReason
+from trainer.learn.warm_start import keep_near_demonstrations, warm_start
+from trainer.learn.warm_start.saved import SavedImitations
 from trainer.run_dir import AgentDir
 from trainer.signals import STOP
 from trainer.sim.simulators import Simulator, simulator_for

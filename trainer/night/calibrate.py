@@ -29,7 +29,8 @@ from trainer.device import agent_device, apply_cpu_threads
 from trainer.env import make_sb3_env
 from trainer.files import write_json_atomic
 from trainer.learn.agents import build_model, training_envs
-from trainer.learn.imitation import time_with_the_term
+from trainer.learn.warm_start.cloning import imitation_update_s, policy_digest
+from trainer.learn.warm_start.fine_tune import time_with_the_term
 from trainer.roster import AGENTS, agent_spec
 from trainer.signals import STOP
 from trainer.sim.simulators import Simulator, simulator_for
@@ -170,10 +171,8 @@ def _onpolicy_speed(cfg: Config, site: Site, device: str, agent: str, simulator:
 
 
 def _imitation_speed(cfg: Config, site: Site, agent: str, device: str, simulator: Simulator) -> tuple[float, str]:
-    """Seconds one minibatch of the warm start's imitation takes (trainer.learn.imitation), and the digest of the
+    """Seconds one minibatch of the warm start's imitation takes (trainer.learn.warm_start), and the digest of the
     policy it starts from."""
-    from trainer.learn.imitation import imitation_update_s, policy_digest  # lazy: torch
-
     env = simulator.training_env(cfg, site, 1)
     try:
         model = build_model(cfg, agent, env, device, cfg.seed, CALIBRATION_STEPS)

@@ -74,12 +74,12 @@ def warm_start_s(cfg: Config, site: Site, speeds: Speeds, agents: list[str],
     demonstrations: each year's optimum solved and replayed in CityLearn, the dataset's and, on the built-in
     site, ``warm_start.extra_draws`` more (a night computes them once a process: where each stage is its own,
     ``one_process`` False as on Ray, every agent computes its own). An imitation is reused by every process of the
-    night (the run folder keeps it: trainer.learn.saved_imitations), the ensemble's labels only within one. With
+    night (the run folder keeps it: trainer.learn.warm_start.saved), the ensemble's labels only within one. With
     ``warm_start.ensemble`` > 1, the student's imitation (``warm_start.student_epochs``) and, for the first agent
     its teacher's members teach, that many imitations at the teacher's speed and the members' mean action run
     over each year of the demonstrations; with ``warm_start.pick_best`` on the built-in site, the pick among them
     (the members and the student, one call each a step, over the held-out years;
-    trainer.learn.warm_start_pick)."""
+    trainer.learn.warm_start.pick)."""
     settings = cfg.warm_start
     if settings.epochs <= 0:
         return {}
@@ -112,7 +112,7 @@ def warm_start_s(cfg: Config, site: Site, speeds: Speeds, agents: list[str],
         if members > 1 and (first_taught or not one_process):  # each process labels the members' mean itself
             seconds += labels_s
         out[agent] = seconds + demonstrations_s
-        # The imitations are kept in the run folder for every process of the night (trainer.learn.saved_imitations);
+        # The imitations are kept in the run folder for every process of the night (trainer.learn.warm_start.saved);
         # the demonstrations only in a process's memory.
         taught.add(members_of)
         if policy is not None:

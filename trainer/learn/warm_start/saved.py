@@ -1,10 +1,10 @@
 """Imitations kept in the run folder (``<run>/imitations/``), so that another process reuses them.
 
 A night's warm start imitates its teacher's ten members once in a process, and the student of their mean once a
-policy (trainer.learn.imitation). A process that did not imitate them could not reuse them: each stage on Ray (a
+policy (trainer.learn.warm_start). A process that did not imitate them could not reuse them: each stage on Ray (a
 worker of its own) imitated the ten members again, most of SAC's 40-minute warm start on 2 cores, and a night killed
 during the warm start began it again on ``--resume``. Here each imitation is a file named by its key
-(:func:`trainer.learn.imitation.imitation_key`, a digest of everything the imitation reads), holding the weights it
+(:func:`.cloning.imitation_key`, a digest of everything the imitation reads), holding the weights it
 ended with and its errors, so any process with the same inputs loads it instead.
 
 While a process imitates a key it holds an OS lock on it (released by the OS when the process dies, as the run

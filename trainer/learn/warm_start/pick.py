@@ -22,6 +22,7 @@ import numpy as np
 
 from trainer import logs
 from trainer.config import Config
+from trainer.learn.warm_start.cloning import weights_digest
 from trainer.signals import STOP
 from trainer.sim.simulators import judging_env
 from trainer.sim.site import Unsupported
@@ -53,13 +54,11 @@ def pick_the_best(cfg: Config, agent: str, model: Any, members: list[Any], years
     """Leave in ``model`` whichever of its own policy (the distilled mean) and ``members`` (policies of the same
     architecture) emits least CO2 over ``years``; what results.json records of the choice, or None where there is
     nothing to choose by (no held-out year, or a dataset the simulator does not model)."""
-    from trainer.learn.imitation import weights_digest  # lazy: imitation imports this module lazily too
-
     log = logs.get().bind(agent=agent)
     if not years:
         return None
     candidates = [model.policy, *members]
-    # A night's PPO and A2C share their imitations (trainer.learn.imitation.imitate_once): the second picks alike
+    # A night's PPO and A2C share their imitations (cloning.imitate_once): the second picks alike
     # without running them again.
     parts = [cfg.digest(), *(str(year.schema) for year in years), *(weights_digest(p, 0.0) for p in candidates)]
     key = hashlib.sha256(" ".join(parts).encode()).hexdigest()

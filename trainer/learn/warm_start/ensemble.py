@@ -1,0 +1,156 @@
+"""The distilled ensemble: several imitations from other seeds, their mean action labelling the states it reaches
+in closed loop, and the agent's one policy imitating those labels."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from trainer import logs
+from trainer.config import Config
+from trainer.env import make_sb3_env
+from trainer.learn.warm_start.cloning import imitate_once, imitation_key, weights_digest
+from trainer.learn.warm_start.optimum_demonstrations import Demonstrations, demonstration_years
+from trainer.learn.warm_start.saved import SavedImitations
+from trainer.signals import STOP
+from trainer.site import Site
+
+# An ensemble's labels by the digest of its members, its demonstrations and its config: a night's PPO and A2C distil
+# the same ensemble, and the second need not run it again.
+_DISTILLED: dict[str, Demonstrations] = {}
+
+
+# The seeds of an ensemble's members: the night's, then this far apart (the other years' draws use + 1000 to + 3000
+# of the site's seed; these seed weights and minibatches, not sites).
+MEMBER_SEED_STEP = 1000
+
+
+def distil_an_ensemble(
+    cfg: Config, site: Site, agent: str, model: Any, demos: Demonstrations, draws: Path | None,
+    saved: SavedImitations | None = None,
+) -> tuple[dict[str, Any], tuple[float, float], bool, list[Any]]:
+    """Leave in ``model`` the imitation of ``warm_start.ensemble`` imitations' mean action (module docstring), each
+    member a policy of the agent's teacher (``warm_start.teacher``: SAC's for every agent by default).
+
+    Returns what results.json records of it (each member's errors, its labelled steps), the student's errors,
+    whether an earlier stage's identical student was reused (as :func:`imitate_once`) and the members' policies.
+    The global random state is put back as it was (building a member reseeds it): the stage then trains as with
+    one imitation.
+    """
+    import random
+
+    import torch  # lazy: torch takes seconds to import
+
+    settings, seed = cfg.warm_start, cfg.seed
+    teacher = settings.teacher_of(agent)
+    state = (random.getstate(), np.random.get_state(), torch.get_rng_state())
+    fit = (settings.epochs, settings.learning_rate, settings.batch_size)
+    # A user sees progress through what takes minutes, and how to make it one imitation.
+    log = logs.get().bind(agent=agent, members=settings.ensemble, teacher=teacher)
+    log.info("warm start: imitating the optimum from several initial weights, then their mean action "
+             "(--set warm_start.ensemble=1 for one imitation)")
+    try:
+        imitated: dict[int, tuple[Any, tuple[float, float]]] = {}  # member index: its policy and errors
+        env = make_sb3_env(cfg, site, "eval", seed)
+        try:
+            wait = False  # a first pass imitates the members no other process is imitating
+            while len(imitated) < settings.ensemble:
+                for k in range(settings.ensemble):  # the first is the seed's own imitation
+                    if k in imitated:
+                        continue
+                    STOP.check("the warm start's ensemble")
+                    started = time.perf_counter()
+                    # The teacher's policy, and the night's members whichever stage imitated them first: a stage
+                    # with other threads, on another device or in another process distils the same ones.
+                    member_seed = seed + k * MEMBER_SEED_STEP
+                    member = _fresh(cfg, teacher, env, str(model.device), member_seed)
+                    if (not wait and saved is not None
+                            and saved.busy(imitation_key(member, demos, *fit, member_seed, machine=False))):
+                        continue  # a stage beside this one is imitating it: the next one first
+                    member_errors, reused = imitate_once(member, demos, *fit, member_seed, machine=False, saved=saved)
+                    imitated[k] = (member.policy, member_errors)
+                    log.info("warm start: ensemble member imitated", member=f"{k + 1}/{settings.ensemble}",
+                             actor_mse=round(member_errors[0], 5), seconds=round(time.perf_counter() - started, 1),
+                             reused=reused)
+                wait = True  # those left are other processes' to finish: wait for each in turn
+        finally:
+            env.close()
+        members = [imitated[k][0] for k in range(settings.ensemble)]
+        errors = [imitated[k][1] for k in range(settings.ensemble)]
+        started = time.perf_counter()
+        labelled = _ensemble_labels(cfg, site, members, demos, draws)
+        log.info("warm start: the members' mean action labelled", steps=len(labelled.actions),
+                 seconds=round(time.perf_counter() - started, 1))
+        # The student starts where a single imitation would: the stage's model, as it was built. Its labels agree
+        # with each other (one function of the observation), so it can fit them far closer than an imitation fits
+        # the optimum's, and must: in closed loop a small miss costs points (docs/agent-quality.md).
+        student, reused = imitate_once(model, labelled, settings.student_epochs, *fit[1:], seed, saved=saved)
+    finally:
+        random.setstate(state[0])
+        np.random.set_state(state[1])
+        torch.set_rng_state(state[2])
+    return ({"members": settings.ensemble, "teacher": teacher, "members_actor_mse": [round(e[0], 5) for e in errors],
+             "members_critic_mse": [round(e[1], 4) for e in errors], "labelled_steps": len(labelled.actions),
+             "student_epochs": settings.student_epochs},
+            student, reused, members)
+
+
+def _fresh(cfg: Config, agent: str, env: Any, device: str, seed: int) -> Any:
+    from trainer.learn.agents import build_model  # lazy: SB3 and torch
+
+    # Any length: it sizes a rollout, which only a training would use.
+    return build_model(cfg, agent, env, device, seed, 1 << 30)
+
+
+def _ensemble_labels(cfg: Config, site: Site, members: list[Any], demos: Demonstrations,
+                     draws: Path | None) -> Demonstrations:
+    """The demonstrations' states and the states the members' mean action reaches in closed loop over each year of
+    the demonstrations, each labelled with that mean action; the rewards it earned there (the critic's returns)."""
+    digest = hashlib.sha256(f"{cfg.digest()} {site.schema} {draws}".encode())
+    for member in members:  # the same members on any device and threads act alike
+        digest.update(weights_digest(member, 0.0, machine=False).encode())
+    digest.update(demos.observations.tobytes())
+    key = digest.hexdigest()
+    if key in _DISTILLED:
+        return _DISTILLED[key]
+
+    def mean_action(observations: np.ndarray) -> np.ndarray:
+        actions = [member.predict(observations, deterministic=True)[0] for member in members]
+        return np.clip(np.mean(actions, axis=0), -1.0, 1.0).astype(np.float32)
+
+    parts = [Demonstrations(demos.observations, mean_action(demos.observations), demos.rewards, 0.0)]
+    # The years side by side, so that each member acts on all of them at once (a policy's call costs as much for a
+    # few states as for one).
+    envs = [make_sb3_env(cfg, year, "eval", cfg.seed) for year in demonstration_years(cfg, site, draws)]
+    try:
+        obs = [env.reset()[0] for env in envs]
+        runs: list[tuple[list, list, list]] = [([], [], []) for _ in envs]
+        running = list(range(len(envs)))
+        while running:
+            STOP.check("the warm start's ensemble")
+            actions = mean_action(np.stack([obs[i] for i in running]))
+            for i, action in zip(list(running), actions):
+                runs[i][0].append(obs[i])
+                runs[i][1].append(action)
+                obs[i], reward, terminated, truncated, _ = envs[i].step(action)
+                runs[i][2].append(reward)
+                if terminated or truncated:
+                    running.remove(i)
+    finally:
+        for env in envs:
+            env.close()
+    parts += [Demonstrations(np.asarray(o, np.float32), np.asarray(a, np.float32), np.asarray(r, np.float32), 0.0)
+              for o, a, r in runs]
+    joined = Demonstrations.joined(parts)
+    # The demonstrations' own periods first (an epoch draws as many samples as the dataset's period), then the
+    # ensemble's years.
+    labelled = Demonstrations(joined.observations, joined.actions, joined.rewards, 0.0,
+                              (*(demos.periods or (len(demos.actions),)), *joined.periods[1:]))
+    if len(_DISTILLED) >= 2:
+        del _DISTILLED[next(iter(_DISTILLED))]
+    _DISTILLED[key] = labelled
+    return labelled
