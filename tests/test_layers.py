@@ -1,8 +1,9 @@
 """The package's layers: imports run one way, so each part reads with only what lies below it.
 
-Each subpackage (``trainer.night``, ``trainer.learn``, ``trainer.sim``, ``trainer.benchmark``) and each
-top-level module is one node; every import between them counts, at the top of a module or inside a
-function, except those under ``if TYPE_CHECKING:`` (annotations only).
+Each subpackage (``trainer.night``, ``trainer.learn``, ``trainer.sim``, ``trainer.site``...) and each top-level module
+is one node; every import between them counts, at the top of a module, inside a function or under
+``if TYPE_CHECKING:`` (an annotation that names a type from above is an arrow up all the same). Inside a package,
+its modules import one another one way too.
 """
 
 from __future__ import annotations
@@ -21,28 +22,36 @@ def _node(module: str) -> str:
     return ".".join(parts[:2])
 
 
-def _imports() -> dict[str, set[str]]:
-    """Each node's runtime imports of other nodes."""
+def _module_imports() -> dict[str, set[str]]:
+    """Each module's imports of the package's other modules (a package's ``__init__`` is the package)."""
     modules = {".".join(p.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__")
                for p in PACKAGE.rglob("*.py")}
     graph: dict[str, set[str]] = {}
     for path in PACKAGE.rglob("*.py"):
         name = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__")
         tree = ast.parse(path.read_text(encoding="utf-8"))
-        typing_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If)
-                       and "TYPE_CHECKING" in ast.unparse(block.test) for n in ast.walk(block)}
         for node in ast.walk(tree):
-            if id(node) in typing_only:
-                continue
             if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("trainer"):
-                targets = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+                # ``from trainer.learn import warm_start`` imports the module warm_start, not the package
+                targets = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module
+                           for a in node.names]
             elif isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
             else:
                 continue
             for target in targets:
-                if target in modules and target != "trainer" and _node(target) != _node(name):
-                    graph.setdefault(_node(name), set()).add(_node(target))
+                if target in modules and target != name and target != "trainer":
+                    graph.setdefault(name, set()).add(target)
+    return graph
+
+
+def _imports() -> dict[str, set[str]]:
+    """Each node's imports of other nodes."""
+    graph: dict[str, set[str]] = {}
+    for module, targets in _module_imports().items():
+        for target in targets:
+            if _node(target) != _node(module):
+                graph.setdefault(_node(module), set()).add(_node(target))
     return graph
 
 
@@ -72,6 +81,12 @@ def test_no_import_runs_up_the_layers():
     graph = _imports()
     assert {"trainer.night", "trainer.learn", "trainer.session"} <= set(graph)  # the walk sees the package
     assert _cycle(graph) is None, " → ".join(_cycle(graph) or [])
+
+
+def test_no_module_imports_another_that_imports_it_back():
+    """A circle inside a package (two modules importing each other, lazily or for annotations) is one too."""
+    cycle = _cycle(_module_imports())
+    assert cycle is None, " → ".join(cycle or [])
 
 
 def test_the_base_imports_nothing_above_it():

@@ -243,8 +243,7 @@ def test_the_night_runs_and_records_the_ensemble_its_time_affords(built_in, tmp_
     from trainer.config_files import load_config
     from trainer.night.calibrate import Speeds
     from trainer.night.runner import _fit_warm_start
-    from trainer.run_dir import RunDir
-    from trainer.session import RunContext
+    from trainer.run_dir import RunContext, RunDir
 
     run = RunDir(tmp_path / "run")
     run.create(load_config(), ["trainer", "night"], "cpu")

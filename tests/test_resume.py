@@ -14,8 +14,7 @@ from stable_baselines3.common.callbacks import BaseCallback
 
 from trainer.config_files import load_config
 from trainer.learn.trainer import StageTrainer, TrainingInterrupted
-from trainer.run_dir import RunDir
-from trainer.session import RunContext
+from trainer.run_dir import RunContext, RunDir
 from trainer.signals import STOP
 from trainer.site import Site
 

@@ -148,9 +148,8 @@ def test_a_stop_request_ends_the_wait_for_another_stage_s_imitation(tmp_path, mo
 
 def test_a_run_stopped_in_its_warm_start_can_be_resumed_from_what_it_kept(tmp_path):
     from trainer.errors import UsageError
-    from trainer.learn.preflight import check_resume_config
+    from trainer.learn.preflight import check_resume_config, has_progress
     from trainer.run_dir import RunDir
-    from trainer.session import has_progress
 
     run = RunDir(tmp_path / "run")
     run.create(load_config(), ["trainer", "train", "sac"], "cpu")

@@ -14,8 +14,8 @@ from trainer.errors import DatasetError
 from trainer.learn.selection import held_out_years, validation_site
 from trainer.learn.warm_start.optimum_demonstrations import demonstration_years
 from trainer.night.plan import policy_evaluations
-from trainer.run_dir import RunDir
-from trainer.session import RunContext, RunRecord
+from trainer.run_dir import RunContext, RunDir
+from trainer.session import RunRecord
 from trainer.site import BUILT_IN, NAMED, SCHEMA, SITE_KINDS, Site, SiteKind, given_site
 
 from .conftest import variant
@@ -69,7 +69,7 @@ def test_a_run_record_names_its_kind_and_one_made_before_kinds_still_loads(site_
     assert site.kind is SCHEMA and site.label == "mine"
 
 
-def _bootstrapped_year(site: Site, folder: Path, seed_offset: int) -> Path:
+def _bootstrapped_year(site, folder: Path, seed_offset: int) -> Path:
     """A stand-in for a kind that draws years of a user's dataset: here, a copy of its schema."""
     folder.mkdir(parents=True, exist_ok=True)
     data = dict(site.data, root_directory=str(site.root), bootstrap_seed=seed_offset)

@@ -114,8 +114,7 @@ def test_evaluate_reproduces_a_runs_results(tmp_path, site_schema):
 def test_unseen_year_needs_the_built_in_site(tmp_path, site_schema, default_cfg):
     from trainer.errors import UsageError
     from trainer.night.stages import evaluate_unseen_year
-    from trainer.run_dir import RunDir
-    from trainer.session import RunContext
+    from trainer.run_dir import RunContext, RunDir
 
     from .conftest import variant
 

@@ -24,7 +24,7 @@ from trainer.doctor import FAIL, format_table, run_checks
 from trainer.doctor import as_json as checks_as_json
 from trainer.errors import UsageError
 from trainer.launch import AGENT_CHOICES, LaunchOptions, split_agent, start
-from trainer.learn.preflight import check_resume_config
+from trainer.learn.preflight import check_resume_config, memory_checks
 from trainer.metrics import best_agent
 from trainer.metrics import format_table as results_table
 from trainer.night import backends, install, plan, runner, stages, sweep
@@ -110,7 +110,7 @@ def train(agent: str, config_files: tuple[str, ...], overrides: tuple[str, ...],
     if resume is not None:
         check_resume_config(Path(out), agent, cfg, force, require_checkpoint=True)
     with session.open_run(cfg, f"train {agent}", out, schema, dataset, resuming=resume is not None,
-                          agents=[agent]) as ctx:
+                          checks=memory_checks(cfg, [agent])) as ctx:
         State.opened(ctx, f"train {agent}")
         with handle_stop_signals():
             results = stages.train_with_baseline(ctx, agent, resume=resume is not None, force=force)
@@ -141,7 +141,8 @@ def night(config_files: tuple[str, ...], overrides: tuple[str, ...], profile: st
     cfg, chosen, deadline = session.night_plan(cfg, quick, agents, budget, finish_by)
     for agent in chosen if resume is not None else ():
         check_resume_config(Path(out), agent, cfg, force)
-    with session.open_run(cfg, "night", out, schema, dataset, resuming=resume is not None, agents=chosen) as ctx:
+    with session.open_run(cfg, "night", out, schema, dataset, resuming=resume is not None,
+                          checks=memory_checks(cfg, chosen)) as ctx:
         State.opened(ctx, "night")
         targets = session.training_targets(cfg, chosen, quick, ctx.site)
         with handle_stop_signals():

@@ -13,9 +13,10 @@ import click
 
 from trainer import logs, profiles
 from trainer.errors import TrainerError
+from trainer.learn.preflight import has_progress
 from trainer.learn.recovery import StageFailed, TrainingInterrupted
-from trainer.run_dir import RunDir
-from trainer.session import LATEST, RunContext, has_progress
+from trainer.run_dir import RunContext, RunDir
+from trainer.session import LATEST
 from trainer.signals import Stopped
 
 EXIT_INTERRUPTED = 130

@@ -153,7 +153,7 @@ class Launch:
     def run_all(self) -> int:
         self.run.refuse_links_out()
         self.run.logs.mkdir(parents=True, exist_ok=True)
-        self._log = open(self.run.logs / "launcher.log", "a", encoding="utf-8")
+        self._log = open(self.run.launcher_log, "a", encoding="utf-8")
         previous = {s: signal.signal(s, self._forward) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
             self.start_trainer()

@@ -181,7 +181,7 @@ def _deployed(results: dict[str, dict[str, Any]]) -> list[str]:
 def _unseen_year(run: RunDir, unit: str | None) -> list[str]:
     """The figures of ``trainer evaluate --unseen-year``, where it has run: the same controllers over a year of the
     built-in site no stage trained, validated or imitated on."""
-    path = run.unseen_year / "results.json"
+    path = run.unseen_year_results
     if not path.is_file():
         return []
     lines = ["## A year no stage saw", ""]

@@ -25,6 +25,7 @@ import yaml
 from trainer.config import Config
 from trainer.errors import UsageError
 from trainer.files import read_typed, refuse_links_out, write_json_atomic, write_text_atomic
+from trainer.site import Site
 
 PACKAGES = ("pvbess-trainer", "citylearn", "stable-baselines3", "torch", "gymnasium", "numpy", "pvlib", "pydantic")
 
@@ -63,6 +64,10 @@ class AgentDir:
         """progress.csv as it was before a resume from ``step`` (the ``n``-th such resume)."""
         return self.root / (f"progress.before-{step:010d}.csv" if n == 1 else f"progress.before-{step:010d}-{n}.csv")
 
+    def has_checkpoint(self) -> bool:
+        """Whether the agent has a complete checkpoint (one with its manifest)."""
+        return any(self.checkpoints.glob("step_*/manifest.json"))
+
     @property
     def checkpoints(self) -> Path:
         return self.root / "checkpoints"
@@ -97,6 +102,8 @@ class RunDir:
     logs = property(lambda self: self.root / "logs")
     log_file = property(lambda self: self.root / "logs" / "trainer.jsonl")
     site = property(lambda self: self.root / "site")
+    site_schema = property(lambda self: self.root / "site" / "schema.json")  # the built-in site as generated
+    launcher_log = property(lambda self: self.root / "logs" / "launcher.log")
     results_json = property(lambda self: self.root / "results.json")
     results_csv = property(lambda self: self.root / "results.csv")
     schedule = property(lambda self: self.root / "schedule.json")
@@ -115,6 +122,8 @@ class RunDir:
     validation_references = property(lambda self: self.root / "validation-site" / "references.json")
     # trainer evaluate --unseen-year: a year of the built-in site nothing trained on (site/) and the figures there.
     unseen_year = property(lambda self: self.root / "unseen-year")
+    unseen_year_site = property(lambda self: self.root / "unseen-year" / "site")
+    unseen_year_results = property(lambda self: self.root / "unseen-year" / "results.json")  # as results.json
 
     def plot(self, name: str) -> Path:
         """One of the report's plots (``report.PLOTS``, or gpu.png) under plots/."""
@@ -122,6 +131,10 @@ class RunDir:
 
     def agent(self, name: str) -> AgentDir:
         return AgentDir(self.root / name)
+
+    def has_checkpoints(self) -> bool:
+        """Whether any agent of the run has a complete checkpoint."""
+        return any(self.root.glob("*/checkpoints/step_*/manifest.json"))
 
     def results(self) -> dict[str, dict[str, Any]]:
         """``results.json``: each evaluated controller's metrics (empty before the first), checked as such."""
@@ -176,3 +189,17 @@ def versions(device: str) -> dict[str, Any]:
         except metadata.PackageNotFoundError:
             packages[name] = None
     return {"python": sys.version.split()[0], "platform": platform.platform(), "device": device, "packages": packages}
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """What every stage of one run shares."""
+
+    cfg: Config
+    run: RunDir
+    site: Site
+    device: str
+
+    @property
+    def seed(self) -> int:
+        return self.cfg.seed

@@ -12,7 +12,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from datetime import datetime
@@ -24,32 +24,18 @@ from trainer.config_files import load_config
 from trainer.device import apply_gpu_flags, resolve_device
 from trainer.errors import UsageError
 from trainer.files import read_typed, write_json_atomic
-from trainer.learn.preflight import check_memory
-from trainer.learn.warm_start.saved import SavedImitations
 from trainer.lock import RunLock
 from trainer.progress import live_console
 from trainer.roster import AGENTS
-from trainer.run_dir import RunDir, default_run_dir
-from trainer.scenario import SCHEMA_FILE, build_site
-from trainer.schedule_file import ScheduleState
+from trainer.run_dir import RunContext, RunDir, default_run_dir
+from trainer.scenario import build_site
 from trainer.site import BUILT_IN, SITE_KINDS, Site, given_site
 from trainer.site.kinds import kind_of
 
+# A check of the run's site before its folder is touched (trainer.learn.preflight.memory_checks); raises to refuse.
+SiteCheck = Callable[[Site], None]
+
 LATEST = "latest"  # --resume without a folder: --out, else the newest run
-
-
-@dataclass(frozen=True)
-class RunContext:
-    """What every stage of one run shares."""
-
-    cfg: Config
-    run: RunDir
-    site: Site
-    device: str
-
-    @property
-    def seed(self) -> int:
-        return self.cfg.seed
 
 
 @dataclass(frozen=True)
@@ -67,7 +53,7 @@ class RunRecord:
     def load(cls, run: RunDir) -> RunRecord:
         if run.record.is_file():
             return read_typed(run.record, cls)
-        if (run.site / "schema.json").is_file():
+        if run.site_schema.is_file():
             return cls(None, None)
         raise UsageError(f"{run.root}: cannot tell which dataset this run used (no {run.record.name} and no site/ "
                          "folder); pass --schema or --dataset")
@@ -107,7 +93,7 @@ def resolve_for_resume(resume: str | None, out: str | None, marker: str, config_
     if resume is None:
         return resolve_config(config_files, overrides, **kw), out
     run_dir = resume_dir(resolve_config(config_files, overrides, **kw), resume, out, marker)
-    cfg = resolve_config([run_dir / "config.yaml", *config_files], overrides, **{**kw, "profile": None})
+    cfg = resolve_config([RunDir(run_dir).config, *config_files], overrides, **{**kw, "profile": None})
     return cfg, str(run_dir)
 
 
@@ -131,7 +117,7 @@ def resume_dir(cfg: Config, value: str, out: str | None, marker: str) -> Path:
             raise UsageError(
                 f"--resume: no run folder under {root} has {marker}; pass the run folder: --resume RUN_DIR"
             )
-    if not (path / "config.yaml").is_file():
+    if not RunDir(path).config.is_file():
         raise UsageError(f"--resume: {path} is not a run folder (no config.yaml); "
                          "pass a folder made by trainer train or night")
     return path
@@ -232,9 +218,9 @@ def staged_dataset(cfg: Config, run: RunDir, given: Site | None, resuming: bool)
     site, or the built-in site generated into a temporary folder (:func:`place_dataset` moves it in)."""
     if given is not None:
         yield given
-    elif resuming and (run.site / SCHEMA_FILE).is_file():
+    elif resuming and run.site_schema.is_file():
         # It may have been edited since: refuse a class CityLearn would run.
-        yield Site.load(run.site / SCHEMA_FILE, BUILT_IN, check=True, fallback=cfg.scenario)
+        yield Site.load(run.site_schema, BUILT_IN, check=True, fallback=cfg.scenario)
     else:
         start = time.perf_counter()
         with tempfile.TemporaryDirectory() as tmp:
@@ -251,8 +237,8 @@ def place_dataset(run: RunDir, staged: Site, given: Site | None) -> Site:
     if staged.schema.parent == run.site:
         return staged
     shutil.copytree(staged.schema.parent, run.site, dirs_exist_ok=True)
-    logs.get().info("built-in site generated", schema=str(run.site / SCHEMA_FILE))
-    return Site(staged.kind, run.site / SCHEMA_FILE, staged.label, staged.data, staged.scenario)
+    logs.get().info("built-in site generated", schema=str(run.site_schema))
+    return Site(staged.kind, run.site_schema, staged.label, staged.data, staged.scenario)
 
 
 def _create(run: RunDir) -> RunLock:
@@ -274,23 +260,14 @@ def site_for(cfg: Config, given: Site | None) -> Iterator[Site]:
         yield Site.load(build_site(cfg.scenario, Path(tmp) / "site"), BUILT_IN, fallback=cfg.scenario)
 
 
-def has_progress(run: RunDir) -> bool:
-    """Whether a resume would start from something: a complete checkpoint, a warm start's kept imitation, or a
-    finished stage of the night."""
-    if any(run.root.glob("*/checkpoints/step_*/manifest.json")) or SavedImitations(run.imitations).holds_any():
-        return True
-    if run.schedule.is_file():
-        return any(stage.status == "done" for stage in ScheduleState.load(run.schedule).stages)
-    return False
-
-
 @contextmanager
 def open_run(cfg: Config, command: str, out: str | Path | None, schema: str | None = None, dataset: str | None = None,
-             resuming: bool = False, agents: Sequence[str] = ()) -> Iterator[RunContext]:
+             resuming: bool = False, checks: Sequence[SiteCheck] = ()) -> Iterator[RunContext]:
     """Create (or, resuming, reopen) a run folder, hold its lock, log to it and record how it was made.
 
-    Every check comes first (the dataset, each of ``agents``' replay buffer against the RAM, then the links
-    in the folder as the lock is taken): a refused command leaves an existing folder byte for byte as it was.
+    Every check comes first (the dataset, each of the caller's ``checks`` of the site, such as the replay buffers
+    against the RAM, then the links in the folder as the lock is taken): a refused command leaves an existing folder
+    byte for byte as it was.
     """
     previous = RunRecord.load(RunDir(Path(out))) if resuming and not schema and not dataset else None
     given = previous.given() if previous else given_site(schema, dataset)
@@ -298,8 +275,8 @@ def open_run(cfg: Config, command: str, out: str | Path | None, schema: str | No
     label = given.label if given else None
     run = RunDir(Path(out)) if out else default_run_dir(cfg, command.replace(" ", "-"), label)
     with staged_dataset(cfg, run, given, resuming) as staged:
-        for agent in agents:
-            check_memory(cfg, staged, agent)
+        for check in checks:
+            check(staged)
         lock = _create(run)
         try:
             run.create(cfg, ["trainer", *sys.argv[1:]], device, resuming=resuming)
@@ -328,8 +305,7 @@ def reopen_run(run_dir: str | Path, device: str) -> Iterator[RunContext]:
                          "night)")
     cfg = load_config([run.config])
     # Before the lock note and the log: a built-in site is checked too, to refuse a class CityLearn would run.
-    site = RunRecord.load(run).given() or Site.load(run.site / SCHEMA_FILE, BUILT_IN, check=True,
-                                                    fallback=cfg.scenario)
+    site = RunRecord.load(run).given() or Site.load(run.site_schema, BUILT_IN, check=True, fallback=cfg.scenario)
     lock = RunLock(run.root).acquire()
     try:
         logs.configure(run.log_file)

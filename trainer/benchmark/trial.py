@@ -27,9 +27,9 @@ from trainer.controllers import PolicyController
 from trainer.device import apply_gpu_flags
 from trainer.env import make_citylearn_env, make_sb3_env
 from trainer.metrics import run_episode
-from trainer.night.stages import RunContext, training_timesteps
 from trainer.roster import agent_spec
-from trainer.run_dir import RunDir
+from trainer.run_dir import RunContext, RunDir
+from trainer.session import training_timesteps
 from trainer.sim.simulators import CITYLEARN, VECTOR, simulator_for
 from trainer.site import Site
 

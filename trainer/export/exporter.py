@@ -31,7 +31,7 @@ from trainer.files import write_json_atomic, write_text_atomic
 from trainer.learn.model_file import load_model
 from trainer.metrics import best_agent, evaluation_window, run_episode
 from trainer.roster import agent_spec
-from trainer.session import RunContext
+from trainer.run_dir import RunContext
 from trainer.standalone_controller import CHECK_FILE, CHECK_TOLERANCE, EXPECTED_PREFIX, SPEC_FILE, Controller
 
 POLICY_FILE = "policy.onnx"

@@ -19,7 +19,7 @@ from trainer.metrics import run_episode
 from trainer.progress import Progress
 
 if TYPE_CHECKING:
-    from trainer.session import RunContext
+    from trainer.run_dir import RunContext
 
 class ProgressCallback(BaseCallback):
     """Training progress: a bar on a terminal, a line every 10% (and every minute) on a pipe."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +17,7 @@ from trainer.learn.memory import GIB, Shapes, host_available_bytes, replay_buffe
 from trainer.learn.warm_start.saved import SavedImitations
 from trainer.roster import AGENTS
 from trainer.run_dir import RunDir
+from trainer.schedule_file import ScheduleState
 from trainer.site import Site
 
 
@@ -57,11 +60,12 @@ def training_view(config: dict[str, Any], agent: str) -> dict[str, Any]:
 def check_resume_config(run_dir: Path, agent: str, cfg: Config, force: bool, require_checkpoint: bool = False) -> None:
     """Refuse, before anything is written, to resume with a config that differs from the checkpoint's in what
     this agent's training depends on; with ``require_checkpoint``, to resume an agent the folder never trained."""
-    checkpoint = CheckpointStore(run_dir / agent / "checkpoints", keep=1).latest()
+    run = RunDir(run_dir)
+    checkpoint = CheckpointStore(run.agent(agent).checkpoints, keep=1).latest()
     if checkpoint is None:
         if require_checkpoint:
-            trained = [a for a in AGENTS if any((run_dir / a / "checkpoints").glob("step_*/manifest.json"))]
-            if not trained and SavedImitations(RunDir(run_dir).imitations).holds_any():
+            trained = [a for a in AGENTS if run.agent(a).has_checkpoint()]
+            if not trained and SavedImitations(run.imitations).holds_any():
                 return  # stopped in its warm start: the stage starts again and loads what the folder kept
             holds = f"it holds {', '.join(trained)}'s" if trained else "it holds none"
             raise UsageError(f"--resume: {run_dir} has no {agent} checkpoint to resume ({holds}); resume the agent it "
@@ -77,6 +81,11 @@ def check_resume_config(run_dir: Path, agent: str, cfg: Config, force: bool, req
                      "resume with the same config, or pass --force to resume with the new one")
 
 
+def memory_checks(cfg: Config, agents: Sequence[str]) -> list[Callable[[Site], None]]:
+    """:func:`check_memory` of each agent, as checks ``trainer.session.open_run`` runs before the run folder."""
+    return [functools.partial(check_memory, cfg, agent=agent) for agent in agents]
+
+
 def check_memory(cfg: Config, site: Site, agent: str) -> None:
     """Refuse, before the night starts, an off-policy agent's replay buffer that cannot fit in RAM."""
     section = cfg.agent(agent)
@@ -89,3 +98,13 @@ def check_memory(cfg: Config, site: Site, agent: str) -> None:
         raise UsageError(
             f"{agent}.buffer_size={section.buffer_size:,} needs {need / GIB:.1f} GiB of RAM for the replay buffer "
             f"but {have / GIB:.1f} GiB is available; set {agent}.buffer_size to at most {int(have * 0.8 // per):,}")
+
+
+def has_progress(run: RunDir) -> bool:
+    """Whether a resume would start from something: a complete checkpoint, a warm start's kept imitation, or a
+    finished stage of the night."""
+    if run.has_checkpoints() or SavedImitations(run.imitations).holds_any():
+        return True
+    if run.schedule.is_file():
+        return any(stage.status == "done" for stage in ScheduleState.load(run.schedule).stages)
+    return False

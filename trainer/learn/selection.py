@@ -35,8 +35,7 @@ from trainer.scenario import SECOND_HELD_OUT_SEED_OFFSET, VALIDATION_SEED_OFFSET
 from trainer.site import Site
 
 if TYPE_CHECKING:
-    from trainer.run_dir import AgentDir
-    from trainer.session import RunContext
+    from trainer.run_dir import AgentDir, RunContext
 
 # A policy beats its warm start over the held-out years (together) only by more than this share of the warm start's
 # CO2. Every pick measured with a gain of 0.11-0.18 % over one (five, which 0.2 % had refused) was better over the

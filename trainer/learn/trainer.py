@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     from stable_baselines3.common.base_class import BaseAlgorithm
     from stable_baselines3.common.vec_env import VecEnv
 
-    from trainer.session import RunContext
+    from trainer.run_dir import RunContext
 
 
 class StageTrainer:

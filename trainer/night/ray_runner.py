@@ -45,9 +45,8 @@ from trainer.night.ray_cluster import INSTALL, RAY_VERSION, check_backend, check
 from trainer.night.stages import run_job
 from trainer.night.state import Night, StageEvent, StageJob, StageOutcome
 from trainer.roster import agent_spec
-from trainer.run_dir import RunDir
+from trainer.run_dir import RunContext, RunDir
 from trainer.schedule_file import FINISHED, StageRecord
-from trainer.session import RunContext
 from trainer.signals import Stopped, handle_stop_signals
 
 

@@ -22,9 +22,8 @@ from trainer.night.stages import record_results
 from trainer.night.state import Night, drive, plan
 from trainer.references import REFERENCES
 from trainer.report import write_report
-from trainer.run_dir import RunDir
+from trainer.run_dir import RunContext, RunDir
 from trainer.schedule_file import FINISHED, ScheduleState
-from trainer.session import RunContext
 
 
 def prepare(ctx: RunContext, agents: list[str], targets: dict[str, int], deadline: datetime | None,

@@ -31,15 +31,15 @@ from trainer.night.budget import StageKind
 from trainer.night.state import StageJob, StageOutcome
 from trainer.references import BASELINE, REFERENCE_ROSTER, REFERENCES, ReferenceUnavailable
 from trainer.roster import AGENTS
-from trainer.run_dir import AgentDir, RunDir
+from trainer.run_dir import AgentDir, RunContext, RunDir
 from trainer.scenario import UNSEEN_YEAR_SEED_OFFSET
-from trainer.session import RunContext, training_timesteps
+from trainer.session import training_timesteps
 
 if TYPE_CHECKING:
     from stable_baselines3.common.base_class import BaseAlgorithm
 
     from trainer.agent_config import AgentConfig
-    from trainer.session import RunContext
+    from trainer.run_dir import RunContext
 
 
 def _eval_env(ctx: RunContext):
@@ -187,8 +187,7 @@ def evaluate_unseen_year(ctx: RunContext) -> dict[str, dict[str, Any]]:
     memorised year: measured, the nights' agents lose 1.3-2.5 points of the optimum's cut there
     (docs/agent-quality.md).
     """
-    folder = ctx.run.unseen_year
-    year = ctx.site.draw(folder / "site", UNSEEN_YEAR_SEED_OFFSET)
+    year = ctx.site.draw(ctx.run.unseen_year_site, UNSEEN_YEAR_SEED_OFFSET)
     if year is None:
         raise UsageError(f"{ctx.run.root} was run on {ctx.site.schema}, a dataset with one period: --unseen-year needs "
                          "the built-in site, which can draw another year of its climate; evaluate without it")
@@ -224,7 +223,7 @@ def evaluate_unseen_year(ctx: RunContext) -> dict[str, dict[str, Any]]:
         finally:
             env.close()
     compare_to_baseline(results)
-    write_json_atomic(folder / "results.json", results)  # laid out as the run's results.json; the year: site/
+    write_json_atomic(ctx.run.unseen_year_results, results)
     return results
 
 

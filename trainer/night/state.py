@@ -33,7 +33,7 @@ from trainer.schedule_file import (
 from trainer.site import Site
 
 if TYPE_CHECKING:
-    from trainer.session import RunContext
+    from trainer.run_dir import RunContext
 
 
 # A training slot too short to be worth a model: the stage is skipped rather than run for nothing.

@@ -18,7 +18,7 @@ from trainer import session
 from trainer.config import Config
 from trainer.errors import TrainerError, UsageError
 from trainer.files import DamagedFile, read_json, write_json_atomic, write_text_atomic
-from trainer.learn.preflight import check_resume_config
+from trainer.learn.preflight import check_resume_config, memory_checks
 from trainer.night.backends import backend
 from trainer.night.runner import prepare
 from trainer.night.state import Night, drive
@@ -67,7 +67,7 @@ def run_sweep(cfg: Config, seeds: list[int], folder: Path, schema: str | None, d
     def night(stack: ExitStack, run: Path, run_cfg: Config) -> Night:
         resuming = resume and RunDir(run).config.is_file()
         ctx = stack.enter_context(open_run(run_cfg, "night", run, schema, dataset, resuming=resuming,
-                                           agents=agents))
+                                           checks=memory_checks(run_cfg, agents)))
         if not is_sweep(folder):  # sweep.json once the first night has passed its checks (and made the folder)
             write_json_atomic(folder / SWEEP, {"seeds": seeds, "runs": [r.name for r in runs],
                                                "backend": backend_name})

@@ -7,19 +7,30 @@ brings has its one period. Code asks the kind (``site.kind.draws``), never where
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from trainer.config import ScenarioConfig
 from trainer.scenario import SCHEMA_FILE, build_site
 
-if TYPE_CHECKING:
-    from trainer.site.site import Site
 
-# Builds another year of ``site`` into ``folder`` with the seed offset given and returns its schema.json.
-DrawYear = Callable[["Site", Path, int], Path]
+class Drawn(Protocol):
+    """What a kind's ``draw_year`` reads of the site it draws from (a trainer.site.Site)."""
+
+    @property
+    def data(self) -> Mapping[str, Any]: ...
+
+    @property
+    def root(self) -> Path: ...
+
+    @property
+    def scenario(self) -> ScenarioConfig | None: ...
+
+
+# Builds another year of a site into a folder with the seed offset given and returns its schema.json.
+DrawYear = Callable[[Drawn, Path, int], Path]
 
 
 @dataclass(frozen=True)
@@ -40,7 +51,7 @@ class SiteKind:
         return kind_named, (self.name,)
 
 
-def _draw_built_in(site: Site, folder: Path, seed_offset: int) -> Path:
+def _draw_built_in(site: Drawn, folder: Path, seed_offset: int) -> Path:
     scenario = site.scenario or ScenarioConfig()
     build_site(scenario.model_copy(update={"seed": scenario.seed + seed_offset}), folder)
     return folder / SCHEMA_FILE
