@@ -146,7 +146,7 @@ def test_an_address_with_no_ray_head_is_one_line_in_the_doctor_and_the_night(tmp
 
 
 def test_the_sweep_summary_gives_mean_and_sd_per_agent():
-    from trainer.night.sweep import summarise
+    from trainer.night.sweep import SEEDS, summarise
 
     results = [{"baseline": {"co2_kg_per_year": 100.0, "co2_vs_baseline_pct": 0.0, "ev_departure_soc_met_pct": 100.0,
                              "cost": 10.0},
@@ -156,7 +156,7 @@ def test_the_sweep_summary_gives_mean_and_sd_per_agent():
                              "cost": 10.0},
                 "ppo": {"co2_kg_per_year": 90.0, "co2_vs_baseline_pct": -10.0, "ev_departure_soc_met_pct": 98.0,
                         "cost": 9.0}}]
-    text = summarise(results, [1, 2])
+    text = summarise(results, SEEDS.title(SEEDS.variants("1,2")))
     assert "| ppo | 2 | 85 ± 7 | -15.0 ± 7.1 | 99.0 ± 1.4 | 8 ± 1 |" in text
     assert "| baseline | 2 | 100 ± 0 |" in text and text.startswith("# Seed sweep: seeds 1, 2")
 

@@ -13,6 +13,7 @@ import torch
 from stable_baselines3.common.callbacks import BaseCallback
 
 from trainer.config_files import load_config
+from trainer.device import resolve_agent
 from trainer.learn.trainer import StageTrainer, TrainingInterrupted
 from trainer.run_dir import RunContext, RunDir
 from trainer.signals import STOP
@@ -75,21 +76,22 @@ SIMULATOR = ("train.simulator=vector",)
 ], ids=["sac", "ppo", "a2c", "ppo-2-workers", "ppo-2-simulated-fine-tuned", "sac-simulated", "sac-2-simulated",
         "sac-fine-tuned", "a2c-fine-tuned"])
 def test_straight_equals_stop_and_resume(agent, extra, tmp_path, site_schema):
-    straight = StageTrainer(context(tmp_path, "straight", site_schema, agent, extra), agent, 2 * N)
+    straight_ctx = context(tmp_path, "straight", site_schema, agent, extra)
+    straight = StageTrainer(straight_ctx, resolve_agent(straight_ctx.cfg, agent), 2 * N)
     try:
         reference = params(straight.train())
     finally:
         straight.close()
 
     ctx = context(tmp_path, "resumed", site_schema, agent, extra)
-    first = StageTrainer(ctx, agent, 2 * N, callbacks=[StopAt(N)])
+    first = StageTrainer(ctx, resolve_agent(ctx.cfg, agent), 2 * N, callbacks=[StopAt(N)])
     with pytest.raises(TrainingInterrupted) as stopped:
         first.train()
     first.close()
     assert stopped.value.step == N and stopped.value.exit_code == 143
     STOP.signum = None
 
-    second = StageTrainer(ctx, agent, 2 * N)
+    second = StageTrainer(ctx, resolve_agent(ctx.cfg, agent), 2 * N)
     try:
         model = second.train(resume=True)
     finally:

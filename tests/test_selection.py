@@ -8,6 +8,7 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from trainer.cli import cli
+from trainer.device import resolve_agent
 from trainer.learn.selection import BestPolicy, Candidate
 from trainer.run_dir import AgentDir
 from trainer.site import SCHEMA, Site
@@ -216,7 +217,8 @@ def test_an_unreadable_warm_start_leaves_the_window_s_pick_deployed(monkeypatch,
     monkeypatch.setattr(stages, "validation_site", lambda ctx: (tmp_path / "schema.json", True))
     monkeypatch.setattr(stages, "load_model", load)
     monkeypatch.setattr(stages, "confirm_over_the_years", confirm)
-    model, kept = stages._best_policy(ctx, "sac", SimpleNamespace(best=best), SimpleNamespace(num_timesteps=9000))
+    sac = resolve_agent(tiny_cfg, "sac")
+    model, kept = stages._best_policy(ctx, sac, SimpleNamespace(best=best), SimpleNamespace(num_timesteps=9000))
     assert model == "the window's pick" and kept["step"] == 4000 and "years" not in kept
 
 
@@ -238,7 +240,8 @@ def test_an_unreadable_warm_start_leaves_the_report_without_its_comparison(monke
 
     monkeypatch.setattr(stages, "load_model", load)
     monkeypatch.setattr(stages, "_eval_env", evaluate)
-    assert stages._evaluate_warm_start(ctx, "sac") == {"unreadable": f"{folder.warm_start} is not an SB3 model.zip"}
+    unreadable = {"unreadable": f"{folder.warm_start} is not an SB3 model.zip"}
+    assert stages._evaluate_warm_start(ctx, resolve_agent(tiny_cfg, "sac")) == unreadable
 
 
 def test_a_stage_its_time_slot_ends_offers_its_last_policy_too(monkeypatch, built_in, tmp_path):

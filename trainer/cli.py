@@ -27,7 +27,8 @@ from trainer.launch import AGENT_CHOICES, LaunchOptions, split_agent, start
 from trainer.learn.preflight import check_resume_config, memory_checks
 from trainer.metrics import best_agent
 from trainer.metrics import format_table as results_table
-from trainer.night import backends, install, plan, runner, stages, sweep
+from trainer.night import install, plan, runner, stages
+from trainer.night.request import NightRequest, run_request
 from trainer.report import currency, report_run, write_report
 from trainer.roster import AGENTS
 from trainer.run_dir import RunDir
@@ -127,33 +128,19 @@ def night(config_files: tuple[str, ...], overrides: tuple[str, ...], profile: st
 
     `trainer schedule install` starts it every night instead.
     """
-    # The backend's own checks (Ray: installed, its address, the resources) exit 2 before any folder is made.
-    backends.backend(backend).check(session.resolve_config(config_files, overrides, seed=seed, device=device,
-                                                           profile=profile), backend_options)
-    if seeds or sweep.is_sweep_resume(resume):
-        cfg, seed_list, folder, resuming = sweep.from_cli(config_files, overrides, profile, device, seeds, out, resume)
-        with handle_stop_signals():
-            click.echo(sweep.run_and_summarise(cfg, seed_list, folder, schema, dataset, agents, quick, budget,
-                                               finish_by, resuming, force, backend, backend_options, click.echo))
+    request = NightRequest(config_files, overrides, profile, schema, dataset, device, out, seed, quick, agents,
+                           budget, finish_by, resume, force, backend, backend_options, seeds)
+    with handle_stop_signals():
+        done = run_request(request, click.echo, opened=lambda ctx: State.opened(ctx, "night"))
+    if done.summary is not None:
+        click.echo(done.summary)
         return
-    cfg, out = session.resolve_for_resume(resume, out, "results.json", config_files, overrides, seed=seed,
-                                          device=device, profile=profile)
-    cfg, chosen, deadline = session.night_plan(cfg, quick, agents, budget, finish_by)
-    for agent in chosen if resume is not None else ():
-        check_resume_config(Path(out), agent, cfg, force)
-    with session.open_run(cfg, "night", out, schema, dataset, resuming=resume is not None,
-                          checks=memory_checks(cfg, chosen)) as ctx:
-        State.opened(ctx, "night")
-        targets = session.training_targets(cfg, chosen, quick, ctx.site)
-        with handle_stop_signals():
-            state = runner.run_night(ctx, chosen, targets, deadline, resume is not None, force, click.echo, backend,
-                                     backend_options)
-        results = ctx.run.results()
-        _print_results(results, ctx.run)
-        click.echo(f"report:  {ctx.run.report}")
-        if best_agent(results, cfg.ev.target_met_pct):
-            click.echo(f"export:  trainer export {ctx.run.root}   (the best agent as ONNX + controller.py)")
-        runner.raise_for_failures(state, ctx.run)
+    assert done.run is not None and done.state is not None and done.cfg is not None  # a single night's
+    _print_results(done.results, done.run)
+    click.echo(f"report:  {done.run.report}")
+    if best_agent(done.results, done.cfg.ev.target_met_pct):
+        click.echo(f"export:  trainer export {done.run.root}   (the best agent as ONNX + controller.py)")
+    runner.raise_for_failures(done.state, done.run)
 
 
 @cli.group(invoke_without_command=True)

@@ -178,6 +178,15 @@ def load_config(
     return validate(data)
 
 
+def with_overrides(cfg: Config, overrides: tuple[str, ...] | list[str]) -> Config:
+    """``cfg`` with ``--set`` overrides applied, validated as a loaded config is."""
+    data = cfg.to_dict()
+    for text in overrides:
+        keys, value = parse_override(text)
+        _set_path(data, keys, value)
+    return validate(data)
+
+
 def type_text(annotation: Any, nested: bool = False) -> str:
     """A field's type as a person reads it: the allowed values of a Literal, 'or null' for optional keys."""
     origin, args = get_origin(annotation), get_args(annotation)

@@ -8,6 +8,7 @@ from trainer import logs
 from trainer.agent_config import OffPolicyConfig
 from trainer.config import Config, GpuConfig
 from trainer.errors import UsageError
+from trainer.roster import Agent, agent_spec
 
 # Set in a Ray stage to the CPUs Ray gave it: its environments and torch threads follow that, not the machine.
 ASSIGNED_CPUS_ENV = "PVBESS_CPUS"
@@ -21,6 +22,11 @@ def cpu_cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # Windows and macOS
         return os.cpu_count() or 1
+
+
+def resolve_agent(cfg: Config, name: str) -> Agent:
+    """The agent ``name`` as a stage trains it: its roster row, its config section and its device, resolved once."""
+    return Agent(agent_spec(name), cfg.agent(name), agent_device(cfg, name))
 
 
 def agent_device(cfg: Config, agent: str) -> str:

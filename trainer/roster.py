@@ -67,6 +67,25 @@ ROSTER: dict[str, AgentSpec] = {spec.name: spec for spec in (
 AGENTS: tuple[str, ...] = tuple(ROSTER)
 
 
+@dataclass(frozen=True)
+class Agent:
+    """One agent as a stage trains it, resolved once (``trainer.device.resolve_agent``): its roster row, its config
+    section and the device it trains on. Code asks the handle, not the name again."""
+
+    spec: AgentSpec
+    section: AgentConfig
+    device: str
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def off_policy(self) -> bool:
+        """Learns from a replay buffer (its section is an ``OffPolicyConfig``): the one way the product asks."""
+        return self.spec.off_policy
+
+
 def off_policy_agents(names: list[str] | tuple[str, ...] = AGENTS) -> list[str]:
     """Those of ``names`` that learn from a replay buffer."""
     return [name for name in names if agent_spec(name).off_policy]

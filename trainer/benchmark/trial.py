@@ -24,7 +24,7 @@ from trainer.agent_config import OffPolicyConfig
 from trainer.benchmark.measure import Sizes, Trial, TrialKind
 from trainer.config import Config
 from trainer.controllers import PolicyController
-from trainer.device import apply_gpu_flags
+from trainer.device import apply_gpu_flags, resolve_agent
 from trainer.env import make_citylearn_env, make_sb3_env
 from trainer.metrics import run_episode
 from trainer.roster import agent_spec
@@ -207,7 +207,7 @@ def _train_product(agent: str, cfg: Config, site: Site, device: str, steps: int,
 
     apply_gpu_flags(cfg.gpu, device)
     with tempfile.TemporaryDirectory() as tmp:
-        trainer = StageTrainer(RunContext(cfg, RunDir(Path(tmp)), site, device), agent, steps,
+        trainer = StageTrainer(RunContext(cfg, RunDir(Path(tmp)), site, device), resolve_agent(cfg, agent), steps,
                                callbacks=[callback] if callback else None)
         try:
             return trainer.train(), trainer.n_envs

@@ -23,7 +23,7 @@ from trainer import logs
 from trainer.agent_config import AgentConfig
 from trainer.checkpoint import Checkpoint
 from trainer.config import Config
-from trainer.device import agent_device, apply_cpu_threads
+from trainer.device import apply_cpu_threads
 from trainer.learn.agents import (
     apply_sizes,
     build_model,
@@ -40,6 +40,7 @@ from trainer.learn.stage_checkpoints import StageCheckpoints
 from trainer.learn.state import EpisodeTracker, Sizes, StopReason
 from trainer.learn.warm_start import keep_near_demonstrations, warm_start
 from trainer.learn.warm_start.saved import SavedImitations
+from trainer.roster import Agent
 from trainer.run_dir import AgentDir
 from trainer.signals import STOP
 from trainer.sim.simulators import Simulator, simulator_for
@@ -55,17 +56,18 @@ if TYPE_CHECKING:
 class StageTrainer:
     """Train one agent to ``target`` environment steps in one run folder."""
 
-    def __init__(self, ctx: RunContext, agent: str, target: int, callbacks: list | None = None,
+    def __init__(self, ctx: RunContext, handle: Agent, target: int, callbacks: list | None = None,
                  time_limit_s: float | None = None):
-        self.ctx, self.cfg, self.agent, self.target = ctx, ctx.cfg, agent, target
-        self.section = self.cfg.agent(agent)
+        agent = handle.name
+        self.ctx, self.cfg, self.handle, self.agent, self.target = ctx, ctx.cfg, handle, agent, target
+        self.section = handle.section
         self.rel = self.cfg.reliability
         self.folder = ctx.run.agent(agent)
         self.imitations = SavedImitations(ctx.run.imitations)  # the warm start's, kept for the run's other processes
         self.simulator = simulator_for(self.cfg, ctx.site)
         self.n_envs = training_envs(self.cfg, agent, self.simulator)
         self.sizes = initial_sizes(self.section, agent, target, self.n_envs)
-        self.device = agent_device(self.cfg, agent)
+        self.device = handle.device
         self.recovery = Recovery(agent, self.device, self.rel, self.sizes)
         self.checkpoints = StageCheckpoints(self.cfg, agent, target, self.folder, self.sizes, self.n_envs)
         self.stopped_by: StopReason | None = None

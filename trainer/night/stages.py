@@ -16,7 +16,7 @@ import pandas as pd
 
 from trainer import logs
 from trainer.controllers import PolicyController
-from trainer.device import agent_device
+from trainer.device import agent_device, resolve_agent
 from trainer.env import make_sb3_env
 from trainer.errors import UsageError
 from trainer.files import DamagedFile, read_json, write_json_atomic, write_text_atomic
@@ -30,7 +30,7 @@ from trainer.metrics import METRIC_KEYS, compare_to_baseline, run_episode
 from trainer.night.budget import StageKind
 from trainer.night.state import StageJob, StageOutcome
 from trainer.references import BASELINE, REFERENCE_ROSTER, REFERENCES, ReferenceUnavailable
-from trainer.roster import AGENTS
+from trainer.roster import AGENTS, Agent
 from trainer.run_dir import AgentDir, RunContext, RunDir
 from trainer.scenario import UNSEEN_YEAR_SEED_OFFSET
 from trainer.session import training_timesteps
@@ -82,13 +82,13 @@ def train_agent(ctx: RunContext, agent: str, timesteps: int, resume: bool = Fals
         set_random_seed,  # lazy: SB3 imports torch
     )
 
+    handle = resolve_agent(ctx.cfg, agent)
     folder = ctx.run.agent(agent)
     folder.root.mkdir(parents=True, exist_ok=True)
     log = logs.get().bind(agent=agent)
     set_random_seed(ctx.seed)
-    trainer = StageTrainer(ctx, agent, timesteps, callbacks, time_limit_s=time_limit_s)
-    log.info("training", timesteps=timesteps, device=agent_device(ctx.cfg, agent), resume=resume,
-             **_summary(ctx.cfg.agent(agent)))
+    trainer = StageTrainer(ctx, handle, timesteps, callbacks, time_limit_s=time_limit_s)
+    log.info("training", timesteps=timesteps, device=handle.device, resume=resume, **_summary(handle.section))
     start = time.perf_counter()
     try:
         model = trainer.train(resume=resume, force=force)
@@ -98,7 +98,7 @@ def train_agent(ctx: RunContext, agent: str, timesteps: int, resume: bool = Fals
         model.logger.record("time/wall_s", round(wall, 2))
         model.logger.dump(model.num_timesteps)
         trained_steps = int(model.num_timesteps)
-        model, kept = _best_policy(ctx, agent, trainer, model)
+        model, kept = _best_policy(ctx, handle, trainer, model)
         last = trainer.checkpoints.last
         _save_model(model, folder, agent, last.path if last else None)
     finally:
@@ -111,14 +111,15 @@ def train_agent(ctx: RunContext, agent: str, timesteps: int, resume: bool = Fals
                    ended_by="time slot" if trainer.timed_out else "target",
                    checkpoint=str(last.path) if last else None, kept=kept)
     if folder.warm_start.is_file():
-        metrics["warm_start"] = {**(metrics.get("warm_start") or {}), **_evaluate_warm_start(ctx, agent)}
+        metrics["warm_start"] = {**(metrics.get("warm_start") or {}), **_evaluate_warm_start(ctx, handle)}
     write_json_atomic(folder.metrics, metrics)
     return metrics
 
 
-def _best_policy(ctx: RunContext, agent: str, trainer: StageTrainer,
+def _best_policy(ctx: RunContext, handle: Agent, trainer: StageTrainer,
                  model: BaseAlgorithm) -> tuple[BaseAlgorithm, dict[str, Any] | None]:
     """The policy to deploy: the best the stage has seen on the validation window (train.keep_best), or the last."""
+    agent = handle.name
     best = trainer.best
     if best is None or best.best is None:
         return model, None
@@ -128,11 +129,11 @@ def _best_policy(ctx: RunContext, agent: str, trainer: StageTrainer,
                         final_step=int(model.num_timesteps), why=kept["why"],
                         validation_co2_kg_per_year=kept["validation_co2_kg_per_year"],
                         last_validation_co2_kg_per_year=kept["last_validation_co2_kg_per_year"])
-        model = load_model(ctx.cfg, agent, best.model_path, device=agent_device(ctx.cfg, agent))
+        model = load_model(ctx.cfg, agent, best.model_path, device=handle.device)
     folder = ctx.run.agent(agent)
     if kept["step"] != 0 and kept["held_out"] and folder.warm_start.is_file():
         try:
-            warm = load_model(ctx.cfg, agent, folder.warm_start, device=agent_device(ctx.cfg, agent))
+            warm = load_model(ctx.cfg, agent, folder.warm_start, device=handle.device)
         except DamagedFile as exc:  # the trained policy is not lost for it: deployed as the window chose
             logs.get().warning("the warm start is unreadable: the window's pick is deployed unconfirmed", agent=agent,
                                error=str(exc))
@@ -154,11 +155,12 @@ def _curve_figure(folder: AgentDir, step: int) -> float | None:
         return None
 
 
-def _evaluate_warm_start(ctx: RunContext, agent: str) -> dict[str, Any]:
+def _evaluate_warm_start(ctx: RunContext, handle: Agent) -> dict[str, Any]:
     """The stage's warm start evaluated like the agent (the same period and metrics), for the report's comparison."""
+    agent = handle.name
     folder = ctx.run.agent(agent)
     try:
-        model = load_model(ctx.cfg, agent, folder.warm_start, device=agent_device(ctx.cfg, agent))
+        model = load_model(ctx.cfg, agent, folder.warm_start, device=handle.device)
     except DamagedFile as exc:  # a comparison for the report: the trained agent is saved and evaluated without it
         logs.get().warning("the warm start is unreadable: the report cannot compare the agent with it", agent=agent,
                            error=str(exc))
@@ -317,7 +319,8 @@ def reevaluate(ctx: RunContext) -> dict[str, dict[str, Any]]:
             previous = {}
         metrics = {**previous, **evaluate_model(ctx, agent, model)}
         if folder.warm_start.is_file():
-            metrics["warm_start"] = {**(previous.get("warm_start") or {}), **_evaluate_warm_start(ctx, agent)}
+            warm = _evaluate_warm_start(ctx, resolve_agent(ctx.cfg, agent))
+            metrics["warm_start"] = {**(previous.get("warm_start") or {}), **warm}
         write_json_atomic(folder.metrics, metrics)
         new[agent] = metrics
     return record_results(ctx.run, new, rebuild=True)
