@@ -120,16 +120,12 @@ def train(agent: str, config_files: tuple[str, ...], overrides: tuple[str, ...],
 
 @command(cli)
 @opts.night_options
-def night(config_files: tuple[str, ...], overrides: tuple[str, ...], profile: str | None, schema: str | None,
-          dataset: str | None, device: str | None, out: str | None, seed: int | None, quick: bool, agents: str | None,
-          budget: str | None, finish_by: str | None, resume: str | None, force: bool, backend: str,
-          backend_options: dict[str, Any], seeds: str | None) -> None:
+def night(**given: Any) -> None:
     """Run the night now: baseline → rbc → optimum → each agent → report, within --budget or by --finish-by.
 
     `trainer schedule install` starts it every night instead.
     """
-    request = NightRequest(config_files, overrides, profile, schema, dataset, device, out, seed, quick, agents,
-                           budget, finish_by, resume, force, backend, backend_options, seeds)
+    request = NightRequest(**given)  # the options' names are the request's fields
     with handle_stop_signals():
         done = run_request(request, click.echo, opened=lambda ctx: State.opened(ctx, "night"))
     if done.summary is not None:

@@ -80,11 +80,8 @@ def _pinned_battery(efficiency: float) -> dict:
     }
 
 
-def _schema(cfg: ScenarioConfig) -> dict:
-    observations = {name: {"active": True, "shared_in_central_agent": True} for name in ACTIVE_OBSERVATIONS}
-    observations.update({name: {"active": False, "shared_in_central_agent": True} for name in INACTIVE_OBSERVATIONS})
-    for name in ("non_shiftable_load", "solar_generation", "electrical_storage_soc", "net_electricity_consumption"):
-        observations[name]["shared_in_central_agent"] = False
+def _building(cfg: ScenarioConfig) -> dict:
+    """The one building: its files, PV, battery and chargers."""
     building = {
         "include": True,
         "energy_simulation": f"{BUILDING}.csv",
@@ -126,6 +123,35 @@ def _schema(cfg: ScenarioConfig) -> dict:
             }
             for name in charger_names(cfg)
         }
+    return building
+
+
+def _cars(cfg: ScenarioConfig) -> dict:
+    """The cars that visit the chargers (electric_vehicles_def), batteries pinned as the site's."""
+    return {
+        f"EV_{i + 1}": {
+            "include": True,
+            "battery": {
+                "type": "citylearn.energy_model.Battery",
+                "autosize": False,
+                "attributes": {
+                    "capacity": cfg.ev_battery_kwh,
+                    "nominal_power": cfg.charger_kw,
+                    **_pinned_battery(cfg.ev_battery_efficiency),
+                    "initial_soc": 0.5,
+                    "depth_of_discharge": 0.95,
+                },
+            },
+        }
+        for i in range(cfg.ev_chargers)
+    }
+
+
+def _schema(cfg: ScenarioConfig) -> dict:
+    observations = {name: {"active": True, "shared_in_central_agent": True} for name in ACTIVE_OBSERVATIONS}
+    observations.update({name: {"active": False, "shared_in_central_agent": True} for name in INACTIVE_OBSERVATIONS})
+    for name in ("non_shiftable_load", "solar_generation", "electrical_storage_soc", "net_electricity_consumption"):
+        observations[name]["shared_in_central_agent"] = False
     schema = {
         "random_seed": cfg.seed,
         "root_directory": None,
@@ -146,27 +172,11 @@ def _schema(cfg: ScenarioConfig) -> dict:
         },
         "agent": {"type": "citylearn.agents.base.BaselineAgent", "attributes": {}},
         "reward_function": {"type": "citylearn.reward_function.RewardFunction", "attributes": {}},
-        "buildings": {BUILDING: building},
+        "buildings": {BUILDING: _building(cfg)},
         "pvbess_site": cfg.model_dump(mode="json"),
     }
     if cfg.ev_chargers:
-        schema["electric_vehicles_def"] = {
-            f"EV_{i + 1}": {
-                "include": True,
-                "battery": {
-                    "type": "citylearn.energy_model.Battery",
-                    "autosize": False,
-                    "attributes": {
-                        "capacity": cfg.ev_battery_kwh,
-                        "nominal_power": cfg.charger_kw,
-                        **_pinned_battery(cfg.ev_battery_efficiency),
-                        "initial_soc": 0.5,
-                        "depth_of_discharge": 0.95,
-                    },
-                },
-            }
-            for i in range(cfg.ev_chargers)
-        }
+        schema["electric_vehicles_def"] = _cars(cfg)
     return schema
 
 

@@ -72,6 +72,33 @@ def _bump(hour: np.ndarray, centre: float, width: float) -> np.ndarray:
     return np.exp(-0.5 * ((hour - centre) / width) ** 2)
 
 
+def _humidity(rng: np.random.Generator, doy: np.ndarray, temperature: np.ndarray) -> np.ndarray:
+    """Relative humidity from a seasonal dew point (Magnus formula), so it falls as the day warms."""
+    dew_point = np.minimum(
+        8.0 - 4.0 * np.cos(2 * np.pi * (doy - 200) / 365) + rng.normal(0, 1.5, HOURS_PER_YEAR), temperature
+    )
+    magnus = lambda t: np.exp(17.625 * t / (243.04 + t))  # noqa: E731
+    return np.clip(100 * magnus(dew_point) / magnus(temperature), 5, 100)
+
+
+def _pv_ac_per_kwp(cfg: ScenarioConfig, solpos: pd.DataFrame, mid: pd.DatetimeIndex, dni: np.ndarray,
+                   ghi: np.ndarray, dhi: np.ndarray, temperature: np.ndarray) -> np.ndarray:
+    """PV: plane-of-array irradiance → cell temperature → PVWatts DC and AC, per kWp."""
+    import pvlib  # heavy import, only needed here
+
+    poa = pvlib.irradiance.get_total_irradiance(
+        cfg.pv_tilt_deg, cfg.pv_azimuth_deg,
+        solpos["apparent_zenith"], solpos["azimuth"],
+        pd.Series(dni, index=mid), pd.Series(ghi, index=mid), pd.Series(dhi, index=mid),
+        dni_extra=pvlib.irradiance.get_extra_radiation(mid), model="haydavies",
+    )
+    poa_global = np.nan_to_num(poa["poa_global"].to_numpy())
+    cell_temp = pvlib.temperature.faiman(poa_global, temperature, wind_speed=2.0)
+    dc = pvlib.pvsystem.pvwatts_dc(poa_global, cell_temp, 1000.0, -0.0037)
+    dc = np.asarray(dc) * (1 - cfg.pv_system_losses_pct / 100)
+    return np.clip(np.nan_to_num(np.asarray(pvlib.inverter.pvwatts(dc, 1000.0 / 1.1, eta_inv_nom=0.96))), 0, None)
+
+
 def generate_series(cfg: ScenarioConfig) -> SiteSeries:
     """Draw the year. The order of random draws is part of the output's identity."""
     import pvlib  # heavy import, only needed here
@@ -107,25 +134,8 @@ def generate_series(cfg: ScenarioConfig) -> SiteSeries:
     diurnal = np.cos(2 * np.pi * (hour - 15.0) / 24)
     anomaly = np.repeat(2.0 * _ar1(rng, n_days, 0.8), 24)
     temperature = seasonal + swing * diurnal + anomaly + 0.4 * rng.standard_normal(HOURS_PER_YEAR)
-    # Humidity from a seasonal dew point (Magnus formula), so it falls as the day warms.
-    dew_point = np.minimum(
-        8.0 - 4.0 * np.cos(2 * np.pi * (doy - 200) / 365) + rng.normal(0, 1.5, HOURS_PER_YEAR), temperature
-    )
-    magnus = lambda t: np.exp(17.625 * t / (243.04 + t))  # noqa: E731
-    humidity = np.clip(100 * magnus(dew_point) / magnus(temperature), 5, 100)
-
-    # PV: plane-of-array irradiance → cell temperature → PVWatts DC and AC, per kWp.
-    poa = pvlib.irradiance.get_total_irradiance(
-        cfg.pv_tilt_deg, cfg.pv_azimuth_deg,
-        solpos["apparent_zenith"], solpos["azimuth"],
-        pd.Series(dni, index=mid), pd.Series(ghi, index=mid), pd.Series(dhi, index=mid),
-        dni_extra=pvlib.irradiance.get_extra_radiation(mid), model="haydavies",
-    )
-    poa_global = np.nan_to_num(poa["poa_global"].to_numpy())
-    cell_temp = pvlib.temperature.faiman(poa_global, temperature, wind_speed=2.0)
-    dc = pvlib.pvsystem.pvwatts_dc(poa_global, cell_temp, 1000.0, -0.0037)
-    dc = np.asarray(dc) * (1 - cfg.pv_system_losses_pct / 100)
-    ac = np.clip(np.nan_to_num(np.asarray(pvlib.inverter.pvwatts(dc, 1000.0 / 1.1, eta_inv_nom=0.96))), 0, None)
+    humidity = _humidity(rng, doy, temperature)
+    ac = _pv_ac_per_kwp(cfg, solpos, mid, dni, ghi, dhi, temperature)
 
     # Building: base load, weekday occupancy, cooling above 22 C while occupied.
     weekday = index.dayofweek.to_numpy() < 5

@@ -24,6 +24,8 @@ for the first updates, then the actor's loss keeps it near the demonstrations.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -108,19 +110,7 @@ class FastSAC(SAC):
                 ent_coef = self.ent_coef_tensor
             ent_coefs.append(ent_coef.detach())
 
-            with torch.no_grad():
-                next_actions, next_log_prob = self.actor.action_log_prob(replay_data.next_observations)
-                next_q_values = torch.cat(self.critic_target(replay_data.next_observations, next_actions), dim=1)
-                next_q_values, _ = torch.min(next_q_values, dim=1, keepdim=True)
-                next_q_values = next_q_values - ent_coef * next_log_prob.reshape(-1, 1)
-                target_q_values = replay_data.rewards + (1 - replay_data.dones) * self.gamma * next_q_values
-
-            current_q_values = self.critic(replay_data.observations, replay_data.actions)
-            critic_loss = 0.5 * sum(F.mse_loss(current_q, target_q_values) for current_q in current_q_values)
-            critic_losses.append(critic_loss.detach())
-            self.critic.optimizer.zero_grad()
-            critic_loss.backward()
-            self.critic.optimizer.step()
+            critic_losses.append(self._critic_step(replay_data, ent_coef))
 
             if actor_learns:
                 actor_losses.append(self._actor_step(replay_data.observations, actions_pi, log_prob, ent_coef,
@@ -141,6 +131,22 @@ class FastSAC(SAC):
         self.logger.record("train/critic_loss", _mean(critic_losses))
         if ent_coef_losses:
             self.logger.record("train/ent_coef_loss", _mean(ent_coef_losses))
+
+    def _critic_step(self, replay_data: Any, ent_coef: torch.Tensor) -> torch.Tensor:
+        """SB3's SAC critic update (soft Bellman targets from the target critics); returns its loss, detached."""
+        with torch.no_grad():
+            next_actions, next_log_prob = self.actor.action_log_prob(replay_data.next_observations)
+            next_q_values = torch.cat(self.critic_target(replay_data.next_observations, next_actions), dim=1)
+            next_q_values, _ = torch.min(next_q_values, dim=1, keepdim=True)
+            next_q_values = next_q_values - ent_coef * next_log_prob.reshape(-1, 1)
+            target_q_values = replay_data.rewards + (1 - replay_data.dones) * self.gamma * next_q_values
+
+        current_q_values = self.critic(replay_data.observations, replay_data.actions)
+        critic_loss = 0.5 * sum(F.mse_loss(current_q, target_q_values) for current_q in current_q_values)
+        self.critic.optimizer.zero_grad()
+        critic_loss.backward()
+        self.critic.optimizer.step()
+        return critic_loss.detach()
 
     def _actor_step(self, observations: torch.Tensor, actions_pi: torch.Tensor, log_prob: torch.Tensor,
                     ent_coef: torch.Tensor, critic_params: list[torch.Tensor], batch_size: int) -> torch.Tensor:

@@ -78,8 +78,7 @@ class StageTrainer:
         self.episodes: EpisodeTracker | None = None
         self.warm_start: dict[str, Any] | None = None
         self.best = BestPolicy(self.folder, self.cfg.ev.target_met_pct) if self.cfg.train.keep_best else None
-        self.curve = None
-        self._sb3_logger = None
+        self.curve = self._sb3_logger = None
 
     @property
     def timed_out(self) -> bool:
@@ -177,10 +176,7 @@ class StageTrainer:
 
     def _fresh_model(self) -> BaseAlgorithm:
         model = build_model(self.cfg, self.agent, self.env, self.device, self.cfg.seed, self.target)
-        picks = self.cfg.warm_start.picks_a_member(self.agent)
-        held_out = held_out_years(self.ctx) if picks else []  # the years it picks by
-        self.warm_start = warm_start(self.cfg, self.ctx.site, self.agent, model, self.ctx.run.demonstration_sites,
-                                     held_out, self.imitations)
+        self.warm_start = _warm_start(self.ctx, self.handle, model, self.imitations)
         if self.warm_start is not None:  # evaluated like the agent at the end (results.json's warm_start)
             save_warm_start(model, self.folder)
         self.checkpoints.last_checkpoint_step = 0
@@ -197,8 +193,6 @@ class StageTrainer:
         self.checkpoints.restored(checkpoint)
         return self._ready(model)
 
-    # ------------------------------------------------------------------ failures
-
     def _recover(self, failure: Failure, step: int) -> tuple[BaseAlgorithm, bool]:
         if isinstance(failure, OutOfMemory):
             self.recovery.back_off(step, failure.detail, self.checkpoints.last_path, in_training=True)
@@ -209,6 +203,13 @@ class StageTrainer:
             self.log.info("no checkpoint yet: restarting the stage", step=step)
             return self._fresh_model(), True
         return self._load(checkpoint, adopt_state=False), False
+
+
+def _warm_start(ctx: RunContext, handle: Agent, model: BaseAlgorithm,
+                imitations: SavedImitations) -> dict[str, Any] | None:
+    """A fresh model's warm start (trainer.learn.warm_start), picking by the held-out years where it picks."""
+    held_out = held_out_years(ctx) if ctx.cfg.warm_start.picks_a_member(handle.name) else []
+    return warm_start(ctx.cfg, ctx.site, handle.name, model, ctx.run.demonstration_sites, held_out, imitations)
 
 
 def summary(trainer: StageTrainer) -> dict[str, Any]:

@@ -54,33 +54,7 @@ def distil_an_ensemble(
     log.info("warm start: imitating the optimum from several initial weights, then their mean action "
              "(--set warm_start.ensemble=1 for one imitation)")
     try:
-        imitated: dict[int, tuple[Any, tuple[float, float]]] = {}  # member index: its policy and errors
-        env = make_sb3_env(cfg, site, "eval", seed)
-        try:
-            wait = False  # a first pass imitates the members no other process is imitating
-            while len(imitated) < settings.ensemble:
-                for k in range(settings.ensemble):  # the first is the seed's own imitation
-                    if k in imitated:
-                        continue
-                    STOP.check("the warm start's ensemble")
-                    started = time.perf_counter()
-                    # The teacher's policy, and the night's members whichever stage imitated them first: a stage
-                    # with other threads, on another device or in another process distils the same ones.
-                    member_seed = seed + k * MEMBER_SEED_STEP
-                    member = _fresh(cfg, teacher, env, str(model.device), member_seed)
-                    if (not wait and saved is not None
-                            and saved.busy(imitation_key(member, demos, *fit, member_seed, machine=False))):
-                        continue  # a stage beside this one is imitating it: the next one first
-                    member_errors, reused = imitate_once(member, demos, *fit, member_seed, machine=False, saved=saved)
-                    imitated[k] = (member.policy, member_errors)
-                    log.info("warm start: ensemble member imitated", member=f"{k + 1}/{settings.ensemble}",
-                             actor_mse=round(member_errors[0], 5), seconds=round(time.perf_counter() - started, 1),
-                             reused=reused)
-                wait = True  # those left are other processes' to finish: wait for each in turn
-        finally:
-            env.close()
-        members = [imitated[k][0] for k in range(settings.ensemble)]
-        errors = [imitated[k][1] for k in range(settings.ensemble)]
+        members, errors = _imitate_members(cfg, site, teacher, str(model.device), demos, saved, log)
         started = time.perf_counter()
         labelled = _ensemble_labels(cfg, site, members, demos, draws)
         log.info("warm start: the members' mean action labelled", steps=len(labelled.actions),
@@ -97,6 +71,42 @@ def distil_an_ensemble(
              "members_critic_mse": [round(e[1], 4) for e in errors], "labelled_steps": len(labelled.actions),
              "student_epochs": settings.student_epochs},
             student, reused, members)
+
+
+def _imitate_members(cfg: Config, site: Site, teacher: str, device: str, demos: Demonstrations,
+                     saved: SavedImitations | None, log: Any) -> tuple[list[Any], list[tuple[float, float]]]:
+    """The ensemble's members, each the teacher's policy imitating ``demos`` from its own seed, and their errors;
+    members another process of the night is imitating are left to it until the others are done."""
+    settings = cfg.warm_start
+    fit = (settings.epochs, settings.learning_rate, settings.batch_size)
+    imitated: dict[int, tuple[Any, tuple[float, float]]] = {}  # member index: its policy and errors
+    env = make_sb3_env(cfg, site, "eval", cfg.seed)
+    try:
+        wait = False  # a first pass imitates the members no other process is imitating
+        while len(imitated) < settings.ensemble:
+            for k in range(settings.ensemble):  # the first is the seed's own imitation
+                if k in imitated:
+                    continue
+                STOP.check("the warm start's ensemble")
+                started = time.perf_counter()
+                # The teacher's policy, and the night's members whichever stage imitated them first: a stage
+                # with other threads, on another device or in another process distils the same ones.
+                member_seed = cfg.seed + k * MEMBER_SEED_STEP
+                member = _fresh(cfg, teacher, env, device, member_seed)
+                if (not wait and saved is not None
+                        and saved.busy(imitation_key(member, demos, *fit, member_seed, machine=False))):
+                    continue  # a stage beside this one is imitating it: the next one first
+                member_errors, reused = imitate_once(member, demos, *fit, member_seed, machine=False, saved=saved)
+                imitated[k] = (member.policy, member_errors)
+                log.info("warm start: ensemble member imitated", member=f"{k + 1}/{settings.ensemble}",
+                         actor_mse=round(member_errors[0], 5), seconds=round(time.perf_counter() - started, 1),
+                         reused=reused)
+            wait = True  # those left are other processes' to finish: wait for each in turn
+    finally:
+        env.close()
+    members = [imitated[k][0] for k in range(settings.ensemble)]
+    errors = [imitated[k][1] for k in range(settings.ensemble)]
+    return members, errors
 
 
 def _fresh(cfg: Config, agent: str, env: Any, device: str, seed: int) -> Any:
