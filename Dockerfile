@@ -72,7 +72,7 @@ VOLUME /app/outputs
 # Healthy while the trainer's own log moves (a progress line at least every minute), GPU or not.
 # PVBESS_HEALTH_MAX_AGE (seconds, default 300) sets how long it may go quiet.
 HEALTHCHECK --interval=60s --timeout=10s --start-period=5m --retries=3 \
-    CMD ["python", "-m", "trainer.healthcheck", "--outputs", "/app/outputs"]
+    CMD ["python", "-m", "trainer.cli.healthcheck", "--outputs", "/app/outputs"]
 
 ENTRYPOINT ["/usr/bin/tini", "--", "/app/launchers/docker-entrypoint.sh"]
 CMD ["all"]

@@ -4,7 +4,7 @@
 #   ./launchers/launch.sh [all|sac|ppo|a2c|baseline] [--config F] [--profile P]   (agent anywhere)
 #       [--budget D | --finish-by HH:MM] [--resume [RUN_DIR]] [--monitor | --no-monitor]
 #       [--quick] [-- extra trainer options]
-# Everything past bootstrapping is `trainer launch` (trainer/launch.py).
+# Everything past bootstrapping is `trainer launch` (trainer/cli/launcher.py).
 set -euo pipefail
 shopt -s inherit_errexit
 

@@ -13,10 +13,10 @@ os.environ.setdefault("CITYLEARN_OFFLINE", "1")
 # The training simulator's cache of sites: the tests' own, never the user's.
 os.environ["PVBESS_CACHE"] = tempfile.mkdtemp(prefix="pvbess-test-cache-")
 
-from trainer.config import Config
-from trainer.config_files import load_config
-from trainer.scenario import build_site
+from trainer.config.loading import load_config
+from trainer.config.sections import Config
 from trainer.site import Site
+from trainer.site.scenario import build_site
 
 OFFICIAL = "citylearn_challenge_2022_phase_all"
 _SHARED_DATASETS = Path(__file__).resolve().parents[1].parent / "shared" / "citylearn" / "datasets"

@@ -14,7 +14,7 @@ import textwrap
 import pytest
 from click.testing import CliRunner
 
-from trainer.cli import cli
+from trainer.cli.main import cli
 from trainer.night.backends import BACKENDS, own_options
 
 from .conftest import tiny_overrides
@@ -24,7 +24,7 @@ TOY_PLUGIN = textwrap.dedent('''
     import sys
     from contextlib import contextmanager
 
-    from trainer.errors import UsageError
+    from trainer.base.errors import UsageError
     from trainer.night import backends
     from trainer.night.stages import run_job
     from trainer.night.state import StageEvent
@@ -71,7 +71,7 @@ TOY_PLUGIN = textwrap.dedent('''
 
     backends.BACKENDS["notebook"] = Notebook
 
-    from trainer.cli import main
+    from trainer.cli.main import main
 
     sys.exit(main())
 ''')

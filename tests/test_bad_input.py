@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from trainer.cli import cli
+from trainer.cli.main import cli
 
 
 def snapshot(folder: Path) -> dict[str, str]:
@@ -201,7 +201,7 @@ def test_a_full_disk_costs_the_final_save_not_the_stage_s_checkpoints(small_disk
 def test_report_refuses_a_run_a_trainer_is_writing(tmp_path):
     import json
 
-    from trainer.lock import RunLock
+    from trainer.run.lock import RunLock
 
     run = tmp_path / "run"
     run.mkdir()
@@ -216,7 +216,7 @@ def test_report_refuses_a_run_a_trainer_is_writing(tmp_path):
 
 
 def test_damaged_state_files_say_what_to_do(tmp_path):
-    from trainer.files import DamagedFile, read_json
+    from trainer.base.files import DamagedFile, read_json
 
     for name, fix in (("results.json", "trainer evaluate"), ("schedule.json", "plan the night again")):
         path = tmp_path / name
@@ -226,7 +226,7 @@ def test_damaged_state_files_say_what_to_do(tmp_path):
 
 
 def test_a_manifest_without_files_skips_that_checkpoint(tmp_path):
-    from trainer.checkpoint import verify
+    from trainer.learn.checkpoint_store import verify
 
     (tmp_path / "manifest.json").write_text('{"step": 100}')
     assert verify(tmp_path).startswith("unreadable manifest: KeyError")
@@ -248,8 +248,8 @@ def _checkpoint(run: Path, agent: str, config: dict) -> None:
 
 
 def test_resume_checks_what_the_agent_depends_on_and_allows_a_longer_run(tmp_path):
-    from trainer.config_files import load_config
-    from trainer.errors import UsageError
+    from trainer.base.errors import UsageError
+    from trainer.config.loading import load_config
     from trainer.learn.preflight import check_resume_config
 
     run = tmp_path / "run"
@@ -289,7 +289,7 @@ def test_a_link_out_of_the_run_folder_is_refused_before_any_write(name, dataset,
 
 
 def test_a_link_inside_the_run_folder_is_harmless(existing_run):
-    from trainer.run_dir import RunDir
+    from trainer.run.folder import RunDir
 
     (existing_run / "notes").mkdir()
     (existing_run / "latest-config.yaml").symlink_to(existing_run / "config.yaml")
@@ -379,7 +379,7 @@ STATE_FILES = {
 
 @pytest.mark.parametrize("case", list(STATE_FILES))
 def test_a_state_file_of_the_wrong_shape_is_named_with_the_key_and_the_fix(case, tmp_path, site_schema):
-    from trainer.files import FIXES
+    from trainer.base.files import FIXES
 
     name, content, command, middle = STATE_FILES[case]
     run = _run_folder(tmp_path, site_schema)
@@ -396,7 +396,7 @@ def test_a_state_file_of_the_wrong_shape_is_named_with_the_key_and_the_fix(case,
 def test_a_checkpoint_state_of_the_wrong_types_is_skipped(tmp_path):
     import json
 
-    from trainer.checkpoint import verify
+    from trainer.learn.checkpoint_store import verify
 
     (tmp_path / "state.json").write_text(json.dumps({"step": "1000"}))
     (tmp_path / "rng.json").write_text("{}")
@@ -485,7 +485,7 @@ REPORT_INPUTS = {
 
 @pytest.mark.parametrize("case", list(REPORT_INPUTS))
 def test_a_damaged_file_the_report_reads_is_named_with_the_way_on(case, tmp_path, site_schema):
-    from trainer.files import FIXES
+    from trainer.base.files import FIXES
 
     name, content, middle = REPORT_INPUTS[case]
     run = _run_folder(tmp_path, site_schema)

@@ -104,7 +104,7 @@ def test_quick_benchmark_produces_every_figure(tmp_path):
 def test_a_sweep_that_is_not_counts_is_refused_before_measuring(sweep):
     from click.testing import CliRunner
 
-    from trainer.cli import cli
+    from trainer.cli.main import cli
 
     result = CliRunner().invoke(cli, ["benchmark", "--quick", "--sweep", sweep])
     assert result.exit_code == 2

@@ -7,7 +7,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from trainer.cli import cli
+from trainer.cli.main import cli
 
 
 def run(*args: str):

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from trainer.config import DEFAULT_CONFIG, Config
-from trainer.config_files import describe, load_config, parse_override
-from trainer.errors import ConfigError
+from trainer.base.errors import ConfigError
+from trainer.config.loading import describe, load_config, parse_override
+from trainer.config.sections import DEFAULT_CONFIG, Config
 
 
 def error_of(*overrides: str, files=()) -> str:
@@ -124,7 +124,7 @@ def test_the_night_s_budget_and_finish_time_are_checked_with_the_config(override
 
 
 def test_a_quick_night_evaluates_its_short_window_unless_a_shorter_one_is_set():
-    from trainer.session import quick_night
+    from trainer.run.session import quick_night
 
     assert quick_night(load_config()).schedule.eval_days == 28
     assert quick_night(load_config(overrides=["schedule.eval_days=3"])).schedule.eval_days == 3

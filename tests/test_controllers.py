@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from trainer.controllers import RuleBasedController, UncontrolledBaseline
-from trainer.env import ActionScale, make_sb3_env
-from trainer.metrics import compare_to_baseline, run_episode
+from trainer.env.citylearn import ActionScale, make_sb3_env
+from trainer.judge.metrics import compare_to_baseline, run_episode
+from trainer.references.controllers import RuleBasedController, UncontrolledBaseline
 
 
 @pytest.fixture(scope="module")

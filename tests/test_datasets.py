@@ -7,10 +7,10 @@ import math
 
 from click.testing import CliRunner
 
-from trainer.cli import cli
-from trainer.controllers import RuleBasedController
-from trainer.env import make_sb3_env
-from trainer.metrics import run_episode
+from trainer.cli.main import cli
+from trainer.env.citylearn import make_sb3_env
+from trainer.judge.metrics import run_episode
+from trainer.references.controllers import RuleBasedController
 from trainer.site import Site
 
 from .conftest import OFFICIAL, tiny_overrides, variant

@@ -8,9 +8,9 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from trainer.cli import cli
-from trainer.config_files import load_config
-from trainer.profiles import PROFILE_DIR, available
+from trainer.cli.main import cli
+from trainer.config.loading import load_config
+from trainer.config.profiles import PROFILE_DIR, available
 
 needs_no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
 
@@ -21,7 +21,7 @@ def doctor(*args: str):
 
 @needs_no_cuda
 def test_doctor_passes_without_a_warning_on_a_machine_without_a_gpu(monkeypatch):
-    from trainer import doctor as doctor_module
+    from trainer.cli import doctor as doctor_module
 
     monkeypatch.setattr(doctor_module, "nvidia_gpu_present", lambda: False)
     result = doctor()
@@ -33,7 +33,7 @@ def test_doctor_passes_without_a_warning_on_a_machine_without_a_gpu(monkeypatch)
 
 @needs_no_cuda
 def test_a_gpu_torch_cannot_use_is_a_warning_with_the_fix(monkeypatch):
-    from trainer import doctor as doctor_module
+    from trainer.cli import doctor as doctor_module
 
     monkeypatch.setattr(doctor_module, "nvidia_gpu_present", lambda: True)
     result = doctor()
@@ -72,7 +72,7 @@ def test_output_root_that_is_a_file_fails_the_disk_check(tmp_path):
 
 
 def test_keys_that_did_nothing_are_gone_and_old_configs_still_load():
-    from trainer.config_files import describe, load_config
+    from trainer.config.loading import describe, load_config
 
     keys = {row[0] for row in describe()}
     assert "gpu.mixed_precision" not in keys and "sac.max_grad_norm" not in keys and "ppo.max_grad_norm" in keys
@@ -122,7 +122,7 @@ def test_unknown_profile_exits_2_and_help_lists_the_profiles():
     ("NVIDIA RTX 6000 Ada Generation", 51_527_024_640, 8, "h100-80gb"),  # unknown name: 52 GB
 ])
 def test_auto_profile_matches_the_gpu_by_name_then_memory(gpu, total_bytes, major, expected):
-    from trainer.profiles import choose
+    from trainer.config.profiles import choose
 
     profile, why = choose(gpu, total_bytes, major)
     assert profile == expected and gpu in why
@@ -132,8 +132,8 @@ def test_auto_profile_matches_the_gpu_by_name_then_memory(gpu, total_bytes, majo
 def test_gpu_switches_set_the_torch_flags():
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    from trainer.config_files import load_config as load
-    from trainer.device import apply_gpu_flags
+    from trainer.config.loading import load_config as load
+    from trainer.run.device import apply_gpu_flags
 
     flags = apply_gpu_flags(load(overrides=["gpu.tf32=true", "gpu.cudnn_benchmark=true"]).gpu, "cuda")
     assert (
@@ -142,8 +142,8 @@ def test_gpu_switches_set_the_torch_flags():
 
 
 def test_tensorboard_off_for_want_of_the_package_is_said_with_the_fix(monkeypatch):
-    from trainer import doctor as doctor_module
-    from trainer.config_files import load_config
+    from trainer.cli import doctor as doctor_module
+    from trainer.config.loading import load_config
 
     monkeypatch.setattr(doctor_module, "tensorboard_installed", lambda: False)
     default = doctor_module.check_tensorboard(load_config())  # auto: off without a word of warning
@@ -175,7 +175,7 @@ def test_the_doctor_says_what_agents_train_on_and_refuses_vector_where_it_cannot
 def test_packages_imported_from_a_source_tree_are_a_warning_not_a_crash(monkeypatch):
     from importlib import metadata
 
-    from trainer import doctor as doctor_module
+    from trainer.cli import doctor as doctor_module
 
     def not_installed(name):
         raise metadata.PackageNotFoundError(name)

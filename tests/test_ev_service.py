@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from trainer.config_files import load_config
-from trainer.controllers import RuleBasedController, UncontrolledBaseline
-from trainer.env import ActionScale, CentralAgentArrays, make_citylearn_env, make_sb3_env
-from trainer.ev_service import connected_sessions
-from trainer.metrics import run_episode
+from trainer.config.loading import load_config
+from trainer.env.citylearn import ActionScale, CentralAgentArrays, make_citylearn_env, make_sb3_env
+from trainer.env.ev_guard import connected_sessions
+from trainer.judge.metrics import run_episode
+from trainer.references.controllers import RuleBasedController, UncontrolledBaseline
 from trainer.site import Site
 
 from .conftest import random_ev_curves

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from trainer.cli import cli
-from trainer.standalone_controller import CHECK_FILE, EXPECTED_PREFIX, SPEC_FILE, Controller, InputError
+from trainer.cli.main import cli
+from trainer.shipped.controller import CHECK_FILE, EXPECTED_PREFIX, SPEC_FILE, Controller, InputError
 
 from .conftest import tiny_overrides
 

@@ -7,7 +7,7 @@ import stat
 
 import pytest
 
-from trainer.files import read_json, write_json_atomic, write_text_atomic
+from trainer.base.files import read_json, write_json_atomic, write_text_atomic
 
 
 @pytest.fixture

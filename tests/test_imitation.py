@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from trainer.cli import cli
-from trainer.config_files import load_config
-from trainer.controllers import PolicyController, UncontrolledBaseline
-from trainer.env import make_sb3_env
+from trainer.cli.main import cli
+from trainer.config.loading import load_config
+from trainer.env.citylearn import make_sb3_env
+from trainer.judge.metrics import run_episode
 from trainer.learn.agents import build_model
 from trainer.learn.warm_start import demonstrations, keep_near_demonstrations, time_with_the_term, warm_start
-from trainer.metrics import run_episode
+from trainer.references.controllers import PolicyController, UncontrolledBaseline
 from trainer.site import Site
 
 from .conftest import tiny_overrides
@@ -118,7 +118,7 @@ def test_a_calibration_times_the_term_its_stage_will_carry(built_in, agent, weig
 
 def test_the_warm_start_also_imitates_other_years_of_the_built_in_site(built_in, tmp_path):
     from trainer.learn.warm_start import training_demonstrations
-    from trainer.scenario import DRAW_SEED_OFFSET
+    from trainer.site.scenario import DRAW_SEED_OFFSET
 
     cfg = load_config(overrides=["warm_start.extra_draws=1"])
     demos = training_demonstrations(cfg, built_in, cfg.seed, tmp_path / "draws")

@@ -17,8 +17,8 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from trainer.cli import cli
-from trainer.launch import AGENT_CHOICES
+from trainer.cli.launcher import AGENT_CHOICES
+from trainer.cli.main import cli
 
 from .conftest import tiny_overrides
 
@@ -112,7 +112,7 @@ def test_sigterm_checkpoints_stops_the_monitor_and_leaves_no_process(tmp_path):
 
 def test_a_monitor_that_exited_on_its_own_leaves_no_pid_file(tmp_path):
     # The monitor watches the trainer's PID and often exits before the launcher stops it.
-    from trainer.launch import Launch, LaunchOptions
+    from trainer.cli.launcher import Launch, LaunchOptions
 
     launch_ = Launch(LaunchOptions(), tmp_path, gpu_present=False)
     launch_.monitor = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -140,7 +140,7 @@ def test_unknown_launcher_option_is_a_usage_error():
 
 
 def test_the_agent_goes_anywhere_and_a_wrong_one_stops_before_the_doctor(tmp_path):
-    from trainer.launch import split_agent
+    from trainer.cli.launcher import split_agent
 
     assert split_agent(None, ("ppo",)) == ("ppo", ())  # launch.sh --quick ppo
     assert split_agent(None, ("a2c", "--seed", "3")) == ("a2c", ("--seed", "3"))  # launch.sh a2c --quick -- --seed 3
@@ -266,7 +266,7 @@ def test_dockerfile_follows_the_rules():
     assert "pip install --no-deps -r /tmp/lock/constraints.txt" in runs and "lock.py verify" in runs
     assert "HOME=/tmp" in parser.content
     assert "NVIDIA_DRIVER_CAPABILITIES=compute,utility" in parser.content
-    assert any(kind == "HEALTHCHECK" and "trainer.healthcheck" in value for kind, value in instructions)
+    assert any(kind == "HEALTHCHECK" and "trainer.cli.healthcheck" in value for kind, value in instructions)
     assert any(kind == "VOLUME" and "/app/outputs" in value for kind, value in instructions)
     copies = [value for kind, value in instructions if kind == "COPY"]
     assert copies[0].startswith("docker/constraints.txt")  # dependencies before code
@@ -295,7 +295,7 @@ def test_container_entrypoint_runs_outside_a_container(tmp_path):
 
 def test_healthcheck_follows_the_trainer_s_heartbeat_not_the_monitor_s(tmp_path):
     def check() -> int:
-        return subprocess.run([sys.executable, "-m", "trainer.healthcheck", "--outputs", str(tmp_path),
+        return subprocess.run([sys.executable, "-m", "trainer.cli.healthcheck", "--outputs", str(tmp_path),
                                "--max-age", "60"], cwd=ROOT, capture_output=True).returncode
 
     assert check() == 1  # no run yet
@@ -341,7 +341,7 @@ def test_crontab_line_is_wrapped_in_flock(monkeypatch, tmp_path):
     assert result.exit_code == 0
     line = result.output.splitlines()[0]
     assert line.startswith(f"5 22 * * * cd {ROOT} && mkdir -p {ROOT / 'outputs'} && "
-                           f"flock -n {tmp_path / 'pvbess-trainer.lock'} {LAUNCHERS / 'launch.sh'} all")
+                           f"flock -n {tmp_path / 'pvbess-trainer.run.lock'} {LAUNCHERS / 'launch.sh'} all")
     assert line.endswith(f">> {ROOT / 'outputs'}/cron.log 2>&1")
 
 
@@ -367,7 +367,7 @@ def test_install_refuses_bad_times(args, message):
 
 
 def test_windows_gets_a_process_group_and_ctrl_break_instead_of_a_killing_sigint():
-    from trainer.launch import forward_stop, own_process_group
+    from trainer.cli.launcher import forward_stop, own_process_group
 
     assert own_process_group(windows=False) == {"start_new_session": True}
     assert own_process_group(windows=True) == {"creationflags": 0x200}  # CREATE_NEW_PROCESS_GROUP

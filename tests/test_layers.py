@@ -13,8 +13,11 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "trainer"
 # What every other part may import and which imports none of them.
-BASE = {"trainer.errors", "trainer.files", "trainer.durations", "trainer.logs", "trainer.checks",
-        "trainer.config_section", "trainer.agent_config", "trainer.roster", "trainer.config", "trainer.schedule_file"}
+BASE = {"trainer.base", "trainer.config"}
+# The packages from the ground up: each imports only packages before it (docs/architecture.md).
+LAYERS = ("trainer.base", "trainer.shipped", "trainer.config", "trainer.site", "trainer.run", "trainer.env",
+          "trainer.references", "trainer.sim", "trainer.judge", "trainer.learn", "trainer.export", "trainer.night",
+          "trainer.benchmark", "trainer.cli", "trainer.__main__")
 
 
 def _node(module: str) -> str:
@@ -79,8 +82,20 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_no_import_runs_up_the_layers():
     graph = _imports()
-    assert {"trainer.night", "trainer.learn", "trainer.session"} <= set(graph)  # the walk sees the package
+    assert {"trainer.night", "trainer.learn", "trainer.run"} <= set(graph)  # the walk sees the package
     assert _cycle(graph) is None, " → ".join(_cycle(graph) or [])
+
+
+def test_every_package_imports_only_those_below_it():
+    graph = _imports()
+    assert set(graph) | {t for targets in graph.values() for t in targets} == set(LAYERS)  # every package has its floor
+    up = sorted(f"{node} → {target}" for node, targets in graph.items() for target in targets
+                if LAYERS.index(target) >= LAYERS.index(node))
+    assert up == []
+
+
+def test_only_the_entry_points_lie_directly_under_trainer():
+    assert sorted(p.name for p in PACKAGE.glob("*.py")) == ["__init__.py", "__main__.py"]
 
 
 def test_no_module_imports_another_that_imports_it_back():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 
-from trainer import logs
+from trainer.base import logs
 
 
 def test_console_and_file_timestamps(tmp_path, capsys):

@@ -8,11 +8,11 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from trainer.controllers import UncontrolledBaseline
-from trainer.env import make_citylearn_env, make_sb3_env
-from trainer.metrics import run_episode
-from trainer.optimum import OptimumReplay, solve
-from trainer.optimum_model import BatteryModel, EvSession, OptimumUnavailable, SiteModel, site_model
+from trainer.env.citylearn import make_citylearn_env, make_sb3_env
+from trainer.judge.metrics import run_episode
+from trainer.references.controllers import UncontrolledBaseline
+from trainer.references.optimum import OptimumReplay, solve
+from trainer.references.optimum_model import BatteryModel, EvSession, OptimumUnavailable, SiteModel, site_model
 from trainer.site import Site
 
 from .conftest import random_ev_curves

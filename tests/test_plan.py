@@ -7,7 +7,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from trainer.cli import cli
+from trainer.cli.main import cli
 from trainer.sim.simulators import VECTOR, Simulator
 from trainer.site import Site
 
@@ -72,7 +72,7 @@ def test_report_refuses_a_folder_without_results(tmp_path):
 
 
 def test_the_calibration_follows_the_simulator_agents_train_on(built_in):
-    from trainer.config_files import load_config
+    from trainer.config.loading import load_config
     from trainer.night.calibrate import _cache_key
 
     citylearn = _cache_key(load_config(overrides=["train.simulator=citylearn"]), built_in, "cpu")
@@ -84,7 +84,7 @@ def test_the_calibration_follows_the_simulator_agents_train_on(built_in):
 def test_calibration_measures_the_environments_the_night_trains_on(built_in, monkeypatch):
     import pytest
 
-    from trainer.config_files import load_config
+    from trainer.config.loading import load_config
     from trainer.night import calibrate
 
     asked = []
@@ -103,7 +103,7 @@ def test_calibration_measures_the_environments_the_night_trains_on(built_in, mon
 
 
 def test_sac_on_many_sites_is_costed_per_site(built_in, monkeypatch, tmp_path):
-    from trainer.config_files import load_config
+    from trainer.config.loading import load_config
     from trainer.night import calibrate
 
     # 1,000 env steps/s with no updates, 20 ms an update: one update per 16 sites' step.
@@ -142,7 +142,7 @@ def test_a_plan_that_ends_well_before_its_deadline_says_the_budget_is_a_cap():
 def test_the_plan_counts_each_warm_start_and_the_night_s_demonstrations_once(built_in, tmp_path):
     import math
 
-    from trainer.config_files import load_config
+    from trainer.config.loading import load_config
     from trainer.night.calibrate import Speeds
     from trainer.night.plan import DEMONSTRATION_SOLVE_S, POLICY_CALL_S, SAFETY, warm_start_s
 
@@ -205,7 +205,7 @@ def test_a_trained_stage_counts_its_evaluations_after_training(built_in, tmp_pat
     # The deployed policy and its warm start over the evaluation, and on the built-in site the confirmation of the
     # pick against the warm start over two held-out years (four more): left out, the last agent of a 20-minute
     # night lost its slot to the overrun.
-    from trainer.config_files import load_config
+    from trainer.config.loading import load_config
     from trainer.night.plan import policy_evaluations
 
     other = tmp_path / "schema.json"
@@ -217,7 +217,7 @@ def test_a_trained_stage_counts_its_evaluations_after_training(built_in, tmp_pat
 
 
 def test_a_timed_night_runs_the_warm_start_s_ensemble_only_where_it_fits(built_in, tmp_path):
-    from trainer.config_files import load_config
+    from trainer.config.loading import load_config
     from trainer.night.calibrate import Speeds
     from trainer.night.plan import ENSEMBLE_SHARE, fit_ensemble, warm_start_s
 
@@ -240,10 +240,10 @@ def test_a_timed_night_runs_the_warm_start_s_ensemble_only_where_it_fits(built_i
 def test_the_night_runs_and_records_the_ensemble_its_time_affords(built_in, tmp_path):
     from datetime import datetime, timedelta
 
-    from trainer.config_files import load_config
+    from trainer.config.loading import load_config
     from trainer.night.calibrate import Speeds
     from trainer.night.runner import _fit_warm_start
-    from trainer.run_dir import RunContext, RunDir
+    from trainer.run.folder import RunContext, RunDir
 
     run = RunDir(tmp_path / "run")
     run.create(load_config(), ["trainer", "night"], "cpu")

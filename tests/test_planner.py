@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from trainer.cli import cli
-from trainer.controllers import UncontrolledBaseline
-from trainer.env import make_sb3_env
-from trainer.metrics import run_episode
-from trainer.optimum import OptimumReplay, solve
-from trainer.optimum_model import SiteModel
-from trainer.planner import HORIZON_STEPS, DayAheadPlanner, Forecast, PlannerUnavailable, day_ahead_planner
+from trainer.cli.main import cli
+from trainer.env.citylearn import make_sb3_env
+from trainer.judge.metrics import run_episode
+from trainer.references.controllers import UncontrolledBaseline
+from trainer.references.optimum import OptimumReplay, solve
+from trainer.references.optimum_model import SiteModel
+from trainer.references.planner import HORIZON_STEPS, DayAheadPlanner, Forecast, PlannerUnavailable, day_ahead_planner
 from trainer.site import Site
 
 
@@ -80,8 +80,8 @@ def test_the_planner_is_skipped_with_its_reason_on_a_dataset_without_other_years
 def test_a_window_without_a_feasible_plan_leaves_the_battery_idle_and_the_guard_serves_the_cars(default_cfg,
                                                                                                site_schema,
                                                                                                monkeypatch):
-    from trainer import planner as planner_module
-    from trainer.optimum_model import OptimumUnavailable
+    from trainer.references import planner as planner_module
+    from trainer.references.optimum_model import OptimumUnavailable
 
     planner, env, _ = _planner_and_env(default_cfg, site_schema, 2)
 

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from trainer.config_files import load_config
+from trainer.config.loading import load_config
 from trainer.night.budget import StageKind
 from trainer.night.ray_cluster import RAY_VERSION, import_ray
 from trainer.night.ray_runner import stage_resources
-from trainer.schedule_file import StageRecord
+from trainer.run.schedule_file import StageRecord
 
 from .conftest import tiny_overrides
 
@@ -35,14 +35,14 @@ def test_resources_come_from_the_config_and_sac_reserves_its_replay_buffer():
 
 
 def test_an_unknown_stage_in_the_ray_resources_is_a_config_error():
-    from trainer.errors import ConfigError
+    from trainer.base.errors import ConfigError
 
     with pytest.raises(ConfigError, match="unknown stage"):
         load_config(overrides=["ray.num_cpus={sac: 1, dqn: 2}"])
 
 
 def test_without_ray_the_backend_says_how_to_install_it(monkeypatch):
-    from trainer.errors import UsageError
+    from trainer.base.errors import UsageError
 
     monkeypatch.setitem(sys.modules, "ray", None)
     expected = rf"--backend ray needs Ray {RAY_VERSION}: pip install 'pvbess-trainer\[ray\]'"
@@ -118,7 +118,7 @@ def test_ctrl_c_to_the_driver_checkpoints_the_stages_and_the_night_resumes_local
 
 
 def test_a_cluster_without_the_auth_token_is_refused_with_the_fix(monkeypatch, tmp_path):
-    from trainer.errors import UsageError
+    from trainer.base.errors import UsageError
     from trainer.night.ray_cluster import _token_present
 
     monkeypatch.setenv("HOME", str(tmp_path))
@@ -134,7 +134,7 @@ def test_a_cluster_without_the_auth_token_is_refused_with_the_fix(monkeypatch, t
 def test_an_address_with_no_ray_head_is_one_line_in_the_doctor_and_the_night(tmp_path):
     from click.testing import CliRunner
 
-    from trainer.cli import cli
+    from trainer.cli.main import cli
 
     result = CliRunner().invoke(cli, ["doctor", "--backend", "ray", "--address", "127.0.0.1:9"])
     assert "FAIL  ray" in result.output and "--address 127.0.0.1:9: no Ray head answers there" in result.output
@@ -165,7 +165,7 @@ def test_the_sweep_summary_gives_mean_and_sd_per_agent():
 def test_a_local_seed_sweep_makes_one_run_per_seed_and_a_summary(tmp_path):
     from click.testing import CliRunner
 
-    from trainer.cli import cli
+    from trainer.cli.main import cli
 
     sets = tiny_overrides("schedule.quick_timesteps={a2c: 200}", "schedule.quick_eval_days=1")
     out = tmp_path / "sweep"
@@ -208,7 +208,7 @@ def test_ray_gives_the_local_backend_s_results_with_the_same_seed(tmp_path):
 def test_a_stage_needing_more_memory_than_the_cluster_is_refused(tmp_path):
     from click.testing import CliRunner
 
-    from trainer.cli import cli
+    from trainer.cli.main import cli
 
     result = CliRunner().invoke(cli, ["night", "--quick", "--agents", "ppo", "--backend", "ray", "--set",
                                       "ray.memory_headroom_gb=100000", "--out", str(tmp_path / "run")])
@@ -263,7 +263,7 @@ def test_two_half_gpu_stages_run_at_once_and_a_no_gpu_stage_is_told_cpu(local_ra
 def test_the_cluster_preflight_probes_each_node(local_ray, tmp_path, monkeypatch):
     """The same checks as for --address, against a local Ray: versions, the config, the shared run folder."""
     import trainer.night.ray_cluster as ray_cluster
-    from trainer.errors import UsageError
+    from trainer.base.errors import UsageError
 
     ray_cluster.preflight(local_ray, tmp_path)  # this node sees the folder and loads the config
     assert not list(tmp_path.glob(".ray-probe-*"))  # the probe file is cleaned up
@@ -278,8 +278,8 @@ def test_the_plan_shows_which_stages_run_side_by_side(tmp_path):
 
     from trainer.night.budget import StageSpec
     from trainer.night.ray_runner import Night, lanes
-    from trainer.run_dir import RunDir
-    from trainer.schedule_file import ScheduleState
+    from trainer.run.folder import RunDir
+    from trainer.run.schedule_file import ScheduleState
 
     cfg = load_config(overrides=["ray.num_cpus={sac: 1, ppo: 2, a2c: 2, eval: 1}",
                                  "ray.num_gpus={sac: 0.5, ppo: 0, a2c: 0, eval: 0}"])
@@ -311,9 +311,9 @@ def test_the_plan_shows_which_stages_run_side_by_side(tmp_path):
 def test_a_stage_no_machine_could_run_is_refused_before_any_folder(setting, message, tmp_path):
     from click.testing import CliRunner
 
-    from trainer.cli import cli
-    from trainer.device import cpu_cores
+    from trainer.cli.main import cli
     from trainer.night.ray_cluster import _local_gpus
+    from trainer.run.device import cpu_cores
 
     result = CliRunner().invoke(cli, ["night", "--quick", "--backend", "ray", "--set", setting, "--out",
                                       str(tmp_path / "run")])

@@ -19,10 +19,10 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from trainer.checkpoint import CheckpointStore
-from trainer.cli import cli
+from trainer.cli.main import cli
+from trainer.learn.checkpoint_store import CheckpointStore
 from trainer.learn.memory import is_out_of_memory
-from trainer.lock import RunLock
+from trainer.run.lock import RunLock
 
 from .conftest import tiny_overrides
 
@@ -60,7 +60,7 @@ FAULT = textwrap.dedent("""
                 os.kill(os.getpid(), s)
         return original(self)
     callbacks.ProgressCallback._on_step = on_step
-    from trainer.cli import main
+    from trainer.cli.main import main
     sys.argv[0] = "trainer"
     main()
 """)
@@ -125,7 +125,7 @@ KILLED_AFTER_AN_IMITATION = textwrap.dedent("""
         original(self, key, weights, errors)
         os.kill(os.getpid(), signal.SIGKILL)  # the first imitation kept, the process dies with no word
     saved_imitations.SavedImitations.save = save
-    from trainer.cli import main
+    from trainer.cli.main import main
     sys.argv[0] = "trainer"
     main()
 """)
@@ -210,7 +210,7 @@ def test_pruning_keeps_the_newest_complete_checkpoints(tmp_path):
 
 
 def test_failing_disk_keeps_earlier_checkpoints_and_training_goes_on(tmp_path, site_schema, monkeypatch):
-    import trainer.checkpoint as checkpoint_module
+    import trainer.learn.checkpoint_store as checkpoint_module
 
     run = tmp_path / "disk"
     original = checkpoint_module.write_bytes_atomic
@@ -267,7 +267,7 @@ def test_changed_config_is_refused_with_the_keys_named_unless_forced(tmp_path, s
     refused = run_cli("train", "a2c", "--resume", str(run), "--set", "a2c.learning_rate=0.001")
     assert refused.exit_code == 2
     assert (run / "config.yaml").read_text() == config_before  # refused before anything is written
-    from trainer.config_files import load_config
+    from trainer.config.loading import load_config
 
     default = load_config().a2c.learning_rate
     assert refused.output.strip() == (
@@ -279,7 +279,7 @@ def test_changed_config_is_refused_with_the_keys_named_unless_forced(tmp_path, s
 
 
 def test_a_resumed_night_may_refit_the_warm_start_s_ensemble_but_not_its_imitation():
-    from trainer.config_files import load_config
+    from trainer.config.loading import load_config
     from trainer.learn.preflight import training_view
 
     # A stage resumes from its checkpoint, never from its warm start: the ensemble a resumed night fits to the time

@@ -8,9 +8,9 @@ import os
 import pytest
 import yaml
 
-from trainer.metrics import best_agent, compare_to_baseline
-from trainer.report import write_report
-from trainer.run_dir import RunDir
+from trainer.judge.metrics import best_agent, compare_to_baseline
+from trainer.judge.report import write_report
+from trainer.run.folder import RunDir
 
 
 def _results() -> dict:
@@ -141,7 +141,7 @@ def test_a_run_without_a_night_or_curves_leaves_those_out(tmp_path):
 def test_the_learning_curve_s_references_use_the_curve_s_window(tmp_path):
     import pandas as pd
 
-    from trainer.report_plots import window_co2_t_per_year
+    from trainer.judge.plots import window_co2_t_per_year
 
     hours = 24 * 10
     series = pd.DataFrame({"net_kwh": [10.0] * 24 * 7 + [-5.0] + [100.0] * (hours - 24 * 7 - 1),
@@ -154,7 +154,7 @@ def test_the_learning_curve_s_references_use_the_curve_s_window(tmp_path):
 
 
 def test_a_short_evaluation_is_stated_with_the_table():
-    from trainer.metrics import evaluation_window, format_table
+    from trainer.judge.metrics import evaluation_window, format_table
 
     quick = {"baseline": {"co2_kg_per_year": 1.0, "eval_hours": 28 * 24 - 1}}
     stated = ("evaluated on the first 28 days of the dataset: CO2 per year is scaled from them; cost and grid import "
@@ -169,7 +169,7 @@ def test_a_short_evaluation_is_stated_with_the_table():
 def test_the_learning_curve_shows_each_agent_against_its_warm_start(tmp_path):
     import pandas as pd
 
-    from trainer.report_plots import change_since_first, plot_learning_curves
+    from trainer.judge.plots import change_since_first, plot_learning_curves
 
     # Fine-tuning moves a few tenths of a percent around a warm start near 44 t/yr, beside references at 48-51.
     curve = pd.DataFrame({"step": [0, 1000, 2000], "co2_kg_per_year": [44000.0, 43780.0, 44132.0],

@@ -12,11 +12,11 @@ import pytest
 import torch
 from stable_baselines3.common.callbacks import BaseCallback
 
-from trainer.config_files import load_config
-from trainer.device import resolve_agent
+from trainer.base.signals import STOP
+from trainer.config.loading import load_config
 from trainer.learn.trainer import StageTrainer, TrainingInterrupted
-from trainer.run_dir import RunContext, RunDir
-from trainer.signals import STOP
+from trainer.run.device import resolve_agent
+from trainer.run.folder import RunContext, RunDir
 from trainer.site import Site
 
 from .conftest import tiny_overrides

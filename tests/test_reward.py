@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from trainer.config_files import load_config
-from trainer.controllers import RuleBasedController, UncontrolledBaseline
-from trainer.env import ActionScale, make_sb3_env
-from trainer.optimum import OptimumReplay, solve
-from trainer.optimum_model import site_model
-from trainer.reward import SiteScale, kwh_value, reward_terms, weighted_reward
+from trainer.config.loading import load_config
+from trainer.env.citylearn import ActionScale, make_sb3_env
+from trainer.env.reward import SiteScale, kwh_value, reward_terms, weighted_reward
+from trainer.references.controllers import RuleBasedController, UncontrolledBaseline
+from trainer.references.optimum import OptimumReplay, solve
+from trainer.references.optimum_model import site_model
 from trainer.site import Site
 
 SCALE = SiteScale(scale_kw=100.0, carbon_max=0.5, price_max=0.4)
@@ -71,7 +71,7 @@ DAYS = 28
 
 def _score(cfg, schema, controller) -> tuple[float, dict[str, float], float]:
     """(episode reward, per-term sums, unmet kWh at departures) over the first ``DAYS``."""
-    from trainer.metrics import run_episode
+    from trainer.judge.metrics import run_episode
 
     env = make_sb3_env(cfg, Site.load(schema), "eval", cfg.seed, eval_days=DAYS)
     reward = env.unwrapped.reward_function

@@ -15,9 +15,9 @@ import textwrap
 import pytest
 import yaml
 
-from trainer.agent_config import OffPolicyConfig
+from trainer.config.agents import OffPolicyConfig
+from trainer.config.roster import AGENTS, ROSTER, agent_spec, off_policy_agents
 from trainer.learn.memory import Shapes, batch_bytes
-from trainer.roster import AGENTS, ROSTER, agent_spec, off_policy_agents
 
 from .conftest import tiny_overrides
 from .test_reliability import ROOT
@@ -26,9 +26,9 @@ from .test_reliability import ROOT
 TD3_PLUGIN = textwrap.dedent('''
     import sys
 
-    from trainer import roster
-    from trainer.agent_config import OffPolicyConfig
-    from trainer.config_section import doc
+    from trainer.config import roster
+    from trainer.config.agents import OffPolicyConfig
+    from trainer.config.section import doc
 
 
     class Td3Config(OffPolicyConfig):
@@ -46,7 +46,7 @@ TD3_PLUGIN = textwrap.dedent('''
                               "critic_batch_norm_stats_target"}))
     roster.AGENTS = tuple(roster.ROSTER)
 
-    from trainer.cli import main
+    from trainer.cli.main import main
 
     sys.exit(main())
 ''')
@@ -69,7 +69,7 @@ def test_every_question_about_an_agent_is_its_row():
 
 
 def _sac_fields():
-    from trainer.config_files import load_config
+    from trainer.config.loading import load_config
 
     return load_config().sac.model_dump()
 

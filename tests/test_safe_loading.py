@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from trainer.cli import cli
+from trainer.cli.main import cli
 
 from .conftest import tiny_overrides
 
@@ -202,7 +202,7 @@ def test_a_schema_a_run_points_to_runs_no_code(command, planted_module, trained,
 def test_every_class_a_schema_may_name_is_a_citylearn_class():
     import importlib
 
-    from trainer.datasets import SCHEMA_CLASSES
+    from trainer.site.datasets import SCHEMA_CLASSES
 
     for name in SCHEMA_CLASSES:
         module, _, attribute = name.rpartition(".")

@@ -8,8 +8,8 @@ import torch
 from filelock import FileLock
 from structlog.testing import capture_logs
 
-from trainer.config_files import load_config
-from trainer.env import make_sb3_env
+from trainer.config.loading import load_config
+from trainer.env.citylearn import make_sb3_env
 from trainer.learn.agents import build_model
 from trainer.learn.warm_start import cloning, demonstrations, imitation_key, warm_start
 from trainer.learn.warm_start import ensemble as distilling
@@ -134,8 +134,8 @@ def test_an_imitation_a_full_disk_cannot_keep_costs_nothing_but_a_warning(tmp_pa
 def test_a_stop_request_ends_the_wait_for_another_stage_s_imitation(tmp_path, monkeypatch):
     import signal
 
+    from trainer.base.signals import STOP, Stopped
     from trainer.learn.warm_start import saved as saved_imitations
-    from trainer.signals import STOP, Stopped
 
     monkeypatch.setattr(saved_imitations, "WAIT_CHECK_S", 0.01)
     monkeypatch.setattr(STOP, "signum", signal.SIGTERM)  # as the signal handler sets it
@@ -147,9 +147,9 @@ def test_a_stop_request_ends_the_wait_for_another_stage_s_imitation(tmp_path, mo
 
 
 def test_a_run_stopped_in_its_warm_start_can_be_resumed_from_what_it_kept(tmp_path):
-    from trainer.errors import UsageError
+    from trainer.base.errors import UsageError
     from trainer.learn.preflight import check_resume_config, has_progress
-    from trainer.run_dir import RunDir
+    from trainer.run.folder import RunDir
 
     run = RunDir(tmp_path / "run")
     run.create(load_config(), ["trainer", "train", "sac"], "cpu")

@@ -8,10 +8,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from trainer.config_files import load_config
-from trainer.env import make_citylearn_env
-from trainer.scenario import build_site
-from trainer.scenario_series import EV_CONNECTED, HOURS_PER_YEAR
+from trainer.config.loading import load_config
+from trainer.env.citylearn import make_citylearn_env
+from trainer.site.scenario import build_site
+from trainer.site.series import EV_CONNECTED, HOURS_PER_YEAR
 
 
 def test_every_series_has_8760_rows_and_no_nan(site_schema):

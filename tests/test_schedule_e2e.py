@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from trainer.report import PLOTS
+from trainer.judge.report import PLOTS
 
 from .conftest import tiny_overrides
 from .test_reliability import ROOT, events, trainer_with_fault

@@ -9,12 +9,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from trainer.durations import parse_duration, resolve_finish_by
-from trainer.errors import UsageError
+from trainer.base.durations import parse_duration, resolve_finish_by
+from trainer.base.errors import UsageError
 from trainer.night.budget import StageSpec, allocate
 from trainer.night.state import Night, StageEvent, StageJob, StageOutcome, drive, plan
-from trainer.run_dir import RunDir
-from trainer.schedule_file import DONE, FAILED, PENDING, RUNNING, SKIPPED, ScheduleState, StageRecord
+from trainer.run.folder import RunDir
+from trainer.run.schedule_file import DONE, FAILED, PENDING, RUNNING, SKIPPED, ScheduleState, StageRecord
 from trainer.site import SCHEMA, Site
 
 START = datetime(2026, 11, 22, 22, 0, 0)

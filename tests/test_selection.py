@@ -7,10 +7,10 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from trainer.cli import cli
-from trainer.device import resolve_agent
+from trainer.cli.main import cli
 from trainer.learn.selection import BestPolicy, Candidate
-from trainer.run_dir import AgentDir
+from trainer.run.device import resolve_agent
+from trainer.run.folder import AgentDir
 from trainer.site import SCHEMA, Site
 
 from .conftest import tiny_overrides
@@ -98,9 +98,9 @@ def test_without_keep_best_the_last_policy_is_deployed(tmp_path):
 def test_a_damaged_validation_site_is_named_with_the_fix(tmp_path, built_in, tiny_cfg):
     import pytest
 
-    from trainer.files import DamagedFile
+    from trainer.base.files import DamagedFile
     from trainer.learn.selection import validation_site
-    from trainer.run_dir import RunContext, RunDir
+    from trainer.run.folder import RunContext, RunDir
 
     ctx = RunContext(tiny_cfg, RunDir(tmp_path / "run"), built_in, "cpu")
     site, held_out = validation_site(ctx)
@@ -115,7 +115,7 @@ def test_a_damaged_validation_site_is_named_with_the_fix(tmp_path, built_in, tin
 
 def test_a_policy_must_beat_its_warm_start_over_two_held_out_years_too(monkeypatch, tiny_cfg, tmp_path):
     from trainer.learn import selection
-    from trainer.run_dir import RunContext, RunDir
+    from trainer.run.folder import RunContext, RunDir
 
     class Env:
         def __init__(self, schema: Path) -> None:
@@ -176,7 +176,7 @@ def test_a_policy_must_beat_its_warm_start_over_two_held_out_years_too(monkeypat
 
 def test_the_held_out_years_are_two_draws_built_once_and_none_on_a_dataset(tiny_cfg, site_schema, built_in, tmp_path):
     from trainer.learn.selection import held_out_years
-    from trainer.run_dir import RunContext, RunDir
+    from trainer.run.folder import RunContext, RunDir
 
     ctx = RunContext(tiny_cfg, RunDir(tmp_path / "run"), built_in, "cpu")
     years = [year.schema for year in held_out_years(ctx)]
@@ -195,9 +195,9 @@ def test_the_held_out_years_are_two_draws_built_once_and_none_on_a_dataset(tiny_
 def test_an_unreadable_warm_start_leaves_the_window_s_pick_deployed(monkeypatch, tiny_cfg, tmp_path):
     from types import SimpleNamespace
 
-    from trainer.files import DamagedFile
+    from trainer.base.files import DamagedFile
     from trainer.night import stages
-    from trainer.run_dir import RunContext, RunDir
+    from trainer.run.folder import RunContext, RunDir
 
     ctx = RunContext(tiny_cfg, RunDir(tmp_path / "run"), _unread(tmp_path), "cpu")
     folder = ctx.run.agent("sac")
@@ -223,9 +223,9 @@ def test_an_unreadable_warm_start_leaves_the_window_s_pick_deployed(monkeypatch,
 
 
 def test_an_unreadable_warm_start_leaves_the_report_without_its_comparison(monkeypatch, tiny_cfg, tmp_path):
-    from trainer.files import DamagedFile
+    from trainer.base.files import DamagedFile
     from trainer.night import stages
-    from trainer.run_dir import RunContext, RunDir
+    from trainer.run.folder import RunContext, RunDir
 
     ctx = RunContext(tiny_cfg, RunDir(tmp_path / "run"), _unread(tmp_path), "cpu")
     folder = ctx.run.agent("sac")
@@ -248,10 +248,10 @@ def test_a_stage_its_time_slot_ends_offers_its_last_policy_too(monkeypatch, buil
     """The slot ends mid-rollout: the policy of the last checkpoint is evaluated and can be deployed."""
     from types import SimpleNamespace
 
-    from trainer.config_files import load_config
+    from trainer.config.loading import load_config
     from trainer.learn import guard
     from trainer.night.stages import train_agent
-    from trainer.run_dir import RunContext, RunDir
+    from trainer.run.folder import RunContext, RunDir
 
     calls = [0]
 

@@ -12,8 +12,8 @@ import json
 import numpy as np
 import pytest
 
-from trainer.config_files import load_config
-from trainer.env import make_citylearn_env
+from trainer.config.loading import load_config
+from trainer.env.citylearn import make_citylearn_env
 from trainer.sim.battery import curve_at
 from trainer.sim.parity import POLICIES, TOLERANCE, ParityCheck
 from trainer.sim.simulators import SIMULATORS
@@ -149,7 +149,7 @@ def test_sim_check_says_whether_the_simulator_matches_and_refuses_what_it_cannot
                                                                                        tmp_path):
     from click.testing import CliRunner
 
-    from trainer.cli import cli
+    from trainer.cli.main import cli
 
     result = CliRunner().invoke(cli, ["sim", "check", "--schema", str(short_sites["v2g"]), "--policy", "extreme",
                                       "--steps", "100"])
@@ -166,7 +166,7 @@ def test_sim_check_says_whether_the_simulator_matches_and_refuses_what_it_cannot
 def test_train_simulator_offers_every_row_of_the_table_and_auto():
     from typing import get_args
 
-    from trainer.config import Config
+    from trainer.config.sections import Config
 
     choices = get_args(Config.model_fields["train"].annotation.model_fields["simulator"].annotation)
     assert set(choices) == {"auto", *SIMULATORS}

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from trainer.config_files import load_config
-from trainer.env import make_sb3_env
+from trainer.config.loading import load_config
+from trainer.env.citylearn import make_sb3_env
 from trainer.sim.vec_env import SimVecEnv
 from trainer.site import Site
 
@@ -85,7 +85,7 @@ def test_auto_reset_windows_and_the_episode_cursor(sites):
 
 
 def test_train_simulator_vector_refuses_a_dataset_it_cannot_model_and_auto_falls_back(site_schema, tmp_path):
-    from trainer.errors import UsageError
+    from trainer.base.errors import UsageError
     from trainer.sim.simulators import simulator_for
 
     from .test_sim import _thermal

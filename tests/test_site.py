@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from trainer.config_files import load_config
-from trainer.errors import DatasetError
+from trainer.base.errors import DatasetError
+from trainer.config.loading import load_config
 from trainer.learn.selection import held_out_years, validation_site
 from trainer.learn.warm_start.optimum_demonstrations import demonstration_years
 from trainer.night.plan import policy_evaluations
-from trainer.run_dir import RunContext, RunDir
-from trainer.session import RunRecord
+from trainer.run.folder import RunContext, RunDir
+from trainer.run.session import RunRecord
 from trainer.site import BUILT_IN, NAMED, SCHEMA, SITE_KINDS, Site, SiteKind, given_site
 
 from .conftest import variant

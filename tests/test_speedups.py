@@ -9,9 +9,9 @@ import torch
 from citylearn.wrappers import NormalizedObservationWrapper, StableBaselines3Wrapper
 from stable_baselines3 import SAC
 
-from trainer.config_files import load_config
-from trainer.env import CentralAgentArrays, make_citylearn_env
-from trainer.errors import ConfigError
+from trainer.base.errors import ConfigError
+from trainer.config.loading import load_config
+from trainer.env.citylearn import CentralAgentArrays, make_citylearn_env
 from trainer.learn.agents import MAX_AUTO_ENVS, apply_sizes, training_envs
 from trainer.learn.fast_sac import FastSAC
 from trainer.sim.simulators import CITYLEARN, VECTOR
@@ -215,9 +215,9 @@ def test_configured_environments_must_divide_the_rollout():
 
 
 def test_torch_threads_follow_the_agent_unless_set(default_cfg, monkeypatch):
-    from trainer.device import cpu_threads_for
+    from trainer.run.device import cpu_threads_for
 
-    monkeypatch.setattr("trainer.device.cpu_cores", lambda: 6)
+    monkeypatch.setattr("trainer.run.device.cpu_cores", lambda: 6)
     assert default_cfg.gpu.cpu_threads == 0
     assert [cpu_threads_for(default_cfg, a) for a in ("sac", "ppo", "a2c")] == [1, 1, 1]  # workers beside each
     alone = load_config(overrides=["sac.learn_while_stepping=false"])

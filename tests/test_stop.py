@@ -7,12 +7,12 @@ import signal
 import pytest
 from click.testing import CliRunner
 
-from trainer.cli import cli
-from trainer.controllers import UncontrolledBaseline
-from trainer.env import make_sb3_env, make_training_vec_env
-from trainer.metrics import run_episode
+from trainer.base.signals import STOP, Stopped, handle_stop_signals
+from trainer.cli.main import cli
+from trainer.env.citylearn import make_sb3_env, make_training_vec_env
+from trainer.judge.metrics import run_episode
 from trainer.night.calibrate import calibrate
-from trainer.signals import STOP, Stopped, handle_stop_signals
+from trainer.references.controllers import UncontrolledBaseline
 
 from .conftest import tiny_overrides
 

@@ -7,11 +7,11 @@ import json
 
 import pytest
 
-from trainer.config_files import load_config
-from trainer.files import DamagedFile
+from trainer.base.files import DamagedFile
+from trainer.config.loading import load_config
 from trainer.night import sweep
 from trainer.night.sweep import PRODUCERS, SEEDS, Producer, Sweep, Variant, read_variants, run_sweep
-from trainer.session import night_plan
+from trainer.run.session import night_plan
 
 from .conftest import tiny_overrides
 

@@ -12,11 +12,11 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
-from trainer.cli import cli
-from trainer.config_files import load_config
+from trainer.cli.main import cli
+from trainer.config.loading import load_config
+from trainer.judge.metrics import METRIC_KEYS
 from trainer.learn.agents import fit_rollout
 from trainer.learn.model_file import load_model
-from trainer.metrics import METRIC_KEYS
 from trainer.site import Site
 
 from .conftest import tiny_overrides
@@ -112,9 +112,9 @@ def test_evaluate_reproduces_a_runs_results(tmp_path, site_schema):
 
 
 def test_unseen_year_needs_the_built_in_site(tmp_path, site_schema, default_cfg):
-    from trainer.errors import UsageError
+    from trainer.base.errors import UsageError
     from trainer.night.stages import evaluate_unseen_year
-    from trainer.run_dir import RunContext, RunDir
+    from trainer.run.folder import RunContext, RunDir
 
     from .conftest import variant
 
@@ -128,7 +128,7 @@ def test_unseen_year_needs_the_built_in_site(tmp_path, site_schema, default_cfg)
 def test_learning_curve_evaluations_take_at_most_their_share_of_the_stage():
     from types import SimpleNamespace
 
-    from trainer.config_files import load_config
+    from trainer.config.loading import load_config
     from trainer.learn.callbacks import EvalCurve
 
     now = [0.0]
@@ -200,8 +200,8 @@ def test_checkpoints_follow_the_steps_but_never_come_closer_than_the_floor(monke
 
 @pytest.mark.parametrize("optimizer, expected", [("rmsprop", "RMSprop"), ("adam", "Adam")])
 def test_a2c_takes_its_configured_optimizer_and_advantage_normalisation(optimizer, expected, built_in):
-    from trainer.config_files import load_config
-    from trainer.env import make_sb3_env
+    from trainer.config.loading import load_config
+    from trainer.env.citylearn import make_sb3_env
     from trainer.learn.agents import build_model
 
     cfg = load_config(overrides=[f"a2c.optimizer={optimizer}", f"a2c.normalize_advantage={optimizer == 'adam'}"])

@@ -5,14 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from trainer.config_files import load_config
-from trainer.controllers import PolicyController
-from trainer.env import make_sb3_env
+from trainer.config.loading import load_config
+from trainer.env.citylearn import make_sb3_env
+from trainer.judge.metrics import run_episode
 from trainer.learn.agents import build_model
 from trainer.learn.warm_start import demonstrations, warm_start
 from trainer.learn.warm_start.cloning import imitate
 from trainer.learn.warm_start.pick import co2_over_the_years, pick_the_best
-from trainer.metrics import run_episode
+from trainer.references.controllers import PolicyController
 from trainer.site import Site
 
 

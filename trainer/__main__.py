@@ -1,4 +1,4 @@
-from trainer.cli import main
+from trainer.cli.main import main
 
 if __name__ == "__main__":
     main()

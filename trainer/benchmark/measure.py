@@ -20,12 +20,12 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from trainer.config import Config
-from trainer.device import cpu_cores, resolve_device
-from trainer.files import write_json_atomic
+from trainer.base.files import write_json_atomic
+from trainer.config.roster import AGENTS, agent_spec
+from trainer.config.sections import Config
 from trainer.learn.agents import ENVS_PER_CORE
-from trainer.roster import AGENTS, agent_spec
-from trainer.session import site_for
+from trainer.run.device import cpu_cores, resolve_device
+from trainer.run.session import site_for
 from trainer.site import Site
 
 

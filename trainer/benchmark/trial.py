@@ -19,17 +19,17 @@ import numpy as np
 import psutil
 from stable_baselines3.common.callbacks import BaseCallback
 
-from trainer import logs
-from trainer.agent_config import OffPolicyConfig
+from trainer.base import logs
 from trainer.benchmark.measure import Sizes, Trial, TrialKind
-from trainer.config import Config
-from trainer.controllers import PolicyController
-from trainer.device import apply_gpu_flags, resolve_agent
-from trainer.env import make_citylearn_env, make_sb3_env
-from trainer.metrics import run_episode
-from trainer.roster import agent_spec
-from trainer.run_dir import RunContext, RunDir
-from trainer.session import training_timesteps
+from trainer.config.agents import OffPolicyConfig
+from trainer.config.roster import agent_spec
+from trainer.config.sections import Config
+from trainer.env.citylearn import make_citylearn_env, make_sb3_env
+from trainer.judge.metrics import run_episode
+from trainer.references.controllers import PolicyController
+from trainer.run.device import apply_gpu_flags, resolve_agent
+from trainer.run.folder import RunContext, RunDir
+from trainer.run.session import training_timesteps
 from trainer.sim.simulators import CITYLEARN, VECTOR, simulator_for
 from trainer.site import Site
 
@@ -113,7 +113,7 @@ def _plain_env(site: Site):
     from citylearn.citylearn import CityLearnEnv  # lazy: CityLearn takes seconds to import
     from citylearn.wrappers import NormalizedObservationWrapper, StableBaselines3Wrapper
 
-    # The site was read by trainer.datasets.read_schema, which refuses a class the product does not load.
+    # The site was read by trainer.site.datasets.read_schema, which refuses a class the product does not load.
     return StableBaselines3Wrapper(NormalizedObservationWrapper(CityLearnEnv(str(site.schema), central_agent=True)))
 
 
@@ -217,7 +217,7 @@ def _train_product(agent: str, cfg: Config, site: Site, device: str, steps: int,
 
 class _IgnoreResetSeed(gymnasium.Wrapper):
     """The one fix the plain loop needs to learn at all: CityLearn adopts SB3's reset seed as the seed
-    of its episode windows, so every episode would be the same fortnight (see trainer.env)."""
+    of its episode windows, so every episode would be the same fortnight (see trainer.env.citylearn)."""
 
     def reset(self, *, seed=None, options=None):
         return self.env.reset(options=options)

@@ -1,7 +1,7 @@
 """``trainer export``: a run's deployed policy as a folder that acts without this product, and the proof.
 
 The folder holds ``policy.onnx`` (the deterministic action), ``spec.json`` (trainer.export.spec),
-``controller.py`` (trainer/standalone_controller.py, unchanged), ``check.csv`` (a sample of the
+``controller.py`` (trainer/shipped/controller.py, unchanged), ``check.csv`` (a sample of the
 evaluation's raw observations with the product's actions) and a README. Before it is put in place the
 evaluation is replayed through CityLearn with the *exported* controller acting, and the product's own
 policy and guard are asked the same step: the actions must agree within ``CHECK_TOLERANCE`` at every
@@ -22,17 +22,18 @@ from typing import Any
 
 import numpy as np
 
-from trainer import logs, standalone_controller
-from trainer.env import CentralAgentArrays, make_citylearn_env
-from trainer.errors import TrainerError, UsageError
-from trainer.ev_service import EvServiceGuard
+from trainer.base import logs
+from trainer.base.errors import TrainerError, UsageError
+from trainer.base.files import write_json_atomic, write_text_atomic
+from trainer.config.roster import agent_spec
+from trainer.env.citylearn import CentralAgentArrays, make_citylearn_env
+from trainer.env.ev_guard import EvServiceGuard
 from trainer.export import onnx_policy, spec
-from trainer.files import write_json_atomic, write_text_atomic
+from trainer.judge.metrics import best_agent, evaluation_window, run_episode
 from trainer.learn.model_file import load_model
-from trainer.metrics import best_agent, evaluation_window, run_episode
-from trainer.roster import agent_spec
-from trainer.run_dir import RunContext
-from trainer.standalone_controller import CHECK_FILE, CHECK_TOLERANCE, EXPECTED_PREFIX, SPEC_FILE, Controller
+from trainer.run.folder import RunContext
+from trainer.shipped import controller as standalone_controller
+from trainer.shipped.controller import CHECK_FILE, CHECK_TOLERANCE, EXPECTED_PREFIX, SPEC_FILE, Controller
 
 POLICY_FILE = "policy.onnx"
 SAMPLE_ROWS = 1000  # check.csv: evenly spaced steps of the evaluation (the policy and the guard are per step)

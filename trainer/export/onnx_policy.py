@@ -17,7 +17,7 @@ from stable_baselines3.common.policies import ActorCriticPolicy, BaseModel
 from stable_baselines3.sac.policies import SACPolicy
 from stable_baselines3.td3.policies import TD3Policy
 
-from trainer.errors import TrainerError
+from trainer.base.errors import TrainerError
 
 INPUT = "observation"
 OUTPUT = "action"

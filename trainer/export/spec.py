@@ -3,7 +3,7 @@
 Every raw observation by name, unit and the range the controller accepts; every feature the policy
 reads (which observation, cos/sin of a period or as is, the range it is scaled from); every action by
 name, unit and range, with the kW of one unit; the EV guard's parameters; the site, the metrics and
-the run. ``trainer.standalone_controller.Controller`` reads it; docs/export.md documents it.
+the run. ``trainer.shipped.controller.Controller`` reads it; docs/export.md documents it.
 """
 
 from __future__ import annotations
@@ -12,16 +12,16 @@ import re
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
-from trainer.env import ActionScale, raw_observation_name
-from trainer.errors import TrainerError
-from trainer.ev_service import charging_path
-from trainer.standalone_controller import FORMAT, VERSION
+from trainer.base.errors import TrainerError
+from trainer.env.citylearn import ActionScale, raw_observation_name
+from trainer.env.ev_guard import charging_path
+from trainer.shipped.controller import FORMAT, VERSION
 
 if TYPE_CHECKING:
     from citylearn.citylearn import CityLearnEnv
 
-    from trainer.config import EvConfig
-    from trainer.env import NormalisationPlan
+    from trainer.config.sections import EvConfig
+    from trainer.env.citylearn import NormalisationPlan
 
 # (CityLearn's observation key, as a pattern; its unit; whether its range is fixed by definition). A range fixed
 # by definition is enforced as it is; a measured one (weather, load, prices) accepts half its span again on each

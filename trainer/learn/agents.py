@@ -6,10 +6,11 @@ import importlib.util
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trainer import device, logs
-from trainer.agent_config import OffPolicyConfig, OnPolicyConfig
-from trainer.config import Config
-from trainer.roster import agent_spec
+from trainer.base import logs
+from trainer.config.agents import OffPolicyConfig, OnPolicyConfig
+from trainer.config.roster import agent_spec
+from trainer.config.sections import Config
+from trainer.run import device
 from trainer.sim.simulators import Simulator
 
 if TYPE_CHECKING:

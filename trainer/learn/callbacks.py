@@ -12,14 +12,14 @@ from typing import TYPE_CHECKING, Any
 
 from stable_baselines3.common.callbacks import BaseCallback
 
-from trainer.controllers import PolicyController
-from trainer.env import make_sb3_env
+from trainer.base.progress import Progress
+from trainer.env.citylearn import make_sb3_env
+from trainer.judge.metrics import run_episode
 from trainer.learn.selection import BestPolicy, Candidate, record_references, validation_site
-from trainer.metrics import run_episode
-from trainer.progress import Progress
+from trainer.references.controllers import PolicyController
 
 if TYPE_CHECKING:
-    from trainer.run_dir import RunContext
+    from trainer.run.folder import RunContext
 
 class ProgressCallback(BaseCallback):
     """Training progress: a bar on a terminal, a line every 10% (and every minute) on a pipe."""

@@ -33,7 +33,7 @@ from stable_baselines3.common.policies import ActorCriticPolicy
 from stable_baselines3.common.torch_layers import FlattenExtractor
 from stable_baselines3.common.utils import explained_variance
 
-from trainer import logs
+from trainer.base import logs
 
 _ACTIVATIONS = (torch.nn.Tanh, torch.nn.ReLU)
 _HALF_LOG_2PI = np.float32(0.5 * math.log(2 * math.pi))

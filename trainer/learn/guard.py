@@ -8,9 +8,9 @@ from typing import Any, Protocol
 
 from stable_baselines3.common.callbacks import BaseCallback
 
+from trainer.base.signals import STOP
 from trainer.learn.recovery import check_finite
 from trainer.learn.state import Boundary, EpisodeTracker, StopReason
-from trainer.signals import STOP
 
 
 class Checkpointer(Protocol):

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import psutil
 
-from trainer.roster import agent_spec
+from trainer.config.roster import agent_spec
 
 FLOAT_BYTES = 4
 GIB = 1024**3

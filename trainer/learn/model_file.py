@@ -21,14 +21,14 @@ import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trainer.files import DamagedFile
-from trainer.roster import agent_spec
+from trainer.base.files import DamagedFile
+from trainer.config.roster import agent_spec
 
 if TYPE_CHECKING:
     import gymnasium
     from stable_baselines3.common.base_class import BaseAlgorithm
 
-    from trainer.config import Config
+    from trainer.config.sections import Config
 
 # What SB3 2.3 writes into ``data`` for the product's SAC, PPO and A2C (another agent's roster row adds its own
 # ``saved_keys``). A key outside the list would be set on the model as it is: refused, the product never writes one.
@@ -128,7 +128,7 @@ def _spaces(path: Path, data: dict[str, Any], env: gymnasium.Env | None, fix: st
     import numpy as np
 
     # The product's agents see observations min-max normalised into [0, 1] and act in [-1, 1]
-    # (trainer.env); SB3's MLP policy reads only the boxes' shapes.
+    # (trainer.env.citylearn); SB3's MLP policy reads only the boxes' shapes.
     obs, act = (_shape(path, data, key, fix) for key in ("observation_space", "action_space"))
     return {"observation_space": gymnasium.spaces.Box(0.0, 1.0, obs, dtype=np.float32),
             "action_space": gymnasium.spaces.Box(-1.0, 1.0, act, dtype=np.float32)}

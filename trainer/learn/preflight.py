@@ -7,17 +7,17 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from trainer import logs
-from trainer.agent_config import OffPolicyConfig
-from trainer.checkpoint import CheckpointStore
-from trainer.config import Config
-from trainer.env import policy_sizes
-from trainer.errors import UsageError
+from trainer.base import logs
+from trainer.base.errors import UsageError
+from trainer.config.agents import OffPolicyConfig
+from trainer.config.roster import AGENTS
+from trainer.config.sections import Config
+from trainer.env.citylearn import policy_sizes
+from trainer.learn.checkpoint_store import CheckpointStore
 from trainer.learn.memory import GIB, Shapes, host_available_bytes, replay_buffer_bytes
 from trainer.learn.warm_start.saved import SavedImitations
-from trainer.roster import AGENTS
-from trainer.run_dir import RunDir
-from trainer.schedule_file import ScheduleState
+from trainer.run.folder import RunDir
+from trainer.run.schedule_file import ScheduleState
 from trainer.site import Site
 
 
@@ -82,7 +82,7 @@ def check_resume_config(run_dir: Path, agent: str, cfg: Config, force: bool, req
 
 
 def memory_checks(cfg: Config, agents: Sequence[str]) -> list[Callable[[Site], None]]:
-    """:func:`check_memory` of each agent, as checks ``trainer.session.open_run`` runs before the run folder."""
+    """:func:`check_memory` of each agent, as checks ``trainer.run.session.open_run`` runs before the run folder."""
     return [functools.partial(check_memory, cfg, agent=agent) for agent in agents]
 
 

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainer import logs
-from trainer.config import ReliabilityConfig
-from trainer.errors import TrainerError
+from trainer.base import logs
+from trainer.base.errors import TrainerError
+from trainer.config.sections import ReliabilityConfig
 from trainer.learn.memory import (
     GIB,
     BatchBackoff,

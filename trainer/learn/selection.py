@@ -25,17 +25,17 @@ import json
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from trainer import logs
-from trainer.controllers import PolicyController
-from trainer.env import make_sb3_env
-from trainer.files import write_json_atomic
-from trainer.metrics import run_episode
-from trainer.references import REFERENCE_ROSTER
-from trainer.scenario import SECOND_HELD_OUT_SEED_OFFSET, VALIDATION_SEED_OFFSET
+from trainer.base import logs
+from trainer.base.files import write_json_atomic
+from trainer.env.citylearn import make_sb3_env
+from trainer.judge.metrics import run_episode
+from trainer.references.controllers import PolicyController
+from trainer.references.roster import REFERENCE_ROSTER
 from trainer.site import Site
+from trainer.site.scenario import SECOND_HELD_OUT_SEED_OFFSET, VALIDATION_SEED_OFFSET
 
 if TYPE_CHECKING:
-    from trainer.run_dir import AgentDir, RunContext
+    from trainer.run.folder import AgentDir, RunContext
 
 # A policy beats its warm start over the held-out years (together) only by more than this share of the warm start's
 # CO2. Every pick measured with a gain of 0.11-0.18 % over one (five, which 0.2 % had refused) was better over the

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
-from trainer.checkpoint import Checkpoint, CheckpointStore, load_replay, restore_rng
-from trainer.files import DamagedFile, first_problem
+from trainer.base.files import DamagedFile, first_problem
+from trainer.learn.checkpoint_store import Checkpoint, CheckpointStore, load_replay, restore_rng
 from trainer.learn.model_file import load_model
 from trainer.learn.state import Boundary, Sizes, TrainingState
 
@@ -20,8 +20,8 @@ if TYPE_CHECKING:
     from stable_baselines3.common.base_class import BaseAlgorithm
     from stable_baselines3.common.vec_env import VecEnv
 
-    from trainer.config import Config
-    from trainer.run_dir import AgentDir
+    from trainer.config.sections import Config
+    from trainer.run.folder import AgentDir
 
 
 class StageCheckpoints:

@@ -7,7 +7,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from trainer.checkpoint import capture_rng
+from trainer.learn.checkpoint_store import capture_rng
 
 
 class StopReason(enum.Enum):

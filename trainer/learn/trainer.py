@@ -19,11 +19,11 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from trainer import logs
-from trainer.agent_config import AgentConfig
-from trainer.checkpoint import Checkpoint
-from trainer.config import Config
-from trainer.device import apply_cpu_threads
+from trainer.base import logs
+from trainer.base.signals import STOP
+from trainer.config.agents import AgentConfig
+from trainer.config.roster import Agent
+from trainer.config.sections import Config
 from trainer.learn.agents import (
     apply_sizes,
     build_model,
@@ -32,6 +32,7 @@ from trainer.learn.agents import (
     sb3_logger,
     training_envs,
 )
+from trainer.learn.checkpoint_store import Checkpoint
 from trainer.learn.memory import Shapes, free_memory
 from trainer.learn.preflight import check_memory, check_resume_config
 from trainer.learn.recovery import Failure, OutOfMemory, Recovery, TrainingInterrupted, failure_of
@@ -40,9 +41,8 @@ from trainer.learn.stage_checkpoints import StageCheckpoints
 from trainer.learn.state import EpisodeTracker, Sizes, StopReason
 from trainer.learn.warm_start import keep_near_demonstrations, warm_start
 from trainer.learn.warm_start.saved import SavedImitations
-from trainer.roster import Agent
-from trainer.run_dir import AgentDir
-from trainer.signals import STOP
+from trainer.run.device import apply_cpu_threads
+from trainer.run.folder import AgentDir
 from trainer.sim.simulators import Simulator, simulator_for
 from trainer.site import Site
 
@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from stable_baselines3.common.base_class import BaseAlgorithm
     from stable_baselines3.common.vec_env import VecEnv
 
-    from trainer.run_dir import RunContext
+    from trainer.run.folder import RunContext
 
 
 class StageTrainer:

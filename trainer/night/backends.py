@@ -14,19 +14,19 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-from trainer.checks import Check
-from trainer.device import agent_device
-from trainer.errors import UsageError
-from trainer.files import write_json_atomic
+from trainer.base.checks import Check
+from trainer.base.errors import UsageError
+from trainer.base.files import write_json_atomic
+from trainer.base.signals import Stopped
 from trainer.learn.recovery import TrainingInterrupted
 from trainer.night.budget import StageKind
 from trainer.night.ray_runner import RayBackend
 from trainer.night.stages import run_job
 from trainer.night.state import Executor, Night, StageEvent, StageJob, StageOutcome
-from trainer.signals import Stopped
+from trainer.run.device import agent_device
 
 if TYPE_CHECKING:
-    from trainer.config import Config
+    from trainer.config.sections import Config
 
 
 class Backend(Protocol):

@@ -1,12 +1,12 @@
 """The split of a night's time between stages, and its timeline (pure functions; durations are
-``trainer.durations``)."""
+``trainer.base.durations``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from trainer.schedule_file import StageKind
+from trainer.run.schedule_file import StageKind
 
 
 @dataclass(frozen=True)

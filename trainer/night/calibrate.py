@@ -21,18 +21,18 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from trainer import logs
-from trainer.agent_config import OffPolicyConfig
-from trainer.config import Config
-from trainer.controllers import UncontrolledBaseline
-from trainer.device import agent_device, apply_cpu_threads
-from trainer.env import make_sb3_env
-from trainer.files import write_json_atomic
+from trainer.base import logs
+from trainer.base.files import write_json_atomic
+from trainer.base.signals import STOP
+from trainer.config.agents import OffPolicyConfig
+from trainer.config.roster import AGENTS, agent_spec
+from trainer.config.sections import Config
+from trainer.env.citylearn import make_sb3_env
 from trainer.learn.agents import build_model, training_envs
 from trainer.learn.warm_start.cloning import imitation_update_s, policy_digest
 from trainer.learn.warm_start.fine_tune import time_with_the_term
-from trainer.roster import AGENTS, agent_spec
-from trainer.signals import STOP
+from trainer.references.controllers import UncontrolledBaseline
+from trainer.run.device import agent_device, apply_cpu_threads
 from trainer.sim.simulators import Simulator, simulator_for
 from trainer.site import Site
 

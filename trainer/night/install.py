@@ -11,9 +11,9 @@ import shlex
 from datetime import datetime
 from pathlib import Path
 
-from trainer.durations import deadline, parse_clock
-from trainer.errors import UsageError
-from trainer.session import parse_agents, resolve_config
+from trainer.base.durations import deadline, parse_clock
+from trainer.base.errors import UsageError
+from trainer.run.session import parse_agents, resolve_config
 
 UNIT = "pvbess-trainer"
 
@@ -80,7 +80,7 @@ WantedBy=timers.target
 def default_lock(repo: Path) -> Path:
     """The cron line's lock: in the user's own runtime folder, which no other user can hold (not /tmp)."""
     runtime = os.environ.get("XDG_RUNTIME_DIR")
-    return (Path(runtime) if runtime else repo / "outputs") / "pvbess-trainer.lock"
+    return (Path(runtime) if runtime else repo / "outputs") / "pvbess-trainer.run.lock"
 
 
 def crontab_line(repo: Path, at: str, args: list[str], lock: Path | None = None) -> str:

@@ -5,16 +5,16 @@ from __future__ import annotations
 import math
 from datetime import datetime
 
-from trainer.agent_config import OffPolicyConfig
-from trainer.config import Config
-from trainer.device import apply_gpu_flags, resolve_device
+from trainer.config.agents import OffPolicyConfig
+from trainer.config.roster import agent_spec
+from trainer.config.sections import Config
 from trainer.night.budget import PlannedStage, StageKind, StageSpec, timeline
 from trainer.night.calibrate import Speeds, calibrate
-from trainer.references import REFERENCE_ROSTER, REFERENCES
-from trainer.roster import agent_spec
-from trainer.scenario import HELD_OUT_YEARS
-from trainer.session import site_for, training_targets
+from trainer.references.roster import REFERENCE_ROSTER, REFERENCES
+from trainer.run.device import apply_gpu_flags, resolve_device
+from trainer.run.session import site_for, training_targets
 from trainer.site import Site
+from trainer.site.scenario import HELD_OUT_YEARS
 
 REPORT_S = 20.0
 # A year of the warm start's demonstrations beyond its replay: the linear program and, for a draw, building the site.

@@ -16,10 +16,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from trainer.config import Config
-from trainer.config_files import load_config
-from trainer.device import cpu_cores
-from trainer.errors import UsageError
+from trainer.base.errors import UsageError
+from trainer.config.loading import load_config
+from trainer.config.sections import Config
+from trainer.run.device import cpu_cores
 
 RAY_VERSION = "2.60.0"
 INSTALL = "pip install 'pvbess-trainer[ray]'"

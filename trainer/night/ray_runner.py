@@ -29,14 +29,15 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, ClassVar
 
-from trainer import logs
-from trainer.agent_config import OffPolicyConfig
-from trainer.checks import FAIL, PASS, Check
-from trainer.config import Config
-from trainer.config_files import load_config
-from trainer.device import ASSIGNED_CPUS_ENV
-from trainer.env import policy_sizes
-from trainer.errors import TrainerError, UsageError
+from trainer.base import logs
+from trainer.base.checks import FAIL, PASS, Check
+from trainer.base.errors import TrainerError, UsageError
+from trainer.base.signals import Stopped, handle_stop_signals
+from trainer.config.agents import OffPolicyConfig
+from trainer.config.loading import load_config
+from trainer.config.roster import agent_spec
+from trainer.config.sections import Config
+from trainer.env.citylearn import policy_sizes
 from trainer.learn.memory import Shapes, replay_buffer_bytes
 from trainer.learn.recovery import TrainingInterrupted
 from trainer.night.budget import StageKind
@@ -44,10 +45,9 @@ from trainer.night.plan import REPORT_S
 from trainer.night.ray_cluster import INSTALL, RAY_VERSION, check_backend, check_fits, import_ray, ray_session
 from trainer.night.stages import run_job
 from trainer.night.state import Night, StageEvent, StageJob, StageOutcome
-from trainer.roster import agent_spec
-from trainer.run_dir import RunContext, RunDir
-from trainer.schedule_file import FINISHED, StageRecord
-from trainer.signals import Stopped, handle_stop_signals
+from trainer.run.device import ASSIGNED_CPUS_ENV
+from trainer.run.folder import RunContext, RunDir
+from trainer.run.schedule_file import FINISHED, StageRecord
 
 
 class StageRetry(Exception):

@@ -11,13 +11,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainer import session
-from trainer.config import Config
+from trainer.config.sections import Config
 from trainer.learn.preflight import check_resume_config, memory_checks
 from trainer.night import runner, sweep
 from trainer.night.backends import backend
-from trainer.run_dir import RunContext, RunDir
-from trainer.schedule_file import ScheduleState
+from trainer.run import session
+from trainer.run.folder import RunContext, RunDir
+from trainer.run.schedule_file import ScheduleState
 
 
 @dataclass(frozen=True)

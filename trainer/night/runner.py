@@ -12,18 +12,18 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
-from trainer import logs
-from trainer.errors import TrainerError
+from trainer.base import logs
+from trainer.base.errors import TrainerError
+from trainer.judge.report import write_report
 from trainer.night.backends import backend
 from trainer.night.budget import StageKind
 from trainer.night.calibrate import Speeds, calibrate
 from trainer.night.plan import build_plan, fit_ensemble, render, stage_specs
 from trainer.night.stages import record_results
 from trainer.night.state import Night, drive, plan
-from trainer.references import REFERENCES
-from trainer.report import write_report
-from trainer.run_dir import RunContext, RunDir
-from trainer.schedule_file import FINISHED, ScheduleState
+from trainer.references.roster import REFERENCES
+from trainer.run.folder import RunContext, RunDir
+from trainer.run.schedule_file import FINISHED, ScheduleState
 
 
 def prepare(ctx: RunContext, agents: list[str], targets: dict[str, int], deadline: datetime | None,

@@ -14,32 +14,32 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from trainer import logs
-from trainer.controllers import PolicyController
-from trainer.device import agent_device, resolve_agent
-from trainer.env import make_sb3_env
-from trainer.errors import UsageError
-from trainer.files import DamagedFile, read_json, write_json_atomic, write_text_atomic
+from trainer.base import logs
+from trainer.base.errors import UsageError
+from trainer.base.files import DamagedFile, read_json, write_json_atomic, write_text_atomic
+from trainer.config.roster import AGENTS, Agent
+from trainer.env.citylearn import make_sb3_env
+from trainer.judge.metrics import METRIC_KEYS, compare_to_baseline, run_episode
 from trainer.learn.agents import save_model_atomic
 from trainer.learn.model_file import load_model
 from trainer.learn.recovery import StageFailed
 from trainer.learn.selection import confirm_over_the_years, kept_summary, validation_site
 from trainer.learn.trainer import StageTrainer
 from trainer.learn.trainer import summary as training_summary
-from trainer.metrics import METRIC_KEYS, compare_to_baseline, run_episode
 from trainer.night.budget import StageKind
 from trainer.night.state import StageJob, StageOutcome
-from trainer.references import BASELINE, REFERENCE_ROSTER, REFERENCES, ReferenceUnavailable
-from trainer.roster import AGENTS, Agent
-from trainer.run_dir import AgentDir, RunContext, RunDir
-from trainer.scenario import UNSEEN_YEAR_SEED_OFFSET
-from trainer.session import training_timesteps
+from trainer.references.controllers import PolicyController
+from trainer.references.roster import BASELINE, REFERENCE_ROSTER, REFERENCES, ReferenceUnavailable
+from trainer.run.device import agent_device, resolve_agent
+from trainer.run.folder import AgentDir, RunContext, RunDir
+from trainer.run.session import training_timesteps
+from trainer.site.scenario import UNSEEN_YEAR_SEED_OFFSET
 
 if TYPE_CHECKING:
     from stable_baselines3.common.base_class import BaseAlgorithm
 
-    from trainer.agent_config import AgentConfig
-    from trainer.run_dir import RunContext
+    from trainer.config.agents import AgentConfig
+    from trainer.run.folder import RunContext
 
 
 def _eval_env(ctx: RunContext):
@@ -52,7 +52,7 @@ def _skipped(why: ReferenceUnavailable) -> dict[str, Any]:
 
 
 def evaluate_reference(ctx: RunContext, name: str) -> dict[str, Any]:
-    """Evaluate a reference of ``trainer.references`` over the evaluation period."""
+    """Evaluate a reference of ``trainer.references.roster`` over the evaluation period."""
     log = logs.get().bind(agent=name)
     log.info("evaluating reference")
     folder = ctx.run.agent(name)

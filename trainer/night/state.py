@@ -17,9 +17,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from trainer import logs
+from trainer.base import logs
 from trainer.night.budget import StageSpec, allocate, timeline
-from trainer.schedule_file import (
+from trainer.run.schedule_file import (
     DONE,
     FAILED,
     FINISHED,
@@ -33,7 +33,7 @@ from trainer.schedule_file import (
 from trainer.site import Site
 
 if TYPE_CHECKING:
-    from trainer.run_dir import RunContext
+    from trainer.run.folder import RunContext
 
 
 # A training slot too short to be worth a model: the stage is skipped rather than run for nothing.

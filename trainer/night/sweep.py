@@ -18,20 +18,20 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from trainer import session
-from trainer.config import Config
-from trainer.config_files import with_overrides
-from trainer.errors import TrainerError
-from trainer.files import DamagedFile, read_json, write_json_atomic, write_text_atomic
+from trainer.base.errors import TrainerError
+from trainer.base.files import DamagedFile, read_json, write_json_atomic, write_text_atomic
+from trainer.config.loading import with_overrides
+from trainer.config.roster import AGENTS
+from trainer.config.sections import Config
 from trainer.learn.preflight import check_resume_config, memory_checks
 from trainer.night.backends import backend
 from trainer.night.runner import prepare
 from trainer.night.state import Night, drive
-from trainer.references import REFERENCES
-from trainer.roster import AGENTS
-from trainer.run_dir import RunDir
-from trainer.schedule_file import ScheduleState
-from trainer.session import open_run, training_targets
+from trainer.references.roster import REFERENCES
+from trainer.run import session
+from trainer.run.folder import RunDir
+from trainer.run.schedule_file import ScheduleState
+from trainer.run.session import open_run, training_targets
 from trainer.site import given_site
 
 SWEEP = "sweep.json"

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from trainer import logs
+from trainer.base import logs
 from trainer.sim.battery import BatterySpec
 from trainer.sim.site import ChargerSpec, SiteTables
 from trainer.site import Site

@@ -1,4 +1,4 @@
-"""The EV guard and the EV reward term on the simulator's arrays (trainer.ev_service's rules, vectorised).
+"""The EV guard and the EV reward term on the simulator's arrays (trainer.env.ev_guard's rules, vectorised).
 
 For each connected car at its charger, in N environments at once: what it stores after a step at a
 given action, what it can still reach by departure at full power, the least action that still serves
@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from trainer.shipped.controller import BISECTION_STEPS, GUARD_RAISE
 from trainer.sim.battery import BatteryBank, carried_soc, charged
 from trainer.sim.site import SiteTables
-from trainer.standalone_controller import BISECTION_STEPS, GUARD_RAISE
 
 if TYPE_CHECKING:
-    from trainer.config import EvConfig
+    from trainer.config.sections import EvConfig
 
 
 @dataclass
@@ -158,7 +158,7 @@ def linear_paths(tables: SiteTables) -> bool:
 
 
 class Guard:
-    """The EV service guard (trainer.ev_service.EvServiceGuard) on native action arrays (N, n_actions)."""
+    """The EV service guard (trainer.env.ev_guard.EvServiceGuard) on native action arrays (N, n_actions)."""
 
     def __init__(self, margin_soc: float, stop_at_target: bool = False) -> None:
         self.margin_soc = margin_soc

@@ -16,10 +16,10 @@ from typing import Any
 
 import numpy as np
 
-from trainer.config import Config
-from trainer.env import ActionScale, make_citylearn_env
-from trainer.ev_service import EvServiceGuard
-from trainer.optimum_model import site_model
+from trainer.config.sections import Config
+from trainer.env.citylearn import ActionScale, make_citylearn_env
+from trainer.env.ev_guard import EvServiceGuard
+from trainer.references.optimum_model import site_model
 from trainer.sim.simulators import VECTOR, Simulator, SiteModel
 from trainer.site import Site
 
@@ -89,13 +89,13 @@ def _controller(make: Callable[[Any, Config], Any], cfg: Config) -> Policy:
 
 
 def _rbc(env: Any, cfg: Config) -> Any:
-    from trainer.controllers import RuleBasedController  # lazy: imports CityLearn's agents
+    from trainer.references.controllers import RuleBasedController  # lazy: imports CityLearn's agents
 
     return RuleBasedController()
 
 
 def _optimum(env: Any, cfg: Config) -> Any:
-    from trainer.optimum import OptimumReplay, solve  # lazy: scipy's HiGHS
+    from trainer.references.optimum import OptimumReplay, solve  # lazy: scipy's HiGHS
 
     return OptimumReplay(solve(site_model(env, cfg.ev.margin_soc)))
 

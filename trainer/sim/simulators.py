@@ -15,11 +15,11 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from trainer import logs
-from trainer.checks import FAIL, PASS, Check
-from trainer.config import Config
-from trainer.env import make_citylearn_env, make_training_vec_env
-from trainer.errors import UsageError
+from trainer.base import logs
+from trainer.base.checks import FAIL, PASS, Check
+from trainer.base.errors import UsageError
+from trainer.config.sections import Config
+from trainer.env.citylearn import make_citylearn_env, make_training_vec_env
 from trainer.sim.site import SiteTables, Unsupported, unsupported_reason
 from trainer.site import Site
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from trainer.optimum_model import EV_ACTION_PREFIX
+from trainer.references.optimum_model import EV_ACTION_PREFIX
 from trainer.sim.battery import BatteryBank, BatterySpec
 
 CONNECTED, INCOMING = 1, 2
@@ -158,7 +158,7 @@ class SiteTables:
 
     @classmethod
     def read(cls, env: Any) -> SiteTables:
-        """From a CityLearnEnv whose episode is the whole period (trainer.env's evaluation environment)."""
+        """From a CityLearnEnv whose episode is the whole period (trainer.env.citylearn's evaluation environment)."""
         if reason := unsupported_reason(env):
             raise Unsupported(reason)
         raw, fixed = _zero_action_pass(env)

@@ -1,12 +1,12 @@
 """The training simulator as stable-baselines3 wants it: one VecEnv of N sites, one process, no workers.
 
-It gives what the product's CityLearn training environment gives (trainer.env.CentralAgentArrays under
+It gives what the product's CityLearn training environment gives (trainer.env.citylearn.CentralAgentArrays under
 SB3's Monitor): the same normalised observations (CityLearn's normalisation, the periodic features, the
-carbon look-ahead), the same action scale, the EV guard, the same reward (trainer.reward's terms, the EV
+carbon look-ahead), the same action scale, the EV guard, the same reward (trainer.env.reward's terms, the EV
 shortfall and the storage credit), random episode windows that depend only on the seed, the environment
 and the episode's index (so a checkpoint's episode cursor resumes them exactly), and SB3's auto-reset
 (the last observation in ``infos[i]["terminal_observation"]``, Monitor's ``episode`` record). An episode's
-end is a time limit (``TimeLimit.truncated``), as trainer.env reports CityLearn's: the site goes on.
+end is a time limit (``TimeLimit.truncated``), as trainer.env.citylearn reports CityLearn's: the site goes on.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 from stable_baselines3.common.vec_env.base_vec_env import VecEnv
 
-from trainer.config import Config
-from trainer.env import CentralAgentArrays, make_citylearn_env, site_scales
-from trainer.reward import TERMS, _grid_kwh_per_stored_kwh, kwh_value, mean_kwh_value
+from trainer.config.sections import Config
+from trainer.env.citylearn import CentralAgentArrays, make_citylearn_env, site_scales
+from trainer.env.reward import TERMS, _grid_kwh_per_stored_kwh, kwh_value, mean_kwh_value
 from trainer.sim.ev import Guard, Sessions, Shortfalls, linear_paths
 from trainer.sim.site import SiteTables, VectorSite
 from trainer.site import Site
@@ -119,8 +119,9 @@ class SimVecEnv(VecEnv):
 
     @property
     def step_import_co2(self) -> np.ndarray:
-        """kg CO2 each environment's site imported in the last step (imports x carbon intensity, as trainer.metrics
-        counts it): what the warm start's pick adds up over a year. Computed when asked: training never does."""
+        """kg CO2 each environment's site imported in the last step (imports x carbon intensity, as
+        trainer.judge.metrics counts it): what the warm start's pick adds up over a year. Computed when asked: training
+        never does."""
         if self._last_step is None:
             return np.zeros(self.num_envs)
         now, net = self._last_step
@@ -169,7 +170,7 @@ def site_tables(env: Any, site: Site, seed: int) -> SiteTables:
 
 
 class _RewardTerms:
-    """trainer.reward.MultiObjectiveReward on arrays: the five weighted terms per building, summed, plus the
+    """trainer.env.reward.MultiObjectiveReward on arrays: the five weighted terms per building, summed, plus the
     storage credit. Constants come from the same functions, read once from the CityLearn environment."""
 
     def __init__(self, cfg: Config, env: Any, tables: SiteTables) -> None:

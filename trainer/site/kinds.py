@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from trainer.config import ScenarioConfig
-from trainer.scenario import SCHEMA_FILE, build_site
+from trainer.config.sections import ScenarioConfig
+from trainer.site.scenario import SCHEMA_FILE, build_site
 
 
 class Drawn(Protocol):

@@ -14,12 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from trainer.config import ScenarioConfig
-from trainer.datasets import check_dataset, check_name, find_dataset, read_schema
-from trainer.errors import DatasetError
-from trainer.files import DamagedFile
-from trainer.scenario import SCHEMA_FILE
+from trainer.base.errors import DatasetError
+from trainer.base.files import DamagedFile
+from trainer.config.sections import ScenarioConfig
+from trainer.site.datasets import check_dataset, check_name, find_dataset, read_schema
 from trainer.site.kinds import BUILT_IN, NAMED, SCHEMA, SiteKind, kind_of
+from trainer.site.scenario import SCHEMA_FILE
 
 T = TypeVar("T")
 
@@ -110,7 +110,7 @@ class Site:
 
 def given_site(schema: str | None, dataset: str | None) -> Site | None:
     """The dataset ``--schema``/``--dataset`` name, checked fully before anything runs; None means the built-in site
-    (generated from the config: ``trainer.session`` places it)."""
+    (generated from the config: ``trainer.run.session`` places it)."""
     if schema is not None and dataset is not None:
         raise DatasetError("pass either --schema or --dataset, not both")
     if schema is not None and not schema.strip():

@@ -5,7 +5,7 @@ problem (shift EV charging within each car's slack) and misses the battery's dai
 costs imports at once and pays back hours later, and an untrained policy learns first never to
 charge it (measured: PPO at 150k steps left the battery empty all year; docs/agent-quality.md).
 
-The perfect-foresight optimum (trainer.optimum) knows the whole training period in advance, so its
+The perfect-foresight optimum (trainer.references.optimum) knows the whole training period in advance, so its
 dispatch is not a policy an agent can run; but replayed through the training site it is a set of
 demonstrations, (observation, action) pairs, that a policy can imitate from what it sees at each
 step. Imitated by supervised regression (behaviour cloning), a policy captures most of the
@@ -46,8 +46,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trainer import logs
-from trainer.config import Config
+from trainer.base import logs
+from trainer.config.roster import agent_spec
+from trainer.config.sections import Config
 from trainer.learn.warm_start.cloning import imitate_once, imitation_key, policy_digest
 from trainer.learn.warm_start.ensemble import distil_an_ensemble
 from trainer.learn.warm_start.fine_tune import (
@@ -60,8 +61,7 @@ from trainer.learn.warm_start.fine_tune import (
 from trainer.learn.warm_start.optimum_demonstrations import Demonstrations, demonstrations, training_demonstrations
 from trainer.learn.warm_start.pick import pick_the_best
 from trainer.learn.warm_start.saved import SavedImitations
-from trainer.optimum_model import OptimumUnavailable
-from trainer.roster import agent_spec
+from trainer.references.optimum_model import OptimumUnavailable
 from trainer.site import Site
 
 # The package's doors: the warm start, and what the night's other parts (the plan's calibration, the stage) call.

@@ -9,9 +9,9 @@ from typing import Any
 
 import numpy as np
 
+from trainer.base.signals import STOP
 from trainer.learn.warm_start.optimum_demonstrations import Demonstrations
 from trainer.learn.warm_start.saved import SavedImitations
-from trainer.signals import STOP
 
 
 def imitate(model: Any, demos: Demonstrations, epochs: int, learning_rate: float, batch_size: int,

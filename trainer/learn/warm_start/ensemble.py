@@ -10,13 +10,13 @@ from typing import Any
 
 import numpy as np
 
-from trainer import logs
-from trainer.config import Config
-from trainer.env import make_sb3_env
+from trainer.base import logs
+from trainer.base.signals import STOP
+from trainer.config.sections import Config
+from trainer.env.citylearn import make_sb3_env
 from trainer.learn.warm_start.cloning import imitate_once, imitation_key, weights_digest
 from trainer.learn.warm_start.optimum_demonstrations import Demonstrations, demonstration_years
 from trainer.learn.warm_start.saved import SavedImitations
-from trainer.signals import STOP
 from trainer.site import Site
 
 # An ensemble's labels by the digest of its members, its demonstrations and its config: a night's PPO and A2C distil

@@ -10,11 +10,11 @@ from typing import Any
 
 import numpy as np
 
-from trainer import logs
-from trainer.config import Config
+from trainer.base import logs
+from trainer.config.roster import agent_spec
+from trainer.config.sections import Config
 from trainer.learn.warm_start.optimum_demonstrations import training_demonstrations
-from trainer.optimum_model import OptimumUnavailable
-from trainer.roster import agent_spec
+from trainer.references.optimum_model import OptimumUnavailable
 from trainer.site import Site
 
 

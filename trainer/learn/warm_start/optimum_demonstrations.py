@@ -9,12 +9,12 @@ from pathlib import Path
 
 import numpy as np
 
-from trainer.config import Config
-from trainer.env import make_sb3_env
-from trainer.optimum import OptimumReplay, solve
-from trainer.optimum_model import OptimumUnavailable, site_model
-from trainer.scenario import DRAW_SEED_OFFSET
+from trainer.config.sections import Config
+from trainer.env.citylearn import make_sb3_env
+from trainer.references.optimum import OptimumReplay, solve
+from trainer.references.optimum_model import OptimumUnavailable, site_model
 from trainer.site import Site
+from trainer.site.scenario import DRAW_SEED_OFFSET
 
 
 @dataclass(frozen=True)

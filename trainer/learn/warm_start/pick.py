@@ -7,7 +7,7 @@ every year of the site: a member's rank over the held-out years is its rank over
 held-out years tell which start is better, and the agent starts from that one.
 
 The candidates run side by side on the training simulator, which steps the site as CityLearn does (the guard
-as configured, imports x carbon intensity as trainer.metrics counts them): about a minute for SAC's six over
+as configured, imports x carbon intensity as trainer.judge.metrics counts them): about a minute for SAC's six over
 two years on 2 cores, most of it their networks' calls, where CityLearn would take ~20 s a year for each. It
 only chooses; CityLearn still evaluates the warm start and the agent for everything reported.
 """
@@ -20,10 +20,10 @@ from typing import Any
 
 import numpy as np
 
-from trainer import logs
-from trainer.config import Config
+from trainer.base import logs
+from trainer.base.signals import STOP
+from trainer.config.sections import Config
 from trainer.learn.warm_start.cloning import weights_digest
-from trainer.signals import STOP
 from trainer.sim.simulators import judging_env
 from trainer.sim.site import Unsupported
 from trainer.site import Site

@@ -26,9 +26,9 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
-from trainer import logs
-from trainer.files import write_bytes_atomic
-from trainer.signals import STOP
+from trainer.base import logs
+from trainer.base.files import write_bytes_atomic
+from trainer.base.signals import STOP
 
 SUFFIX = ".pt"  # an imitation's file: its key, then this
 FORMAT = 1  # of the file's contents: another is imitated again, not misread

@@ -1,0 +1,358 @@
+"""Typed, documented configuration.
+
+Every key has a type, a range where it has one, and a one-line description
+(``trainer config show --doc`` prints them). The models carry *no* defaults:
+every default value lives in ``trainer/configs/default.yaml`` and nowhere else.
+
+Reading, merging and validating the files is ``trainer.config.loading`` (:func:`load_config`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from importlib import resources
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Literal
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from pydantic import Field, ValidationInfo, create_model, field_validator, model_validator
+
+from trainer.base.durations import parse_clock, parse_duration
+from trainer.base.errors import UsageError
+from trainer.config.roster import AGENTS, ROSTER
+from trainer.config.section import Section, doc
+
+if TYPE_CHECKING:
+    from trainer.config.agents import AgentConfig
+
+# Package data, so a wheel install finds it as well as a checkout does.
+CONFIG_DIR = Path(str(resources.files("trainer") / "configs"))
+DEFAULT_CONFIG = CONFIG_DIR / "default.yaml"
+
+MAX_SEED = 1_000_000  # the largest seed a config or --seeds takes
+# An agent of the roster, as a config value (a typo is refused with the names it could be).
+AgentName = Literal[AGENTS]  # type: ignore[valid-type]
+# Whose policies an ensemble's members are: an agent's, or each agent's own.
+TeacherName = Literal[(*AGENTS, "own")]  # type: ignore[valid-type]
+
+
+class ScenarioConfig(Section):
+    name: str = doc("Name of the built-in site, used in run names and the report.", min_length=1,
+                    pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    location_name: str = doc("Human-readable location of the site.")
+    latitude: float = doc("Site latitude in degrees north.", ge=-90, le=90)
+    longitude: float = doc("Site longitude in degrees east.", ge=-180, le=180)
+    altitude_m: float = doc("Site altitude above sea level in metres.", ge=-500, le=9000)
+    timezone: str = doc("IANA time zone of the site's local clock (e.g. America/Los_Angeles).")
+
+    @field_validator("timezone")
+    @classmethod
+    def _known_timezone(cls, value: str) -> str:
+        try:
+            ZoneInfo(value)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError(f"unknown time zone {value!r}: use an IANA name such as America/Los_Angeles") from None
+        return value
+    year: int = doc("Calendar year simulated (hourly, 8760 steps; Feb 29 dropped).", ge=2000, le=2100)
+    seed: int = doc("Seed of the site generator: the same config gives the same bytes.", ge=0)
+    pv_kwp: float = doc("PV array DC size in kWp.", ge=0, le=10000)
+    pv_tilt_deg: float = doc("PV tilt from horizontal in degrees.", ge=0, le=90)
+    pv_azimuth_deg: float = doc("PV azimuth in degrees clockwise from north (180 = south).", ge=0, lt=360)
+    pv_system_losses_pct: float = doc("PVWatts system losses (soiling, wiring, mismatch) in %.", ge=0, le=50)
+    battery_kwh: float = doc("Battery usable capacity in kWh.", ge=0, le=100000)
+    battery_kw: float = doc("Battery charge/discharge power limit in kW.", ge=0, le=100000)
+    battery_efficiency: float = doc("Battery round-trip efficiency as a fraction (CityLearn applies its square root "
+                                    "on the way in and on the way out).", gt=0, le=1)
+    building_base_kw: float = doc("Building load at night and weekends, kW.", ge=0)
+    building_occupied_kw: float = doc("Additional building load in occupied weekday hours, kW.", ge=0)
+    cooling_kw_per_degc: float = doc("Cooling load per degree C above 22 C in occupied hours, kW/C.", ge=0)
+    ev_chargers: int = doc("Number of EV chargers (the last one serves an overnight fleet van).", ge=0, le=50)
+    charger_kw: float = doc("Maximum charging power of each charger in kW.", gt=0, le=350)
+    charger_discharge_kw: float = doc("Power at which each charger may discharge a car into the site (V2G), kW; "
+                                      "0 for none.", ge=0, le=350)
+    charger_efficiency: float = doc("Charger efficiency as a fraction (grid kWh to kWh into the car).", gt=0, le=1)
+    ev_battery_efficiency: float = doc("EV battery round-trip efficiency (its square root applies while charging).",
+                                       gt=0, le=1)
+    ev_battery_kwh: float = doc("Battery capacity of each EV in kWh.", gt=0, le=300)
+    ev_departure_soc: float = doc("State of charge each EV requires at departure, fraction.", gt=0, le=1)
+    carbon_mean_kg_per_kwh: float = doc("Annual mean grid carbon intensity, kg CO2/kWh.", gt=0, le=2)
+    tariff_offpeak_per_kwh: float = doc("Time-of-use tariff, off-peak price per kWh.", ge=0)
+    tariff_peak_per_kwh: float = doc("Time-of-use tariff, peak price per kWh (16:00-21:00).", ge=0)
+    tariff_summer_peak_per_kwh: float = doc("Peak price per kWh in June-September.", ge=0)
+    currency: str = doc("Currency symbol of the tariff, used in the report.", min_length=1, max_length=8)
+    train_episode_days: int = doc(
+        "Length of a training episode in days (evaluation covers schedule.eval_days: the whole period by default).",
+        ge=1, le=365)
+
+
+class RewardConfig(Section):
+    co2: float = doc("Weight of grid-import CO2 (kg, normalised by site scale x max intensity).", ge=0)
+    cost: float = doc("Weight of import cost (normalised by site scale x max price).", ge=0)
+    ev: float = doc(
+        "Price of each kWh a car can no longer get by departure, as a multiple of the most that kWh "
+        "can earn in the other terms (> 1 ranks serving cars above stranding them; docs/scenario.md).",
+        ge=0,
+    )
+    grid: float = doc("Weight of the squared grid import (peak shaving), per site scale.", ge=0)
+    storage: float = doc("Potential-based shaping that credits stored energy at its mean value as it is stored "
+                         "(0 = off; leaves the optimal policy unchanged; docs/scenario.md).", ge=0, le=10)
+    storage_gamma: float = doc("Discount the storage shaping assumes: set it to the agents' gamma.", gt=0, le=1)
+    solar: float = doc("Weight of exported PV that could have been self-consumed, per site scale.", ge=0)
+
+    @model_validator(mode="after")
+    def _some_weight(self) -> RewardConfig:
+        if self.co2 + self.cost + self.ev + self.grid + self.solar <= 0:
+            raise ValueError("at least one reward weight must be positive")
+        return self
+
+
+class EvConfig(Section):
+    guard: bool = doc("Raise every controller's EV charging to the least that still meets each car's departure "
+                      "target (off: the reward alone must teach it; docs/scenario.md).")
+    margin_soc: float = doc("Safety margin of the guard, as a fraction of the car's capacity.", ge=0, le=0.2)
+    stop_at_target: bool = doc("The guard also stops charging a car once it holds its departure target (plus "
+                               "margin_soc), on chargers that cannot discharge it: energy beyond the target leaves "
+                               "with the car, imported for nothing (false lets controllers fill cars further).")
+    target_met_pct: float = doc("Share of departures an agent must meet to be recommended in the report, %.",
+                                ge=0, le=100)
+
+
+class ObservationsConfig(Section):
+    carbon_ahead_hours: list[Annotated[int, Field(ge=1, le=168)]] = doc(
+        "Hours ahead of grid carbon intensity added to the agents' observations "
+        "(from the dataset: perfect forecasts); [] adds none.",
+        max_length=48,
+    )
+
+
+class WarmStartConfig(Section):
+    epochs: int = doc("Epochs of imitating the optimum's dispatch before a fresh agent learns from the reward, each "
+                      "as many samples as the dataset's period, drawn from all the demonstrations (0 = off: learn from "
+                      "scratch; docs/agent-quality.md).", ge=0, le=2000)
+    extra_draws: int = doc("Other years of the built-in site's climate (its scenario.seed + 2000, 2001, ...) whose "
+                           "optimum the policy imitates too, built once into the run's demonstration-sites/: a policy "
+                           "that keeps to the optimum in closed loop (any other dataset has its one period).",
+                           ge=0, le=20)
+    ensemble: int = doc("Imitations from this many initial weights (the seed, then + 1000, + 2000, ...) whose mean "
+                        "action, run over each year of the demonstrations, the agent's policy then imitates: one "
+                        "network nearer the optimum than one imitation on average over seeds (each member costs an "
+                        "imitation; 1 = a single imitation; docs/agent-quality.md).", ge=1, le=16)
+    student_epochs: int = doc("Epochs of the one network that imitates the ensemble's mean action (each as many "
+                              "samples as the dataset's period): it must fit the mean closely to keep it in closed "
+                              "loop: six times an imitation's 400 by default (docs/agent-quality.md).", ge=1, le=5000)
+    teacher: TeacherName = doc(
+        "Whose policy the ensemble's members are: one agent's (one ensemble a night; the others distil its members' "
+        "mean, reusing them within a process), or own: each agent imitates with its own policy. SAC's imitations "
+        "fit the optimum closest: PPO taught by them deployed 94.2 % of the optimum's cut over three seeds, by its "
+        "own 91.3 % (docs/agent-quality.md).")
+    pick_best: bool = doc("With an ensemble on a built-in site, for the agent whose policy the members are (teacher): "
+                          "the warm start is whichever of the members and their distilled mean emits least CO2 "
+                          "over the held-out years (the training simulator judges; "
+                          "a member's rank there is its rank over the evaluation year), not always the mean; "
+                          "off: a better start that has not yet made a night end higher (docs/agent-quality.md).")
+    learning_rate: float = doc("Adam learning rate of the imitation.", gt=0, le=1)
+    batch_size: int = doc("Minibatch size of the imitation.", ge=1)
+    policy_std: float = doc("PPO's and A2C's exploration standard deviation after the imitation (SB3 starts at 1, "
+                            "which undoes the imitation); SAC keeps SB3's.", gt=0, le=1)
+    sac_temperature: float = doc("SAC's entropy temperature after the imitation, then learned as SB3 does (SB3 starts "
+                                 "at 1, where the entropy bonus outweighs this reward ~100 times and pulls the policy "
+                                 "to the middle of its range).", gt=0, le=10)
+    sac_bc_alpha: float = doc("TD3+BC's alpha for SAC after the imitation: the actor's loss keeps it near the "
+                              "demonstrations, weighted mean |Q| / alpha (larger imitates less; 0 = off).", ge=0)
+    sac_critic_updates: int = doc("SAC's first gradient updates after the imitation train its critics alone (actor and "
+                                  "temperature wait): the imitation fitted them at the demonstrations' actions only, "
+                                  "so their slope in the action, which the actor follows, means nothing yet (0 = off; "
+                                  "docs/agent-quality.md).", ge=0)
+    ppo_bc_weight: float = doc("PPO after the imitation: each gradient step adds this weight times the mean squared "
+                               "distance of its policy's mean to the demonstrations' actions (a behaviour-cloning "
+                               "term, as DAPG adds; larger imitates more; 0 = off).", ge=0)
+    a2c_bc_weight: float = doc("The same term for A2C (0 = off).", ge=0)
+
+    def teacher_of(self, agent: str) -> str:
+        """The agent whose policy ``agent``'s ensemble members are (``teacher``, or the agent itself for own)."""
+        return agent if self.teacher == "own" else self.teacher
+
+    def picks_a_member(self, agent: str) -> bool:
+        """Whether ``agent``'s warm start chooses among an ensemble's members and their mean (over the held-out
+        years): only members of its own policy can be its start."""
+        return self.pick_best and self.ensemble > 1 and self.teacher_of(agent) == agent
+
+
+class TrainConfig(Section):
+    simulator: Literal["auto", "vector", "citylearn"] = doc(
+        "What agents train on: vector (the training simulator, many sites as arrays in one process; "
+        "docs/simulator.md), citylearn (CityLearn itself, in worker processes), or auto (vector where the dataset "
+        "is one it models, else citylearn). Evaluation, references and every reported figure always use CityLearn.")
+    keep_best: bool = doc("Deploy the best policy the stage has seen on the validation window (its warm start or a "
+                          "learning-curve point; trainer.learn.selection), not merely the last one.")
+    sites: int = doc("Sites the training simulator steps at once for PPO and A2C when their n_envs is 0 (the "
+                     "largest divisor of n_steps up to this; docs/simulator.md).", ge=1, le=4096)
+
+
+class GpuConfig(Section):
+    device: Literal["auto", "cpu", "cuda"] = doc("Torch device: auto picks cuda when available.")
+    cudnn_benchmark: bool = doc("torch.backends.cudnn.benchmark on CUDA.")
+    tf32: bool = doc("Allow TF32 matmuls and convolutions on CUDA (Ampere or newer); off: no gain measured.")
+    deterministic: bool = doc("torch.use_deterministic_algorithms on CUDA (slower, reproducible).")
+    cpu_threads: int = doc("torch intra-op CPU threads; 0 = one where environment workers run beside the learner "
+                           "(the defaults), one per core for SAC without learn_while_stepping (docs/benchmarks.md).",
+                           ge=0, le=256)
+
+
+class ScheduleConfig(Section):
+    agents: list[AgentName] = doc("Agents trained by `trainer night`, in order.", min_length=1)
+    weights: dict[AgentName, Annotated[float, Field(ge=0)]] = doc(
+        "Share of the night's training time per agent (targets are each agent's timesteps); 0 gives it none.")
+    budget: str | None = doc("Default time budget, e.g. 10h or 90m (overridden by --budget/--finish-by).")
+    finish_by: str | None = doc("Default local finish time HH:MM (overridden by --budget/--finish-by).")
+    curve_every_steps: int = doc("Evaluate the policy for the learning curve every this many steps.", ge=1)
+    curve_eval_days: int = doc("Days of the validation window: each learning-curve evaluation, which also chooses "
+                               "the policy an agent deploys (train.keep_best).", ge=1, le=365)
+    curve_max_share: float = doc(
+        "Most of a stage's time its learning-curve evaluations (in CityLearn) may take: on a fast learner they "
+        "wait longer than curve_every_steps between them.", gt=0, le=1)
+    quick_timesteps: dict[AgentName, Annotated[int, Field(ge=1)]] = doc(
+        "Timesteps per agent with --quick (a smoke run of the whole schedule)."
+    )
+    eval_days: int | None = doc("Evaluation length in days from the dataset's start; null = the whole period.", ge=1)
+    quick_eval_days: int = doc("Evaluation length in days with --quick (at most eval_days), so a smoke run is quick.",
+                               ge=1)
+    quick_warm_start_epochs: int = doc("Imitation epochs with --quick (at most warm_start.epochs), of the dataset's "
+                                       "own period only (no extra draws) and with no SAC critics-first phase, so a "
+                                       "smoke run is quick.", ge=0)
+
+    @field_validator("budget", "finish_by")
+    @classmethod
+    def _a_duration_or_clock_time(cls, value: str | None, info: ValidationInfo) -> str | None:
+        parse = parse_duration if info.field_name == "budget" else parse_clock
+        if value is not None:
+            _as_value_error(parse, value, "it")
+        return value
+
+    @model_validator(mode="after")
+    def _some_weight(self) -> ScheduleConfig:
+        if not any(self.weights.get(agent, 1.0) > 0 for agent in self.agents):  # a missing weight is 1
+            raise ValueError(f"every agent of the night has weight 0 ({self.weights}): give at least one of "
+                             f"{', '.join(self.agents)} a weight above 0")
+        return self
+
+    @model_validator(mode="after")
+    def _budget_or_deadline(self) -> ScheduleConfig:
+        if self.budget is not None and self.finish_by is not None:
+            raise ValueError(f"set only one of budget ({self.budget!r}) or finish_by ({self.finish_by!r})")
+        return self
+
+
+def _as_value_error(parse: Any, value: str, option: str) -> None:
+    """The night's own parsers, as a config check (pydantic reports ValueErrors with the key)."""
+    try:
+        parse(value, option)
+    except UsageError as exc:
+        raise ValueError(str(exc)) from None
+
+
+class RayConfig(Section):
+    max_retries: int = doc("Times a stage whose worker died (killed, node lost) is run again from its checkpoint.",
+                           ge=0, le=100)
+    stop_timeout_s: float = doc("On Ctrl+C or SIGTERM, seconds the running stages get to save a checkpoint.", gt=0)
+    num_cpus: dict[str, float] = doc("CPUs per stage on Ray: one key per agent, and eval (references, report).")
+    num_gpus: dict[str, float] = doc("GPUs per stage on Ray (fractions share one: 0.5 runs two stages on a GPU); "
+                                     "0 = the stage runs on the CPU.")
+    memory_headroom_gb: float = doc("Memory reserved per stage beyond an off-policy agent's replay buffer, GB.", ge=0)
+
+    @field_validator("num_cpus", "num_gpus")
+    @classmethod
+    def _stages(cls, value: dict[str, float]) -> dict[str, float]:
+        unknown = set(value) - {*AGENTS, "eval"}
+        if unknown:
+            raise ValueError(f"unknown stage(s) {', '.join(sorted(unknown))}: use {', '.join(AGENTS)} or eval")
+        if any(v < 0 or v != v for v in value.values()):
+            raise ValueError("resources must be 0 or more")
+        return value
+
+
+class ReliabilityConfig(Section):
+    keep_checkpoints: int = doc(
+        "Checkpoints kept per stage (older ones are pruned once a new one is complete).", ge=1, le=100
+    )
+    min_batch_size: int = doc("Out-of-memory backoff halves the batch down to this floor, then stops.", ge=1)
+    batch_memory_fraction: float = doc(
+        "Share of free memory a training batch may use before it is backed off up front.", gt=0, le=1
+    )
+    nonfinite_lr_factor: float = doc(
+        "A NaN/inf loss or parameter rolls back and multiplies the learning rate by this.", gt=0, lt=1
+    )
+    nonfinite_retries: int = doc("Rollbacks for non-finite values before the stage stops.", ge=0)
+    checkpoint_min_interval_s: float = doc(
+        "Checkpoints are at least this many seconds apart, whatever checkpoint_freq_steps says: on the training "
+        "simulator 1,000 steps take a fraction of a second. A stop signal still saves at once.", ge=0)
+
+
+class MonitorConfig(Section):
+    interval_s: float = doc("Seconds between monitor samples.", gt=0)
+    util_low_pct: float = doc("Warn when GPU utilisation stays under this %...", ge=0, le=100)
+    util_low_window_s: float = doc("...for this many seconds.", ge=0)
+    temp_high_c: float = doc("Warn when GPU temperature is over this, degrees C.", gt=0)
+    memory_high_pct: float = doc("Warn when GPU memory use is over this %.", gt=0, le=100)
+    max_bytes: int = doc("Rotate the monitor file past this size.", ge=1024)
+    backups: int = doc("Rotated monitor files kept (monitor.jsonl.1, .2, ...).", ge=0, le=100)
+
+
+class OutputConfig(Section):
+    root: str = doc("Folder holding run folders (relative to the working directory).", min_length=1)
+    run_name: str = doc("Run folder name template: {scenario}, {command}, {seed}, {time}; one folder name.",
+                        min_length=1)
+
+    @field_validator("run_name")
+    @classmethod
+    def _one_folder_name(cls, value: str) -> str:
+        try:
+            name = value.format(scenario="s", command="c", seed=0, time="t")
+        except (KeyError, IndexError, ValueError) as exc:
+            raise ValueError(f"unknown placeholder {exc} in {value!r}: use {{scenario}}, {{command}}, {{seed}}, "
+                             "{time}") from None
+        if "/" in name or "\\" in name or name in (".", "..") or name.startswith(".."):
+            raise ValueError(f"{value!r} must name one folder inside output.root (no '/', '\\' or '..')")
+        return value
+    tensorboard: bool | Literal["auto"] = doc(
+        "TensorBoard events beside progress.csv: auto (when the tensorboard package is installed, silently off "
+        "otherwise), true (warn when it is missing) or false.")
+
+
+class _Sections(Section):
+    """Every section but the agents' (added from the roster, below)."""
+
+    # CityLearn seeds episode k of worker i with (seed + 1 + 7919 i)(k + 1), which NumPy needs below 2**32.
+    seed: int = doc("Global seed for Python, NumPy, torch and the environment.", ge=0, le=MAX_SEED)
+    scenario: ScenarioConfig
+    reward: RewardConfig
+    ev: EvConfig
+    observations: ObservationsConfig
+    warm_start: WarmStartConfig
+    train: TrainConfig
+    gpu: GpuConfig
+    schedule: ScheduleConfig
+    reliability: ReliabilityConfig
+    ray: RayConfig
+    monitor: MonitorConfig
+    output: OutputConfig
+
+    def agent(self, name: str) -> AgentConfig:
+        """The config section of an agent of the roster."""
+        return getattr(self, name)
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+    def digest(self) -> str:
+        """A stable hash of the resolved config (checkpoints refuse a changed one)."""
+        payload = json.dumps(self.to_dict(), sort_keys=True).encode()
+        return hashlib.sha256(payload).hexdigest()[:16]
+
+
+# The whole config: the sections above and one per agent of the roster (cfg.sac, cfg.ppo, ...), each its own
+# section class, so a new agent needs no edit here.
+Config = create_model("Config", __base__=_Sections, __module__=__name__,
+                      **{name: (spec.section, ...) for name, spec in ROSTER.items()})
+Config.__doc__ = "The resolved config: every section, and one per agent of the roster."

@@ -1,0 +1,1 @@
+"""CityLearn as the agents see it: environments, the multi-objective reward and the EV guard."""

@@ -1,0 +1,266 @@
+"""Evaluation and the metrics of results.json: the one place each metric is defined.
+
+All energy figures are at the site's grid connection (the buildings' net exchange summed
+per step): imports are ``max(net, 0)``, exports ``max(-net, 0)``.
+
+- ``co2_kg``: imports x grid carbon intensity over the evaluation period.
+- ``co2_kg_per_year``: ``co2_kg`` scaled to 8,760 hours.
+- ``co2_vs_baseline_pct``: 100 x (agent - baseline) / baseline; negative means less CO2.
+- ``cost``: imports x tariff (exports are not credited).
+- ``grid_import_kwh``, ``peak_kw``: total import and the largest hourly import.
+- ``pv_self_consumption_pct``: share of PV generation not exported.
+- ``ev_departure_soc_met_pct``: share of EV departures at or above the required SoC
+  (within ``EV_SOC_TOLERANCE``); null on a dataset without EV chargers.
+- ``ev_unmet_kwh``: energy the EVs lacked at departure to reach their required SoC. An agent
+  that leaves cars uncharged imports less, so read its CO2 saving together with this.
+- ``co2_share_of_optimum_pct``: the agent's CO2 cut against ``baseline`` as a share of the cut
+  of the perfect-foresight linear program (trainer.references.optimum; ``lp_co2_kg`` of the ``optimum``
+  entry, the bound): 100 % is the physical limit.
+- ``citylearn_ev_departure_success_pct``: CityLearn's own ``evaluate_v2`` departure success rate.
+  It counts a departure met within ``CITYLEARN_EV_TOLERANCE`` (5 % SoC) of its target, five times
+  the product's tolerance, so it can read higher than ``ev_departure_soc_met_pct``.
+- ``citylearn_kpis``: CityLearn's own district KPIs (``env.evaluate()``) as ratios to CityLearn's
+  "without storage" reference. That reference also removes every charger's consumption: it is
+  the site with every car stranded, so a ratio below 1 there does not mean a better controller.
+  Compare controllers with the product's metrics, which are all against ``baseline``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+
+from trainer.base.progress import Progress
+from trainer.base.signals import STOP
+from trainer.config.roster import AGENTS
+from trainer.env.citylearn import guard_for
+from trainer.references.controllers import Controller
+
+if TYPE_CHECKING:
+    import gymnasium
+    from citylearn.citylearn import CityLearnEnv
+
+EV_SOC_TOLERANCE = 0.01
+CITYLEARN_EV_TOLERANCE = 0.05  # citylearn.internal.kpi's default ev_departure_service_tolerance
+HOURS_PER_YEAR = 8760
+METRIC_KEYS = (
+    "co2_kg", "co2_kg_per_year", "co2_vs_baseline_pct", "co2_share_of_optimum_pct", "cost", "grid_import_kwh",
+    "peak_kw", "pv_self_consumption_pct", "ev_departure_soc_met_pct", "ev_unmet_kwh",
+    "citylearn_ev_departure_success_pct", "timesteps", "train_wall_s", "steps_per_s", "citylearn_kpis",
+)
+TABLE_COLUMNS = (
+    ("co2_kg_per_year", "CO2 kg/yr", "{:,.0f}"),
+    ("co2_vs_baseline_pct", "vs baseline %", "{:+.1f}"),
+    ("co2_share_of_optimum_pct", "of optimum %", "{:.0f}"),
+    ("ev_departure_soc_met_pct", "EV met %", "{:.1f}"),
+    ("ev_unmet_kwh", "EV unmet kWh", "{:,.0f}"),
+    ("cost", "cost", "{:,.0f}"),
+    ("grid_import_kwh", "import kWh", "{:,.0f}"),
+    ("peak_kw", "peak kW", "{:.1f}"),
+    ("pv_self_consumption_pct", "PV self-use %", "{:.1f}"),
+    ("timesteps", "train steps", "{:,}"),
+    ("steps_per_s", "steps/s", "{:.0f}"),
+    ("train_wall_s", "train s", "{:.0f}"),
+)
+
+
+def _finite(value: float) -> float | None:
+    return None if value is None or not math.isfinite(float(value)) else float(value)
+
+
+def run_episode(controller: Controller, sb3_env: gymnasium.Env, timeseries_path: Path | None = None,
+                label: str | None = None) -> dict[str, Any]:
+    """Run ``controller`` over the evaluation env's whole episode and compute the metrics; with a ``label``, show
+    the evaluation's progress (a stage's evaluation; the learning curve's short ones stay quiet)."""
+    env = sb3_env.unwrapped
+    obs, _ = sb3_env.reset()
+    progress = Progress("evaluation progress", env.time_steps, every=0.25, agent=label) if label else None
+    departures_met: list[bool] = []
+    unmet_kwh = 0.0
+    done = False
+    steps = 0
+    start = time.perf_counter()
+    with guard_for(sb3_env, controller):  # the uncontrolled baseline runs unguarded
+        while not done:
+            STOP.check("an evaluation")
+            t = env.time_step
+            leaving = []
+            for b in env.buildings:
+                for charger in b.electric_vehicle_chargers or []:
+                    sim = charger.charger_simulation
+                    if (
+                        t < len(sim.electric_vehicle_charger_state)
+                        and sim.electric_vehicle_charger_state[t] == 1
+                        and sim.electric_vehicle_departure_time[t] == 0
+                        and charger.connected_electric_vehicle is not None
+                    ):
+                        leaving.append(
+                            (charger.connected_electric_vehicle, float(sim.electric_vehicle_required_soc_departure[t]))
+                        )
+            action = controller.act(obs, env)
+            obs, _, terminated, truncated, _ = sb3_env.step(action)
+            steps += 1
+            for ev, required in leaving:
+                soc = float(ev.battery.soc[t])
+                departures_met.append(soc >= required - EV_SOC_TOLERANCE)
+                unmet_kwh += max(required - soc, 0.0) * float(ev.battery.capacity)
+            done = terminated or truncated
+            if progress is not None:
+                progress.update(steps)
+    if progress is not None:
+        progress.close()
+    wall = time.perf_counter() - start
+    metrics = summarise(env, steps, departures_met)
+    metrics["ev_unmet_kwh"] = unmet_kwh if departures_met else None
+    metrics["eval_wall_s"] = round(wall, 2)
+    metrics["eval_hours"] = steps
+    if timeseries_path is not None:
+        timeseries(env, steps).to_csv(timeseries_path, index=False, float_format="%.4f")
+    return metrics
+
+
+def _district(env: CityLearnEnv, steps: int) -> dict[str, np.ndarray]:
+    b0 = env.buildings[0]
+    net = np.sum([np.asarray(b.net_electricity_consumption[:steps], dtype=float) for b in env.buildings], axis=0)
+    pv = np.sum([-np.asarray(b.solar_generation[:steps], dtype=float) for b in env.buildings], axis=0)
+    return {
+        "net": net,
+        "pv": pv,
+        "carbon": np.asarray(b0.carbon_intensity.carbon_intensity[:steps], dtype=float),
+        "price": np.asarray(b0.pricing.electricity_pricing[:steps], dtype=float),
+    }
+
+
+def summarise(env: CityLearnEnv, steps: int, departures_met: list[bool]) -> dict[str, Any]:
+    d = _district(env, steps)
+    hours_per_step = env.seconds_per_time_step / 3600
+    imports = np.clip(d["net"], 0, None)
+    exports = np.clip(-d["net"], 0, None)
+    pv_total = float(d["pv"].sum())
+    co2 = float((imports * d["carbon"]).sum())
+    kpis = env.evaluate()
+    district = kpis[kpis["level"] == "district"]
+    success = _citylearn_ev_success(env) if departures_met else None
+    return {
+        "co2_kg": co2,
+        "co2_kg_per_year": co2 * HOURS_PER_YEAR / (steps * hours_per_step),
+        "cost": float((imports * d["price"]).sum()),
+        "grid_import_kwh": float(imports.sum()),
+        "grid_export_kwh": float(exports.sum()),
+        "peak_kw": float(imports.max() / hours_per_step) if steps else 0.0,
+        "pv_generation_kwh": pv_total,
+        "pv_self_consumption_pct": 100 * (pv_total - float(exports.sum())) / pv_total if pv_total > 0 else None,
+        "ev_departures": len(departures_met),
+        "ev_departure_soc_met_pct": 100 * sum(departures_met) / len(departures_met) if departures_met else None,
+        "citylearn_ev_departure_success_pct": success,
+        "eval_timesteps": steps,
+        "citylearn_kpis": {row.cost_function: _finite(row.value) for row in district.itertuples()},
+    }
+
+
+def _citylearn_ev_success(env: CityLearnEnv) -> float | None:
+    """CityLearn's evaluate_v2 district departure success rate, in % (its 5 % SoC tolerance).
+
+    ``evaluate_v2`` computes some 390 KPIs (12 s after a year of the built-in site, as long as the
+    episode itself); this is the one function it calls for the EV ones, per building, summed as
+    it sums them (citylearn 3.0.2 is pinned).
+    """
+    try:
+        per_building = [env._kpi_service._compute_ev_metrics(b) for b in env.buildings]
+    except AttributeError:  # another CityLearn: the full, slow way
+        kpis = env.evaluate_v2()
+        rows = kpis[
+            (kpis["level"] == "district") & (kpis["cost_function"] == "district_ev_performance_departure_success_ratio")
+        ]
+        value = _finite(rows["value"].iloc[0]) if len(rows) else None
+        return None if value is None else 100 * value
+    total = sum(m["departures_total"] for m in per_building)
+    return 100 * sum(m["departures_met"] for m in per_building) / total if total else None
+
+
+def timeseries(env: CityLearnEnv, steps: int) -> pd.DataFrame:
+    """Per-step site series for the report's representative week."""
+    d = _district(env, steps)
+    battery_soc = np.mean([np.asarray(b.electrical_storage.soc[:steps], dtype=float) for b in env.buildings], axis=0)
+    ev, connected = np.zeros(steps), np.zeros(steps)
+    for b in env.buildings:
+        for charger in b.electric_vehicle_chargers or []:
+            ev += np.asarray(charger.electricity_consumption[:steps], dtype=float)
+            state = np.asarray(charger.charger_simulation.electric_vehicle_charger_state[:steps], dtype=float)
+            connected += np.nan_to_num(state) == 1
+    sim = env.buildings[0].energy_simulation
+    calendar = {name: np.asarray(getattr(sim, name)[:steps], dtype=int) for name in ("month", "day_type", "hour")}
+    return pd.DataFrame({"step": np.arange(steps), **calendar, "net_kwh": d["net"], "pv_kwh": d["pv"],
+                         "battery_soc": battery_soc, "ev_charging_kwh": ev, "ev_connected": connected,
+                         "carbon_kg_per_kwh": d["carbon"], "price_per_kwh": d["price"]})
+
+
+def compare_to_baseline(results: dict[str, dict[str, Any]]) -> None:
+    """Fill ``co2_vs_baseline_pct`` and ``co2_share_of_optimum_pct`` in place for every entry.
+
+    The first against the ``baseline`` entry, the second against the cut of the ``optimum``
+    entry's linear program (its ``lp_co2_kg``), where both exist.
+    """
+    base = results.get("baseline", {}).get("co2_kg")
+    bound = results.get("optimum", {}).get("lp_co2_kg")
+    best_cut = base - bound if base and bound is not None else None
+    for metrics in results.values():
+        co2 = metrics.get("co2_kg")
+        metrics["co2_vs_baseline_pct"] = 100 * (co2 - base) / base if base and co2 is not None else None
+        metrics["co2_share_of_optimum_pct"] = (100 * (base - co2) / best_cut
+                                               if best_cut and best_cut > 0 and co2 is not None else None)
+
+
+def evaluation_window(results: dict[str, dict[str, Any]]) -> str | None:
+    """A line saying what was evaluated, where it is not a whole year (a --quick night, or eval_days)."""
+    hours = {m.get("eval_hours") for m in results.values() if m.get("eval_hours")}
+    if not hours or max(hours) >= HOURS_PER_YEAR - 24:
+        return None
+    days = ", ".join(f"{h / 24:.0f}" for h in sorted(hours))  # an evaluation steps all but its last hour
+    return (f"evaluated on the first {days} days of the dataset: CO2 per year is scaled from them; cost and grid "
+            "import are those days' totals")
+
+
+def format_table(results: dict[str, dict[str, Any]], currency: str | None = None) -> str:
+    """The console's table; ``currency`` (the run's ``scenario.currency``) labels the cost column."""
+    header = ["agent"] + [f"{label} {currency}" if key == "cost" and currency else label
+                          for key, label, _ in TABLE_COLUMNS]
+    rows = [header]
+    for agent, metrics in results.items():
+        row = [agent]
+        for key, _, fmt in TABLE_COLUMNS:
+            value = metrics.get(key)
+            row.append("-" if value is None else fmt.format(value))
+        rows.append(row)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    window = evaluation_window(results)
+    return "\n".join([*lines, f"({window})"] if window else lines)
+
+
+DEFAULT_TARGET_MET_PCT = (
+    98.0  # trainer/configs/default.yaml's ev.target_met_pct, for run folders made before it existed
+)
+
+
+def serves_cars(metrics: dict[str, Any], target_met_pct: float) -> bool:
+    """Whether a controller met the EV target (a site without chargers has nothing to miss)."""
+    met = metrics.get("ev_departure_soc_met_pct")
+    return met is None or met >= target_met_pct
+
+
+def best_agent(results: dict[str, dict[str, Any]], target_met_pct: float = DEFAULT_TARGET_MET_PCT) -> str | None:
+    """The trained agent with the least CO2 among those that serve the cars (None if none does).
+
+    A controller counts only if it cuts CO2 *and* serves the cars: leaving cars uncharged always
+    lowers imports, so an agent below the EV target is never recommended, whatever its CO2.
+    """
+    trained = [a for a in AGENTS if a in results and results[a].get("co2_kg_per_year") is not None
+               and serves_cars(results[a], target_met_pct)]
+    return min(trained, key=lambda a: results[a]["co2_kg_per_year"]) if trained else None

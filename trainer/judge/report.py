@@ -1,0 +1,291 @@
+"""The morning report: report.md and PNG plots under plots/, from what the run folder holds."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from monitor.summary import format_summary, read_records, summarise
+from trainer.base.errors import UsageError
+from trainer.base.files import DamagedFile, read_typed, write_text_atomic
+from trainer.config.roster import AGENTS
+from trainer.judge.metrics import DEFAULT_TARGET_MET_PCT, best_agent, evaluation_window, serves_cars
+from trainer.judge.plots import (
+    plot_co2,
+    plot_learning_curves,
+    plot_monitor,
+    plot_timeline,
+    plot_week,
+    stage_status,
+)
+from trainer.run.folder import RunDir
+from trainer.run.lock import RunLock
+from trainer.run.schedule_file import ScheduleState, StageRecord
+
+PLOTS = ("co2_by_agent.png", "learning_curves.png", "representative_week.png", "timeline.png")
+
+
+def _recorded(run: RunDir, section: str, key: str, default: Any) -> Any:
+    """A value of the run's config.yaml, or ``default`` where an older run folder lacks the file or the key."""
+    data = yaml.safe_load(run.config.read_text(encoding="utf-8")) if run.config.is_file() else None
+    return ((data or {}).get(section) or {}).get(key, default)
+
+
+def target_met_pct(run: RunDir) -> float:
+    """The run's ev.target_met_pct."""
+    return float(_recorded(run, "ev", "target_met_pct", DEFAULT_TARGET_MET_PCT))
+
+
+def currency(run: RunDir) -> str | None:
+    """The run's scenario.currency: the unit of every cost."""
+    return _recorded(run, "scenario", "currency", None)
+
+
+def curve_days(run: RunDir) -> int:
+    """The run's schedule.curve_eval_days: the window each learning-curve evaluation covers."""
+    return int(_recorded(run, "schedule", "curve_eval_days", 7))
+
+
+def _fmt(value, spec: str) -> str:
+    return "–" if value is None else format(value, spec)
+
+
+def _table(results: dict[str, dict[str, Any]], unit: str | None, training: bool = True) -> list[str]:
+    """The results table; without ``training``, the columns of how each agent trained are left out (figures of
+    another year, where nothing trained)."""
+    rbc = results.get("rbc", {}).get("co2_kg_per_year")
+    columns = ["agent", "CO2 kg/yr", "vs baseline", "vs rbc", "share of optimum", "EV targets met", "EV unmet kWh",
+               "CityLearn EV success", f"cost{f' {unit}' if unit else ''}", "peak kW", "PV self-use"]
+    columns += ["train steps", "steps/s", "train time"] if training else []
+    lines = [f"| {' | '.join(columns)} |", "| --- |" + " ---: |" * (len(columns) - 1)]
+    for name, m in results.items():
+        co2 = m.get("co2_kg_per_year")
+        vs_rbc = 100 * (co2 - rbc) / rbc if co2 is not None and rbc else None
+        wall = m.get("train_wall_s")
+        row = (f"| {name} | {_fmt(co2, ',.0f')} | {_pct(m.get('co2_vs_baseline_pct'), '+.1f')} | "
+               f"{_pct(vs_rbc, '+.1f')} | {_pct(m.get('co2_share_of_optimum_pct'), '.0f')} | "
+               f"{_pct(m.get('ev_departure_soc_met_pct'), '.1f')} | {_fmt(m.get('ev_unmet_kwh'), ',.0f')} | "
+               f"{_pct(m.get('citylearn_ev_departure_success_pct'), '.1f')} | {_fmt(m.get('cost'), ',.0f')} | "
+               f"{_fmt(m.get('peak_kw'), '.1f')} | {_pct(m.get('pv_self_consumption_pct'), '.1f')} |")
+        if training:
+            row += (f" {_fmt(m.get('timesteps'), ',')} | {_fmt(m.get('steps_per_s'), '.0f')} | "
+                    f"{'–' if not wall else f'{wall / 60:.1f} min'} |")
+        lines.append(row)
+    return lines
+
+
+def _pct(value, spec: str) -> str:
+    return "–" if value is None else f"{format(value, spec)}%"
+
+
+PEAK_WORTH_SAYING = 1.1  # the headline names a peak import this much above the uncontrolled site's
+
+
+def _headline(results: dict[str, dict[str, Any]], target_pct: float, run: RunDir) -> list[str]:
+    """The morning answer: which controller to deploy, judged by CO2 and EV service together, and how."""
+    best = best_agent(results, target_pct)
+    lines = []
+    if best:
+        m = results[best]
+        share = m.get("co2_share_of_optimum_pct")
+        lines.append(f"**Best agent: {best}**, {m['co2_kg_per_year']:,.0f} kg CO2/year "
+                     f"({_fmt(m.get('co2_vs_baseline_pct'), '+.1f')}% against the uncontrolled baseline"
+                     + (f", {share:.0f}% of the optimum's cut" if share is not None else "")
+                     + f"), meeting {_fmt(m.get('ev_departure_soc_met_pct'), '.1f')}% of EV departures"
+                     + (f", after {m['timesteps']:,} training steps." if m.get("timesteps") else "."))
+        peak, base_peak = m.get("peak_kw"), results.get("baseline", {}).get("peak_kw")
+        if peak and base_peak and peak > PEAK_WORTH_SAYING * base_peak:  # a CO2 cut can cost the site's connection
+            lines[-1] += (f" Its peak import is {peak:,.0f} kW, {100 * (peak / base_peak - 1):.0f}% above the "
+                          f"uncontrolled site's {base_peak:,.0f} kW.")
+        planner = results.get("planner", {})
+        if planner.get("co2_kg_per_year") is not None and planner["co2_kg_per_year"] < m["co2_kg_per_year"] and \
+                serves_cars(planner, target_pct):
+            lines[-1] += (f" The `planner` reference, which plans the next day every hour on a forecast from other "
+                          f"years of the site, cuts more: {planner['co2_kg_per_year']:,.0f} kg CO2/year"
+                          + (f" ({planner['co2_share_of_optimum_pct']:.0f}% of the optimum's cut)"
+                             if planner.get("co2_share_of_optimum_pct") is not None else "")
+                          + "; what the agents still leave is learning, not information (docs/agent-quality.md).")
+        lines += ["", f"To take it to the site: `trainer export {run.root}` writes it as ONNX with a `controller.py` "
+                      "that needs only numpy and onnxruntime, the EV guard included, proven on this evaluation "
+                      "(docs/export.md)."]
+    elif any(a in results for a in AGENTS):
+        lines.append(f"**No agent is worth deploying from this run**: none both cut CO2 and met {target_pct:g}% of "
+                     "EV departures (`ev.target_met_pct`).")
+    short = [n for n, m in results.items() if n in AGENTS and not serves_cars(m, target_pct)]
+    if short:
+        lines += [
+            "",
+            f"Not recommended: {', '.join(short)} met fewer than {target_pct:g}% of EV departures (see the EV "
+            "columns); part of their CO2 saving is energy not delivered to cars, not energy saved.",
+        ]
+    skipped = results.get("optimum", {}).get("skipped")
+    if skipped:
+        lines += ["", f"The optimum was not computed: {skipped}."]
+    return lines
+
+
+NOTES = [
+    "How to read it: `share of optimum` is a controller's CO2 cut against the uncontrolled baseline as a share of the "
+    "cut of the perfect-foresight linear program (`optimum`'s `lp_co2_kg` in results.json; the `optimum` row is that "
+    "dispatch replayed through CityLearn, what perfect foresight really reaches; `planner` plans the next 24 hours "
+    "every hour on a forecast, a causal controller's reach). `EV targets met` counts departures "
+    "within 1% SoC of their target; `CityLearn EV success` is CityLearn's own `evaluate_v2` rate, which allows 5% SoC, "
+    "so it can read higher. `cost` is what the grid imports cost at the tariff over the evaluation period (exports are "
+    "not credited); `peak kW` is the highest hourly import in it. `citylearn_kpis` in results.json are ratios to "
+    "CityLearn's \"without storage\" reference, which also removes every charger's consumption (the site with every "
+    "car stranded): compare controllers with the columns here, which are all against the uncontrolled baseline.",
+]
+
+
+def _deployed(results: dict[str, dict[str, Any]]) -> list[str]:
+    """Which policy each agent deploys and why, with its warm start's figure beside the deployed one."""
+    rows = []
+    for agent in AGENTS:
+        metrics = results.get(agent) or {}
+        kept, warm = metrics.get("kept"), metrics.get("warm_start") or {}
+        if not kept:
+            continue
+        which = ("its warm start (step 0)" if kept["step"] == 0 else
+                 "its last policy" if kept["step"] == kept["final_step"] else f"the policy of step {kept['step']:,}")
+        window = "in a held-out year" if kept.get("held_out") else "the first days of the dataset"
+        line = (f"- **{agent}** deploys {which} of {kept['final_step']:,} steps: {kept['why']} "
+                f"(the validation window, {window}: {kept['validation_co2_kg_per_year'] / 1000:,.1f} t/yr")
+        if kept.get("last_validation_co2_kg_per_year") is not None and kept["step"] != kept["final_step"]:
+            line += f", the last policy {kept['last_validation_co2_kg_per_year'] / 1000:,.1f}"
+        line += ")."
+        if isinstance(warm.get("co2_kg_per_year"), (int, float)):
+            ensemble = warm.get("ensemble") or {}
+            members, picked = ensemble.get("members"), (ensemble.get("pick") or {}).get("member")
+            if members and picked:  # warm_start.pick_best chose a member over the mean
+                imitation = (f" (imitation {picked} of {members}: it did better over the held-out years than their "
+                             "mean in one policy)")
+            elif members:
+                teacher = ensemble.get("teacher", agent)  # another agent's policies taught this one
+                whose = f"{teacher.upper()} " if teacher != agent else ""
+                imitation = f" (the mean of {members} {whose}imitations of the optimum, in one policy)"
+            else:
+                imitation = ""
+            line += (f" Warm start alone{imitation}: {warm['co2_kg_per_year']:,.0f} kg/yr; deployed: "
+                     f"{metrics['co2_kg_per_year']:,.0f} kg/yr.")
+        rows.append(line)
+    if not rows:
+        return []
+    return ["## What each agent deploys", "",
+            "The best policy each stage saw on a validation window it never trained on (EV target first, then "
+            "CO2), never merely the last (`train.keep_best`; docs/agent-quality.md).", "", *rows, ""]
+
+
+def _unseen_year(run: RunDir, unit: str | None) -> list[str]:
+    """The figures of ``trainer evaluate --unseen-year``, where it has run: the same controllers over a year of the
+    built-in site no stage trained, validated or imitated on."""
+    path = run.unseen_year_results
+    if not path.is_file():
+        return []
+    lines = ["## A year no stage saw", ""]
+    try:
+        results = read_typed(path, dict[str, dict[str, Any]])
+    except DamagedFile:  # the run's own figures stand without it
+        return [*lines, f"{path} is damaged and left out; run `trainer evaluate {run.root} --unseen-year` again to "
+                        "rewrite it.", ""]
+    lines += ["`trainer evaluate --unseen-year` ran the references, each deployed policy and its warm start over "
+              "another year of the built-in site (`unseen-year/site/`); the share of optimum is that year's "
+              "optimum's. A controller that keeps its share and its rank here acts on what it observes, not on a "
+              "year it memorised.", ""]
+    # A stage trained again since (a resumed or re-run night) deploys another policy than the one these figures judge.
+    newer = [a for a in AGENTS if run.agent(a).model.is_file()
+             and run.agent(a).model.stat().st_mtime > path.stat().st_mtime]
+    if newer:
+        lines += [f"**These figures are older than the model {', '.join(newer)} deploys now**: run "
+                  f"`trainer evaluate {run.root} --unseen-year` again.", ""]
+    return [*lines, *_table(results, unit, training=False), ""]
+
+
+def write_report(run: RunDir) -> Path:
+    """Write report.md and every plot; returns the report's path."""
+    results = run.results()
+    schedule = ScheduleState.load(run.schedule).as_dict() if run.schedule.is_file() else None
+    run.plots.mkdir(parents=True, exist_ok=True)
+    agents = [a for a in AGENTS if run.agent(a).root.is_dir()]
+    target_pct = target_met_pct(run)
+    plot_co2(results, run.plot("co2_by_agent.png"), target_pct)
+    curves = plot_learning_curves(run, agents, run.plot("learning_curves.png"), curve_days(run))
+    best_shown = plot_week(run, results, run.plot("representative_week.png"), target_pct)
+    if schedule:
+        plot_timeline(schedule, run.plot("timeline.png"))
+
+    lines = [f"# Night report: {run.root.name}", "", *_headline(results, target_pct, run)]
+    if schedule:
+        failed = [s for s in schedule["stages"] if s["status"] == "failed"]
+        skipped = [s for s in schedule["stages"] if s["status"] == "skipped"]
+        deadline = f", deadline {schedule['deadline']}" if schedule.get("deadline") else ""
+        lines += ["", f"Started {schedule['created_at']}{deadline}."]
+        for stage in failed:
+            lines.append(f"- **{stage['name']} failed**: {stage['error']}")
+        for stage in skipped:
+            lines.append(f"- {stage['name']} skipped: {stage['error']}")
+    window = evaluation_window(results)
+    lines += ["", "## Results", "", *([f"*{window[0].upper()}{window[1:]}.*", ""] if window else []),
+              *_table(results, currency(run)), "", *NOTES, ""]
+    lines += ["![CO2 per agent](plots/co2_by_agent.png)", ""]
+    lines += _deployed(results)
+    lines += _unseen_year(run, currency(run))
+    if curves:
+        lines += ["## Learning", "", "![Learning curves](plots/learning_curves.png)", ""]
+    if best_shown:
+        lines += ["## A representative week", "", "Grid import, battery state of charge and EV charging (cars "
+                  f"connected shaded): baseline (dashed), rbc and {best_shown}.", "",
+                  "![Representative week](plots/representative_week.png)", ""]
+    if schedule:
+        lines += ["## The night", "", "| stage | status | planned | actual | steps |",
+                  "| --- | --- | --- | --- | ---: |"]
+        for s in schedule["stages"]:
+            planned = f"{_hm(s['planned_start'])}–{_hm(s['planned_end'])}" if s["planned_start"] else "–"
+            steps = s["timesteps_done"] or "–"
+            lines.append(f"| {s['name']} | {stage_status(s)} | {planned} | {_actual(s)} | {steps} |")
+        lines += ["", "![Timeline](plots/timeline.png)", ""]
+    if run.monitor.is_file():
+        records = read_records(run.monitor)
+        plot_monitor(records, run.plot("gpu.png"), schedule)
+        lines += [
+            "## The machine",
+            "",
+            "```",
+            format_summary(summarise(records)),
+            "```",
+            "",
+            "![GPU](plots/gpu.png)",
+            "",
+        ]
+    lines += ["Metric definitions: `trainer/judge/metrics.py`; the run's config: `config.yaml`.", ""]
+    write_text_atomic(run.report, "\n".join(lines))
+    return run.report
+
+
+def _actual(stage: dict[str, Any]) -> str:
+    """When it ran: one stretch a run, so a resumed stage shows the hours the night was stopped as a gap."""
+    # Started, not ended: "from 03:32:41", not "03:32:41––".
+    return ", ".join(f"{_hm(start)}–{_hm(end)}" if end else f"from {_hm(start)}"
+                     for start, end in StageRecord(**stage).stretches()) or "–"
+
+
+def _hm(text: str | None) -> str:
+    return datetime.fromisoformat(text).strftime("%H:%M:%S") if text else "–"
+
+
+def report_run(run_dir: Path) -> Path:
+    """`trainer report`: the report of a finished (or stopped) run; refused while a trainer writes the folder."""
+    run = RunDir(run_dir)
+    if not run.results_json.is_file():
+        raise UsageError(f"no results in {run_dir}: it has no results.json (pass a folder made by trainer train or "
+                         "night)")
+    run.results()  # the state files checked before the lock file or anything else is written
+    if run.schedule.is_file():
+        ScheduleState.load(run.schedule)
+    lock = RunLock(run.root).acquire()
+    try:
+        return write_report(run)
+    finally:
+        lock.release()

@@ -1,0 +1,224 @@
+"""The physical limit: a perfect-foresight linear program of the site, solved with HiGHS.
+
+Knowing the whole evaluation period in advance (load, PV, carbon intensity, every car's arrival,
+departure and target), what is the least grid CO2 the site's battery and EV chargers can reach
+while every reachable departure is met? No controller can do better, so it is the yardstick
+for the agents: ``co2_share_of_optimum_pct`` is an agent's CO2 cut as a share of this one.
+
+The model, per step ``t`` (kWh per step; all CityLearn's physics that is linear is kept):
+
+- site import ``imp[t] >= sum over buildings of (fixed load - PV + battery in - battery out +
+  EV charging)``, ``imp >= 0``; exports are worth nothing, as in the product's metrics;
+- each battery: ``E[t] = (1 - loss) E[t-1] + sqrt(eta) in[t] - out[t] / sqrt(eta)``, with
+  ``in + out <= P h``, ``E`` between the depth-of-discharge floor and the capacity, and the period
+  ending with at least the energy it began with (no free energy);
+- each car's session at a charger: grid energy ``x`` per connected step up to the charger's power;
+  what it stores, ``x * charger efficiency * sqrt(EV battery efficiency)``, summed over the session,
+  reaches the required state of charge (plus the guard's margin) where full power can reach it,
+  and never exceeds the car's capacity. Where the charger can discharge the car (V2G), ``y`` per
+  step up to its discharge power feeds the building and takes ``y / (discharge efficiency *
+  sqrt(EV battery efficiency))`` from the car, ``x`` and ``y`` share the step, and the car stays
+  between its depth-of-discharge floor and its capacity at every step of the session;
+- objective: ``sum carbon[t] imp[t]`` (plus a tie-break of one millionth on imports and on V2G).
+
+CityLearn's non-convex details are relaxed to their best case, so the LP is a bound: efficiency
+curves at their highest point, capacity-power curves at their highest, capacity fade ignored. On
+the built-in site the curves are flat (trainer.site.scenario pins them), so only fade differs. The
+dispatch is then replayed through CityLearn (:class:`OptimumReplay`): that is what a controller
+with perfect foresight really reaches.
+
+Buildings with thermal storage or heat pumps driven by the controller, or with dynamic (thermal
+model) simulation, are outside the model: :class:`OptimumUnavailable` says which and why.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from trainer.env.citylearn import ActionScale, action_slices
+from trainer.references.optimum_model import EV_ACTION_PREFIX, BatteryModel, EvSession, OptimumUnavailable, SiteModel
+
+TIE_BREAK = 1e-6
+@dataclass
+class Solution:
+    """The LP's optimum and the dispatch that reaches it (native CityLearn actions per step)."""
+
+    co2_kg: float
+    net_kwh: np.ndarray
+    battery_actions: dict[int, np.ndarray]
+    ev_actions: dict[str, np.ndarray]
+    solve_s: float
+    variables: int
+    constraints: int
+
+
+class _Program:
+    """The linear program as sparse rows: ``A_ub x <= b_ub``, ``A_eq x = b_eq``, bounds, costs."""
+
+    def __init__(self, n: int) -> None:
+        self.cost = np.zeros(n)
+        self.lower, self.upper = np.zeros(n), np.full(n, np.inf)
+        self.ub: tuple[list[int], list[int], list[float], list[float]] = ([], [], [], [])
+        self.eq: tuple[list[int], list[int], list[float], list[float]] = ([], [], [], [])
+
+    @staticmethod
+    def _add(rows: tuple[list[int], list[int], list[float], list[float]], entries: list[tuple[int, float]],
+             rhs: float) -> None:
+        row = len(rows[3])
+        for col, val in entries:
+            rows[0].append(row)
+            rows[1].append(col)
+            rows[2].append(val)
+        rows[3].append(rhs)
+
+    def at_most(self, entries: list[tuple[int, float]], rhs: float) -> None:
+        self._add(self.ub, entries, rhs)
+
+    def equal(self, entries: list[tuple[int, float]], rhs: float) -> None:
+        self._add(self.eq, entries, rhs)
+
+    def solve(self) -> np.ndarray:
+        from scipy import sparse  # lazy: half a second to import, only the optimum needs it
+        from scipy.optimize import linprog
+
+        n = len(self.cost)
+
+        def matrix(rows: tuple[list[int], list[int], list[float], list[float]]) -> Any:
+            return sparse.csr_matrix((rows[2], (rows[0], rows[1])), shape=(len(rows[3]), n)) if rows[3] else None
+
+        result = linprog(self.cost, A_ub=matrix(self.ub), b_ub=np.asarray(self.ub[3]) if self.ub[3] else None,
+                         A_eq=matrix(self.eq), b_eq=np.asarray(self.eq[3]) if self.eq[3] else None,
+                         bounds=np.column_stack([self.lower, self.upper]), method="highs")
+        if result.status != 0:
+            raise OptimumUnavailable(f"the linear program could not be solved: {result.message}")
+        return result.x
+
+    @property
+    def constraints(self) -> int:
+        return len(self.ub[3]) + len(self.eq[3])
+
+
+def _add_battery(lp: _Program, battery: BatteryModel, charge: np.ndarray, discharge: np.ndarray,
+                 energy: np.ndarray) -> None:
+    """Power shared by both directions, energy bounds, dynamics, no free energy at the end."""
+    root = math.sqrt(battery.efficiency)
+    lp.upper[charge] = lp.upper[discharge] = battery.max_kwh_per_step
+    lp.lower[energy], lp.upper[energy] = battery.min_kwh, battery.capacity_kwh
+    for t in range(len(charge)):
+        lp.at_most([(charge[t], 1.0), (discharge[t], 1.0)], battery.max_kwh_per_step)
+        entries = [(energy[t], 1.0), (charge[t], -root), (discharge[t], 1.0 / root)]
+        if t > 0:
+            entries.append((energy[t - 1], -(1.0 - battery.loss_per_step)))
+        lp.equal(entries, battery.initial_kwh if t == 0 else 0.0)
+    final = battery.initial_kwh if battery.final_kwh is None else battery.final_kwh
+    lp.at_most([(energy[-1], -1.0)], -min(final, battery.capacity_kwh))
+
+
+def _add_car(lp: _Program, session: EvSession, cols: np.ndarray, feeds: np.ndarray | None) -> None:
+    """Served by departure, never overfilled; with V2G, within the floor and the capacity at every step."""
+    lp.upper[cols] = session.max_grid_kwh_per_step
+    stored = [(int(c), session.stored_per_grid_kwh) for c in cols]
+    taken: list[tuple[int, float]] = []
+    if feeds is not None:
+        lp.upper[feeds] = session.max_feed_kwh_per_step
+        lp.cost[feeds] = TIE_BREAK  # feeding a building that imports nothing is no gain
+        taken = [(int(f), -1.0 / session.fed_per_stored_kwh) for f in feeds]
+    lp.at_most([(c, -v) for c, v in stored + taken], -session.need_kwh)
+    if feeds is None:  # charging only: the energy only grows, so its last step bounds them all
+        lp.at_most(stored, session.room_kwh)
+        return
+    for k in range(len(cols)):
+        so_far = stored[:k + 1] + taken[:k + 1]
+        lp.at_most(so_far, session.room_kwh)
+        lp.at_most([(c, -v) for c, v in so_far], session.reserve_kwh)
+        # charging and discharging share the step
+        lp.at_most([(int(cols[k]), 1.0 / session.max_grid_kwh_per_step),
+                    (int(feeds[k]), 1.0 / session.max_feed_kwh_per_step)], 1.0)
+
+
+def solve(model: SiteModel) -> Solution:
+    """Minimise the period's CO2 (HiGHS via scipy's linprog)."""
+    started = time.perf_counter()
+    T = model.steps
+    # Variable layout: imp[T], then per battery (in[T], out[T], E[T]), then one x per session step, then
+    # one y per step of each session whose charger can discharge (V2G).
+    imp = np.arange(T)
+    bat = [(T + 3 * T * k + np.arange(T), T + 3 * T * k + T + np.arange(T), T + 3 * T * k + 2 * T + np.arange(T))
+           for k in range(len(model.batteries))]
+    offset = T + 3 * T * len(model.batteries)
+    ev_index: list[np.ndarray] = []
+    for session in model.sessions:
+        ev_index.append(offset + np.arange(len(session.steps)))
+        offset += len(session.steps)
+    feed_index: list[np.ndarray | None] = []
+    for session in model.sessions:
+        feeds = session.max_feed_kwh_per_step > 0
+        feed_index.append(offset + np.arange(len(session.steps)) if feeds else None)
+        offset += len(session.steps) if feeds else 0
+    lp = _Program(offset)
+    lp.cost[imp] = model.carbon + TIE_BREAK
+
+    # Import: -imp[t] + sum(in - out) + sum(x - y) <= -fixed[t]
+    site: list[list[tuple[int, float]]] = [[(int(imp[t]), -1.0)] for t in range(T)]
+    for charge, discharge, _ in bat:
+        for t in range(T):
+            site[t] += [(int(charge[t]), 1.0), (int(discharge[t]), -1.0)]
+    for cols, feeds, session in zip(ev_index, feed_index, model.sessions):
+        for k, t in enumerate(session.steps):
+            site[t].append((int(cols[k]), 1.0))
+            if feeds is not None:
+                site[t].append((int(feeds[k]), -1.0))
+    for t in range(T):
+        lp.at_most(site[t], -model.fixed_net_kwh[t])
+    for (charge, discharge, energy), battery in zip(bat, model.batteries):
+        _add_battery(lp, battery, charge, discharge, energy)
+    for cols, feeds, session in zip(ev_index, feed_index, model.sessions):
+        _add_car(lp, session, cols, feeds)
+
+    x = lp.solve()
+    net = model.fixed_net_kwh.copy()
+    battery_actions = {}
+    for (charge, discharge, _), battery in zip(bat, model.batteries):
+        flow = x[charge] - x[discharge]
+        net += flow
+        # CityLearn turns a battery action into energy by its nominal power.
+        battery_actions[battery.building] = flow / (battery.nominal_power_kw * model.hours)
+    ev_actions: dict[str, np.ndarray] = {}
+    for cols, feeds, session in zip(ev_index, feed_index, model.sessions):
+        series = ev_actions.setdefault(session.charger, np.zeros(T))
+        grid = x[cols].copy()
+        series[list(session.steps)] = grid / (session.charger_power_kw * model.hours)
+        if feeds is not None:  # a discharge is a negative action on the discharge power's scale
+            grid -= x[feeds]
+            series[list(session.steps)] -= x[feeds] / (session.discharge_power_kw * model.hours)
+        net[list(session.steps)] += grid
+    return Solution(model.co2_kg(net), net, battery_actions, ev_actions, time.perf_counter() - started, offset,
+                    lp.constraints)
+
+
+class OptimumReplay:
+    """The LP's dispatch, step by step, as a controller (what perfect foresight reaches in CityLearn)."""
+
+    name = "optimum"
+
+    def __init__(self, solution: Solution) -> None:
+        self.solution = solution
+
+    def act(self, obs: np.ndarray, env: Any) -> np.ndarray:
+        t = env.time_step
+        native: list[float] = []
+        for (_, names), b in zip(action_slices(env), range(len(env.buildings))):
+            for name in names:
+                if name == "electrical_storage" and b in self.solution.battery_actions:
+                    series = self.solution.battery_actions[b]
+                elif name.startswith(EV_ACTION_PREFIX):
+                    series = self.solution.ev_actions.get(name[len(EV_ACTION_PREFIX):])
+                else:
+                    series = None
+                native.append(float(np.clip(series[t], -1.0, 1.0)) if series is not None and t < len(series) else 0.0)
+        return ActionScale.of(env).to_agent(native)

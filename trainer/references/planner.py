@@ -1,0 +1,189 @@
+"""A day-ahead planner: the optimum's linear program over the next 24 hours on a forecast, solved again every hour.
+
+The optimum knows the whole year; a controller knows the present. The planner sits between them as a
+reference a user could run: at each step it sees what CityLearn shows now (the battery's energy, each
+connected car's energy, required energy and departure, the site's load, solar and carbon intensity of
+this hour) and forecasts the hours to come as the mean of other years of the same site plus this
+hour's deviation from that mean, fading as the other years' own hour-to-hour persistence (an AR(1)
+forecast around a climatology). It applies the first hour of the plan and plans again. Cars that
+have not arrived yet are unknown to it. With a perfect forecast instead the same planner reaches
+~99.6 % of the optimum's cut on the built-in site, so what it loses is the forecast
+(docs/agent-quality.md).
+
+The other years are the built-in site's own draws (``Site.draw``'s seeds, the warm
+start's demonstration years): a dataset that is not a built-in site has none, and the planner is
+skipped there with that reason.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import tempfile
+from dataclasses import dataclass, replace
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from trainer.config.sections import Config, ScenarioConfig
+from trainer.env.citylearn import ActionScale, action_slices, make_sb3_env
+from trainer.env.ev_guard import connected_sessions
+from trainer.references.optimum import solve
+from trainer.references.optimum_model import (
+    EV_ACTION_PREFIX,
+    BatteryModel,
+    EvSession,
+    OptimumUnavailable,
+    SiteModel,
+    session_limits,
+    site_model,
+)
+from trainer.site import BUILT_IN, Site
+from trainer.site.scenario import DRAW_SEED_OFFSET, build_site
+
+HORIZON_STEPS = 24  # a day: 12 hours reach 94.4 %, 24 and 48 the same 95.4 % (linear model, docs/agent-quality.md)
+FORECAST_YEARS = 3  # the other draws whose mean is the forecast
+
+
+class PlannerUnavailable(Exception):
+    """The planner has nothing to forecast from here (the message says why)."""
+
+
+@dataclass(frozen=True)
+class Forecast:
+    """The mean year of other draws of the site, and how long a deviation from it lasts (hour to hour)."""
+
+    fixed_net_kwh: np.ndarray
+    carbon: np.ndarray
+    fixed_persistence: float
+    carbon_persistence: float
+
+    @classmethod
+    def of_years(cls, years: list[SiteModel]) -> Forecast:
+        steps = min(m.steps for m in years)
+        fixed = np.stack([m.fixed_net_kwh[:steps] for m in years])
+        carbon = np.stack([m.carbon[:steps] for m in years])
+        return cls(fixed.mean(axis=0), carbon.mean(axis=0), _persistence(fixed), _persistence(carbon))
+
+    def ahead(self, t: int, steps: int, fixed_now: float, carbon_now: float) -> tuple[np.ndarray, np.ndarray]:
+        """The next ``steps`` hours from ``t``, the first of them the one observed now."""
+        fade = np.arange(steps)
+        end = t + steps
+        fixed = self.fixed_net_kwh[t:end] + (fixed_now - self.fixed_net_kwh[t]) * self.fixed_persistence ** fade
+        carbon = self.carbon[t:end] + (carbon_now - self.carbon[t]) * self.carbon_persistence ** fade
+        return fixed, carbon
+
+
+def _persistence(years: np.ndarray) -> float:
+    """Lag-one autocorrelation of each year's deviation from the mean year, averaged; 0 where it is undefined."""
+    deviation = years - years.mean(axis=0)
+    values = [np.corrcoef(d[:-1], d[1:])[0, 1] for d in deviation if d[:-1].std() > 0 and d[1:].std() > 0]
+    return float(np.clip(np.mean(values), 0.0, 1.0)) if values else 0.0
+
+
+class DayAheadPlanner:
+    """Plans the next :data:`HORIZON_STEPS` on a forecast and applies the first step (see the module's doc)."""
+
+    name = "planner"
+
+    def __init__(self, model: SiteModel, forecast: Forecast, margin_soc: float) -> None:
+        # The period's model supplies the equipment's constants and, at step t, only that step's load, solar
+        # and carbon intensity (what CityLearn observes now); the hours after t come from the forecast.
+        self.model, self.forecast, self.margin_soc = model, forecast, margin_soc
+        self.idle_steps = 0  # steps whose window had no feasible plan (the battery and chargers left idle)
+
+    def act(self, obs: np.ndarray, env: Any) -> np.ndarray:
+        t = min(env.time_step, self.model.steps - 1)
+        steps = min(HORIZON_STEPS, self.model.steps - t, len(self.forecast.carbon) - t)
+        fixed, carbon = self.forecast.ahead(t, steps, self.model.fixed_net_kwh[t], self.model.carbon[t])
+        batteries = [self._battery(b, float(env.buildings[b.building].electrical_storage.energy_init), steps,
+                                   t + steps >= self.model.steps) for b in self.model.batteries]
+        try:
+            plan = solve(SiteModel(steps, self.model.hours, carbon, fixed, batteries, self._cars(env, steps)))
+        except OptimumUnavailable:  # a state the window cannot recover from in its hours: idle, the guard serves cars
+            self.idle_steps += 1
+            return ActionScale.of(env).to_agent([0.0] * sum(len(names) for _, names in action_slices(env)))
+        native: list[float] = []
+        for (_, names), b in zip(action_slices(env), range(len(env.buildings))):
+            for name in names:
+                if name == "electrical_storage" and b in plan.battery_actions:
+                    series = plan.battery_actions[b]
+                elif name.startswith(EV_ACTION_PREFIX):
+                    series = plan.ev_actions.get(name[len(EV_ACTION_PREFIX):])
+                else:
+                    series = None
+                native.append(float(np.clip(series[0], -1.0, 1.0)) if series is not None else 0.0)
+        return ActionScale.of(env).to_agent(native)
+
+    @staticmethod
+    def _battery(battery: BatteryModel, energy: float, steps: int, last_window: bool) -> BatteryModel:
+        """Each plan ends with at least the energy it starts with; the last ones with the period's start (as the
+        optimum must), or as near it as the steps left can charge: the period is not won by emptying the battery."""
+        if not last_window:
+            return replace(battery, initial_kwh=energy)
+        reachable = energy + 0.98 * steps * battery.max_kwh_per_step * math.sqrt(battery.efficiency)
+        return replace(battery, initial_kwh=energy, final_kwh=min(max(battery.initial_kwh, energy), reachable))
+
+    def _cars(self, env: Any, steps: int) -> list[EvSession]:
+        """The cars connected now, from what they have and need; one leaving after the horizon owes nothing yet."""
+        cars = []
+        for b, row in enumerate(connected_sessions(env)):
+            for session in row:
+                if session is None:
+                    continue
+                path = session.path
+                max_grid, stored_per_grid, feed, fed_per_stored = session_limits(path, self.model.hours)
+                span = min(session.steps_left + 1, steps)
+                room = max(path.capacity_kwh - session.energy_init, 0.0)
+                need = 0.0
+                if session.steps_left + 1 <= steps:
+                    goal = session.required_kwh + self.margin_soc * path.capacity_kwh
+                    # what full power can reach, a hair under: the guard serves the rest in CityLearn's physics
+                    need = min(max(goal - session.energy_init, 0.0), 0.999 * span * max_grid * stored_per_grid,
+                               0.999 * room)
+                reserve = max(session.energy_init - path.min_soc * path.capacity_kwh, 0.0)
+                cars.append(EvSession(b, session.charger.charger_id, tuple(range(span)), max_grid, stored_per_grid,
+                                      need, room, path.max_power_kw, feed, fed_per_stored, reserve,
+                                      path.max_discharge_kw))
+        return cars
+
+
+def _scenario_of(env: Any) -> dict[str, Any]:
+    schema = env.schema if isinstance(env.schema, dict) else {}
+    site = schema.get("pvbess_site")
+    if site is None:
+        raise PlannerUnavailable("the planner forecasts from other years of the built-in site; this dataset has none")
+    return site
+
+
+@lru_cache(maxsize=4)
+def _forecast(site_json: str, cfg_json: str, steps: int) -> Forecast:
+    """The mean of :data:`FORECAST_YEARS` other draws of the site (cached: every evaluation of a night asks)."""
+    cfg = Config.model_validate_json(cfg_json)
+    try:
+        site = ScenarioConfig.model_validate(json.loads(site_json))
+    except ValueError:  # a site an older version built, with keys since retired (as trainer.site.Site.load)
+        site = cfg.scenario
+    years = []
+    with tempfile.TemporaryDirectory(prefix="pvbess-planner-") as folder:
+        for k in range(FORECAST_YEARS):
+            drawn = site.model_copy(update={"seed": site.seed + DRAW_SEED_OFFSET + k})
+            year = Site.load(build_site(drawn, Path(folder) / f"draw-{k + 1}"), BUILT_IN, fallback=drawn)
+            env = make_sb3_env(cfg, year, "eval", 0, eval_days=max(1, -(-steps // 24)))
+            try:
+                env.reset()
+                years.append(site_model(env.unwrapped, cfg.ev.margin_soc))
+            finally:
+                env.close()
+    return Forecast.of_years(years)
+
+
+def day_ahead_planner(cfg: Config, env: Any) -> DayAheadPlanner:
+    """The planner for the period of ``env`` (a reset CityLearnEnv); PlannerUnavailable without other years,
+    OptimumUnavailable where the site holds what the program does not model."""
+    site = _scenario_of(env)
+    model = site_model(env, cfg.ev.margin_soc)
+    forecast = _forecast(json.dumps(site, sort_keys=True), cfg.model_dump_json(), model.steps + HORIZON_STEPS)
+    return DayAheadPlanner(model, forecast, cfg.ev.margin_soc)

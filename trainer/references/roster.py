@@ -1,0 +1,96 @@
+"""The references every agent is measured against, one row each, in the order the night evaluates them.
+
+A reference is a controller replayed through CityLearn over the evaluation period: the
+uncontrolled site (the baseline every figure is compared with), the rule-based controller, and
+the perfect-foresight optimum, which solves a linear program first, and the day-ahead planner, which solves
+one every step on a forecast (trainer.references.planner). A row says how to prepare its
+controller, what it costs the night's plan, and whether the learning curve's plot draws it.
+Adding a reference is its controller (``controllers.py`` or its own module) and a row here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from trainer.base import logs
+from trainer.references.controllers import Controller, RuleBasedController, UncontrolledBaseline
+from trainer.references.optimum import OptimumReplay, Solution, solve
+from trainer.references.optimum_model import OptimumUnavailable, SiteModel, site_model
+from trainer.references.planner import PlannerUnavailable, day_ahead_planner
+from trainer.site.series import HOURS_PER_YEAR
+
+if TYPE_CHECKING:
+    from trainer.config.sections import Config
+
+BASELINE = "baseline"  # the uncontrolled site: every other figure is compared with it
+
+
+class ReferenceUnavailable(Exception):
+    """This reference cannot be prepared for this dataset (the night records it as skipped, with the reason)."""
+
+
+# (the config, a function opening a fresh evaluation environment) -> (the controller, metrics of its own)
+Prepare = Callable[["Config", Callable[[], Any]], tuple[Controller, dict[str, Any]]]
+
+
+@dataclass(frozen=True)
+class ReferenceSpec:
+    name: str
+    colour: str              # its colour in every plot of the report
+    prepare: Prepare
+    eval_cost: float = 1.0   # its evaluation's time as a multiple of the uncontrolled site's (the night's plan)
+    solve_s: float = 0.0     # seconds it needs before its evaluation (the night's plan)
+    on_curve: bool = False   # drawn beside each learning curve (evaluated on the validation window too)
+
+
+def _stateless(controller: type) -> Prepare:
+    return lambda cfg, open_env: (controller(), {})
+
+
+def _read_period(open_env: Callable[[], Any], read: Callable[[Any], Any]) -> Any:
+    """``read`` of a freshly reset evaluation environment's CityLearnEnv, the environment closed after; what the
+    dataset holds that the programs do not model is ReferenceUnavailable, with the reason."""
+    env = open_env()
+    try:
+        env.reset()
+        return read(env.unwrapped)
+    except (OptimumUnavailable, PlannerUnavailable) as exc:
+        raise ReferenceUnavailable(str(exc)) from None
+    finally:
+        env.close()
+
+
+def _optimum(cfg: Config, open_env: Callable[[], Any]) -> tuple[Controller, dict[str, Any]]:
+    """Solve the perfect-foresight linear program over the evaluation period; its dispatch is then replayed."""
+    def read(env: Any) -> tuple[SiteModel, Solution]:
+        model = site_model(env, cfg.ev.margin_soc)
+        return model, solve(model)
+
+    model, solution = _read_period(open_env, read)
+    logs.get().info("linear program solved", agent="optimum", co2_kg=round(solution.co2_kg, 1),
+                    seconds=round(solution.solve_s, 2), variables=solution.variables,
+                    constraints=solution.constraints)
+    hours = model.steps * model.hours
+    return OptimumReplay(solution), {
+        "lp_co2_kg": solution.co2_kg, "lp_co2_kg_per_year": solution.co2_kg * HOURS_PER_YEAR / hours,
+        "lp_uncontrolled_co2_kg": model.co2_kg(model.uncontrolled_net_kwh()),
+        "lp_solve_s": round(solution.solve_s, 2), "lp_variables": solution.variables}
+
+
+def _planner(cfg: Config, open_env: Callable[[], Any]) -> tuple[Controller, dict[str, Any]]:
+    """The day-ahead planner on a forecast from other years of the site (trainer.references.planner)."""
+    return _read_period(open_env, lambda env: day_ahead_planner(cfg, env)), {}
+
+
+REFERENCE_ROSTER: dict[str, ReferenceSpec] = {spec.name: spec for spec in (
+    ReferenceSpec(BASELINE, "#7f7f7f", _stateless(UncontrolledBaseline), on_curve=True),
+    ReferenceSpec("rbc", "#bcbd22", _stateless(RuleBasedController), eval_cost=1.1, on_curve=True),
+    # A year of the built-in site solves in ~1-2 s on 2 cores; padded for larger sites.
+    ReferenceSpec("optimum", "#9467bd", _optimum, eval_cost=1.1, solve_s=10.0),
+    # A small program every step: a year took 50-55 s on 2 cores where the uncontrolled site takes 20-27; its
+    # forecast reads three other years of the site first (~2 s; padded for larger sites).
+    ReferenceSpec("planner", "#17becf", _planner, eval_cost=2.0, solve_s=15.0),
+)}
+REFERENCES: tuple[str, ...] = tuple(REFERENCE_ROSTER)

@@ -1,0 +1,315 @@
+"""From command-line arguments to a ready run: the config, the run folder, its lock, log and record.
+
+Every command that runs something goes through here: :func:`resolve_config` (defaults, a
+device profile, ``--config`` files, ``--set``), :func:`open_run` (create or resume a run
+folder, lock it, log to it, record how it was made) and :func:`night_deadline`. What a
+resume needs to know about a run (its dataset) is kept in the run folder's ``run.json``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, replace
+from datetime import datetime
+from pathlib import Path
+
+from trainer.base import durations, logs
+from trainer.base.errors import UsageError
+from trainer.base.files import read_typed, write_json_atomic
+from trainer.base.progress import live_console
+from trainer.config import profiles
+from trainer.config.loading import load_config
+from trainer.config.roster import AGENTS
+from trainer.config.sections import MAX_SEED, Config
+from trainer.run.device import apply_gpu_flags, resolve_device
+from trainer.run.folder import RunContext, RunDir, default_run_dir
+from trainer.run.lock import RunLock
+from trainer.site import BUILT_IN, SITE_KINDS, Site, given_site
+from trainer.site.kinds import kind_of
+from trainer.site.scenario import build_site
+
+# A check of the run's site before its folder is touched (trainer.learn.preflight.memory_checks); raises to refuse.
+SiteCheck = Callable[[Site], None]
+
+LATEST = "latest"  # --resume without a folder: --out, else the newest run
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """``run.json``: what resuming or re-evaluating a run needs that its config does not say."""
+
+    schema: str | None  # a CityLearn dataset's schema.json; None: the built-in site, generated into site/
+    label: str | None
+    kind: str | None = None  # trainer.site.SITE_KINDS' name of how it was given (a run before it: by its schema)
+
+    def save(self, run: RunDir) -> None:
+        write_json_atomic(run.record, asdict(self))
+
+    @classmethod
+    def load(cls, run: RunDir) -> RunRecord:
+        if run.record.is_file():
+            return read_typed(run.record, cls)
+        if run.site_schema.is_file():
+            return cls(None, None)
+        raise UsageError(f"{run.root}: cannot tell which dataset this run used (no {run.record.name} and no site/ "
+                         "folder); pass --schema or --dataset")
+
+    def given(self) -> Site | None:
+        """The dataset the run was given, checked again (it may have changed since); None: the built-in site."""
+        if not self.schema:
+            return None
+        site = given_site(self.schema, None)
+        kind = SITE_KINDS.get(self.kind or "")
+        if site is None or kind is None:
+            return site
+        return replace(site, kind=kind_of(site.data, kind), label=self.label)
+
+
+# ------------------------------------------------------------------------------ config
+
+
+def resolve_config(config_files: Sequence[str | Path] = (), overrides: Sequence[str] = (), *, seed: int | None = None,
+                   device: str | None = None, profile: str | None = None) -> Config:
+    """Defaults, then the device profile, each config file and each override (``seed``/``device`` last)."""
+    extra = list(overrides)
+    if seed is not None:
+        extra.append(f"seed={seed}")
+    if device is not None:
+        extra.append(f"gpu.device={device}")
+    overlay, note = profiles.resolve(profile)
+    if note:
+        logs.get().info("device profile", profile=note)
+    return load_config(list(config_files), extra, profile=overlay)
+
+
+def resolve_for_resume(resume: str | None, out: str | None, marker: str, config_files: Sequence[str],
+                       overrides: Sequence[str], **kw) -> tuple[Config, str | None]:
+    """The config and run folder; on resume the run's own config.yaml (which already holds its profile's values)
+    is the base, under the new --config files and --set overrides."""
+    if resume is None:
+        return resolve_config(config_files, overrides, **kw), out
+    run_dir = resume_dir(resolve_config(config_files, overrides, **kw), resume, out, marker)
+    cfg = resolve_config([RunDir(run_dir).config, *config_files], overrides, **{**kw, "profile": None})
+    return cfg, str(run_dir)
+
+
+def newest_run(root: Path, marker: str = "config.yaml") -> Path | None:
+    """The most recently changed run folder under ``root`` that holds ``marker``."""
+    found = sorted((p for p in root.glob("*") if (p / marker).exists()), key=lambda p: p.stat().st_mtime)
+    return found[-1] if found else None
+
+
+
+def resume_dir(cfg: Config, value: str, out: str | None, marker: str) -> Path:
+    """The run folder to resume: given, --out, or the newest under output.root holding ``marker``."""
+    if value != LATEST:
+        path = Path(value)
+    elif out:
+        path = Path(out)
+    else:
+        root = Path(cfg.output.root)
+        path = newest_run(root, marker)
+        if path is None:
+            raise UsageError(
+                f"--resume: no run folder under {root} has {marker}; pass the run folder: --resume RUN_DIR"
+            )
+    if not RunDir(path).config.is_file():
+        raise UsageError(f"--resume: {path} is not a run folder (no config.yaml); "
+                         "pass a folder made by trainer train or night")
+    return path
+
+
+def night_deadline(cfg: Config, budget_text: str | None, finish_by: str | None,
+                   now: datetime | None = None) -> datetime | None:
+    """The night's deadline from --budget or --finish-by, else from the config; None = untimed."""
+    if not budget_text and not finish_by:
+        budget_text, finish_by = cfg.schedule.budget, cfg.schedule.finish_by
+    return durations.deadline(budget_text, finish_by, now or datetime.now())
+
+
+# ------------------------------------------------------------------------------ arguments
+
+
+def parse_agents(text: str) -> list[str]:
+    chosen = [a.strip().lower() for a in text.split(",") if a.strip()]
+    unknown = [a for a in chosen if a not in AGENTS]
+    if unknown or not chosen:
+        raise UsageError(f"--agents expects a comma-separated subset of {', '.join(AGENTS)}, got {text!r}")
+    return chosen
+
+
+def comma_integers(text: str) -> list[int]:
+    """``1,2, 3`` as [1, 2, 3]; [] where any part is not an integer (the caller says what it expected)."""
+    try:
+        return [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        return []
+
+
+def parse_seeds(text: str) -> list[int]:
+    seeds = comma_integers(text)
+    if not seeds or min(seeds) < 0 or max(seeds) > MAX_SEED:
+        raise UsageError(f"--seeds expects comma-separated integers from 0 to {MAX_SEED}, got {text!r}")
+    repeated = sorted({s for s in seeds if seeds.count(s) > 1})
+    if repeated:  # one night per seed: a repeat would be counted twice in the spread
+        raise UsageError(f"--seeds names {', '.join(map(str, repeated))} more than once, got {text!r}; list each seed "
+                         "once")
+    return seeds
+
+
+def length_overrides(agents: Sequence[str], timesteps: int | None, episodes: int | None) -> list[str]:
+    """``--set`` overrides for --timesteps or --episodes."""
+    if timesteps is not None and episodes is not None:
+        raise UsageError("pass either --timesteps or --episodes, not both")
+    extra = []
+    for agent in agents:
+        if timesteps is not None:
+            extra += [f"{agent}.timesteps={timesteps}", f"{agent}.episodes=null"]
+        if episodes is not None:
+            extra += [f"{agent}.episodes={episodes}", f"{agent}.timesteps=null"]
+    return extra
+
+
+def training_timesteps(cfg: Config, agent: str, site: Site) -> int:
+    section = cfg.agent(agent)
+    if section.timesteps is not None:
+        return section.timesteps
+    episode = min(cfg.scenario.train_episode_days * 24, site.length)
+    return int(section.episodes) * episode
+
+
+def night_plan(cfg: Config, quick: bool, agents: str | None, budget_text: str | None,
+               finish_by: str | None) -> tuple[Config, list[str], datetime | None]:
+    """What a night's options settle: its config (--quick's short evaluations), its agents and its deadline."""
+    cfg = quick_night(cfg) if quick else cfg
+    chosen = parse_agents(agents) if agents else list(cfg.schedule.agents)
+    return cfg, chosen, night_deadline(cfg, budget_text, finish_by)
+
+
+def quick_night(cfg: Config) -> Config:
+    """The config of a --quick night: its evaluations cover schedule.quick_eval_days, not the whole period, and its
+    warm start imitates the dataset's own period once for schedule.quick_warm_start_epochs (a smoke run, not the
+    best).
+    SAC's few quick updates all move its actor (its critics-first phase would outlast them: a smoke run runs the
+    whole update)."""
+    days = min(cfg.schedule.quick_eval_days, cfg.schedule.eval_days or cfg.schedule.quick_eval_days)
+    epochs = min(cfg.schedule.quick_warm_start_epochs, cfg.warm_start.epochs)
+    return cfg.model_copy(update={
+        "schedule": cfg.schedule.model_copy(update={"eval_days": days}),
+        "warm_start": cfg.warm_start.model_copy(update={"epochs": epochs, "extra_draws": 0, "ensemble": 1,
+                                                        "sac_critic_updates": 0})})
+
+
+def training_targets(cfg: Config, agents: Sequence[str], quick: bool, site: Site) -> dict[str, int]:
+    return {a: cfg.schedule.quick_timesteps.get(a, 1000) if quick else training_timesteps(cfg, a, site)
+            for a in agents}
+
+
+# ------------------------------------------------------------------------------ run folders
+
+
+@contextmanager
+def staged_dataset(cfg: Config, run: RunDir, given: Site | None, resuming: bool) -> Iterator[Site]:
+    """The run's site, checked before the run folder is touched: the given dataset, a resumed run's own
+    site, or the built-in site generated into a temporary folder (:func:`place_dataset` moves it in)."""
+    if given is not None:
+        yield given
+    elif resuming and run.site_schema.is_file():
+        # It may have been edited since: refuse a class CityLearn would run.
+        yield Site.load(run.site_schema, BUILT_IN, check=True, fallback=cfg.scenario)
+    else:
+        start = time.perf_counter()
+        with tempfile.TemporaryDirectory() as tmp:
+            schema = build_site(cfg.scenario, Path(tmp) / "site")
+            logs.get().debug("built-in site generated", seconds=round(time.perf_counter() - start, 2))
+            yield Site.load(schema, BUILT_IN, fallback=cfg.scenario)
+
+
+def place_dataset(run: RunDir, staged: Site, given: Site | None) -> Site:
+    """The site the run reads once its folder is open: a generated site is copied into site/."""
+    if given is not None:
+        logs.get().info("dataset", schema=str(given.schema), label=given.label, kind=given.kind.name)
+        return given
+    if staged.schema.parent == run.site:
+        return staged
+    shutil.copytree(staged.schema.parent, run.site, dirs_exist_ok=True)
+    logs.get().info("built-in site generated", schema=str(run.site_schema))
+    return Site(staged.kind, run.site_schema, staged.label, staged.data, staged.scenario)
+
+
+def _create(run: RunDir) -> RunLock:
+    try:
+        run.root.mkdir(parents=True, exist_ok=True)
+        return RunLock(run.root).acquire()  # before anything in the folder is rewritten
+    except OSError as exc:
+        raise UsageError(f"cannot write in run folder {run.root}: {exc.strerror} (make it writable, or choose "
+                         "another --out)") from None
+
+
+@contextmanager
+def site_for(cfg: Config, given: Site | None) -> Iterator[Site]:
+    """The given dataset's site, or the built-in site generated into a temporary folder (plan, benchmark, doctor)."""
+    if given is not None:
+        yield given
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        yield Site.load(build_site(cfg.scenario, Path(tmp) / "site"), BUILT_IN, fallback=cfg.scenario)
+
+
+@contextmanager
+def open_run(cfg: Config, command: str, out: str | Path | None, schema: str | None = None, dataset: str | None = None,
+             resuming: bool = False, checks: Sequence[SiteCheck] = ()) -> Iterator[RunContext]:
+    """Create (or, resuming, reopen) a run folder, hold its lock, log to it and record how it was made.
+
+    Every check comes first (the dataset, each of the caller's ``checks`` of the site, such as the replay buffers
+    against the RAM, then the links in the folder as the lock is taken): a refused command leaves an existing folder
+    byte for byte as it was.
+    """
+    previous = RunRecord.load(RunDir(Path(out))) if resuming and not schema and not dataset else None
+    given = previous.given() if previous else given_site(schema, dataset)
+    device = resolve_device(cfg.gpu.device)
+    label = given.label if given else None
+    run = RunDir(Path(out)) if out else default_run_dir(cfg, command.replace(" ", "-"), label)
+    with staged_dataset(cfg, run, given, resuming) as staged:
+        for check in checks:
+            check(staged)
+        lock = _create(run)
+        try:
+            run.create(cfg, ["trainer", *sys.argv[1:]], device, resuming=resuming)
+            logs.configure(run.log_file)
+            logs.get().info("run resumed" if resuming else "run started", run=str(run.root), command=command,
+                            device=device)
+            RunRecord(str(given.schema) if given else None, label, given.kind.name if given else None).save(run)
+            site = place_dataset(run, staged, given)
+        except BaseException:
+            lock.release()
+            raise
+    try:
+        apply_gpu_flags(cfg.gpu, device)
+        with live_console():
+            yield RunContext(cfg, run, site, device)
+    finally:
+        lock.release()
+
+
+@contextmanager
+def reopen_run(run_dir: str | Path, device: str) -> Iterator[RunContext]:
+    """An existing run folder, locked and logged to, with its own config and dataset (re-evaluation)."""
+    run = RunDir(Path(run_dir))
+    if not run.config.is_file():
+        raise UsageError(f"not a run folder: {run_dir} has no config.yaml (pass a folder made by trainer train or "
+                         "night)")
+    cfg = load_config([run.config])
+    # Before the lock note and the log: a built-in site is checked too, to refuse a class CityLearn would run.
+    site = RunRecord.load(run).given() or Site.load(run.site_schema, BUILT_IN, check=True, fallback=cfg.scenario)
+    lock = RunLock(run.root).acquire()
+    try:
+        logs.configure(run.log_file)
+        yield RunContext(cfg, run, site, resolve_device(device))
+    finally:
+        lock.release()

@@ -1,0 +1,558 @@
+"""A site controller that needs only numpy and onnxruntime: a trained policy, its observations'
+normalisation, its action scale and the EV service guard, read from an export folder.
+
+This file is copied unchanged into every export as ``controller.py`` (``trainer export``,
+docs/export.md). Inside the product, ``trainer.env.citylearn`` normalises observations and ``trainer.env.ev_guard``
+guards EV actions with this file's classes, so what trained and evaluated a policy is, line for line,
+what ships with it. It imports nothing but numpy, onnxruntime (when a policy runs) and the standard
+library, and it must stay so: a test imports it in a process that has nothing else.
+
+Use, from the export folder::
+
+    python controller.py check              # replay the export's sample; exit 0 when every action matches
+    python controller.py example            # one step of raw observations, as the JSON `act` reads
+    python controller.py act --obs step.json   # or a CSV of steps: the actions in kW, guard applied
+
+    from controller import Controller
+    controller = Controller.load(".")
+    actions = controller.act({"hour": 13, ...})   # {"electrical_storage": {"kw": ..., ...}, ...}
+
+Exit status: 0 done, 1 ``check`` found a difference, 2 bad input (one line on stderr says which).
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import csv
+import json
+import math
+import os
+import sys
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+SPEC_FILE = "spec.json"
+CHECK_FILE = "check.csv"
+FORMAT = "pvbess-controller"
+VERSION = 1  # of spec.json; a controller refuses a spec of another version
+CHECK_TOLERANCE = 1e-5  # |action - the product's action|, in CityLearn's units (a fraction of full power)
+EXPECTED_PREFIX = "expected:"  # check.csv's columns of the product's actions
+# Bisection on the action over [-1, 1]: 2^-20 of full power is far below any charger's resolution.
+BISECTION_STEPS = 21
+GUARD_RAISE = 1e-4  # a raise smaller than this is bisection noise on a schedule that already serves the car
+
+
+class InputError(ValueError):
+    """Observations the controller refuses: the message is one line that names the input and the fix."""
+
+
+# ------------------------------------------------------------------------------------------------------- the guard
+
+
+@dataclass(frozen=True)
+class Curve:
+    """CityLearn's piecewise-linear curves, evaluated as CityLearn does (clamped-extrapolated ends)."""
+
+    x: tuple[float, ...]
+    y: tuple[float, ...]
+
+    @classmethod
+    def of(cls, array: Any) -> Curve:
+        x, y = np.asarray(array, dtype=float)
+        return cls(tuple(float(v) for v in x), tuple(float(v) for v in y))
+
+    def __call__(self, value: float) -> float:
+        # CityLearn: idx = clip(searchsorted(x, v, side='left') - 1, 0, len - 2), then a linear segment.
+        idx = min(len(self.x) - 2, max(0, bisect.bisect_left(self.x, value) - 1))
+        x0, x1, y0, y1 = self.x[idx], self.x[idx + 1], self.y[idx], self.y[idx + 1]
+        return y0 + (y1 - y0) * (value - x0) / (x1 - x0)
+
+    def as_lists(self) -> list[list[float]]:
+        return [list(self.x), list(self.y)]
+
+
+# A charging path's fields, by what they belong to: the charger, and the car's battery.
+CHARGER_FIELDS = ("max_power_kw", "min_power_kw", "charger_efficiency", "charger_curve", "max_discharge_kw",
+                  "min_discharge_kw", "discharge_curve")
+BATTERY_FIELDS = ("capacity_kwh", "nominal_power_kw", "power_efficiency", "capacity_power", "loss_per_step", "min_soc")
+
+
+@dataclass(frozen=True)
+class ChargingPath:
+    """One charger and the EV battery plugged into it, as numbers: what CityLearn 3.0.2 stores each step.
+
+    ``Charger.update_connected_electric_vehicle_soc`` and ``Battery.charge``, step by step: the charger's
+    efficiency (or its curve), the battery's power-efficiency curve (a square root each way), its
+    capacity-power curve, standby loss, capacity and depth of discharge, discharge (V2G) included.
+    """
+
+    max_power_kw: float
+    min_power_kw: float
+    charger_efficiency: float
+    charger_curve: Curve | None
+    capacity_kwh: float
+    degraded_capacity_kwh: float
+    nominal_power_kw: float
+    power_efficiency: Curve
+    capacity_power: Curve
+    loss_per_step: float
+    min_soc: float
+    hours: float
+    max_discharge_kw: float = 0.0  # V2G: 0 where the charger cannot discharge the car
+    min_discharge_kw: float = 0.0
+    discharge_curve: Curve | None = None
+
+    @classmethod
+    def from_parts(cls, charger: dict[str, Any], battery: dict[str, Any], hours: float) -> ChargingPath:
+        """From an export's JSON: a capacity fade it cannot observe is left to the guard's margin."""
+        curves = {k: None if v is None else Curve.of(v) for k, v in {**charger, **battery}.items()
+                  if k in ("charger_curve", "discharge_curve", "power_efficiency", "capacity_power")}
+        values = {**charger, **battery, **curves}
+        return cls(**values, degraded_capacity_kwh=float(battery["capacity_kwh"]), hours=hours)
+
+    def parts(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(charger, battery) as JSON: the inverse of :meth:`from_parts`."""
+        def plain(value: Any) -> Any:
+            return value.as_lists() if isinstance(value, Curve) else value
+        return ({k: plain(getattr(self, k)) for k in CHARGER_FIELDS},
+                {k: plain(getattr(self, k)) for k in BATTERY_FIELDS})
+
+    def with_capacity(self, capacity_kwh: float) -> ChargingPath:
+        return replace(self, capacity_kwh=capacity_kwh, degraded_capacity_kwh=capacity_kwh)
+
+    def stored_after(self, energy_init: float, action: float) -> float:
+        """Stored kWh after one step that starts at ``energy_init`` with ``action`` in [-1, 1] (< 0 discharges)."""
+        return self.step(energy_init, action)[0]
+
+    def step(self, energy_init: float, action: float) -> tuple[float, float]:
+        """(stored kWh after, grid kWh the charger draws: < 0 where it feeds the building) for one step."""
+        action = min(max(float(action), -1.0), 1.0)
+        if action < 0.0:
+            return self._discharged(energy_init, -action)
+        power = action * self.max_power_kw
+        if power <= 0.0 or power < min(self.min_power_kw, self.max_power_kw):
+            return energy_init, 0.0
+        efficiency = self.charger_curve(action) if self.charger_curve is not None else self.charger_efficiency
+        requested = power * self.hours * efficiency
+        soc = energy_init / max(self.capacity_kwh, 1e-12)
+        max_input = max(self.nominal_power_kw * self.capacity_power(soc), 0.0) * self.hours
+        limited = min(requested, max_input)
+        battery_efficiency = 1.0
+        for _ in range(2):  # CityLearn iterates twice: efficiency depends on the power it limits
+            battery_efficiency = self.power_efficiency(self._normalised(limited))
+            headroom = max(self.degraded_capacity_kwh - energy_init, 0.0) / max(math.sqrt(battery_efficiency), 1e-12)
+            limited = min(requested, max_input, headroom)
+        stored = min(energy_init + limited * math.sqrt(battery_efficiency), self.capacity_kwh)
+        balance = (stored - energy_init) / max(math.sqrt(battery_efficiency), 1e-12)
+        return stored, balance / max(efficiency, 1e-12)
+
+    def _discharged(self, energy_init: float, share: float) -> tuple[float, float]:
+        """A discharging step at ``share`` of the charger's discharge power (CityLearn's V2G path)."""
+        power = share * self.max_discharge_kw
+        if power <= 0.0 or power < min(self.min_discharge_kw, self.max_discharge_kw):
+            return energy_init, 0.0
+        efficiency = self.discharge_curve(share) if self.discharge_curve is not None else self.charger_efficiency
+        requested = power * self.hours / max(efficiency, 1e-12)  # the battery gives more than the building gets
+        soc = energy_init / max(self.capacity_kwh, 1e-12)
+        max_output = max(self.nominal_power_kw * self.capacity_power(soc), 0.0) * self.hours
+        floor = self.min_soc * self.capacity_kwh
+        limited = min(requested, max_output)
+        battery_efficiency = 1.0
+        for _ in range(2):
+            battery_efficiency = self.power_efficiency(self._normalised(limited))
+            reserve = max(energy_init - floor, 0.0) * math.sqrt(battery_efficiency)
+            limited = min(requested, max_output, reserve)
+        stored = max(floor, energy_init - limited / max(math.sqrt(battery_efficiency), 1e-12))
+        balance = (stored - energy_init) * math.sqrt(battery_efficiency)
+        return stored, balance * efficiency
+
+    def _normalised(self, kwh: float) -> float:
+        return min(max(kwh / self.hours / max(self.nominal_power_kw, 1e-12), 0.0), 1.0)
+
+    def carried_over(self, stored: float) -> float:
+        """The energy a step starts with, from what the previous one stored (standby loss, floor)."""
+        soc = min(max(stored / self.capacity_kwh * (1.0 - self.loss_per_step), self.min_soc), 1.0)
+        return soc * self.capacity_kwh
+
+    def reachable(self, stored: float, steps: int) -> float:
+        """Stored kWh after ``steps`` more steps at full power, from ``stored`` at the end of this one."""
+        energy = stored
+        for _ in range(steps):
+            energy = self.stored_after(self.carried_over(energy), 1.0)
+        return energy
+
+    def after_step_then_full(self, energy_init: float, action: float, later_steps: int) -> float:
+        return self.reachable(self.stored_after(energy_init, action), later_steps)
+
+
+def minimum_action(path: ChargingPath, energy_init: float, goal_kwh: float, steps_left: int, action: float) -> float:
+    """The least action >= ``action`` (in [-1, 1]) after which the car can still hold ``goal_kwh`` at departure.
+
+    ``steps_left``: the steps after this one before the car leaves (CityLearn's ``departure_time``). A
+    discharge (V2G) is kept where full power afterwards still serves the car, else lessened or turned into
+    charging. Where even full power from now on cannot serve it, full power (the least shortfall).
+    """
+    action = min(max(float(action), -1.0), 1.0)
+    if action >= 1.0 or path.after_step_then_full(energy_init, action, steps_left) >= goal_kwh:
+        return action
+    if path.after_step_then_full(energy_init, 1.0, steps_left) < goal_kwh:
+        return 1.0
+    low, high = action, 1.0
+    for _ in range(BISECTION_STEPS):
+        mid = 0.5 * (low + high)
+        if path.after_step_then_full(energy_init, mid, steps_left) >= goal_kwh:
+            high = mid
+        else:
+            low = mid
+    return high
+
+
+def maximum_action(path: ChargingPath, energy_init: float, goal_kwh: float, action: float) -> float:
+    """The greatest action <= ``action`` after which the car holds no more than ``goal_kwh``: a car that can only be
+    charged stops once it holds its departure goal, since what it takes beyond leaves with it, imported for nothing.
+
+    ``action`` itself where it is not a charge or its step stays within the goal; 0 where the car already holds more.
+    """
+    action = min(max(float(action), -1.0), 1.0)
+    if action <= 0.0 or path.stored_after(energy_init, action) <= goal_kwh:
+        return action
+    if energy_init >= goal_kwh:
+        return 0.0
+    low, high = 0.0, action
+    for _ in range(BISECTION_STEPS):
+        mid = 0.5 * (low + high)
+        if path.stored_after(energy_init, mid) <= goal_kwh:
+            low = mid
+        else:
+            high = mid
+    return low
+
+
+def guarded_action(path: ChargingPath, energy_init: float, goal_kwh: float, steps_left: int, wanted: float,
+                   stop_at_target: bool) -> tuple[float, int]:
+    """The guard on one connected car: (the action, +1 where it raised ``wanted``, -1 where it lowered it, else 0).
+
+    Raised to the least that still serves the car by departure (:func:`minimum_action`); with ``stop_at_target``, on
+    a charger that cannot discharge the car, lowered to the most that does not fill it past its goal
+    (:func:`maximum_action`). A change smaller than GUARD_RAISE is bisection noise, not a change.
+    """
+    needed = minimum_action(path, energy_init, goal_kwh, steps_left, wanted)
+    if needed > wanted + GUARD_RAISE:
+        return needed, 1
+    if stop_at_target and path.max_discharge_kw <= 0.0:
+        most = maximum_action(path, energy_init, goal_kwh, wanted)
+        if most < wanted - GUARD_RAISE:  # and never below what still serves the car
+            return minimum_action(path, energy_init, goal_kwh, steps_left, most), -1
+    return wanted, 0
+
+
+# ---------------------------------------------------------------------------------------------- observations
+
+
+class Normaliser:
+    """Raw observations (a vector, or a batch of them) -> the policy's input features.
+
+    Each feature reads one raw value: periodic ones (hour, day type, month) as the cosine or sine of
+    2 pi value / period, then every feature min-max scaled to its training range (a zero-width range
+    gives 0), some clipped to [0, 1]. The arithmetic is CityLearn's ``NormalizedObservationWrapper``'s.
+    """
+
+    def __init__(self, source: list[int], transform: list[str], period: list[float], low: list[float],
+                 high: list[float], clip: list[bool]):
+        self.source = np.asarray(source, dtype=int)
+        self.is_cos = np.asarray([t == "cos" for t in transform], dtype=bool)
+        self.is_sin = np.asarray([t == "sin" for t in transform], dtype=bool)
+        period_arr = np.asarray(period, dtype=float)
+        self.angle_scale = np.where(period_arr > 0, 2 * np.pi / np.where(period_arr > 0, period_arr, 1), 0.0)
+        self.low = np.asarray(low, dtype=float)
+        span = np.asarray(high, dtype=float) - self.low
+        self.flat = span == 0  # CityLearn's Normalize maps a zero-width range to 0
+        self.inv_span = np.where(self.flat, 0.0, 1.0 / np.where(self.flat, 1.0, span))
+        self.clip = np.asarray(clip, dtype=bool)
+
+    @classmethod
+    def from_features(cls, features: list[dict[str, Any]], names: list[str]) -> Normaliser:
+        position = {name: i for i, name in enumerate(names)}
+        return cls([position[f["observation"]] for f in features], [f["transform"] for f in features],
+                   [f.get("period", 0) for f in features], [f["low"] for f in features],
+                   [f["high"] for f in features], [f.get("clip", False) for f in features])
+
+    def __call__(self, raw: Any) -> np.ndarray:
+        values = np.asarray(raw, dtype=float)[..., self.source]
+        angle = values * self.angle_scale
+        values = np.where(self.is_cos, np.cos(angle), np.where(self.is_sin, np.sin(angle), values))
+        scaled = np.where(self.flat, 0.0, (values - self.low) * self.inv_span)
+        return np.where(self.clip, np.clip(scaled, 0.0, 1.0), scaled).astype(np.float32)
+
+
+def _number(name: str, value: Any, unit: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise InputError(f"observation {name!r} is {value!r}: expected a number ({unit})")
+    number = float(value)
+    if not math.isfinite(number):
+        raise InputError(f"observation {name!r} is {value}: expected a finite number ({unit}); "
+                         "a missing reading must be filled before the controller acts")
+    return number
+
+
+# ------------------------------------------------------------------------------------------------ the controller
+
+
+@dataclass(frozen=True)
+class GuardedCharger:
+    """One charger the guard watches: where its car's readings are, where its action goes, its physics."""
+
+    action: int
+    connected: str
+    soc: str
+    capacity: str
+    required_soc: str
+    departure_time: str
+    charger: dict[str, Any]
+
+
+class Controller:
+    """The exported policy with everything it needs to act: ``Controller.load(folder).act(observations)``."""
+
+    def __init__(self, spec: dict[str, Any], folder: Path):
+        if spec.get("format") != FORMAT or spec.get("version") != VERSION:
+            raise InputError(f"{folder / SPEC_FILE} is {spec.get('format')!r} version {spec.get('version')!r}: "
+                             f"expected {FORMAT!r} version {VERSION} (export the run again with this version)")
+        self.spec = spec
+        self.folder = folder
+        self.observations: list[dict[str, Any]] = spec["observations"]
+        self.names = [o["name"] for o in self.observations]
+        self.normalise = Normaliser.from_features(spec["features"], self.names)
+        self.actions: list[dict[str, Any]] = spec["actions"]
+        self.native_low = np.asarray([a["low"] for a in self.actions], dtype=float)
+        self.native_high = np.asarray([a["high"] for a in self.actions], dtype=float)
+        guard = spec["ev_guard"]
+        self.guard_on = bool(guard["enabled"])
+        self.margin_soc = float(guard["margin_soc"])
+        self.stop_at_target = bool(guard.get("stop_at_target", False))  # exports before it was a rule did not stop
+        self.hours = float(guard["hours"])
+        self.batteries: list[dict[str, Any]] = guard["ev_batteries"]
+        self.chargers = [GuardedCharger(**c) for c in guard["chargers"]]
+        self._paths: dict[tuple[int, float], ChargingPath] = {}
+        self._session = None
+
+    @classmethod
+    def load(cls, folder: str | Path = ".") -> Controller:
+        folder = Path(folder)
+        path = folder / SPEC_FILE
+        try:
+            spec = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise InputError(f"{path} not found: pass the export folder that `trainer export` wrote") from None
+        except (OSError, ValueError) as exc:
+            raise InputError(f"{path} could not be read ({exc}): export the run again") from None
+        try:
+            return cls(spec, folder)
+        except (KeyError, TypeError, AttributeError) as exc:  # an edited or truncated spec
+            raise InputError(f"{path} is not a whole export (no {exc}): export the run again") from None
+
+    # -- inputs
+
+    def raw_vector(self, observations: dict[str, Any]) -> np.ndarray:
+        """One step's raw observations by name -> the vector in the export's order; refuses what it cannot use."""
+        if not isinstance(observations, dict):
+            raise InputError(f"observations are a {type(observations).__name__}: expected an object of "
+                             "{name: number} (python controller.py example prints one)")
+        extra = sorted(set(observations) - set(self.names))
+        if extra:
+            raise InputError(f"unknown observation {extra[0]!r}"
+                             f"{f' (and {len(extra) - 1} more)' if len(extra) > 1 else ''}: expected only the "
+                             f"export's {len(self.names)} observations (python controller.py example lists them)")
+        values = np.empty(len(self.names))
+        for i, obs in enumerate(self.observations):
+            name, unit = obs["name"], obs["unit"]
+            if name not in observations:
+                raise InputError(f"missing observation {name!r} ({unit}): the export needs all "
+                                 f"{len(self.names)} (python controller.py example lists them)")
+            value = _number(name, observations[name], unit)
+            low, high = obs["valid"]
+            if not low <= value <= high:
+                raise InputError(f"observation {name!r} is {value:g}, outside {low:g}..{high:g} ({unit}): "
+                                 "check the reading and its unit")
+            values[i] = value
+        return values
+
+    # -- acting
+
+    def policy_actions(self, features: np.ndarray) -> np.ndarray:
+        """The policy's deterministic actions in [-1, 1] for a batch of normalised observations."""
+        if self._session is None:
+            try:
+                import onnxruntime  # lazy: `example` and input errors need no runtime
+            except ImportError:
+                raise InputError("the controller needs onnxruntime: pip install onnxruntime numpy") from None
+            options = onnxruntime.SessionOptions()
+            options.intra_op_num_threads = 1  # one step of a small network: threads cost more than they give
+            path = self.folder / self.spec["policy"]["file"]
+            try:
+                self._session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+            except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own classes for a missing or bad file
+                raise InputError(f"{path} could not be loaded ({type(exc).__name__}): export the run again") from None
+        (out,) = self._session.run([self.spec["policy"]["output"]], {self.spec["policy"]["input"]: features})
+        return np.clip(np.asarray(out, dtype=float), -1.0, 1.0)
+
+    def native(self, raw: np.ndarray) -> tuple[np.ndarray, list[int]]:
+        """CityLearn's actions (each in its own range) for one raw vector, with the guard applied."""
+        action = self.policy_actions(self.normalise(raw)[None, :])[0]
+        native = self.native_low + (action + 1.0) / 2.0 * (self.native_high - self.native_low)
+        return self.guarded(raw, native)
+
+    def guarded(self, raw: np.ndarray, native: np.ndarray) -> tuple[np.ndarray, list[int]]:
+        """``native`` with the product's EV guard applied from the readings: each connected car's action raised to
+        the least that still serves it by departure and, where the export stops cars at their goal, lowered to the
+        most that does not fill a car past it; and, per action, +1 where it raised it, -1 where it lowered it."""
+        native = np.array(native, dtype=float, copy=True)
+        changed = [0] * len(native)
+        if not self.guard_on:
+            return native, changed
+        value = dict(zip(self.names, raw.tolist()))
+        for index, c in enumerate(self.chargers):
+            capacity, required, left = value[c.capacity], value[c.required_soc], value[c.departure_time]
+            if value[c.connected] != 1 or required <= 0 or capacity <= 0:
+                continue
+            path = self._path(index, capacity)
+            energy = max(value[c.soc], path.min_soc) * capacity  # CityLearn floors what a car holds there
+            goal = (required + self.margin_soc) * capacity
+            native[c.action], changed[c.action] = guarded_action(path, energy, goal, max(int(left), 0),
+                                                                 float(native[c.action]), self.stop_at_target)
+        return native, changed
+
+    def _path(self, charger: int, capacity: float) -> ChargingPath:
+        """The charger with the car whose capacity the readings give (the site's first of that capacity)."""
+        key = (charger, capacity)
+        if key not in self._paths:
+            battery = min(self.batteries, key=lambda b: abs(b["capacity_kwh"] - capacity))
+            path = ChargingPath.from_parts(self.chargers[charger].charger, battery, self.hours)
+            self._paths[key] = path.with_capacity(capacity)
+        return self._paths[key]
+
+    def act(self, observations: dict[str, Any]) -> dict[str, dict[str, Any]]:
+        """One step: raw observations by name -> each action in CityLearn's units and in kW, guard applied."""
+        native, changed = self.native(self.raw_vector(observations))
+        out = {}
+        for spec, value, change in zip(self.actions, native.tolist(), changed):
+            kw = spec.get("kw_per_unit")
+            if spec.get("kw_per_unit_discharging") is not None and value < 0:
+                kw = spec["kw_per_unit_discharging"]
+            out[spec["name"]] = {"value": value, "kw": None if kw is None else value * kw,
+                                 "guard_raised": change > 0, "guard_lowered": change < 0}
+        return out
+
+
+# --------------------------------------------------------------------------------------------------- the CLI
+
+
+def _cell(text: str | None) -> Any:
+    """A CSV cell as a number where it is one; anything else is left for the controller to refuse by name."""
+    try:
+        return float(text)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return text
+
+
+def _read_steps(path: Path) -> tuple[list[dict[str, Any]], bool]:
+    """(steps, as_csv): a JSON object of one step, a JSON list of steps, or a CSV with a header of names."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise InputError(f"cannot read {path}: {exc.strerror}") from None
+    if path.suffix.lower() == ".csv":
+        rows = list(csv.DictReader(text.splitlines()))
+        if not rows:
+            raise InputError(f"{path} has no rows: expected a header of observation names and one row a step")
+        return [{k: _cell(v) for k, v in row.items() if not k.startswith(EXPECTED_PREFIX)} for row in rows], True
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise InputError(f"{path} is not JSON ({exc}): expected {{name: number}} (python controller.py example)") \
+            from None
+    return (data if isinstance(data, list) else [data]), False
+
+
+def _sample(path: Path) -> list[dict[str, str]]:
+    """check.csv's rows: the evaluation's raw observations and, under ``expected:``, the product's actions."""
+    try:
+        with path.open(encoding="utf-8", newline="") as handle:
+            rows = list(csv.DictReader(handle))
+    except OSError as exc:
+        raise InputError(f"cannot read {path} ({exc.strerror}): export the run again, it writes one") from None
+    if not rows:
+        raise InputError(f"{path} has no rows: export the run again")
+    return rows
+
+
+def _check(controller: Controller, sample: Path) -> int:
+    names = [a["name"] for a in controller.actions]
+    rows = _sample(sample)
+    worst, at = 0.0, None
+    for i, row in enumerate(rows):
+        expected = np.asarray([float(row[EXPECTED_PREFIX + n]) for n in names])
+        raw = controller.raw_vector({k: _cell(v) for k, v in row.items() if not k.startswith(EXPECTED_PREFIX)})
+        diff = float(np.max(np.abs(controller.native(raw)[0] - expected)))
+        if diff > worst:
+            worst, at = diff, i
+    ok = worst <= CHECK_TOLERANCE
+    where = f" (row {at + 1})" if at is not None else ""
+    print(f"{'ok' if ok else 'MISMATCH'}: {len(rows)} steps of the evaluation, largest difference from the "
+          f"product's actions {worst:.2e}{where}, tolerance {CHECK_TOLERANCE:g}")
+    return 0 if ok else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    here = Path(__file__).resolve().parent
+    parser = argparse.ArgumentParser(prog="controller.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--export", type=Path, default=here, help="the export folder (default: this file's)")
+    sub = parser.add_subparsers(dest="command", required=True)
+    act = sub.add_parser("act", help="print the actions for raw observations (JSON of one step, or a CSV of steps)")
+    act.add_argument("--obs", type=Path, required=True, help="a .json of {name: value} or a .csv with a header")
+    sub.add_parser("check", help="replay the export's sample of the evaluation; exit 0 when every action matches")
+    sub.add_parser("example", help="print one step of the sample as the JSON `act` reads")
+    args = parser.parse_args(argv)
+    try:
+        controller = Controller.load(args.export)
+        sample = args.export / CHECK_FILE
+        if args.command == "check":
+            return _check(controller, sample)
+        if args.command == "example":
+            row = _sample(sample)[0]
+            step = {n: _cell(row[n]) for n in controller.names}
+            print(json.dumps(step, indent=2))
+            return 0
+        steps, as_csv = _read_steps(args.obs)
+        results = []
+        for i, step in enumerate(steps):
+            try:
+                results.append(controller.act(step))
+            except InputError as exc:
+                where = f"{args.obs}, step {i + 1}" if len(steps) > 1 else str(args.obs)
+                raise InputError(f"{where}: {exc}") from None
+        if as_csv:
+            names = [a["name"] for a in controller.actions]
+            writer = csv.writer(sys.stdout)
+            writer.writerow([f"{n}_kw" for n in names] + [f"{n}_guard_raised" for n in names]
+                            + [f"{n}_guard_lowered" for n in names])
+            for r in results:
+                writer.writerow([r[n]["kw"] for n in names] + [int(r[n]["guard_raised"]) for n in names]
+                                + [int(r[n]["guard_lowered"]) for n in names])
+        else:
+            print(json.dumps(results[0] if len(results) == 1 else results, indent=2))
+        return 0
+    except InputError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # `act ... | head`: the reader has what it wanted
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - Python flushes stdout at exit; let it flush here
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
