@@ -170,3 +170,28 @@ def test_train_simulator_offers_every_row_of_the_table_and_auto():
 
     choices = get_args(Config.model_fields["train"].annotation.model_fields["simulator"].annotation)
     assert set(choices) == {"auto", *SIMULATORS}
+
+
+def test_a_new_simulator_is_one_row_chosen_by_auto_and_held_to_parity(short_sites, cfg, monkeypatch):
+    from dataclasses import replace
+
+    from trainer.sim.simulators import VECTOR, simulator_for
+
+    # A stand-in for a simulator of its own (on torch tensors, say): its maker, what it cannot model, its physics.
+    made = []
+
+    def make(cfg, site, n_envs, seed, episode_steps, subprocesses):
+        made.append(n_envs)
+        return VECTOR.make(cfg, site, n_envs, seed, episode_steps, subprocesses)
+
+    tensors = replace(VECTOR, name="tensors", title="the tensor simulator", make=make)
+    monkeypatch.setattr("trainer.sim.simulators.SIMULATORS", {"tensors": tensors, **SIMULATORS})
+    site = Site.load(short_sites["built-in"])
+    chosen = simulator_for(cfg, site)  # train.simulator: auto takes the first row that models the site
+    assert chosen is tensors
+    env = chosen.training_env(cfg, site, 3)
+    try:
+        assert made == [3] and env.num_envs == 3
+    finally:
+        env.close()
+    assert ParityCheck(cfg, site, chosen).run("random").ok
