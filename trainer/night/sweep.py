@@ -94,7 +94,7 @@ class Sweep:
     def record(self, backend_name: str) -> dict[str, Any]:
         """sweep.json: enough to resume it (and, for a seed sweep, its seeds as before)."""
         data: dict[str, Any] = {"producer": self.producer.name, "runs": [v.name for v in self.variants],
-                                "variants": [asdict(v) | {"overrides": list(v.overrides)} for v in self.variants],
+                                "variants": [asdict(v) for v in self.variants],
                                 "backend": backend_name}
         if self.producer is SEEDS:
             data["seeds"] = [int(v.label) for v in self.variants]

@@ -104,7 +104,6 @@ def newest_run(root: Path, marker: str = "config.yaml") -> Path | None:
     return found[-1] if found else None
 
 
-
 def resume_dir(cfg: Config, value: str, out: str | None, marker: str) -> Path:
     """The run folder to resume: given, --out, or the newest under output.root holding ``marker``."""
     if value != LATEST:
@@ -239,7 +238,7 @@ def place_dataset(run: RunDir, staged: Site, given: Site | None) -> Site:
         return staged
     shutil.copytree(staged.schema.parent, run.site, dirs_exist_ok=True)
     logs.get().info("built-in site generated", schema=str(run.site_schema))
-    return Site(staged.kind, run.site_schema, staged.label, staged.data, staged.scenario)
+    return replace(staged, schema=run.site_schema)  # the same site: what was learnt of it holds
 
 
 def _create(run: RunDir) -> RunLock:
