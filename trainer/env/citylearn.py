@@ -38,18 +38,22 @@ Purpose = Literal["train", "eval"]
 os.environ.setdefault("CITYLEARN_OFFLINE", "1")
 
 
-def _episode_kwargs(cfg: Config, purpose: Purpose, n_steps: int, eval_days: int | None) -> dict:
+def _episode_kwargs(cfg: Config, purpose: Purpose, site: Site, eval_days: int | None) -> dict:
+    """The schema's own period (``simulation_start_time_step`` to its end) for every purpose: training's windows
+    lie inside it and an evaluation starts at its first step."""
+    start, n_steps = site.start, site.length
+    period = {"simulation_start_time_step": start, "simulation_end_time_step": start + n_steps - 1}
     if purpose == "train":
         length = min(cfg.scenario.train_episode_days * 24, n_steps)
         # Random windows of the year, so training sees every season without year-long episodes.
-        return {"episode_time_steps": length, "random_episode_split": length < n_steps, "rolling_episode_split": False}
+        return {**period, "episode_time_steps": length, "random_episode_split": length < n_steps,
+                "rolling_episode_split": False}
     # A shorter evaluation is the first episode of the whole period, not a shorter period: CityLearn
     # normalises observations by the period's range, and a policy trained on the year would see
     # other numbers for the same state in a period of a few days.
     # One split, so that every reset of the same environment replays that same window.
-    window = None if eval_days is None else [(0, min(n_steps, eval_days * 24) - 1)]
-    return {"simulation_start_time_step": 0, "simulation_end_time_step": n_steps - 1,
-            "episode_time_steps": window, "random_episode_split": False, "rolling_episode_split": False}
+    window = None if eval_days is None else [(start, start + min(n_steps, eval_days * 24) - 1)]
+    return {**period, "episode_time_steps": window, "random_episode_split": False, "rolling_episode_split": False}
 
 
 def make_citylearn_env(cfg: Config, site: Site, purpose: Purpose, seed: int, eval_days: int | None = None):
@@ -59,7 +63,7 @@ def make_citylearn_env(cfg: Config, site: Site, purpose: Purpose, seed: int, eva
 
     from trainer.env.reward import MultiObjectiveReward
 
-    kwargs = _episode_kwargs(cfg, purpose, site.length, eval_days)
+    kwargs = _episode_kwargs(cfg, purpose, site, eval_days)
     try:
         env = CityLearnEnv(
             str(site.schema),

@@ -87,7 +87,9 @@ def connected_sessions(env: Any) -> list[list[Session | None]]:
             battery = ev.battery
             required = float(sim.electric_vehicle_required_soc_departure[t])
             steps_left = sim.electric_vehicle_departure_time[t]
-            if not (math.isfinite(required) and math.isfinite(steps_left)) or required <= 0:
+            # A departure the charger file does not know yet reads -1 (the official datasets' first hours of a stay):
+            # nothing is owed until it is known, as CityLearn judges a departure only where the countdown reads 0.
+            if not (math.isfinite(required) and math.isfinite(steps_left)) or required <= 0 or steps_left < 0:
                 row.append(None)
                 continue
             row.append(Session(charger, charging_path(charger, battery), float(battery.energy_init),

@@ -104,6 +104,12 @@ def read_written_csv(path: Path, columns: tuple[str, ...]) -> pd.DataFrame:
     return frame
 
 
+def site_imports(frame: pd.DataFrame) -> pd.Series:
+    """Grid import per step: each building's own meter summed (``import_kwh``); a timeseries an older version wrote
+    has only the site's net, whose positive part it is on a site of one building."""
+    return frame["import_kwh"] if "import_kwh" in frame.columns else frame["net_kwh"].clip(lower=0)
+
+
 def window_co2_t_per_year(timeseries: Path, hours: int) -> float | None:
     """A reference's CO2 over the first ``hours`` of its evaluation, scaled to a year (the curve's measure)."""
     if not timeseries.is_file():
@@ -111,7 +117,7 @@ def window_co2_t_per_year(timeseries: Path, hours: int) -> float | None:
     frame = read_written_csv(timeseries, ("net_kwh", "carbon_kg_per_kwh")).iloc[:hours]
     if len(frame) < hours:
         return None
-    co2 = (frame["net_kwh"].clip(lower=0) * frame["carbon_kg_per_kwh"]).sum()
+    co2 = (site_imports(frame) * frame["carbon_kg_per_kwh"]).sum()
     return float(co2) * HOURS_PER_YEAR / hours / 1000
 
 
@@ -198,7 +204,8 @@ def representative_week(base: pd.DataFrame) -> slice:
     if len(base) <= hours:
         return slice(0, len(base))
     weeks = len(base) // hours
-    imports = [np.clip(base["net_kwh"].iloc[w * hours:(w + 1) * hours], 0, None).sum() for w in range(weeks)]
+    imported = site_imports(base)
+    imports = [imported.iloc[w * hours:(w + 1) * hours].sum() for w in range(weeks)]
     week = int(np.argsort(imports)[len(imports) // 2])
     return slice(week * hours, (week + 1) * hours)
 
@@ -226,7 +233,7 @@ def plot_week(
     panels = [("net_kwh", "grid import kW"), ("battery_soc", "battery SoC"), ("ev_charging_kwh", "EV charging kW")]
     for ax, (column, label) in zip(axes, panels):
         for name, frame in series.items():
-            values = frame[column].clip(lower=0) if column == "net_kwh" else frame[column]
+            values = site_imports(frame) if column == "net_kwh" else frame[column]
             ax.plot(frame["step"], values, label=name, color=COLOURS.get(name, OTHER_COLOUR),
                     linestyle="--" if name == "baseline" else "-", linewidth=1.2)
         ax.set_ylabel(label, fontsize=9)

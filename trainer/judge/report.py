@@ -12,7 +12,7 @@ from monitor.summary import format_summary, read_records, summarise
 from trainer.base.errors import UsageError
 from trainer.base.files import DamagedFile, read_typed, write_text_atomic
 from trainer.config.roster import AGENTS
-from trainer.judge.metrics import DEFAULT_TARGET_MET_PCT, best_agent, evaluation_window, serves_cars
+from trainer.judge.metrics import DEFAULT_TARGET_MET_PCT, best_agent, evaluation_window, optimum_reach, serves_cars
 from trainer.judge.plots import (
     plot_co2,
     plot_learning_curves,
@@ -226,8 +226,9 @@ def write_report(run: RunDir) -> Path:
             lines.append(f"- **{stage['name']} failed**: {stage['error']}")
         for stage in skipped:
             lines.append(f"- {stage['name']} skipped: {stage['error']}")
-    window = evaluation_window(results)
+    window, reach = evaluation_window(results), optimum_reach(results)
     lines += ["", "## Results", "", *([f"*{window[0].upper()}{window[1:]}.*", ""] if window else []),
+              *([f"*{reach[0].upper()}{reach[1:]}.*", ""] if reach else []),
               *_table(results, currency(run)), "", *NOTES, ""]
     lines += ["![CO2 per agent](plots/co2_by_agent.png)", ""]
     lines += _deployed(results)

@@ -7,8 +7,9 @@ for the agents: ``co2_share_of_optimum_pct`` is an agent's CO2 cut as a share of
 
 The model, per step ``t`` (kWh per step; all CityLearn's physics that is linear is kept):
 
-- site import ``imp[t] >= sum over buildings of (fixed load - PV + battery in - battery out +
-  EV charging)``, ``imp >= 0``; exports are worth nothing, as in the product's metrics;
+- each building's import ``imp[b, t] >= fixed load - PV + battery in - battery out + EV charging``,
+  ``imp >= 0``: every building has its own meter and exports are worth nothing, as CityLearn counts
+  emissions and the product's metrics do (one building's surplus does not cover another's load);
 - each battery: ``E[t] = (1 - loss) E[t-1] + sqrt(eta) in[t] - out[t] / sqrt(eta)``, with
   ``in + out <= P h``, ``E`` between the depth-of-discharge floor and the capacity, and the period
   ending with at least the energy it began with (no free energy);
@@ -49,7 +50,7 @@ class Solution:
     """The LP's optimum and the dispatch that reaches it (native CityLearn actions per step)."""
 
     co2_kg: float
-    net_kwh: np.ndarray
+    net_kwh: np.ndarray  # (buildings, steps)
     battery_actions: dict[int, np.ndarray]
     ev_actions: dict[str, np.ndarray]
     solve_s: float
@@ -105,15 +106,25 @@ class _Program:
 
 def _add_battery(lp: _Program, battery: BatteryModel, charge: np.ndarray, discharge: np.ndarray,
                  energy: np.ndarray) -> None:
-    """Power shared by both directions, energy bounds, dynamics, no free energy at the end."""
+    """Power shared by both directions (and by the state of charge, where the curve is known), energy bounds,
+    dynamics, no free energy at the end."""
     root = math.sqrt(battery.efficiency)
+    T = len(charge)
+    into = np.full(T, root) if battery.charge_root is None else battery.charge_root
+    out_of = np.full(T, root) if battery.discharge_root is None else battery.discharge_root
+    kept = 1.0 - battery.loss_per_step
     lp.upper[charge] = lp.upper[discharge] = battery.max_kwh_per_step
     lp.lower[energy], lp.upper[energy] = battery.min_kwh, battery.capacity_kwh
-    for t in range(len(charge)):
+    for t in range(T):
         lp.at_most([(charge[t], 1.0), (discharge[t], 1.0)], battery.max_kwh_per_step)
-        entries = [(energy[t], 1.0), (charge[t], -root), (discharge[t], 1.0 / root)]
+        for intercept, slope in battery.power_lines:  # CityLearn's limit at the state of charge the step starts with
+            if t == 0:
+                lp.at_most([(charge[t], 1.0), (discharge[t], 1.0)], intercept + slope * battery.initial_kwh)
+            else:
+                lp.at_most([(charge[t], 1.0), (discharge[t], 1.0), (energy[t - 1], -slope)], intercept)
+        entries = [(energy[t], 1.0), (charge[t], -float(into[t])), (discharge[t], 1.0 / max(float(out_of[t]), 1e-9))]
         if t > 0:
-            entries.append((energy[t - 1], -(1.0 - battery.loss_per_step)))
+            entries.append((energy[t - 1], -kept))
         lp.equal(entries, battery.initial_kwh if t == 0 else 0.0)
     final = battery.initial_kwh if battery.final_kwh is None else battery.final_kwh
     lp.at_most([(energy[-1], -1.0)], -min(final, battery.capacity_kwh))
@@ -122,13 +133,21 @@ def _add_battery(lp: _Program, battery: BatteryModel, charge: np.ndarray, discha
 def _add_car(lp: _Program, session: EvSession, cols: np.ndarray, feeds: np.ndarray | None) -> None:
     """Served by departure, never overfilled; with V2G, within the floor and the capacity at every step."""
     lp.upper[cols] = session.max_grid_kwh_per_step
-    stored = [(int(c), session.stored_per_grid_kwh) for c in cols]
+    if session.max_grid_steps is not None:
+        lp.upper[cols] = np.minimum(lp.upper[cols], session.max_grid_steps)
+    if session.min_grid_steps is not None:
+        lp.lower[cols] = np.minimum(session.min_grid_steps, lp.upper[cols])
+    per_grid = session.stored_per_grid_steps or (session.stored_per_grid_kwh,) * len(cols)
+    stored = [(int(c), float(v)) for c, v in zip(cols, per_grid)]
     taken: list[tuple[int, float]] = []
     if feeds is not None:
         lp.upper[feeds] = session.max_feed_kwh_per_step
         lp.cost[feeds] = TIE_BREAK  # feeding a building that imports nothing is no gain
-        taken = [(int(f), -1.0 / session.fed_per_stored_kwh) for f in feeds]
+        per_fed = session.fed_per_stored_steps or (session.fed_per_stored_kwh,) * len(feeds)
+        taken = [(int(f), -1.0 / max(float(v), 1e-9)) for f, v in zip(feeds, per_fed)]
     lp.at_most([(c, -v) for c, v in stored + taken], -session.need_kwh)
+    for k, need in session.interim_needs:  # an earlier departure of the same car: its energy by then
+        lp.at_most([(c, -v) for c, v in stored[:k + 1] + taken[:k + 1]], -need)
     if feeds is None:  # charging only: the energy only grows, so its last step bounds them all
         lp.at_most(stored, session.room_kwh)
         return
@@ -144,13 +163,14 @@ def _add_car(lp: _Program, session: EvSession, cols: np.ndarray, feeds: np.ndarr
 def solve(model: SiteModel) -> Solution:
     """Minimise the period's CO2 (HiGHS via scipy's linprog)."""
     started = time.perf_counter()
-    T = model.steps
-    # Variable layout: imp[T], then per battery (in[T], out[T], E[T]), then one x per session step, then
-    # one y per step of each session whose charger can discharge (V2G).
-    imp = np.arange(T)
-    bat = [(T + 3 * T * k + np.arange(T), T + 3 * T * k + T + np.arange(T), T + 3 * T * k + 2 * T + np.arange(T))
-           for k in range(len(model.batteries))]
-    offset = T + 3 * T * len(model.batteries)
+    T, B = model.steps, model.buildings
+    # Variable layout: imp[B x T] (building-major), then per battery (in[T], out[T], E[T]), then one x per session
+    # step, then one y per step of each session whose charger can discharge (V2G).
+    imp = np.arange(B * T).reshape(B, T)
+    first = B * T
+    bat = [(first + 3 * T * k + np.arange(T), first + 3 * T * k + T + np.arange(T),
+            first + 3 * T * k + 2 * T + np.arange(T)) for k in range(len(model.batteries))]
+    offset = first + 3 * T * len(model.batteries)
     ev_index: list[np.ndarray] = []
     for session in model.sessions:
         ev_index.append(offset + np.arange(len(session.steps)))
@@ -163,18 +183,19 @@ def solve(model: SiteModel) -> Solution:
     lp = _Program(offset)
     lp.cost[imp] = model.carbon + TIE_BREAK
 
-    # Import: -imp[t] + sum(in - out) + sum(x - y) <= -fixed[t]
-    site: list[list[tuple[int, float]]] = [[(int(imp[t]), -1.0)] for t in range(T)]
-    for charge, discharge, _ in bat:
+    # Each meter: -imp[b, t] + sum(in - out) + sum(x - y) <= -fixed[b, t]
+    site: list[list[list[tuple[int, float]]]] = [[[(int(imp[b, t]), -1.0)] for t in range(T)] for b in range(B)]
+    for (charge, discharge, _), battery in zip(bat, model.batteries):
         for t in range(T):
-            site[t] += [(int(charge[t]), 1.0), (int(discharge[t]), -1.0)]
+            site[battery.building][t] += [(int(charge[t]), 1.0), (int(discharge[t]), -1.0)]
     for cols, feeds, session in zip(ev_index, feed_index, model.sessions):
         for k, t in enumerate(session.steps):
-            site[t].append((int(cols[k]), 1.0))
+            site[session.building][t].append((int(cols[k]), 1.0))
             if feeds is not None:
-                site[t].append((int(feeds[k]), -1.0))
-    for t in range(T):
-        lp.at_most(site[t], -model.fixed_net_kwh[t])
+                site[session.building][t].append((int(feeds[k]), -1.0))
+    for b in range(B):
+        for t in range(T):
+            lp.at_most(site[b][t], -model.fixed_net_kwh[b, t])
     for (charge, discharge, energy), battery in zip(bat, model.batteries):
         _add_battery(lp, battery, charge, discharge, energy)
     for cols, feeds, session in zip(ev_index, feed_index, model.sessions):
@@ -185,7 +206,7 @@ def solve(model: SiteModel) -> Solution:
     battery_actions = {}
     for (charge, discharge, _), battery in zip(bat, model.batteries):
         flow = x[charge] - x[discharge]
-        net += flow
+        net[battery.building] += flow
         # CityLearn turns a battery action into energy by its nominal power.
         battery_actions[battery.building] = flow / (battery.nominal_power_kw * model.hours)
     ev_actions: dict[str, np.ndarray] = {}
@@ -196,7 +217,7 @@ def solve(model: SiteModel) -> Solution:
         if feeds is not None:  # a discharge is a negative action on the discharge power's scale
             grid -= x[feeds]
             series[list(session.steps)] -= x[feeds] / (session.discharge_power_kw * model.hours)
-        net[list(session.steps)] += grid
+        net[session.building, list(session.steps)] += grid
     return Solution(model.co2_kg(net), net, battery_actions, ev_actions, time.perf_counter() - started, offset,
                     lp.constraints)
 

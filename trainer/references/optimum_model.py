@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from trainer.env.ev_guard import charging_path
-from trainer.shipped.controller import ChargingPath
+from trainer.shipped.controller import ChargingPath, Curve
 
 SUPPORTED_ACTIONS = ("electrical_storage",)
 EV_ACTION_PREFIX = "electric_vehicle_storage_"
@@ -36,6 +36,15 @@ class BatteryModel:
     initial_kwh: float
     nominal_power_kw: float
     final_kwh: float | None = None  # the least it must hold at the end; None: what it held at the start
+    # CityLearn's physics of this battery (its curves), from which trainer.references.physics makes the plan hold.
+    path: ChargingPath | None = field(default=None, compare=False, repr=False)
+    # Per step, once the plan is fitted to the physics: stored kWh per grid kWh charged, and grid kWh delivered per
+    # stored kWh taken (None: the square root of ``efficiency`` both ways).
+    charge_root: np.ndarray | None = field(default=None, compare=False, repr=False)
+    discharge_root: np.ndarray | None = field(default=None, compare=False, repr=False)
+    # The capacity-power curve as lines (kWh a step may move, per kWh stored at its start) whose least bounds the
+    # step: exact where the curve is concave, as CityLearn's are; () where only ``max_kwh_per_step`` bounds it.
+    power_lines: tuple[tuple[float, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -45,7 +54,7 @@ class EvSession:
     steps: tuple[int, ...]
     max_grid_kwh_per_step: float
     stored_per_grid_kwh: float
-    need_kwh: float
+    need_kwh: float  # what it must have stored by its last step (0: it leaves after the period, or unflagged)
     room_kwh: float  # what the car can still take: capacity less its arrival energy
     charger_power_kw: float
     # V2G: grid kWh the charger can feed the building per step (0: it cannot discharge), grid kWh per
@@ -57,35 +66,58 @@ class EvSession:
     # The baseline's grid kWh per step (full power from arrival) in CityLearn's own physics, curves,
     # standby loss and capacity included; None: the linear model's (hand-built sessions).
     uncontrolled_kwh: tuple[float, ...] | None = None
+    # Departures flagged before the last step while the same car stays plugged in (a charger file whose
+    # countdown restarts without a new arrival): (index in ``steps``, kWh it must have stored by then).
+    interim_needs: tuple[tuple[int, float], ...] = ()
+    # CityLearn's physics of this charger and car, and, once the plan is fitted to it, per step: stored kWh per grid
+    # kWh, grid kWh fed per stored kWh taken, and the grid kWh a step must draw at least (a charger's minimum power).
+    path: ChargingPath | None = field(default=None, compare=False, repr=False)
+    arrival_kwh: float = 0.0
+    stored_per_grid_steps: tuple[float, ...] | None = field(default=None, compare=False, repr=False)
+    fed_per_stored_steps: tuple[float, ...] | None = field(default=None, compare=False, repr=False)
+    min_grid_steps: tuple[float, ...] | None = field(default=None, compare=False, repr=False)
+    max_grid_steps: tuple[float, ...] | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass
 class SiteModel:
-    """The evaluation period as numbers: what the linear program sees."""
+    """The evaluation period as numbers: what the linear program sees.
+
+    Each building has its own meter, as CityLearn counts emissions and the product's metrics do: what one
+    building exports is not another's import (``fixed_net_kwh`` is per building; a 1-D array is one meter).
+    """
 
     steps: int
     hours: float
     carbon: np.ndarray
-    fixed_net_kwh: np.ndarray  # the site's net import with batteries idle and no car charging
+    fixed_net_kwh: np.ndarray  # (buildings, steps) net import with batteries idle and no car charging
     batteries: list[BatteryModel] = field(default_factory=list)
     sessions: list[EvSession] = field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        self.fixed_net_kwh = np.atleast_2d(np.asarray(self.fixed_net_kwh, dtype=float))
+
+    @property
+    def buildings(self) -> int:
+        return self.fixed_net_kwh.shape[0]
+
     def co2_kg(self, net_kwh: np.ndarray) -> float:
-        return float((np.clip(net_kwh, 0.0, None) * self.carbon).sum())
+        """kg CO2 of each building's imports (its own meter), summed."""
+        return float((np.clip(np.atleast_2d(net_kwh), 0.0, None) * self.carbon).sum())
 
     def uncontrolled_net_kwh(self) -> np.ndarray:
         """Batteries idle; every car charges at full power from arrival until full or gone (the baseline)."""
         net = self.fixed_net_kwh.copy()
         for session in self.sessions:
             if session.uncontrolled_kwh is not None:
-                net[list(session.steps)] += session.uncontrolled_kwh
+                net[session.building, list(session.steps)] += session.uncontrolled_kwh
                 continue
             left = session.room_kwh
             for t in session.steps:
                 if left <= 1e-9:
                     break
                 grid = min(session.max_grid_kwh_per_step, left / session.stored_per_grid_kwh)
-                net[t] += grid
+                net[session.building, t] += grid
                 left -= grid * session.stored_per_grid_kwh
         return net
 
@@ -115,15 +147,54 @@ def _unsupported(env: Any) -> str | None:
     return None
 
 
-def _arrival_soc(sim: Any, start: int, fallback: float) -> float:
-    """The state of charge CityLearn gives a car that plugs in at ``start`` (its arrival rule)."""
+def _valid_soc(value: Any) -> float | None:
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return None
+    return value if math.isfinite(value) and 0.0 <= value <= 1.0 else None
+
+
+def _arrival_soc(sim: Any, start: int) -> float | None:
+    """The state of charge CityLearn forces on a car that connects at ``start`` (its arrival rule), or None where
+    it forces none (the car keeps what it has)."""
     current = getattr(sim, "electric_vehicle_current_soc", None)
-    if current is not None and start < len(current) and 0.0 <= float(current[start]) <= 1.0:
-        return float(current[start])
+    if current is not None and start < len(current) and _valid_soc(current[start]) is not None:
+        return _valid_soc(current[start])
     states = sim.electric_vehicle_charger_state
     index = start - 1 if start > 0 and states[start - 1] in (2, 3) else start
-    value = float(sim.electric_vehicle_estimated_soc_arrival[index])
-    return value if math.isfinite(value) and 0.0 <= value <= 1.0 else fallback
+    return _valid_soc(sim.electric_vehicle_estimated_soc_arrival[index])
+
+
+def _new_session(sim: Any, t: int) -> bool:
+    """Whether the car connected at ``t`` starts a new session where it was connected at ``t - 1`` too: CityLearn's
+    rule (a changed session id, else a departure countdown that restarts after reaching 1 or less)."""
+    ids = getattr(sim, "electric_vehicle_session_id", None)
+    if ids is not None and t < len(ids) and isinstance(ids[t], str) and ids[t].strip() not in ("", "nan"):
+        before = ids[t - 1]
+        return isinstance(before, str) and before.strip() not in ("", "nan") and before != ids[t]
+    left = sim.electric_vehicle_departure_time
+    before, now = float(left[t - 1]), float(left[t])
+    return math.isfinite(before) and math.isfinite(now) and before <= 1 and now > before
+
+
+def connections(sim: Any, steps: int) -> list[tuple[str, int, int, float | None]]:
+    """(car, first step, end step, state of charge forced on arrival or None) of each charging session in the
+    first ``steps`` steps, as CityLearn plugs cars in: a session goes on while the same car stays connected and
+    no new arrival resets its state of charge."""
+    state = np.asarray(sim.electric_vehicle_charger_state[:steps], dtype=float)
+    out: list[list[Any]] = []
+    for t in range(steps):
+        car = sim.electric_vehicle_id[t]
+        if state[t] != 1 or not isinstance(car, str) or car.strip() in ("", "nan"):
+            continue
+        going_on = bool(out) and out[-1][2] == t and out[-1][0] == car
+        soc = _arrival_soc(sim, t) if not going_on or _new_session(sim, t) else None
+        if going_on and soc is None:
+            out[-1][2] = t + 1
+        else:
+            out.append([car, t, t + 1, soc])
+    return [tuple(row) for row in out]
 
 
 def _full_power_kwh(path: ChargingPath, energy: float, steps: int) -> tuple[float, ...]:
@@ -150,44 +221,70 @@ def session_limits(path: ChargingPath, hours: float) -> tuple[float, float, floa
     return max_grid, charger_eff * best_battery, feed, discharge_eff * best_battery
 
 
+def _session(b: int, charger: Any, ev: Any, span: tuple[int, int, float | None], hours: float, margin_soc: float
+             ) -> EvSession:
+    """One car's stay at a charger (``span``: first step, end step, the state of charge forced on arrival)."""
+    start, end, soc = span
+    sim = charger.charger_simulation
+    battery = ev.battery
+    capacity = float(battery.capacity)
+    path = charging_path(charger, battery)  # CityLearn's physics; the LP takes each curve's best point
+    max_grid, stored_per_grid, feed, fed_per_stored = session_limits(path, hours)
+    steps = tuple(range(start, end))
+    initial = float(battery.soc[0]) if start == 0 else (float(battery.initial_soc) if soc is None else soc)
+    arrival_kwh = max(initial, path.min_soc) * capacity  # CityLearn's energy_init is floored there
+    room = max(capacity - arrival_kwh, 0.0)
+    left = np.asarray(sim.electric_vehicle_departure_time[start:end], dtype=float)
+    required = np.asarray(sim.electric_vehicle_required_soc_departure[start:end], dtype=float)
+
+    def need(k: int) -> float:
+        """What it must have stored by the end of its k-th step: its goal, or what full power can reach by then in
+        CityLearn's physics (a hair under: the guard serves the rest)."""
+        reachable = min(0.999 * (path.reachable(arrival_kwh, k + 1) - arrival_kwh),
+                        (k + 1) * max_grid * stored_per_grid, room)
+        return min(max((float(required[k]) + margin_soc) * capacity - arrival_kwh, 0.0), max(reachable, 0.0))
+
+    # The metrics judge a departure where the countdown reads 0; a session still connected at the period's end, or
+    # one whose file never flags its departure, owes nothing yet.
+    flagged = [k for k in range(len(steps)) if left[k] == 0]
+    last = len(steps) - 1
+    return EvSession(b, charger.charger_id, steps, max_grid, stored_per_grid, need(last) if last in flagged else 0.0,
+                     room, path.max_power_kw, feed, fed_per_stored, max(arrival_kwh - path.min_soc * capacity, 0.0),
+                     path.max_discharge_kw, _full_power_kwh(path, arrival_kwh, len(steps)),
+                     tuple((k, need(k)) for k in flagged if k != last), path, arrival_kwh)
+
+
 def _sessions(env: Any, b: int, building: Any, steps: int, margin_soc: float) -> list[EvSession]:
-    out = []
     evs = {ev.name: ev for ev in env.electric_vehicles or []}
     hours = env.seconds_per_time_step / 3600
-    for charger in building.electric_vehicle_chargers or []:
-        sim = charger.charger_simulation
-        state = np.asarray(sim.electric_vehicle_charger_state[:steps], dtype=float)
-        left = np.asarray(sim.electric_vehicle_departure_time[:steps], dtype=float)
-        t = 0
-        while t < steps:
-            if state[t] != 1:
-                t += 1
-                continue
-            start = t
-            while t + 1 < steps and state[t + 1] == 1 and left[t + 1] < left[t]:
-                t += 1
-            ev = evs.get(str(sim.electric_vehicle_id[start]))
-            t += 1
-            if ev is None:
-                continue
-            battery = ev.battery
-            capacity = float(battery.capacity)
-            path = charging_path(charger, battery)  # CityLearn's physics; the LP takes each curve's best point
-            max_grid, stored_per_grid, feed, fed_per_stored = session_limits(path, hours)
-            session_steps = tuple(range(start, t))
-            initial = float(battery.soc[0]) if start == 0 else _arrival_soc(sim, start, float(battery.initial_soc))
-            arrival_kwh = max(initial, path.min_soc) * capacity  # CityLearn's energy_init is floored there
-            required = float(sim.electric_vehicle_required_soc_departure[start])
-            room = max(capacity - arrival_kwh, 0.0)
-            reachable = min(len(session_steps) * max_grid * stored_per_grid, room)
-            need = min(max((required + margin_soc) * capacity - arrival_kwh, 0.0), reachable)
-            if left[t - 1] != 0:  # the period ends before the car leaves: nothing is owed yet
-                need = 0.0
-            out.append(EvSession(b, charger.charger_id, session_steps, max_grid, stored_per_grid, need, room,
-                                 path.max_power_kw, feed, fed_per_stored,
-                                 max(arrival_kwh - path.min_soc * capacity, 0.0), path.max_discharge_kw,
-                                 _full_power_kwh(path, arrival_kwh, len(session_steps))))
-    return out
+    return [_session(b, charger, evs[car], (start, end, soc), hours, margin_soc)
+            for charger in building.electric_vehicle_chargers or []
+            for car, start, end, soc in connections(charger.charger_simulation, steps) if car in evs]
+
+
+def battery_path(storage: Any) -> ChargingPath:
+    """A building's battery as the numbers of a charging path with a lossless charger of its nominal power both
+    ways: ``ChargingPath.step`` with action a is then ``Battery.charge`` of a x nominal power x hours."""
+    nominal = float(storage.nominal_power)
+    return ChargingPath(
+        max_power_kw=nominal, min_power_kw=0.0, charger_efficiency=1.0, charger_curve=None,
+        capacity_kwh=float(storage.capacity), degraded_capacity_kwh=float(storage.degraded_capacity),
+        nominal_power_kw=nominal, power_efficiency=Curve.of(storage.power_efficiency_curve),
+        capacity_power=Curve.of(storage.capacity_power_curve), loss_per_step=float(storage.loss_coefficient),
+        min_soc=float(np.clip(1.0 - storage.depth_of_discharge, 0.0, 1.0)),
+        hours=float(storage.seconds_per_time_step) / 3600.0, max_discharge_kw=nominal)
+
+
+def power_lines(curve: Curve, full_kwh: float, capacity_kwh: float, loss: float) -> tuple[tuple[float, float], ...]:
+    """The capacity-power curve (power share by state of charge at the step's start) as lines in the energy stored
+    at the end of the step before (kWh a step may move = a + b x that energy, less the standby loss): exact where the
+    curve is concave (its least line is the curve); () where it is not, leaving only its best point as the bound."""
+    xs, ys = np.asarray(curve.x), np.asarray(curve.y)
+    slopes = np.diff(ys) / np.maximum(np.diff(xs), 1e-12)
+    if len(xs) < 2 or np.any(np.diff(slopes) > 1e-9) or capacity_kwh <= 0:
+        return ()
+    return tuple((full_kwh * (y0 - m * x0), full_kwh * m * (1.0 - loss) / capacity_kwh)
+                 for x0, y0, m in zip(xs[:-1], ys[:-1], slopes))
 
 
 def site_model(env: Any, margin_soc: float) -> SiteModel:
@@ -197,13 +294,13 @@ def site_model(env: Any, margin_soc: float) -> SiteModel:
         raise OptimumUnavailable(reason)
     steps = env.time_steps - 1  # CityLearn ends a T-step episode after T - 1 steps
     hours = env.seconds_per_time_step / 3600
-    fixed = np.zeros(steps)
+    fixed = np.zeros((len(env.buildings), steps))
     batteries, sessions = [], []
     for b, building in enumerate(env.buildings):
         sim = building.energy_simulation
-        fixed += np.asarray(sim.non_shiftable_load[:steps], dtype=float)
+        fixed[b] += np.asarray(sim.non_shiftable_load[:steps], dtype=float)
         if building.pv is not None:
-            fixed -= np.asarray(
+            fixed[b] -= np.asarray(
                 building.pv.get_generation(np.asarray(sim.solar_generation[:steps], dtype=float)), dtype=float
             )
         storage = building.electrical_storage
@@ -213,6 +310,7 @@ def site_model(env: Any, margin_soc: float) -> SiteModel:
             and "electrical_storage" in building.active_actions
         ):
             power_fraction = max(np.asarray(storage.capacity_power_curve)[1])
+            path = battery_path(storage)
             batteries.append(BatteryModel(
                 building=b, capacity_kwh=float(storage.capacity),
                 max_kwh_per_step=float(storage.nominal_power) * power_fraction * hours,
@@ -220,7 +318,9 @@ def site_model(env: Any, margin_soc: float) -> SiteModel:
                 loss_per_step=float(storage.loss_coefficient),
                 min_kwh=float(np.clip(1.0 - storage.depth_of_discharge, 0.0, 1.0)) * float(storage.capacity),
                 initial_kwh=float(storage.soc[0]) * float(storage.capacity),
-                nominal_power_kw=float(storage.nominal_power)))
+                nominal_power_kw=float(storage.nominal_power), path=path,
+                power_lines=power_lines(path.capacity_power, float(storage.nominal_power) * hours,
+                                        float(storage.capacity), float(storage.loss_coefficient))))
         sessions += _sessions(env, b, building, steps, margin_soc)
     carbon = np.asarray(env.buildings[0].carbon_intensity.carbon_intensity[:steps], dtype=float)
     return SiteModel(steps, hours, carbon, fixed, batteries, sessions)

@@ -16,9 +16,10 @@ from typing import TYPE_CHECKING, Any
 
 from trainer.base import logs
 from trainer.references.controllers import Controller, RuleBasedController, UncontrolledBaseline
-from trainer.references.optimum import OptimumReplay, Solution, solve
+from trainer.references.optimum import OptimumReplay
 from trainer.references.optimum_model import OptimumUnavailable, SiteModel, site_model
-from trainer.references.planner import PlannerUnavailable, day_ahead_planner
+from trainer.references.physics import FittedPlan, solve_in_physics
+from trainer.references.planner import day_ahead_planner
 from trainer.site.series import HOURS_PER_YEAR
 
 if TYPE_CHECKING:
@@ -56,31 +57,35 @@ def _read_period(open_env: Callable[[], Any], read: Callable[[Any], Any]) -> Any
     try:
         env.reset()
         return read(env.unwrapped)
-    except (OptimumUnavailable, PlannerUnavailable) as exc:
+    except OptimumUnavailable as exc:
         raise ReferenceUnavailable(str(exc)) from None
     finally:
         env.close()
 
 
 def _optimum(cfg: Config, open_env: Callable[[], Any]) -> tuple[Controller, dict[str, Any]]:
-    """Solve the perfect-foresight linear program over the evaluation period; its dispatch is then replayed."""
-    def read(env: Any) -> tuple[SiteModel, Solution]:
+    """Solve the perfect-foresight linear program over the evaluation period (the bound), fit its plan to
+    CityLearn's physics (trainer.references.physics); that plan is then replayed."""
+    def read(env: Any) -> tuple[SiteModel, FittedPlan]:
         model = site_model(env, cfg.ev.margin_soc)
-        return model, solve(model)
+        return model, solve_in_physics(model)
 
-    model, solution = _read_period(open_env, read)
-    logs.get().info("linear program solved", agent="optimum", co2_kg=round(solution.co2_kg, 1),
-                    seconds=round(solution.solve_s, 2), variables=solution.variables,
-                    constraints=solution.constraints)
+    model, fitted = _read_period(open_env, read)
+    bound = fitted.bound
+    logs.get().info("linear program solved", agent="optimum", co2_kg=round(bound.co2_kg, 1),
+                    plan_co2_kg=round(fitted.physics_co2_kg, 1), rounds=fitted.rounds,
+                    seconds=round(fitted.solve_s, 2), variables=bound.variables,
+                    constraints=bound.constraints)
     hours = model.steps * model.hours
-    return OptimumReplay(solution), {
-        "lp_co2_kg": solution.co2_kg, "lp_co2_kg_per_year": solution.co2_kg * HOURS_PER_YEAR / hours,
+    return OptimumReplay(fitted.plan), {
+        "lp_co2_kg": bound.co2_kg, "lp_co2_kg_per_year": bound.co2_kg * HOURS_PER_YEAR / hours,
         "lp_uncontrolled_co2_kg": model.co2_kg(model.uncontrolled_net_kwh()),
-        "lp_solve_s": round(solution.solve_s, 2), "lp_variables": solution.variables}
+        "lp_physics_co2_kg": fitted.physics_co2_kg, "lp_fit_rounds": fitted.rounds,
+        "lp_solve_s": round(fitted.solve_s, 2), "lp_variables": bound.variables}
 
 
 def _planner(cfg: Config, open_env: Callable[[], Any]) -> tuple[Controller, dict[str, Any]]:
-    """The day-ahead planner on a forecast from other years of the site (trainer.references.planner)."""
+    """The day-ahead planner on a forecast that never reads the period ahead (trainer.references.planner)."""
     return _read_period(open_env, lambda env: day_ahead_planner(cfg, env)), {}
 
 

@@ -417,12 +417,12 @@ class Controller:
         value = dict(zip(self.names, raw.tolist()))
         for index, c in enumerate(self.chargers):
             capacity, required, left = value[c.capacity], value[c.required_soc], value[c.departure_time]
-            if value[c.connected] != 1 or required <= 0 or capacity <= 0:
+            if value[c.connected] != 1 or required <= 0 or capacity <= 0 or left < 0:  # -1: departure not known yet
                 continue
             path = self._path(index, capacity)
             energy = max(value[c.soc], path.min_soc) * capacity  # CityLearn floors what a car holds there
             goal = (required + self.margin_soc) * capacity
-            native[c.action], changed[c.action] = guarded_action(path, energy, goal, max(int(left), 0),
+            native[c.action], changed[c.action] = guarded_action(path, energy, goal, int(left),
                                                                  float(native[c.action]), self.stop_at_target)
         return native, changed
 

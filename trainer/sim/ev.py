@@ -36,7 +36,8 @@ class Sessions:
         required = tab.required_soc[self.t]
         left = tab.departure[self.t]
         self.connected = index >= 0
-        self.valid = self.connected & np.isfinite(required) & np.isfinite(left) & (required > 0)
+        # an unknown departure (-1) owes nothing yet, as trainer.env.ev_guard.connected_sessions has it
+        self.valid = self.connected & np.isfinite(required) & np.isfinite(left) & (required > 0) & (left >= 0)
         self.car = np.where(self.connected, index, 0)
         self.spec = tab.cars.gathered(self.car)
         self.rows = np.arange(len(self.t))[:, None]

@@ -119,13 +119,13 @@ class SimVecEnv(VecEnv):
 
     @property
     def step_import_co2(self) -> np.ndarray:
-        """kg CO2 each environment's site imported in the last step (imports x carbon intensity, as
+        """kg CO2 each environment's site imported in the last step (each building's imports x carbon intensity, as
         trainer.judge.metrics counts it): what the warm start's pick adds up over a year. Computed when asked: training
         never does."""
         if self._last_step is None:
             return np.zeros(self.num_envs)
         now, net = self._last_step
-        return np.clip(net.sum(axis=1), 0.0, None) * self.tables.carbon[now, 0]
+        return np.clip(net, 0.0, None).sum(axis=1) * self.tables.carbon[now, 0]
 
     def close(self) -> None:
         pass
