@@ -19,6 +19,7 @@ from trainer.site import Site
 from trainer.site.scenario import build_site
 
 OFFICIAL = "citylearn_challenge_2022_phase_all"
+OFFICIAL_EV = "citylearn_challenge_2022_phase_all_plus_evs"  # 14 buildings, four with chargers that also discharge
 _SHARED_DATASETS = Path(__file__).resolve().parents[1].parent / "shared" / "citylearn" / "datasets"
 
 # Small everything: a few hundred steps, a short evaluation window, quick SAC warm-up.
@@ -112,11 +113,21 @@ def v2g_schema(tmp_path_factory) -> Path:
     return build_site(load_config(overrides=list(V2G)).scenario, tmp_path_factory.mktemp("v2g-site"))
 
 
-@pytest.fixture(scope="session")
-def official_schema() -> Path:
+def _official(name: str) -> Path:
     roots = [os.environ.get("CITYLEARN_LOCAL_DATASETS_PATH"), str(_SHARED_DATASETS)]
     for root in filter(None, roots):
-        schema = Path(root) / OFFICIAL / "schema.json"
+        schema = Path(root) / name / "schema.json"
         if schema.is_file():
             return schema
-    pytest.skip(f"official CityLearn dataset {OFFICIAL} not found (set CITYLEARN_LOCAL_DATASETS_PATH)")
+    pytest.skip(f"official CityLearn dataset {name} not found (set CITYLEARN_LOCAL_DATASETS_PATH)")
+
+
+@pytest.fixture(scope="session")
+def official_schema() -> Path:
+    return _official(OFFICIAL)
+
+
+@pytest.fixture(scope="session")
+def official_ev_schema() -> Path:
+    """The shared official district with EV chargers (V2G, curved charging paths drawn from the seed)."""
+    return _official(OFFICIAL_EV)

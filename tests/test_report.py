@@ -101,7 +101,7 @@ def test_the_headline_says_when_the_planner_cuts_more_than_the_best_agent(tmp_pa
     compare_to_baseline(results)
     headline = write_report(_run(tmp_path, results)).read_text().splitlines()[2]
     assert headline.startswith("**Best agent: sac**")  # the agents' ranking is unchanged: the planner is a reference
-    assert ("The `planner` reference, which plans the next day every hour on a forecast from other years of the site, "
+    assert ("The `planner` reference, which plans the next day every hour on a forecast that never reads ahead, "
             "cuts more: 30,100 kg CO2/year (94% of the optimum's cut)") in headline
     results["planner"].update(co2_kg_per_year=34_500.0, co2_kg=34_500.0)  # behind the agent: nothing to say
     (tmp_path / "behind").mkdir()

@@ -21,6 +21,8 @@ from trainer.cli.options import command
 from trainer.config.loading import doc_text
 from trainer.config.roster import AGENTS
 from trainer.judge.report import report_run
+from trainer.references.check import check_optimum
+from trainer.references.optimum_model import OptimumUnavailable
 from trainer.run import session
 from trainer.run.folder import RunDir
 from trainer.sim import parity
@@ -130,6 +132,32 @@ def sim_check(config_files: tuple[str, ...], overrides: tuple[str, ...], profile
     click.echo(parity.verdict(results, str(site.schema) if given else "the built-in site"))
     matched = all(r.ok for r in results)
     sys.exit(0 if matched else 1)
+
+
+@cli.group()
+def optimum() -> None:
+    """The perfect-foresight optimum and how far its model of a dataset is from CityLearn."""
+
+
+@command(optimum, "check")
+@opts.config_options
+@opts.dataset_options
+@click.option("--days", type=click.IntRange(min=1), default=None,
+              help="Compare over the first DAYS of the period (default: schedule.eval_days, else all of it).")
+def optimum_check(config_files: tuple[str, ...], overrides: tuple[str, ...], profile: str | None, schema: str | None,
+                  dataset: str | None, days: int | None) -> None:
+    """Whether the optimum's model of this dataset matches CityLearn, and how close its replay comes to its bound."""
+    cfg = session.resolve_config(config_files, overrides, profile=profile)
+    given = given_site(schema, dataset)
+    with session.site_for(cfg, given) as site:
+        click.echo("solving the optimum and replaying it and the uncontrolled site through CityLearn", err=True)
+        try:
+            result = check_optimum(cfg, site, days or cfg.schedule.eval_days)
+        except OptimumUnavailable as exc:
+            raise UsageError(f"the optimum does not model this dataset: {exc}") from None
+    click.echo("\n".join(result.lines()))
+    click.echo(result.verdict())
+    sys.exit(0 if result.ok else 1)
 
 
 @command(cli)

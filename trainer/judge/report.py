@@ -103,8 +103,8 @@ def _headline(results: dict[str, dict[str, Any]], target_pct: float, run: RunDir
         planner = results.get("planner", {})
         if planner.get("co2_kg_per_year") is not None and planner["co2_kg_per_year"] < m["co2_kg_per_year"] and \
                 serves_cars(planner, target_pct):
-            lines[-1] += (f" The `planner` reference, which plans the next day every hour on a forecast from other "
-                          f"years of the site, cuts more: {planner['co2_kg_per_year']:,.0f} kg CO2/year"
+            lines[-1] += (" The `planner` reference, which plans the next day every hour on a forecast that never "
+                          f"reads ahead, cuts more: {planner['co2_kg_per_year']:,.0f} kg CO2/year"
                           + (f" ({planner['co2_share_of_optimum_pct']:.0f}% of the optimum's cut)"
                              if planner.get("co2_share_of_optimum_pct") is not None else "")
                           + "; what the agents still leave is learning, not information (docs/agent-quality.md).")

@@ -42,7 +42,15 @@ from typing import Any
 import numpy as np
 
 from trainer.env.citylearn import ActionScale, action_slices
-from trainer.references.optimum_model import EV_ACTION_PREFIX, BatteryModel, EvSession, OptimumUnavailable, SiteModel
+from trainer.references.optimum_model import (
+    EV_ACTION_PREFIX,
+    BatteryModel,
+    EvSession,
+    OptimumUnavailable,
+    SiteModel,
+    power_lines,
+)
+from trainer.shipped.controller import ChargingPath, minimum_action
 
 TIE_BREAK = 1e-6
 @dataclass
@@ -56,6 +64,7 @@ class Solution:
     solve_s: float
     variables: int
     constraints: int
+    short_kwh: float = 0.0  # what the plan leaves cars short of their needs (0 wherever the physics reaches them)
 
 
 class _Program:
@@ -130,57 +139,95 @@ def _add_battery(lp: _Program, battery: BatteryModel, charge: np.ndarray, discha
     lp.at_most([(energy[-1], -1.0)], -min(final, battery.capacity_kwh))
 
 
-def _add_car(lp: _Program, session: EvSession, cols: np.ndarray, feeds: np.ndarray | None) -> None:
-    """Served by departure, never overfilled; with V2G, within the floor and the capacity at every step."""
+def _add_car(lp: _Program, session: EvSession, cols: np.ndarray, feeds: np.ndarray | None, gain: np.ndarray,
+             short: int, penalty: float) -> None:
+    """Served by each departure, never overfilled, never below its floor; its power within what the car's
+    capacity-power curve allows at the energy it holds (exact where the curve is concave, as CityLearn's are).
+    ``gain[k]``: the kWh it holds after step k above what it arrived with; ``short``: the kWh it may end short of a
+    departure's need at ``penalty`` kg each, so that a need the physics cannot reach never leaves the program without
+    a plan (it costs more than any CO2 a shortfall could save)."""
     lp.upper[cols] = session.max_grid_kwh_per_step
     if session.max_grid_steps is not None:
         lp.upper[cols] = np.minimum(lp.upper[cols], session.max_grid_steps)
     if session.min_grid_steps is not None:
         lp.lower[cols] = np.minimum(session.min_grid_steps, lp.upper[cols])
     per_grid = session.stored_per_grid_steps or (session.stored_per_grid_kwh,) * len(cols)
-    stored = [(int(c), float(v)) for c, v in zip(cols, per_grid)]
-    taken: list[tuple[int, float]] = []
+    per_fed = session.fed_per_stored_steps or (session.fed_per_stored_kwh,) * len(cols)
+    lp.upper[gain] = session.room_kwh
+    lp.lower[gain] = -session.reserve_kwh if feeds is not None else 0.0
+    lp.cost[short] = penalty
+    # each departure: its energy by then; the last, at least what it came with (the site borrows, never keeps)
+    for k, need in (*[(k, n) for k, n in session.interim_needs if n > 0], (len(cols) - 1, session.need_kwh)):
+        lp.at_most([(int(gain[k]), -1.0), (short, -1.0)], -need)
     if feeds is not None:
         lp.upper[feeds] = session.max_feed_kwh_per_step
+        if session.max_feed_steps is not None:
+            lp.upper[feeds] = np.minimum(lp.upper[feeds], session.max_feed_steps)
+        if session.min_feed_steps is not None:
+            lp.lower[feeds] = np.minimum(session.min_feed_steps, lp.upper[feeds])
         lp.cost[feeds] = TIE_BREAK  # feeding a building that imports nothing is no gain
-        per_fed = session.fed_per_stored_steps or (session.fed_per_stored_kwh,) * len(feeds)
-        taken = [(int(f), -1.0 / max(float(v), 1e-9)) for f, v in zip(feeds, per_fed)]
-    lp.at_most([(c, -v) for c, v in stored + taken], -session.need_kwh)
-    for k, need in session.interim_needs:  # an earlier departure of the same car: its energy by then
-        lp.at_most([(c, -v) for c, v in stored[:k + 1] + taken[:k + 1]], -need)
-    if feeds is None:  # charging only: the energy only grows, so its last step bounds them all
-        lp.at_most(stored, session.room_kwh)
-        return
+    path = session.path
+    lines = () if path is None else power_lines(path.capacity_power, path.nominal_power_kw * path.hours,
+                                                path.capacity_kwh, 0.0)
+    # What the car's battery is asked per grid kWh (CityLearn limits that): the charger's efficiency charging, its
+    # inverse feeding the building.
+    root = math.sqrt(max(path.power_efficiency.y)) if path else 1.0
     for k in range(len(cols)):
-        so_far = stored[:k + 1] + taken[:k + 1]
-        lp.at_most(so_far, session.room_kwh)
-        lp.at_most([(c, -v) for c, v in so_far], session.reserve_kwh)
-        # charging and discharging share the step
-        lp.at_most([(int(cols[k]), 1.0 / session.max_grid_kwh_per_step),
-                    (int(feeds[k]), 1.0 / session.max_feed_kwh_per_step)], 1.0)
+        entries = [(int(gain[k]), 1.0), (int(cols[k]), -float(per_grid[k]))]
+        if feeds is not None:
+            entries.append((int(feeds[k]), 1.0 / max(float(per_fed[k]), 1e-9)))
+        if k > 0:
+            entries.append((int(gain[k - 1]), -1.0))
+        lp.equal(entries, 0.0)
+        power = [(int(cols[k]), float(per_grid[k]) / root)]
+        if feeds is not None:
+            # charging and discharging share the step
+            lp.at_most([(int(cols[k]), 1.0 / session.max_grid_kwh_per_step),
+                        (int(feeds[k]), 1.0 / session.max_feed_kwh_per_step)], 1.0)
+            power.append((int(feeds[k]), root / max(float(per_fed[k]), 1e-9)))
+        for intercept, slope in lines:  # CityLearn's limit at the energy the step starts with
+            held = intercept + slope * session.arrival_kwh
+            lp.at_most(power + ([(int(gain[k - 1]), -slope)] if k > 0 else []), held)
+
+
+def _layout(model: SiteModel) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray, np.ndarray]], list[np.ndarray],
+                                       list[np.ndarray | None], list[np.ndarray], int]:
+    """The program's variables: imp[B x T] (building-major), then per battery (in[T], out[T], E[T]), then one x per
+    session step, then one y per step of each session whose charger can discharge (V2G), then each session's energy
+    gained; and how many there are."""
+    T, B = model.steps, model.buildings
+    imp = np.arange(B * T).reshape(B, T)
+    first = B * T
+    bat = [(first + 3 * T * k + np.arange(T), first + 3 * T * k + T + np.arange(T),
+            first + 3 * T * k + 2 * T + np.arange(T)) for k in range(len(model.batteries))]
+    offset = first + 3 * T * len(model.batteries)
+
+    def columns(sessions: list[EvSession | None]) -> list[np.ndarray | None]:
+        nonlocal offset
+        out: list[np.ndarray | None] = []
+        for session in sessions:
+            out.append(None if session is None else offset + np.arange(len(session.steps)))
+            offset += 0 if session is None else len(session.steps)
+        return out
+
+    ev_index = columns(model.sessions)
+    feed_index = columns([s if s.max_feed_kwh_per_step > 0 else None for s in model.sessions])
+    gain_index = columns(model.sessions)
+    return imp, bat, ev_index, feed_index, gain_index, offset  # type: ignore[return-value]
+
+
+def short_penalty(model: SiteModel) -> float:
+    """kg a kWh a car ends short of its need costs the program: ten times the dirtiest hour's kWh."""
+    return 10.0 * max(float(np.max(model.carbon, initial=0.0)), 1e-3)
 
 
 def solve(model: SiteModel) -> Solution:
     """Minimise the period's CO2 (HiGHS via scipy's linprog)."""
     started = time.perf_counter()
     T, B = model.steps, model.buildings
-    # Variable layout: imp[B x T] (building-major), then per battery (in[T], out[T], E[T]), then one x per session
-    # step, then one y per step of each session whose charger can discharge (V2G).
-    imp = np.arange(B * T).reshape(B, T)
-    first = B * T
-    bat = [(first + 3 * T * k + np.arange(T), first + 3 * T * k + T + np.arange(T),
-            first + 3 * T * k + 2 * T + np.arange(T)) for k in range(len(model.batteries))]
-    offset = first + 3 * T * len(model.batteries)
-    ev_index: list[np.ndarray] = []
-    for session in model.sessions:
-        ev_index.append(offset + np.arange(len(session.steps)))
-        offset += len(session.steps)
-    feed_index: list[np.ndarray | None] = []
-    for session in model.sessions:
-        feeds = session.max_feed_kwh_per_step > 0
-        feed_index.append(offset + np.arange(len(session.steps)) if feeds else None)
-        offset += len(session.steps) if feeds else 0
-    lp = _Program(offset)
+    imp, bat, ev_index, feed_index, gain_index, offset = _layout(model)
+    shorts = offset + np.arange(len(model.sessions))  # one per session: kWh short of a departure's need
+    lp = _Program(offset + len(model.sessions))
     lp.cost[imp] = model.carbon + TIE_BREAK
 
     # Each meter: -imp[b, t] + sum(in - out) + sum(x - y) <= -fixed[b, t]
@@ -198,8 +245,9 @@ def solve(model: SiteModel) -> Solution:
             lp.at_most(site[b][t], -model.fixed_net_kwh[b, t])
     for (charge, discharge, energy), battery in zip(bat, model.batteries):
         _add_battery(lp, battery, charge, discharge, energy)
-    for cols, feeds, session in zip(ev_index, feed_index, model.sessions):
-        _add_car(lp, session, cols, feeds)
+    penalty = short_penalty(model)
+    for cols, feeds, gain, short, session in zip(ev_index, feed_index, gain_index, shorts, model.sessions):
+        _add_car(lp, session, cols, feeds, gain, int(short), penalty)
 
     x = lp.solve()
     net = model.fixed_net_kwh.copy()
@@ -218,22 +266,47 @@ def solve(model: SiteModel) -> Solution:
             grid -= x[feeds]
             series[list(session.steps)] -= x[feeds] / (session.discharge_power_kw * model.hours)
         net[session.building, list(session.steps)] += grid
-    return Solution(model.co2_kg(net), net, battery_actions, ev_actions, time.perf_counter() - started, offset,
-                    lp.constraints)
+    return Solution(model.co2_kg(net), net, battery_actions, ev_actions, time.perf_counter() - started, len(x),
+                    lp.constraints, float(x[shorts].sum()))
 
 
 class OptimumReplay:
-    """The LP's dispatch, step by step, as a controller (what perfect foresight reaches in CityLearn)."""
+    """The LP's dispatch, step by step, as a controller (what perfect foresight reaches in CityLearn).
+
+    With the model's ``sessions`` it also knows each car's departure and goal ahead: where a car arrives with less
+    than the model assumed (a charger file that gives no arrival state of charge, so CityLearn keeps what the car
+    had), its charge is raised to the least that still serves it by its departure. The EV guard cannot: on the
+    official datasets a departure is often unknown (-1) until its last hour.
+    """
 
     name = "optimum"
 
-    def __init__(self, solution: Solution) -> None:
+    def __init__(self, solution: Solution, sessions: tuple[EvSession, ...] | list[EvSession] = ()) -> None:
         self.solution = solution
+        self.deadlines: dict[str, list[tuple[int, int, float, ChargingPath]]] = {}
+        for session in sessions:
+            if session.path is None:
+                continue
+            first = session.steps[0]
+            for k, need in (*session.interim_needs, (len(session.steps) - 1, session.need_kwh)):
+                if need > 0:
+                    self.deadlines.setdefault(session.charger, []).append(
+                        (first, first + k, session.arrival_kwh + need, session.path))
+
+    def _served(self, charger: Any, t: int, action: float) -> float:
+        """``action`` raised to the least that serves the car connected to ``charger`` by its next deadline."""
+        ev = charger.connected_electric_vehicle
+        for first, deadline, goal, path in self.deadlines.get(charger.charger_id, ()):
+            if ev is not None and first <= t <= deadline:
+                energy = max(float(ev.battery.energy_init), path.min_soc * path.capacity_kwh)
+                return minimum_action(path, energy, goal, deadline - t, action)
+        return action
 
     def act(self, obs: np.ndarray, env: Any) -> np.ndarray:
         t = env.time_step
         native: list[float] = []
-        for (_, names), b in zip(action_slices(env), range(len(env.buildings))):
+        for b, ((_, names), building) in enumerate(zip(action_slices(env), env.buildings)):
+            chargers = {f"{EV_ACTION_PREFIX}{c.charger_id}": c for c in building.electric_vehicle_chargers or []}
             for name in names:
                 if name == "electrical_storage" and b in self.solution.battery_actions:
                     series = self.solution.battery_actions[b]
@@ -241,5 +314,8 @@ class OptimumReplay:
                     series = self.solution.ev_actions.get(name[len(EV_ACTION_PREFIX):])
                 else:
                     series = None
-                native.append(float(np.clip(series[t], -1.0, 1.0)) if series is not None and t < len(series) else 0.0)
+                action = float(np.clip(series[t], -1.0, 1.0)) if series is not None and t < len(series) else 0.0
+                if name in chargers:
+                    action = self._served(chargers[name], t, action)
+                native.append(action)
         return ActionScale.of(env).to_agent(native)

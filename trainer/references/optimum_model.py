@@ -77,6 +77,8 @@ class EvSession:
     fed_per_stored_steps: tuple[float, ...] | None = field(default=None, compare=False, repr=False)
     min_grid_steps: tuple[float, ...] | None = field(default=None, compare=False, repr=False)
     max_grid_steps: tuple[float, ...] | None = field(default=None, compare=False, repr=False)
+    min_feed_steps: tuple[float, ...] | None = field(default=None, compare=False, repr=False)
+    max_feed_steps: tuple[float, ...] | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass

@@ -77,7 +77,7 @@ def _optimum(cfg: Config, open_env: Callable[[], Any]) -> tuple[Controller, dict
                     seconds=round(fitted.solve_s, 2), variables=bound.variables,
                     constraints=bound.constraints)
     hours = model.steps * model.hours
-    return OptimumReplay(fitted.plan), {
+    return OptimumReplay(fitted.plan, model.sessions), {
         "lp_co2_kg": bound.co2_kg, "lp_co2_kg_per_year": bound.co2_kg * HOURS_PER_YEAR / hours,
         "lp_uncontrolled_co2_kg": model.co2_kg(model.uncontrolled_net_kwh()),
         "lp_physics_co2_kg": fitted.physics_co2_kg, "lp_fit_rounds": fitted.rounds,

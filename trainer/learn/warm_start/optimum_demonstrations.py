@@ -11,8 +11,9 @@ import numpy as np
 
 from trainer.config.sections import Config
 from trainer.env.citylearn import make_sb3_env
-from trainer.references.optimum import OptimumReplay, solve
+from trainer.references.optimum import OptimumReplay
 from trainer.references.optimum_model import OptimumUnavailable, site_model
+from trainer.references.physics import solve_in_physics
 from trainer.site import Site
 from trainer.site.scenario import DRAW_SEED_OFFSET
 
@@ -67,11 +68,12 @@ def demonstrations(cfg: Config, site: Site, seed: int) -> Demonstrations:
     try:
         env.reset()
         try:
-            solution = solve(site_model(env.unwrapped, cfg.ev.margin_soc))
+            model = site_model(env.unwrapped, cfg.ev.margin_soc)
+            plan = solve_in_physics(model).plan  # the plan that holds in CityLearn's curves, as the reference replays
         except OptimumUnavailable as exc:
             _UNAVAILABLE[key] = str(exc)
             raise
-        replay = OptimumReplay(solution)
+        replay = OptimumReplay(plan, model.sessions)
         obs, _ = env.reset()
         observations, actions, rewards, done = [], [], [], False
         while not done:
