@@ -20,8 +20,8 @@ from trainer.cli.group import cli
 from trainer.cli.options import command
 from trainer.config.loading import doc_text
 from trainer.config.roster import AGENTS
+from trainer.judge.optimum_check import check_optimum
 from trainer.judge.report import report_run
-from trainer.references.check import check_optimum
 from trainer.references.optimum_model import OptimumUnavailable
 from trainer.run import session
 from trainer.run.folder import RunDir

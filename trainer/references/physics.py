@@ -137,6 +137,16 @@ def fit(model: SiteModel, solution: Solution) -> tuple[SiteModel, float, float]:
     return replace(model, batteries=batteries, sessions=sessions), model.co2_kg(net), short
 
 
+def _solve_round(model: SiteModel) -> Solution:
+    """The fitted program; where a charge raised to a charger's minimum leaves it no plan (the car is full by then
+    in the new plan), the same program with only the charges turned off kept."""
+    try:
+        return solve(model)
+    except OptimumUnavailable:
+        relaxed = [replace(s, min_grid_steps=None, min_feed_steps=None) for s in model.sessions]
+        return solve(replace(model, sessions=relaxed))
+
+
 def solve_in_physics(model: SiteModel, rounds: int = ROUNDS) -> FittedPlan:
     """The bound (the program at each curve's best point) and the plan fitted to CityLearn's physics (see the
     module's doc): of the rounds' plans, the one that emits least in its physics, a kWh its cars end short counted
@@ -150,7 +160,7 @@ def solve_in_physics(model: SiteModel, rounds: int = ROUNDS) -> FittedPlan:
         return FittedPlan(bound, bound, float(co2), done, seconds)
     for _ in range(rounds - 1):
         try:
-            plan = solve(fitted)
+            plan = _solve_round(fitted)
         except OptimumUnavailable:  # a round without a feasible program keeps the best plan so far
             break
         done, seconds = done + 1, seconds + plan.solve_s
