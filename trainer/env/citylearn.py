@@ -285,14 +285,20 @@ class NormalisationPlan:
         return self.normalise(raw)
 
 
+def central_arrays(sb3_env: gymnasium.Env) -> CentralAgentArrays | None:
+    """The :class:`CentralAgentArrays` inside ``sb3_env``'s wrappers, or None."""
+    arrays = sb3_env
+    while not isinstance(arrays, CentralAgentArrays) and hasattr(arrays, "env"):
+        arrays = arrays.env
+    return arrays if isinstance(arrays, CentralAgentArrays) else None
+
+
 @contextmanager
 def guard_for(sb3_env: gymnasium.Env, controller: object) -> Iterator[None]:
     """The EV guard off while a controller that says ``guarded = False`` runs (the uncontrolled baseline, whose cars
     charge at full power until full, as on a site without control); else the environment as it is."""
-    arrays = sb3_env
-    while not isinstance(arrays, CentralAgentArrays) and hasattr(arrays, "env"):
-        arrays = arrays.env
-    if getattr(controller, "guarded", True) or not isinstance(arrays, CentralAgentArrays):
+    arrays = central_arrays(sb3_env)
+    if getattr(controller, "guarded", True) or arrays is None:
         yield
         return
     saved, arrays.guard = arrays.guard, None

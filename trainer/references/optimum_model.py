@@ -157,7 +157,7 @@ def _valid_soc(value: Any) -> float | None:
     return value if math.isfinite(value) and 0.0 <= value <= 1.0 else None
 
 
-def _arrival_soc(sim: Any, start: int) -> float | None:
+def arrival_soc(sim: Any, start: int) -> float | None:
     """The state of charge CityLearn forces on a car that connects at ``start`` (its arrival rule), or None where
     it forces none (the car keeps what it has)."""
     current = getattr(sim, "electric_vehicle_current_soc", None)
@@ -191,7 +191,7 @@ def connections(sim: Any, steps: int) -> list[tuple[str, int, int, float | None]
         if state[t] != 1 or not isinstance(car, str) or car.strip() in ("", "nan"):
             continue
         going_on = bool(out) and out[-1][2] == t and out[-1][0] == car
-        soc = _arrival_soc(sim, t) if not going_on or _new_session(sim, t) else None
+        soc = arrival_soc(sim, t) if not going_on or _new_session(sim, t) else None
         if going_on and soc is None:
             out[-1][2] = t + 1
         else:

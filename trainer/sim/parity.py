@@ -19,7 +19,7 @@ import numpy as np
 from trainer.config.sections import Config
 from trainer.env.citylearn import ActionScale, make_citylearn_env
 from trainer.env.ev_guard import EvServiceGuard
-from trainer.references.optimum_model import site_model
+from trainer.references.optimum_model import arrival_soc, site_model
 from trainer.sim.simulators import VECTOR, Simulator, SiteModel
 from trainer.site import Site
 
@@ -35,10 +35,34 @@ class Mismatch:
     what: str
     citylearn: float
     simulator: float
+    why: str = ""  # what is known to cause it, where it is
 
     def __str__(self) -> str:
         return (f"step {self.step}: {self.what} is {self.citylearn:.6g} in CityLearn, {self.simulator:.6g} in the "
-                f"simulator (differs by {abs(self.citylearn - self.simulator):.3g})")
+                f"simulator (differs by {abs(self.citylearn - self.simulator):.3g})" + (f": {self.why}" if self.why
+                                                                                         else ""))
+
+
+UNPLUGGED_DRIFT = ("the car arrived without a state of charge the charger file gives, so CityLearn keeps its own "
+                   "charge after a random drift while it was away, which the simulator does not draw alike")
+
+
+def _known_cause(env: Any, name: str, t: int) -> str:
+    """Why a car's state of charge differs at ``t``, where it arrived then without one CityLearn forces."""
+    marker = "connected_electric_vehicle_at_charger_"
+    if marker not in name or not name.endswith("_soc"):
+        return ""
+    charger_id = name.split(marker, 1)[1][:-len("_soc")]
+    for building in env.buildings:
+        for charger in building.electric_vehicle_chargers or []:
+            sim = charger.charger_simulation
+            if charger.charger_id != charger_id:
+                continue
+            plugged = t  # the step the car now connected plugged in
+            while plugged > 0 and sim.electric_vehicle_charger_state[plugged - 1] == 1:
+                plugged -= 1
+            return UNPLUGGED_DRIFT if plugged > 0 and arrival_soc(sim, plugged) is None else ""
+    return ""
 
 
 @dataclass
@@ -145,7 +169,7 @@ class ParityCheck:
                 result.max_observation_diff, result.worst_column = float(diff[column]), self.names[column]
             if diff[column] > tolerance and result.first_mismatch is None:
                 result.first_mismatch = Mismatch(t, f"observation {self.names[column]}", raw[column],
-                                                 float(simulated[column]))
+                                                 float(simulated[column]), _known_cause(env, self.names[column], t))
             if t == limit or result.first_mismatch is not None:
                 break
             native = np.asarray(act(env, raw, scale), dtype=float)
