@@ -56,7 +56,7 @@ def plot_co2(results: dict[str, dict[str, Any]], path: Path, target_pct: float =
     bound = results.get("optimum", {}).get("lp_co2_kg_per_year")
     if bound:
         ax.axhline(bound / 1000, color=COLOURS["optimum"], linestyle=":", linewidth=1.5,
-                   label="optimum (perfect-foresight LP): the physical limit")
+                   label="optimum's bound (perfect-foresight LP): no controller beats it")
     ax.set_ylabel("CO2, tonnes per year")
     ax.set_title("Grid CO2 per controller (evaluation period, scaled to a year)\nhatched: missed the EV target, "
                  "so not recommended", fontsize=10)
@@ -74,7 +74,7 @@ def plot_co2(results: dict[str, dict[str, Any]], path: Path, target_pct: float =
                        va="bottom", fontsize=8)
     ev_ax.axhline(target_pct, color="#d62728", linestyle="--", linewidth=1,
                   label=f"EV target: {target_pct:g}% of departures (ev.target_met_pct)")
-    ev_ax.legend(loc="upper right", fontsize=7)
+    ev_ax.legend(loc="lower right", fontsize=7, framealpha=0.9)  # above the bars sit their labels
     ev_ax.set_ylim(0, 135)
     ev_ax.set_ylabel("EV departures\nmet %")
     fig.tight_layout()
