@@ -10,8 +10,10 @@ on the shared 14-building district the bound's own dispatch replayed at 82 % of 
 So the plan is fitted to the physics by successive linear programs. Each round steps the last plan through the
 physics of every battery and car (``ChargingPath.step``, CityLearn's ``Battery.charge`` and charger step by
 step) and reads, at each step, the efficiency the plan's power really has; a charge below a charger's minimum
-power becomes either that minimum or nothing. The next program uses those numbers. The plan whose own physics
-emits least while serving every car is the one replayed; the bound stays the first program's.
+power becomes either that minimum or nothing. The next program uses those numbers. Of the rounds' plans, the one
+whose own physics emits least, a kWh its cars end short counted as charged in the dirtiest hour, is the one
+replayed; the bound stays the first program's. Where the bound's plan already holds in the physics (flat curves,
+as on the built-in site) there is one round.
 """
 
 from __future__ import annotations
