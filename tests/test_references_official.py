@@ -171,3 +171,16 @@ def test_the_parity_check_says_why_a_car_arriving_without_a_charge_differs():
     sim.electric_vehicle_estimated_soc_arrival[2] = 0.4  # the file gives one: CityLearn forces it, nothing to explain
     assert _known_cause(env, name, 4) == ""
     assert _known_cause(env, "Building_1.non_shiftable_load", 4) == ""
+
+
+def test_an_export_accepts_the_hours_an_official_dataset_counts(official_ev_schema, default_cfg):
+    # The official 2022 EV data counts hours 0-23 where CityLearn's definition says 1-24: an export's controller
+    # refused its own first reading ("observation 'hour' is 0, outside 1..24")
+    from trainer.env.citylearn import CentralAgentArrays
+    from trainer.export.spec import observations
+
+    env = make_citylearn_env(default_cfg, Site.load(official_ev_schema), "eval", default_cfg.seed, eval_days=2)
+    arrays = CentralAgentArrays(env, None)
+    arrays.reset()
+    valid = {o["name"]: o["valid"] for o in observations(env, arrays.plan, "USD")}
+    assert valid["hour"] == [0.0, 24.0] and valid["month"][0] <= 1 and valid["month"][1] >= 12

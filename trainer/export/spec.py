@@ -12,6 +12,8 @@ import re
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from trainer.base.errors import TrainerError
 from trainer.env.citylearn import ActionScale, raw_observation_name
 from trainer.env.ev_guard import charging_path
@@ -29,7 +31,8 @@ if TYPE_CHECKING:
 UNITS: tuple[tuple[str, str, bool], ...] = (
     (r"month", "month of the year, 1-12", True),
     (r"day_type", "day of the week, 1-7 as the dataset counts them (the built-in site: 1 = Monday)", True),
-    (r"hour", "hour of the day, 1-24: the hour that ends at this step", True),
+    (r"hour", "hour of the day, as the dataset counts it (1-24: the hour that ends at this step; some datasets 0-23)",
+     True),
     (r"outdoor_dry_bulb_temperature(_predicted_\d+)?", "degC", False),
     (r"outdoor_relative_humidity(_predicted_\d+)?", "%", False),
     (r"(diffuse|direct)_solar_irradiance(_predicted_\d+)?", "W/m2", False),
@@ -73,6 +76,14 @@ def _unit(key: str, currency: str) -> tuple[str, bool]:
     return "as in the dataset's CSV", False
 
 
+def _held(env: CityLearnEnv, key: str) -> tuple[float, ...]:
+    """(least, greatest) of a calendar observation over the period, from every building's data; () where unknown."""
+    values = [np.asarray(getattr(b.energy_simulation, key), dtype=float) for b in env.buildings
+              if hasattr(b.energy_simulation, key)]
+    values = [v[np.isfinite(v)] for v in values if np.isfinite(v).any()]
+    return (min(float(v.min()) for v in values), max(float(v.max()) for v in values)) if values else ()
+
+
 def observations(env: CityLearnEnv, plan: NormalisationPlan, currency: str) -> list[dict[str, Any]]:
     """Each raw observation: its name, unit and the range the controller accepts."""
     periodic = env.buildings[0].get_periodic_observation_metadata()
@@ -82,7 +93,10 @@ def observations(env: CityLearnEnv, plan: NormalisationPlan, currency: str) -> l
         if feature.transform == "identity":
             limits[key] = (feature.low, feature.high)
         else:
-            limits[key] = (float(min(periodic[key])), float(max(periodic[key])))
+            # CityLearn's definition (hours 1-24), widened to what the dataset holds: the official 2022 EV data counts
+            # hours 0-23, which the cos/sin of the period reads alike.
+            held = _held(env, key)
+            limits[key] = (float(min(min(periodic[key]), *held[:1])), float(max(max(periodic[key]), *held[1:])))
     out = []
     for name in plan.names:
         unit, fixed = _unit(name, currency)
