@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 import numpy as np
 
@@ -105,14 +105,9 @@ def raised_kwh(path: ChargingPath, wanted: float, needed: float) -> float:
     return (charge * path.max_power_kw + discharge * path.max_discharge_kw) * path.hours
 
 
-class EvServiceGuard:
-    """Raises each connected car's charging action to the least that still serves it by departure and, with
-    ``stop_at_target``, lowers a charge-only car's to the most that does not fill it past its target.
-
-    ``margin_soc`` (a fraction of the car's capacity) covers what an exact prediction cannot: float
-    rounding and capacity fade. Acts on CityLearn's own action list (one array per building for
-    a central agent's single array) before ``CityLearnEnv.step``; counts the steps it intervened.
-    """
+class GuardSettings:
+    """What every EV guard is set with (the config's ``ev`` section) and what it counts as it acts: this one on
+    CityLearn's objects, and the training simulator's on arrays (trainer.sim.ev.Guard)."""
 
     def __init__(self, margin_soc: float, stop_at_target: bool = False) -> None:
         self.margin_soc = margin_soc
@@ -122,9 +117,19 @@ class EvServiceGuard:
         self.lowered = 0
 
     @classmethod
-    def of(cls, ev: EvConfig) -> EvServiceGuard | None:
+    def of(cls, ev: EvConfig) -> Self | None:
         """The guard ``ev`` (the config's section) asks for; None where it is off."""
         return cls(ev.margin_soc, ev.stop_at_target) if ev.guard else None
+
+
+class EvServiceGuard(GuardSettings):
+    """Raises each connected car's charging action to the least that still serves it by departure and, with
+    ``stop_at_target``, lowers a charge-only car's to the most that does not fill it past its target.
+
+    ``margin_soc`` (a fraction of the car's capacity) covers what an exact prediction cannot: float
+    rounding and capacity fade. Acts on CityLearn's own action list (one array per building for
+    a central agent's single array) before ``CityLearnEnv.step``; counts the steps it intervened.
+    """
 
     def apply(self, env: Any, actions: np.ndarray) -> np.ndarray:
         """``actions``: the central agent's flat native action vector; returns a guarded copy."""

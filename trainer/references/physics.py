@@ -24,6 +24,7 @@ import numpy as np
 
 from trainer.references.optimum import Solution, solve
 from trainer.references.optimum_model import BatteryModel, EvSession, OptimumUnavailable, SiteModel
+from trainer.shipped.controller import ChargingPath
 
 ROUNDS = 5  # measured: on the shared district's chargers with a minimum power the plan settles by the fourth
 SERVED_KWH = 0.05  # cars this short of their needs in all (kWh) are served: the guard's margin covers it
@@ -42,6 +43,18 @@ class FittedPlan:
     solve_s: float  # every round's program, the bound's included
 
 
+def _efficiencies(path: ChargingPath, energy: float, stored: float, grid: float, fallback: tuple[float, float]
+                  ) -> tuple[float, float]:
+    """(stored kWh per grid kWh charged, grid kWh delivered per stored kWh taken) of a step from ``energy`` that
+    stored ``stored`` and drew ``grid``; a direction the step did not move is read at full power from ``energy``,
+    and one that cannot move at all takes ``fallback``."""
+    up_stored, up_grid = (stored, grid) if grid > 1e-9 else path.step(energy, 1.0)
+    down_stored, down_grid = (stored, grid) if grid < -1e-9 else path.step(energy, -1.0)
+    into = (up_stored - energy) / up_grid if up_grid > 1e-9 else fallback[0]
+    out_of = -down_grid / (energy - down_stored) if energy - down_stored > 1e-9 else fallback[1]
+    return into, out_of
+
+
 def _battery_round(battery: BatteryModel, flow: np.ndarray) -> tuple[BatteryModel, np.ndarray]:
     """The battery's per-step efficiencies along ``flow`` (grid kWh, + charges), and the grid kWh it really moves."""
     path = battery.path
@@ -52,14 +65,11 @@ def _battery_round(battery: BatteryModel, flow: np.ndarray) -> tuple[BatteryMode
     moved = np.zeros(len(flow))
     energy = max(battery.initial_kwh, battery.min_kwh)
     full_power = path.max_power_kw * path.hours
+    root = float(np.sqrt(battery.efficiency))
     for t, kwh in enumerate(flow):
         stored, grid = path.step(energy, kwh / full_power)
         moved[t] = grid
-        # where the plan does not move energy, the efficiency of moving it at full power from here
-        up_stored, up_grid = (stored, grid) if grid > 1e-9 else path.step(energy, 1.0)
-        down_stored, down_grid = (stored, grid) if grid < -1e-9 else path.step(energy, -1.0)
-        into[t] = (up_stored - energy) / up_grid if up_grid > 1e-9 else np.sqrt(battery.efficiency)
-        out_of[t] = -down_grid / (energy - down_stored) if energy - down_stored > 1e-9 else np.sqrt(battery.efficiency)
+        into[t], out_of[t] = _efficiencies(path, energy, stored, grid, (root, root))
         energy = path.carried_over(stored)
     return replace(battery, charge_root=into, discharge_root=out_of), moved
 
@@ -101,11 +111,10 @@ def _car_round(session: EvSession, grid_plan: np.ndarray) -> tuple[EvSession, np
         action = kwh / (path.max_power_kw * hours) if kwh >= 0 else kwh / (max(path.max_discharge_kw, 1e-9) * hours)
         stored, grid = path.step(energy, action)
         drawn[k] = grid
-        up_stored, up_grid = (stored, grid) if grid > 1e-9 else path.step(energy, 1.0)
-        per_grid.append((up_stored - energy) / up_grid if up_grid > 1e-9 else session.stored_per_grid_kwh)
-        down_stored, down_grid = (stored, grid) if grid < -1e-9 else path.step(energy, -1.0)
-        per_fed.append(-down_grid / (energy - down_stored) if energy - down_stored > 1e-9
-                       else session.fed_per_stored_kwh)
+        into, out_of = _efficiencies(path, energy, stored, grid,
+                                     (session.stored_per_grid_kwh, session.fed_per_stored_kwh))
+        per_grid.append(into)
+        per_fed.append(out_of)
         energy = path.carried_over(stored)
     short = max(session.need_kwh - (energy - session.arrival_kwh), 0.0)
     fitted = replace(session, stored_per_grid_steps=tuple(per_grid), fed_per_stored_steps=tuple(per_fed),

@@ -13,12 +13,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from trainer.env.ev_guard import GuardSettings
 from trainer.shipped.controller import BISECTION_STEPS, GUARD_RAISE
 from trainer.sim.battery import BatteryBank, carried_soc, charged
 from trainer.sim.site import SiteTables
 
 if TYPE_CHECKING:
-    from trainer.config.sections import EvConfig
+    pass
 
 
 @dataclass
@@ -158,20 +159,8 @@ def linear_paths(tables: SiteTables) -> bool:
     return flat and no_curves and bool(np.all(cars.loss == 0))
 
 
-class Guard:
+class Guard(GuardSettings):
     """The EV service guard (trainer.env.ev_guard.EvServiceGuard) on native action arrays (N, n_actions)."""
-
-    def __init__(self, margin_soc: float, stop_at_target: bool = False) -> None:
-        self.margin_soc = margin_soc
-        self.stop_at_target = stop_at_target
-        self.interventions = 0
-        self.raised_kwh = 0.0
-        self.lowered = 0
-
-    @classmethod
-    def of(cls, ev: EvConfig) -> Guard | None:
-        """The guard ``ev`` (the config's section) asks for; None where it is off."""
-        return cls(ev.margin_soc, ev.stop_at_target) if ev.guard else None
 
     def apply(self, sessions: Sessions, actions: np.ndarray) -> np.ndarray:
         chargers = sessions.tables.chargers
