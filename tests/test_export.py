@@ -96,7 +96,7 @@ def test_controller_py_checks_acts_and_gives_an_example_with_numpy_and_onnxrunti
     folder = exports[agent][1]
     check = standalone(folder, "check")
     assert check.returncode == 0, check.stderr
-    assert check.stdout.startswith("ok: 71 steps of the evaluation")
+    assert check.stdout.startswith("ok: acted on 71 of 71 steps of the evaluation")
     example = standalone(folder, "example")
     assert example.returncode == 0, example.stderr
     step = json.loads(example.stdout)
@@ -293,3 +293,33 @@ def test_a_damaged_export_is_named_in_one_line(exports, tmp_path):
     check = standalone(folder, "check")
     assert check.returncode == 2 and "is not a whole export (no 'features')" in check.stderr
     assert len(check.stderr.strip().splitlines()) == 1
+
+
+def test_check_acts_on_another_period_counting_readings_beyond_training_and_refusing_the_implausible(exports,
+                                                                                                     tmp_path):
+    folder = exports["ppo"][1]
+    spec = json.loads((folder / SPEC_FILE).read_text())
+    net = next(o for o in spec["observations"] if o["name"] == "net_electricity_consumption")
+    trained_high, valid_high = net["trained"][1], net["valid"][1]
+    assert trained_high < valid_high  # a measured reading: acted on well beyond what training held
+    rows = [{k: v for k, v in row.items() if not k.startswith(EXPECTED_PREFIX)} for row in _sample(folder)[:10]]
+    for row in rows[:3]:  # a summer peak beyond training
+        row["net_electricity_consumption"] = repr((trained_high + valid_high) / 2)
+    with (tmp_path / "summer.csv").open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    check = standalone(folder, "check", "--obs", str(tmp_path / "summer.csv"))
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert check.stdout.startswith(f"ok: acted on 10 of 10 steps of {tmp_path / 'summer.csv'}")
+    assert "readings beyond the range the policy trained on (acted on, as a deployed controller would): " \
+           "net_electricity_consumption 3" in check.stdout
+    rows[4]["net_electricity_consumption"] = repr(valid_high * 1000)  # a reading in W, not kWh
+    with (tmp_path / "watts.csv").open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    check = standalone(folder, "check", "--obs", str(tmp_path / "watts.csv"))
+    assert check.returncode == 1 and check.stdout.startswith("REFUSED: acted on 9 of 10 steps")
+    assert "refused 1 step(s) with a reading outside what is plausible; first: row 5: observation " \
+           "'net_electricity_consumption'" in check.stdout

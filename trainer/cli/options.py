@@ -123,10 +123,19 @@ dataset_options = options(
         "--dataset", default=None, help="A CityLearn dataset name, found under $CITYLEARN_LOCAL_DATASETS_PATH."
     ),
 )
+holdout_options = options(
+    click.option("--holdout", default=None, metavar="SHARE|none",
+                 help="Share of the dataset's period held out at its end and judged on, e.g. 25% (default: "
+                      "holdout.share); none: judge on what the agents learnt from (in-sample figures, said so)."),
+    click.option("--eval-schema", "eval_schema", type=click.Path(), default=None,
+                 help="Judge on this CityLearn schema.json (another period, or a building with the same devices); "
+                      "the dataset's own period is then all for learning."),
+    click.option("--eval-dataset", "eval_dataset", default=None,
+                 help="Judge on this CityLearn dataset, found as --dataset finds one."))
 device_option = click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default=None,
                              help="Torch device (default: gpu.device from the config).")
 run_options = options(
-    config_options, dataset_options, device_option,
+    config_options, dataset_options, holdout_options, device_option,
     click.option("--out", type=click.Path(file_okay=False), default=None,
                  help="Run folder (default: outputs/<scenario>__<command>__<seed>__<time>)."),
     click.option("--seed", type=click.IntRange(min=0), default=None, help="Global seed (default: config seed)."))

@@ -36,8 +36,10 @@ def _print_results(results: dict, run: RunDir) -> None:
 @command(cli)
 @opts.run_options
 def baseline(config_files: tuple[str, ...], overrides: tuple[str, ...], profile: str | None, schema: str | None,
-             dataset: str | None, device: str | None, out: str | None, seed: int | None) -> None:
+             dataset: str | None, holdout: str | None, eval_schema: str | None, eval_dataset: str | None,
+             device: str | None, out: str | None, seed: int | None) -> None:
     """Evaluate the references: uncontrolled baseline, rule-based controller and perfect-foresight optimum."""
+    overrides = (*overrides, *session.holdout_overrides(holdout, eval_schema, eval_dataset))
     cfg = session.resolve_config(config_files, overrides, seed=seed, device=device, profile=profile)
     with session.open_run(cfg, "baseline", out, schema, dataset) as ctx:
         State.opened(ctx, "baseline")
@@ -52,10 +54,12 @@ def baseline(config_files: tuple[str, ...], overrides: tuple[str, ...], profile:
 @opts.resume_option
 @opts.force_option
 def train(agent: str, config_files: tuple[str, ...], overrides: tuple[str, ...], profile: str | None,
-          schema: str | None, dataset: str | None, device: str | None, out: str | None, seed: int | None,
+          schema: str | None, dataset: str | None, holdout: str | None, eval_schema: str | None,
+          eval_dataset: str | None, device: str | None, out: str | None, seed: int | None,
           timesteps: int | None, episodes: int | None, resume: str | None, force: bool) -> None:
     """Train one agent (sac, ppo or a2c), evaluate it and the uncontrolled baseline."""
-    overrides = [*overrides, *session.length_overrides([agent], timesteps, episodes)]
+    overrides = [*overrides, *session.length_overrides([agent], timesteps, episodes),
+                 *session.holdout_overrides(holdout, eval_schema, eval_dataset)]
     cfg, out = session.resolve_for_resume(resume, out, f"{agent}/checkpoints", config_files, overrides, seed=seed,
                                           device=device, profile=profile)
     if resume is not None:

@@ -190,6 +190,25 @@ class TrainConfig(Section):
                      "largest divisor of n_steps up to this; docs/simulator.md).", ge=1, le=4096)
 
 
+class HoldoutConfig(Section):
+    share: float = doc("Share of a one-period dataset's period held out at its end, its last months (deploying next "
+                       "season): nothing the agents learn from reads it, and the headline figures are judged on it; "
+                       "the built-in site holds out another year of its climate instead. 0 = none: every figure is "
+                       "in-sample (--holdout none).", ge=0, le=0.5)
+    eval_schema: str | None = doc("A CityLearn schema.json (or its folder) to judge on instead: another period or "
+                                  "another building with the same devices; the dataset's own period is then all "
+                                  "for learning (--eval-schema).")
+    eval_dataset: str | None = doc("A CityLearn dataset name to judge on instead, found as --dataset finds one "
+                                   "(--eval-dataset).")
+
+    @model_validator(mode="after")
+    def _one_eval_dataset(self) -> HoldoutConfig:
+        if self.eval_schema is not None and self.eval_dataset is not None:
+            raise ValueError(f"set only one of eval_schema ({self.eval_schema!r}) or eval_dataset "
+                             f"({self.eval_dataset!r})")
+        return self
+
+
 class GpuConfig(Section):
     device: Literal["auto", "cpu", "cuda"] = doc("Torch device: auto picks cuda when available.")
     cudnn_benchmark: bool = doc("torch.backends.cudnn.benchmark on CUDA.")
@@ -331,6 +350,7 @@ class _Sections(Section):
     observations: ObservationsConfig
     warm_start: WarmStartConfig
     train: TrainConfig
+    holdout: HoldoutConfig
     gpu: GpuConfig
     schedule: ScheduleConfig
     reliability: ReliabilityConfig

@@ -152,7 +152,8 @@ class CentralAgentArrays(gymnasium.Wrapper):
     """
 
     def __init__(
-        self, env: CityLearnEnv, guard: EvServiceGuard | None = None, carbon_ahead_hours: tuple[int, ...] = ()
+        self, env: CityLearnEnv, guard: EvServiceGuard | None = None, carbon_ahead_hours: tuple[int, ...] = (),
+        learnt: NormalisationPlan | None = None,
     ):
         # lazy: CityLearn takes seconds to import
         from citylearn.wrappers import (
@@ -174,12 +175,20 @@ class CentralAgentArrays(gymnasium.Wrapper):
         self.scale = ActionScale.of(env)
         self.action_space = self.scale.agent_space
         self.guard = guard
+        self.learnt = learnt
         self._plan: NormalisationPlan | None = None
         self._raw = np.zeros(0)
 
     def reset(self, *, seed=None, options=None):
         observations, info = self.env.reset(options=options)
-        self._plan = NormalisationPlan(self.env.unwrapped, self.carbon_ahead)
+        own = NormalisationPlan(self.env.unwrapped, self.carbon_ahead)
+        if self.learnt is not None and len(self.learnt.names) != len(own.names):
+            raise DatasetError(f"the dataset judged on gives {len(own.names)} observations where the policy learnt "
+                               f"on {len(self.learnt.names)}; judge it on a dataset with the same devices and "
+                               "observations")
+        # A period judged apart is scaled as the policy learnt, not by its own range: beyond the learnt range a
+        # policy reads values past [0, 1], as a deployed controller would.
+        self._plan = own if self.learnt is None else self.learnt
         return self._observe(observations), info
 
     @property
@@ -308,13 +317,32 @@ def guard_for(sb3_env: gymnasium.Env, controller: object) -> Iterator[None]:
         arrays.guard = saved
 
 
-def make_sb3_env(cfg: Config, site: Site, purpose: Purpose, seed: int, eval_days: int | None = None):
-    """CityLearn → flat normalised arrays for SB3, with SB3's Monitor for episode stats."""
+def make_sb3_env(cfg: Config, site: Site, purpose: Purpose, seed: int, eval_days: int | None = None,
+                 learnt_on: Site | None = None):
+    """CityLearn → flat normalised arrays for SB3, with SB3's Monitor for episode stats. With ``learnt_on`` (a
+    period judged apart from the one the policy learnt on), observations are scaled as on ``learnt_on``."""
     from stable_baselines3.common.monitor import Monitor  # lazy: SB3 imports torch
 
+    learnt = None if learnt_on is None else learnt_normalisation(cfg, learnt_on)
     env = make_citylearn_env(cfg, site, purpose, seed, eval_days)
     guard = EvServiceGuard.of(cfg.ev)
-    return Monitor(CentralAgentArrays(env, guard, tuple(cfg.observations.carbon_ahead_hours)))
+    return Monitor(CentralAgentArrays(env, guard, tuple(cfg.observations.carbon_ahead_hours), learnt))
+
+
+def learnt_normalisation(cfg: Config, site: Site) -> NormalisationPlan:
+    """How a policy that learnt on ``site`` scales its observations (CityLearn's, by ``site``'s period), learnt
+    once per site."""
+    def measure() -> NormalisationPlan:
+        env = make_sb3_env(cfg, site, "eval", cfg.seed, eval_days=1)
+        try:
+            env.reset()
+            plan = central_arrays(env).plan
+            assert plan is not None  # set by the reset
+            return plan
+        finally:
+            env.close()
+
+    return site.remember(("normalisation", tuple(cfg.observations.carbon_ahead_hours)), measure)
 
 
 def policy_sizes(cfg: Config, site: Site) -> tuple[int, int]:

@@ -26,7 +26,7 @@ from trainer.base import logs
 from trainer.base.errors import TrainerError, UsageError
 from trainer.base.files import write_json_atomic, write_text_atomic
 from trainer.config.roster import agent_spec
-from trainer.env.citylearn import CentralAgentArrays, make_citylearn_env
+from trainer.env.citylearn import CentralAgentArrays, learnt_normalisation, make_citylearn_env
 from trainer.env.ev_guard import EvServiceGuard
 from trainer.export import onnx_policy, spec
 from trainer.judge.metrics import best_agent, evaluation_window, run_episode
@@ -123,9 +123,13 @@ def export_run(ctx: RunContext, agent: str, out: Path) -> dict[str, Any]:
 def _build(ctx: RunContext, agent: str, model: Any, staging: Path, log: Any) -> tuple[dict[str, Any], _Replay]:
     """Write the export into ``staging`` and prove it on the evaluation; raises where the proof fails."""
     cfg = ctx.cfg
-    env = make_citylearn_env(cfg, ctx.site, "eval", ctx.seed, eval_days=cfg.schedule.eval_days)
+    # The proof replays what results.json's figures are of: the part held out where the run has one, read with the
+    # normalisation the policy learnt (the export's), so the export is proven on data it never saw.
+    judged = ctx.site.held_out.site if ctx.site.held_out is not None else ctx.site
+    learnt = learnt_normalisation(cfg, ctx.site)
+    env = make_citylearn_env(cfg, judged, "eval", ctx.seed, eval_days=cfg.schedule.eval_days)
     try:
-        arrays = CentralAgentArrays(env, None, tuple(cfg.observations.carbon_ahead_hours))
+        arrays = CentralAgentArrays(env, None, tuple(cfg.observations.carbon_ahead_hours), learnt)
         arrays.reset()
         plan = arrays.plan
         assert plan is not None  # reset made it
@@ -135,7 +139,7 @@ def _build(ctx: RunContext, agent: str, model: Any, staging: Path, log: Any) -> 
         document = spec.spec(
             env, plan, currency=cfg.scenario.currency, ev=cfg.ev,
             policy=_policy_entry(agent, model, staging / POLICY_FILE, len(plan.features)),
-            site=_site_entry(ctx, env), metrics=_metrics_entry(results, agent), run=_run_entry(ctx, agent))
+            site=_site_entry(ctx, env), metrics=_metrics_entry(ctx, results, agent), run=_run_entry(ctx, agent))
         write_json_atomic(staging / SPEC_FILE, document)
         shutil.copyfile(standalone_controller.__file__, staging / "controller.py")
         log.info("replaying the evaluation with the exported controller", hours=env.time_steps - 1)
@@ -218,12 +222,16 @@ def _site_entry(ctx: RunContext, env: Any) -> dict[str, Any]:
     }
 
 
-def _metrics_entry(results: dict[str, dict[str, Any]], agent: str) -> dict[str, Any]:
+def _metrics_entry(ctx: RunContext, results: dict[str, dict[str, Any]], agent: str) -> dict[str, Any]:
     keys = ("co2_kg_per_year", "co2_vs_baseline_pct", "co2_share_of_optimum_pct", "ev_departure_soc_met_pct",
             "cost", "grid_import_kwh", "peak_kw", "eval_hours", "timesteps")
     metrics = results.get(agent, {})
-    return {"evaluated": evaluation_window(results) or "the whole period of the dataset",
-            **{k: metrics.get(k) for k in keys}, "kept": metrics.get("kept")}
+    held = ctx.site.held_out
+    return {"evaluated": evaluation_window(results) or "the whole period",
+            "judged_on": held.what if held is not None else "the period it learnt from (in-sample: nothing was "
+                                                            "held out)",
+            **{k: metrics.get(k) for k in keys}, "kept": metrics.get("kept"),
+            "in_sample": metrics.get("in_sample")}
 
 
 def _run_entry(ctx: RunContext, agent: str) -> dict[str, Any]:
@@ -238,8 +246,9 @@ def _readme(document: dict[str, Any]) -> str:
     return "\n".join([
         f"# {document['policy']['agent']} controller, exported {document['run']['exported_at']}",
         "",
-        f"From {document['run']['folder']} (seed {document['run']['seed']}). In the night's evaluation "
-        f"({metrics['evaluated']}): {_num(metrics.get('co2_kg_per_year'), ',.0f')} kg CO2 a year, "
+        f"From {document['run']['folder']} (seed {document['run']['seed']}). In the night's evaluation, on "
+        f"{metrics['judged_on']} ({metrics['evaluated']}): {_num(metrics.get('co2_kg_per_year'), ',.0f')} kg CO2 a "
+        "year, "
         f"{_num(share, '.0f')} % of the optimum's cut, {_num(metrics.get('ev_departure_soc_met_pct'), '.1f')} % of EV "
         "departures met.",
         "",

@@ -26,8 +26,9 @@ if TYPE_CHECKING:
     from trainer.env.citylearn import NormalisationPlan
 
 # (CityLearn's observation key, as a pattern; its unit; whether its range is fixed by definition). A range fixed
-# by definition is enforced as it is; a measured one (weather, load, prices) accepts half its span again on each
-# side of what the training data held: a hotter day passes, a reading in W instead of kW does not.
+# by definition is enforced as it is; a measured one (weather, load, prices) accepts MEASURED_MARGIN times its span
+# again on each side of what the training data held: next summer's peaks and a hotter day are acted on (and counted
+# as beyond training), a reading in W instead of kW is refused.
 UNITS: tuple[tuple[str, str, bool], ...] = (
     (r"month", "month of the year, 1-12", True),
     (r"day_type", "day of the week, 1-7 as the dataset counts them (the built-in site: 1 = Monday)", True),
@@ -56,6 +57,9 @@ UNITS: tuple[tuple[str, str, bool], ...] = (
      False),
 )
 FORECAST = re.compile(r"_predicted_(\d+)$")
+# On an official 2022 EV building trained on August-March, April-July's net consumption reached 21.46 kWh where
+# training held -5.3..9.4 (0.8 of that span above its top: summer cooling); twice the span keeps such readings.
+MEASURED_MARGIN = 2.0
 # The guard's readings of a charger's car: spec field -> CityLearn's observation key.
 GUARD_READINGS = {
     "connected": "electric_vehicle_charger_{id}_connected_state",
@@ -100,11 +104,11 @@ def observations(env: CityLearnEnv, plan: NormalisationPlan, currency: str) -> l
     out = []
     for name in plan.names:
         unit, fixed = _unit(name, currency)
-        low, high = limits[name]
+        trained = low, high = limits[name]
         if not fixed:
-            margin = (high - low) / 2 if high > low else max(abs(low), 1.0)
+            margin = MEASURED_MARGIN * (high - low) if high > low else max(abs(low), 1.0)
             low, high = low - margin, high + margin
-        out.append({"name": name, "unit": unit, "valid": [low, high]})
+        out.append({"name": name, "unit": unit, "valid": [low, high], "trained": list(trained)})
     return out
 
 

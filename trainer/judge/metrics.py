@@ -215,8 +215,14 @@ def compare_to_baseline(results: dict[str, dict[str, Any]]) -> None:
     """Fill ``co2_vs_baseline_pct`` and ``co2_share_of_optimum_pct`` in place for every entry.
 
     The first against the ``baseline`` entry, the second against the cut of the ``optimum``
-    entry's linear program (its ``lp_co2_kg``), where both exist.
+    entry's linear program (its ``lp_co2_kg``), where both exist. An entry's ``in_sample`` figures (the part a run
+    learnt from, beside its held-out ones) are compared with the references' own ``in_sample`` figures.
     """
+    _compare({name: m for name, m in results.items()})
+    _compare({name: m["in_sample"] for name, m in results.items() if isinstance(m.get("in_sample"), dict)})
+
+
+def _compare(results: dict[str, dict[str, Any]]) -> None:
     base = results.get("baseline", {}).get("co2_kg")
     bound = results.get("optimum", {}).get("lp_co2_kg")
     best_cut = base - bound if base and bound is not None else None
@@ -253,8 +259,26 @@ def evaluation_window(results: dict[str, dict[str, Any]]) -> str | None:
     if not hours or max(hours) >= HOURS_PER_YEAR - 24:
         return None
     days = ", ".join(f"{h / 24:.0f}" for h in sorted(hours))  # an evaluation steps all but its last hour
-    return (f"evaluated on the first {days} days of the dataset: CO2 per year is scaled from them; cost and grid "
+    where = "the part held out (and of the part learnt from)" if held_out_figures(results) else "the dataset"
+    return (f"evaluated on the first {days} days of {where}: CO2 per year is scaled from them; cost and grid "
             "import are those days' totals")
+
+
+def held_out_figures(results: dict[str, dict[str, Any]]) -> bool:
+    """Whether ``results`` are figures on a part held out (each entry's in-sample ones beside them)."""
+    return any(isinstance(m.get("in_sample"), dict) for m in results.values())
+
+
+def in_sample_gap(results: dict[str, dict[str, Any]]) -> str | None:
+    """A line saying the figures are held out, with each agent's in-sample share of the optimum beside its own."""
+    if not held_out_figures(results):
+        return None
+    pairs = [f"{name} {m['in_sample']['co2_share_of_optimum_pct']:.0f}%"
+             for name, m in results.items() if name in AGENTS and isinstance(m.get("in_sample"), dict)
+             and m["in_sample"].get("co2_share_of_optimum_pct") is not None]
+    return ("figures on the part of the data held out from training (held-out.json); "
+            + (f"in-sample shares of the optimum, on the part learnt from: {', '.join(pairs)}" if pairs else
+               "the in-sample figures, on the part learnt from, are under in_sample in results.json"))
 
 
 def format_table(results: dict[str, dict[str, Any]], currency: str | None = None) -> str:
@@ -271,7 +295,8 @@ def format_table(results: dict[str, dict[str, Any]], currency: str | None = None
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
-    notes = [f"({note})" for note in (evaluation_window(results), optimum_reach(results)) if note]
+    notes = [f"({note})" for note in (in_sample_gap(results), evaluation_window(results), optimum_reach(results))
+             if note]
     return "\n".join([*lines, *notes])
 
 

@@ -84,6 +84,40 @@ def _pct(value, spec: str) -> str:
 PEAK_WORTH_SAYING = 1.1  # the headline names a peak import this much above the uncontrolled site's
 
 
+def held_out(run: RunDir) -> dict[str, Any] | None:
+    """What the run judged on and learnt from (held-out.json, trainer.site.holdout), or None where it held nothing
+    out (or predates held-out periods)."""
+    try:
+        record = read_typed(run.held_out, dict[str, Any]) if run.held_out.is_file() else {}
+    except DamagedFile:
+        return None
+    return record if record.get("held_out") else None
+
+
+def _judged_on(run: RunDir, results: dict[str, dict[str, Any]]) -> list[str]:
+    """What the figures are: held out, and from what, or in-sample."""
+    record = held_out(run)
+    if record is None:
+        if run.held_out.is_file():  # a run that held nothing out (a run before held-out periods says nothing)
+            return ["", "*Every figure here is in-sample: the run held nothing out (`--holdout none`), so the "
+                        "agents are judged on the period they learnt from, which flatters them; on data they never "
+                        "saw they may do worse.*"]
+        return []
+    return ["", f"*Every figure here is held out: judged on {record['held_out']}; the agents learnt from "
+                f"{record['learnt_from']}. The figures on the part they learnt from are under \"Held out and "
+                "in-sample\".*"]
+
+
+def _below_rbc(results: dict[str, dict[str, Any]], name: str) -> str | None:
+    """A sentence where ``name`` emits more than the rule-based controller over what it is judged on."""
+    co2, rbc = results.get(name, {}).get("co2_kg_per_year"), results.get("rbc", {}).get("co2_kg_per_year")
+    if co2 is None or rbc is None or co2 <= rbc:
+        return None
+    where = "held-out " if "in_sample" in results[name] else ""
+    return (f" **On the {where}data it does worse than the rule-based controller** ({co2:,.0f} against "
+            f"{rbc:,.0f} kg CO2/year): deploy `rbc`'s rules, or train longer on more data, before this.")
+
+
 def _headline(results: dict[str, dict[str, Any]], target_pct: float, run: RunDir) -> list[str]:
     """The morning answer: which controller to deploy, judged by CO2 and EV service together, and how."""
     best = best_agent(results, target_pct)
@@ -95,7 +129,8 @@ def _headline(results: dict[str, dict[str, Any]], target_pct: float, run: RunDir
                      f"({_fmt(m.get('co2_vs_baseline_pct'), '+.1f')}% against the uncontrolled baseline"
                      + (f", {share:.0f}% of the optimum's cut" if share is not None else "")
                      + f"), meeting {_fmt(m.get('ev_departure_soc_met_pct'), '.1f')}% of EV departures"
-                     + (f", after {m['timesteps']:,} training steps." if m.get("timesteps") else "."))
+                     + (f", after {m['timesteps']:,} training steps." if m.get("timesteps") else ".")
+                     + (_below_rbc(results, best) or ""))
         peak, base_peak = m.get("peak_kw"), results.get("baseline", {}).get("peak_kw")
         if peak and base_peak and peak > PEAK_WORTH_SAYING * base_peak:  # a CO2 cut can cost the site's connection
             lines[-1] += (f" Its peak import is {peak:,.0f} kW, {100 * (peak / base_peak - 1):.0f}% above the "
@@ -138,6 +173,44 @@ NOTES = [
     "CityLearn's \"without storage\" reference, which also removes every charger's consumption (the site with every "
     "car stranded): compare controllers with the columns here, which are all against the uncontrolled baseline.",
 ]
+
+
+# A held-out share of the optimum this many points under the in-sample one is said: the controller memorised.
+GAP_WORTH_SAYING = 5.0
+
+
+def _in_sample(results: dict[str, dict[str, Any]]) -> list[str]:
+    """Held-out figures beside the in-sample ones (the part the agents learnt from), with the gap."""
+    rows = [(name, m, m["in_sample"]) for name, m in results.items() if isinstance(m.get("in_sample"), dict)]
+    if not rows:
+        return []
+    lines = ["## Held out and in-sample", "",
+             "The same controllers on the part of the data the agents learnt from (in-sample) beside the part held "
+             "out (the figures above). A controller that acts on what it observes keeps its share on data it never "
+             "saw; a large gap means it learnt the period, not the site. Each period's share is against its own "
+             "optimum.", "",
+             "| controller | share of optimum, held out | in-sample | gap (points) | vs baseline, held out | "
+             "in-sample | EV targets met, held out | in-sample |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    gaps = {}
+    for name, m, inside in rows:
+        out, into = m.get("co2_share_of_optimum_pct"), inside.get("co2_share_of_optimum_pct")
+        gaps[name] = into - out if out is not None and into is not None else None
+        lines.append(f"| {name} | {_pct(out, '.0f')} | {_pct(into, '.0f')} | {_fmt(gaps[name], '+.0f')} | "
+                     f"{_pct(m.get('co2_vs_baseline_pct'), '+.1f')} | "
+                     f"{_pct(inside.get('co2_vs_baseline_pct'), '+.1f')} | "
+                     f"{_pct(m.get('ev_departure_soc_met_pct'), '.1f')} | "
+                     f"{_pct(inside.get('ev_departure_soc_met_pct'), '.1f')} |")
+    # The rule-based controller learnt nothing: its gap is what the two parts differ by (season, cars), the rest of
+    # an agent's is what it learnt of the period it trained on.
+    level = gaps.get("rbc") or 0.0
+    wide = [f"{name} ({gap:+.0f} points; rbc {level:+.0f})" for name, gap in gaps.items()
+            if name in AGENTS and gap is not None and gap - level > GAP_WORTH_SAYING]
+    if wide:
+        lines += ["", f"**Held out, {', '.join(wide)} lose more than {GAP_WORTH_SAYING:g} points beyond what the "
+                      "rule-based controller, which learnt nothing, loses between the two parts**: part of what they "
+                      "learnt was the period itself."]
+    return [*lines, ""]
 
 
 def _deployed(results: dict[str, dict[str, Any]]) -> list[str]:
@@ -216,7 +289,8 @@ def write_report(run: RunDir) -> Path:
     if schedule:
         plot_timeline(schedule, run.plot("timeline.png"))
 
-    lines = [f"# Night report: {run.root.name}", "", *_headline(results, target_pct, run)]
+    lines = [f"# Night report: {run.root.name}", "", *_headline(results, target_pct, run),
+             *_judged_on(run, results)]
     if schedule:
         failed = [s for s in schedule["stages"] if s["status"] == "failed"]
         skipped = [s for s in schedule["stages"] if s["status"] == "skipped"]
@@ -231,6 +305,7 @@ def write_report(run: RunDir) -> Path:
               *([f"*{reach[0].upper()}{reach[1:]}.*", ""] if reach else []),
               *_table(results, currency(run)), "", *NOTES, ""]
     lines += ["![CO2 per agent](plots/co2_by_agent.png)", ""]
+    lines += _in_sample(results)
     lines += _deployed(results)
     lines += _unseen_year(run, currency(run))
     if curves:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+import tempfile
 from datetime import datetime
+from pathlib import Path
 
 from trainer.config.agents import OffPolicyConfig
 from trainer.config.roster import agent_spec
@@ -14,6 +16,7 @@ from trainer.references.roster import REFERENCE_ROSTER, REFERENCES
 from trainer.run.device import apply_gpu_flags, resolve_device
 from trainer.run.session import site_for, training_targets
 from trainer.site import Site
+from trainer.site.holdout import hold_out
 from trainer.site.scenario import HELD_OUT_YEARS
 
 REPORT_S = 20.0
@@ -33,9 +36,14 @@ def stage_specs(
 ) -> dict[str, StageSpec]:
     """What the planner knows of each stage (evaluation times padded by SAFETY); ``one_process``: the backend runs
     every stage in this process, so a stage reuses what an earlier one computed (backends.py)."""
-    eval_steps = site.length - 1 if cfg.schedule.eval_days is None else min(
-        cfg.schedule.eval_days * 24, site.length) - 1
-    eval_s = eval_steps / speeds.eval_steps_per_s * SAFETY
+    def evaluated(part: Site) -> int:
+        return part.length - 1 if cfg.schedule.eval_days is None else min(cfg.schedule.eval_days * 24,
+                                                                           part.length) - 1
+
+    eval_steps = evaluated(site)
+    # Every final evaluation runs on the part learnt from and on the part held out (trainer.night.stages.judged).
+    judged_steps = eval_steps + (evaluated(site.held_out.site) if site.held_out is not None else 0)
+    eval_s = judged_steps / speeds.eval_steps_per_s * SAFETY
     # A trained policy adds its forward pass to every evaluation step.
     policy_eval_s = eval_s * 1.25
     # Each reference's evaluation as its row says: a multiple of the uncontrolled site's, and what it solves first.
@@ -44,7 +52,7 @@ def stage_specs(
     specs["report"] = StageSpec("report", StageKind.REPORT, REPORT_S)
     agent_eval_s = policy_eval_s * policy_evaluations(cfg, site)
     if cfg.train.keep_best:  # the last policy's evaluation on the validation window, after the slot (its candidacy)
-        agent_eval_s += policy_eval_s * min(cfg.schedule.curve_eval_days * 24, eval_steps) / eval_steps
+        agent_eval_s += policy_eval_s * min(cfg.schedule.curve_eval_days * 24, eval_steps) / judged_steps
     warm_starts = warm_start_s(cfg, site, speeds, agents, one_process)
     # The validation (learning-curve) evaluations take up to their share of a stage; with a four-week window
     # they do take it, on CityLearn and on the simulator alike (measured: a 20-minute night's SAC overran by 3 min).
@@ -228,7 +236,8 @@ def plan_text(cfg: Config, given: Site | None, agents: list[str], quick: bool, d
     """``trainer plan``: calibrate (or read the cache) with the night's threads and flags, and render the plan."""
     device = resolve_device(cfg.gpu.device)
     apply_gpu_flags(cfg.gpu, device)
-    with site_for(cfg, given) as site:
+    with site_for(cfg, given) as whole, tempfile.TemporaryDirectory() as draws:
+        site = hold_out(whole, cfg.holdout, Path(draws) / "held-out")  # as the night splits it
         speeds = calibrate(cfg, site, device, agents, refresh=refresh)
         targets = training_targets(cfg, agents, quick, site)
         now = datetime.now()

@@ -7,7 +7,7 @@ the backend's own checks run before any folder is made, and the caller prints wh
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,9 @@ class NightRequest:
     profile: str | None = None
     schema: str | None = None  # a CityLearn schema.json (or its folder); None with no dataset: the built-in site
     dataset: str | None = None  # a CityLearn dataset's name
+    holdout: str | None = None  # --holdout: a share such as 25%, or none (default: holdout.share)
+    eval_schema: str | None = None  # --eval-schema: judge on this dataset instead of the end of the period
+    eval_dataset: str | None = None  # --eval-dataset: the same, by name
     device: str | None = None
     out: str | None = None  # the run folder (a sweep's folder with seeds)
     seed: int | None = None
@@ -58,6 +61,8 @@ def run_request(request: NightRequest, say: Callable[[str], None],
                 opened: Callable[[RunContext], None] = lambda ctx: None) -> NightDone:
     """The night (or the sweep) ``request`` asks for, run to its end; a stop signal propagates. ``opened`` hears of
     the run folder as soon as it is open (the command line's error edge says how to resume it)."""
+    request = replace(request, overrides=(*request.overrides, *session.holdout_overrides(
+        request.holdout, request.eval_schema, request.eval_dataset)))
     if request.seeds or sweep.is_sweep_resume(request.resume):
         cfg, planned = sweep.from_cli(request.config_files, request.overrides, request.profile, request.device,
                                       request.seeds, request.out, request.resume)

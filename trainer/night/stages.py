@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +34,7 @@ from trainer.references.roster import BASELINE, REFERENCE_ROSTER, REFERENCES, Re
 from trainer.run.device import agent_device, resolve_agent
 from trainer.run.folder import AgentDir, RunContext, RunDir
 from trainer.run.session import training_timesteps
+from trainer.site import Site
 from trainer.site.scenario import UNSEEN_YEAR_SEED_OFFSET
 
 if TYPE_CHECKING:
@@ -42,8 +44,30 @@ if TYPE_CHECKING:
     from trainer.run.folder import RunContext
 
 
-def _eval_env(ctx: RunContext):
-    return make_sb3_env(ctx.cfg, ctx.site, "eval", ctx.seed, eval_days=ctx.cfg.schedule.eval_days)
+def _eval_env(ctx: RunContext, site: Site | None = None):
+    """An evaluation environment of ``site`` (default: the part the run learns from); a part judged apart is scaled
+    as the policies learnt."""
+    site = site or ctx.site
+    return make_sb3_env(ctx.cfg, site, "eval", ctx.seed, eval_days=ctx.cfg.schedule.eval_days,
+                        learnt_on=None if site is ctx.site else ctx.site)
+
+
+# What results.json keeps of an evaluation on the part a run learnt from, beside the held-out figures.
+IN_SAMPLE_KEYS = ("co2_kg", "co2_kg_per_year", "ev_departure_soc_met_pct", "ev_unmet_kwh", "cost", "peak_kw",
+                  "eval_hours", "lp_co2_kg", "skipped")
+
+
+def judged(ctx: RunContext, evaluate: Callable[[Site, Path | None], dict[str, Any]],
+           timeseries: Path | None = None) -> dict[str, Any]:
+    """``evaluate(site, timeseries)`` on the part the run is judged on (the figures, the timeseries) and, where
+    that is held out, on the part it learnt from too (``in_sample``, beside them)."""
+    held = ctx.site.held_out
+    if held is None:
+        return evaluate(ctx.site, timeseries)
+    inside = evaluate(ctx.site, None)
+    metrics = evaluate(held.site, timeseries)
+    metrics["in_sample"] = {k: inside[k] for k in IN_SAMPLE_KEYS if k in inside}
+    return metrics
 
 
 def _skipped(why: ReferenceUnavailable) -> dict[str, Any]:
@@ -52,26 +76,31 @@ def _skipped(why: ReferenceUnavailable) -> dict[str, Any]:
 
 
 def evaluate_reference(ctx: RunContext, name: str) -> dict[str, Any]:
-    """Evaluate a reference of ``trainer.references.roster`` over the evaluation period."""
+    """Evaluate a reference of ``trainer.references.roster`` over the evaluation period (and the part held out)."""
     log = logs.get().bind(agent=name)
     log.info("evaluating reference")
     folder = ctx.run.agent(name)
     folder.root.mkdir(parents=True, exist_ok=True)
-    try:
-        controller, own = REFERENCE_ROSTER[name].prepare(ctx.cfg, lambda: _eval_env(ctx))
-    except ReferenceUnavailable as exc:
-        log.warning("reference skipped", reason=str(exc))
-        metrics = _skipped(exc)
-        write_json_atomic(folder.metrics, metrics)
-        return metrics
-    env = _eval_env(ctx)
-    try:
-        metrics = run_episode(controller, env, folder.timeseries, label=name)
-    finally:
-        env.close()
-    metrics.update(timesteps=0, train_wall_s=0.0, steps_per_s=None, **own)
+
+    def evaluate(site: Site, timeseries: Path | None) -> dict[str, Any]:
+        apart = "" if site is ctx.site else ", held out"
+        try:
+            controller, own = REFERENCE_ROSTER[name].prepare(ctx.cfg, lambda: _eval_env(ctx, site))
+        except ReferenceUnavailable as exc:
+            log.warning("reference skipped", reason=str(exc))
+            return _skipped(exc)
+        env = _eval_env(ctx, site)
+        try:
+            metrics = run_episode(controller, env, timeseries, label=name + apart)
+        finally:
+            env.close()
+        return {**metrics, **own}
+
+    metrics = judged(ctx, evaluate, folder.timeseries)
+    metrics.update(timesteps=0, train_wall_s=0.0, steps_per_s=None)
     write_json_atomic(folder.metrics, metrics)
-    log.info("evaluated", co2_kg_per_year=round(metrics["co2_kg_per_year"], 1), seconds=metrics["eval_wall_s"])
+    if metrics.get("co2_kg_per_year") is not None:
+        log.info("evaluated", co2_kg_per_year=round(metrics["co2_kg_per_year"], 1), seconds=metrics["eval_wall_s"])
     return metrics
 
 
@@ -156,7 +185,7 @@ def _curve_figure(folder: AgentDir, step: int) -> float | None:
 
 
 def _evaluate_warm_start(ctx: RunContext, handle: Agent) -> dict[str, Any]:
-    """The stage's warm start evaluated like the agent (the same period and metrics), for the report's comparison."""
+    """The stage's warm start evaluated like the agent (the same periods and metrics), for the report's comparison."""
     agent = handle.name
     folder = ctx.run.agent(agent)
     try:
@@ -165,13 +194,20 @@ def _evaluate_warm_start(ctx: RunContext, handle: Agent) -> dict[str, Any]:
         logs.get().warning("the warm start is unreadable: the report cannot compare the agent with it", agent=agent,
                            error=str(exc))
         return {"unreadable": str(exc)}
-    env = _eval_env(ctx)
-    try:
-        metrics = run_episode(PolicyController(agent, model), env)
-    finally:
-        env.close()
+
+    def evaluate(site: Site, timeseries: Path | None) -> dict[str, Any]:
+        env = _eval_env(ctx, site)
+        try:
+            return run_episode(PolicyController(agent, model), env)
+        finally:
+            env.close()
+
+    metrics = judged(ctx, evaluate)
     logs.get().info("evaluated the warm start", agent=agent, co2_kg_per_year=round(metrics["co2_kg_per_year"], 1))
-    return {k: metrics[k] for k in ("co2_kg", "co2_kg_per_year", "ev_departure_soc_met_pct")}
+    kept = {k: metrics[k] for k in ("co2_kg", "co2_kg_per_year", "ev_departure_soc_met_pct")}
+    if "in_sample" in metrics:
+        kept["in_sample"] = {k: metrics["in_sample"][k] for k in kept}
+    return kept
 
 
 def _load(ctx: RunContext, agent: str) -> BaseAlgorithm:
@@ -181,18 +217,21 @@ def _load(ctx: RunContext, agent: str) -> BaseAlgorithm:
 
 
 def evaluate_unseen_year(ctx: RunContext) -> dict[str, dict[str, Any]]:
-    """``trainer evaluate --unseen-year``: the references, each deployed model and its warm start over a year of the
-    built-in site that no stage trained, validated or imitated on (``scenario.seed`` + UNSEEN_YEAR_SEED_OFFSET), as
-    long as the run's own evaluation; written to ``<run>/unseen-year/results.json``, results.json untouched.
+    """``trainer evaluate --unseen-year``: the references, each deployed model and its warm start over the part of
+    the data the run held out (``holdout``: a year of the built-in site that no stage trained, validated or imitated
+    on, ``scenario.seed`` + UNSEEN_YEAR_SEED_OFFSET; the end of a dataset's period; another dataset), as long as the
+    run's own evaluation; written to ``<run>/unseen-year/results.json``, results.json untouched.
 
-    The evaluation year is the one the agents train on, so this is where a controller shows it is causal, not a
-    memorised year: measured, the nights' agents lose 1.3-2.5 points of the optimum's cut there
-    (docs/agent-quality.md).
+    A run from before held-out periods was evaluated on the year its agents trained on, so this is where a
+    controller shows it is causal, not a memorised year: measured, the nights' agents lose 1.3-2.5 points of the
+    optimum's cut there (docs/agent-quality.md).
     """
-    year = ctx.site.draw(ctx.run.unseen_year_site, UNSEEN_YEAR_SEED_OFFSET)
+    held = ctx.site.held_out
+    year = held.site if held is not None else ctx.site.draw(ctx.run.unseen_year_site, UNSEEN_YEAR_SEED_OFFSET)
     if year is None:
-        raise UsageError(f"{ctx.run.root} was run on {ctx.site.schema}, a dataset with one period: --unseen-year needs "
-                         "the built-in site, which can draw another year of its climate; evaluate without it")
+        raise UsageError(f"{ctx.run.root} held nothing of {ctx.site.schema} out (holdout.share 0): --unseen-year "
+                         "needs a part no stage learnt from; run the night again without --holdout none, or with "
+                         "--eval-schema")
     controllers: dict[str, PolicyController] = {}  # by the row's name; every model is loaded before anything runs
     for agent in AGENTS:
         agent_dir = ctx.run.agent(agent)
@@ -204,7 +243,7 @@ def evaluate_unseen_year(ctx: RunContext) -> dict[str, dict[str, Any]]:
                 fix=f"delete it to evaluate without it; trainer train {agent} writes it again"))
 
     def open_env():
-        return make_sb3_env(ctx.cfg, year, "eval", ctx.seed, eval_days=ctx.cfg.schedule.eval_days)
+        return _eval_env(ctx, year)
 
     results: dict[str, dict[str, Any]] = {}
     for name, spec in REFERENCE_ROSTER.items():
@@ -244,11 +283,16 @@ def evaluate_model(ctx: RunContext, agent: str, model: BaseAlgorithm | None = No
     folder = ctx.run.agent(agent)
     if model is None:
         model = _load(ctx, agent)
-    env = _eval_env(ctx)
-    try:
-        metrics = run_episode(PolicyController(agent, model), env, folder.timeseries, label=agent)
-    finally:
-        env.close()
+
+    def evaluate(site: Site, timeseries: Path | None) -> dict[str, Any]:
+        env = _eval_env(ctx, site)
+        try:
+            return run_episode(PolicyController(agent, model), env, timeseries,
+                               label=agent if site is ctx.site else f"{agent}, held out")
+        finally:
+            env.close()
+
+    metrics = judged(ctx, evaluate, folder.timeseries)
     logs.get().info("evaluated", agent=agent, co2_kg_per_year=round(metrics["co2_kg_per_year"], 1),
                     seconds=metrics["eval_wall_s"])
     return metrics

@@ -124,6 +124,8 @@ class RunDir:
     unseen_year = property(lambda self: self.root / "unseen-year")
     unseen_year_site = property(lambda self: self.root / "unseen-year" / "site")
     unseen_year_results = property(lambda self: self.root / "unseen-year" / "results.json")  # as results.json
+    # What the run judges on and learns nothing from (trainer.site.holdout), in words and steps, for the report.
+    held_out = property(lambda self: self.root / "held-out.json")
 
     def plot(self, name: str) -> Path:
         """One of the report's plots (``report.PLOTS``, or gpu.png) under plots/."""

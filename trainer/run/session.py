@@ -18,6 +18,8 @@ from dataclasses import asdict, dataclass, replace
 from datetime import datetime
 from pathlib import Path
 
+import yaml
+
 from trainer.base import durations, logs
 from trainer.base.errors import UsageError
 from trainer.base.files import read_typed, write_json_atomic
@@ -30,6 +32,7 @@ from trainer.run.device import apply_gpu_flags, resolve_device
 from trainer.run.folder import RunContext, RunDir, default_run_dir
 from trainer.run.lock import RunLock
 from trainer.site import BUILT_IN, SITE_KINDS, Site, given_site
+from trainer.site.holdout import hold_out, judged_instead
 from trainer.site.kinds import kind_of
 from trainer.site.scenario import build_site
 
@@ -174,6 +177,31 @@ def length_overrides(agents: Sequence[str], timesteps: int | None, episodes: int
     return extra
 
 
+def holdout_overrides(holdout: str | None, eval_schema: str | None, eval_dataset: str | None) -> list[str]:
+    """``--set`` overrides for --holdout, --eval-schema and --eval-dataset (the config's holdout section)."""
+    extra = []
+    if holdout is not None:
+        text = holdout.strip().lower()
+        try:
+            share = 0.0 if text == "none" else float(text[:-1]) / 100 if text.endswith("%") else float(text)
+        except ValueError:
+            share = -1.0
+        if not 0 <= share <= 0.5:
+            raise UsageError(f"--holdout expects a share of the period up to 50%, such as 25%, or none; got "
+                             f"{holdout!r}")
+        extra.append(f"holdout.share={share}")
+    if eval_schema is not None:
+        if eval_dataset is not None:
+            raise UsageError("pass either --eval-schema or --eval-dataset, not both")
+        given = given_site(eval_schema, None)  # checked fully now, before anything runs
+        assert given is not None
+        extra += [f"holdout.eval_schema={given.schema}", "holdout.eval_dataset=null"]
+    if eval_dataset is not None:
+        given_site(None, eval_dataset)
+        extra += [f"holdout.eval_dataset={eval_dataset}", "holdout.eval_schema=null"]
+    return extra
+
+
 def training_timesteps(cfg: Config, agent: str, site: Site) -> int:
     section = cfg.agent(agent)
     if section.timesteps is not None:
@@ -260,6 +288,20 @@ def site_for(cfg: Config, given: Site | None) -> Iterator[Site]:
         yield Site.load(build_site(cfg.scenario, Path(tmp) / "site"), BUILT_IN, fallback=cfg.scenario)
 
 
+def judged_apart(cfg: Config, run: RunDir, site: Site) -> Site:
+    """The run's site as the part it learns from, carrying the part it is judged on (``cfg.holdout``), recorded in
+    held-out.json for the report."""
+    site = hold_out(site, cfg.holdout, run.unseen_year_site)
+    held = site.held_out
+    record = {"held_out": None, "learnt_from": None} if held is None else {
+        "held_out": held.what, "learnt_from": held.learnt_from, "schema": str(held.site.schema),
+        "first_step": held.site.start, "last_step": held.site.end}
+    write_json_atomic(run.held_out, record)
+    if held is not None:
+        logs.get().info("judged on a part held out", held_out=held.what, learnt_from=held.learnt_from)
+    return site
+
+
 @contextmanager
 def open_run(cfg: Config, command: str, out: str | Path | None, schema: str | None = None, dataset: str | None = None,
              resuming: bool = False, checks: Sequence[SiteCheck] = ()) -> Iterator[RunContext]:
@@ -275,6 +317,7 @@ def open_run(cfg: Config, command: str, out: str | Path | None, schema: str | No
     label = given.label if given else None
     run = RunDir(Path(out)) if out else default_run_dir(cfg, command.replace(" ", "-"), label)
     with staged_dataset(cfg, run, given, resuming) as staged:
+        judged_instead(staged, cfg.holdout)  # a dataset to judge on that the policy could not drive is refused now
         for check in checks:
             check(staged)
         lock = _create(run)
@@ -284,7 +327,7 @@ def open_run(cfg: Config, command: str, out: str | Path | None, schema: str | No
             logs.get().info("run resumed" if resuming else "run started", run=str(run.root), command=command,
                             device=device)
             RunRecord(str(given.schema) if given else None, label, given.kind.name if given else None).save(run)
-            site = place_dataset(run, staged, given)
+            site = judged_apart(cfg, run, place_dataset(run, staged, given))
         except BaseException:
             lock.release()
             raise
@@ -306,9 +349,13 @@ def reopen_run(run_dir: str | Path, device: str) -> Iterator[RunContext]:
     cfg = load_config([run.config])
     # Before the lock note and the log: a built-in site is checked too, to refuse a class CityLearn would run.
     site = RunRecord.load(run).given() or Site.load(run.site_schema, BUILT_IN, check=True, fallback=cfg.scenario)
+    if "holdout" not in (yaml.safe_load(run.config.read_text(encoding="utf-8")) or {}):
+        # A run from before held-out periods learnt from all of its data: nothing of it is held out.
+        cfg = cfg.model_copy(update={"holdout": cfg.holdout.model_copy(update={"share": 0.0})})
     lock = RunLock(run.root).acquire()
     try:
         logs.configure(run.log_file)
+        site = judged_apart(cfg, run, site)
         yield RunContext(cfg, run, site, resolve_device(device))
     finally:
         lock.release()

@@ -339,6 +339,9 @@ class Controller:
         self.chargers = [GuardedCharger(**c) for c in guard["chargers"]]
         self._paths: dict[tuple[int, float], ChargingPath] = {}
         self._session = None
+        # Readings beyond what the policy trained on but within what is plausible: acted on, and counted here.
+        self.trained = [obs.get("trained", obs["valid"]) for obs in self.observations]
+        self.beyond_training: dict[str, int] = {}
 
     @classmethod
     def load(cls, folder: str | Path = ".") -> Controller:
@@ -378,6 +381,8 @@ class Controller:
             if not low <= value <= high:
                 raise InputError(f"observation {name!r} is {value:g}, outside {low:g}..{high:g} ({unit}): "
                                  "check the reading and its unit")
+            if not self.trained[i][0] <= value <= self.trained[i][1]:
+                self.beyond_training[name] = self.beyond_training.get(name, 0) + 1
             values[i] = value
         return values
 
@@ -491,19 +496,38 @@ def _sample(path: Path) -> list[dict[str, str]]:
 
 
 def _check(controller: Controller, sample: Path) -> int:
+    """Act on every row of ``sample`` (check.csv, or a CSV of another period's readings); where it holds the
+    product's actions (``expected:`` columns), compare. Exit 0 when every row was acted on and every action matched."""
     names = [a["name"] for a in controller.actions]
     rows = _sample(sample)
-    worst, at = 0.0, None
+    worst, at, refused, first_refusal = 0.0, None, 0, ""
+    compared = all(EXPECTED_PREFIX + n in rows[0] for n in names)
     for i, row in enumerate(rows):
-        expected = np.asarray([float(row[EXPECTED_PREFIX + n]) for n in names])
-        raw = controller.raw_vector({k: _cell(v) for k, v in row.items() if not k.startswith(EXPECTED_PREFIX)})
-        diff = float(np.max(np.abs(controller.native(raw)[0] - expected)))
-        if diff > worst:
-            worst, at = diff, i
-    ok = worst <= CHECK_TOLERANCE
+        try:
+            raw = controller.raw_vector({k: _cell(v) for k, v in row.items() if not k.startswith(EXPECTED_PREFIX)})
+        except InputError as exc:
+            refused += 1
+            first_refusal = first_refusal or f"row {i + 1}: {exc}"
+            continue
+        native = controller.native(raw)[0]
+        if compared:
+            diff = float(np.max(np.abs(native - np.asarray([float(row[EXPECTED_PREFIX + n]) for n in names]))))
+            if diff > worst:
+                worst, at = diff, i
+    ok = worst <= CHECK_TOLERANCE and refused == 0
     where = f" (row {at + 1})" if at is not None else ""
-    print(f"{'ok' if ok else 'MISMATCH'}: {len(rows)} steps of the evaluation, largest difference from the "
-          f"product's actions {worst:.2e}{where}, tolerance {CHECK_TOLERANCE:g}")
+    what = "steps of the evaluation" if sample.name == CHECK_FILE else f"steps of {sample}"
+    verdict = "ok" if ok else "MISMATCH" if refused == 0 else "REFUSED"
+    line = f"{verdict}: acted on {len(rows) - refused} of {len(rows)} {what}"
+    if compared:
+        line += f", largest difference from the product's actions {worst:.2e}{where}, tolerance {CHECK_TOLERANCE:g}"
+    print(line)
+    beyond = controller.beyond_training
+    if beyond:
+        counted = ", ".join(f"{name} {count}" for name, count in sorted(beyond.items(), key=lambda kv: -kv[1]))
+        print(f"readings beyond the range the policy trained on (acted on, as a deployed controller would): {counted}")
+    if refused:
+        print(f"refused {refused} step(s) with a reading outside what is plausible; first: {first_refusal}")
     return 0 if ok else 1
 
 
@@ -514,14 +538,17 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     act = sub.add_parser("act", help="print the actions for raw observations (JSON of one step, or a CSV of steps)")
     act.add_argument("--obs", type=Path, required=True, help="a .json of {name: value} or a .csv with a header")
-    sub.add_parser("check", help="replay the export's sample of the evaluation; exit 0 when every action matches")
+    check = sub.add_parser("check", help="replay the export's sample of the evaluation (or --obs: another period's "
+                                         "readings); exit 0 when every step is acted on and every action matches")
+    check.add_argument("--obs", type=Path, default=None, help="a .csv of raw observations with a header (optionally "
+                                                              f"'{EXPECTED_PREFIX}ACTION' columns to compare)")
     sub.add_parser("example", help="print one step of the sample as the JSON `act` reads")
     args = parser.parse_args(argv)
     try:
         controller = Controller.load(args.export)
         sample = args.export / CHECK_FILE
         if args.command == "check":
-            return _check(controller, sample)
+            return _check(controller, args.obs or sample)
         if args.command == "example":
             row = _sample(sample)[0]
             step = {n: _cell(row[n]) for n in controller.names}

@@ -10,7 +10,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 from collections.abc import Callable, Hashable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -33,6 +33,7 @@ class Site:
     label: str | None  # how the run names it (a dataset's name or folder); None: the built-in site
     data: Mapping[str, Any] = field(repr=False)  # the schema's JSON, read and checked once
     scenario: ScenarioConfig | None = field(default=None, repr=False)  # what a built-in site was generated from
+    held_out: HeldOut | None = field(default=None, repr=False)  # what the run judges on; None: in-sample figures
     _facts: dict[Hashable, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -61,6 +62,27 @@ class Site:
     def length(self) -> int:
         """Steps in the schema's period (its end step included)."""
         return int(self.data.get("simulation_end_time_step", 8759)) - self.start + 1
+
+    @property
+    def end(self) -> int:
+        """The period's last step."""
+        return self.start + self.length - 1
+
+    @property
+    def steps_per_day(self) -> int:
+        return max(1, round(86400 / int(self.data.get("seconds_per_time_step", 3600))))
+
+    def period(self, first: int, last: int) -> Site:
+        """This dataset over steps ``first``..``last`` of its files (the schema's period narrowed): CityLearn reads
+        only those, and normalises observations by their range. Nothing learnt of the whole period carries over."""
+        if not self.start <= first <= last <= self.end:
+            raise ValueError(f"steps {first}..{last} are outside the period {self.start}..{self.end}")
+        data = {**self.data, "simulation_start_time_step": first, "simulation_end_time_step": last}
+        return replace(self, data=data, held_out=None, _facts={})
+
+    def learning_from(self, held_out: HeldOut) -> Site:
+        """This site as the part a run learns from, carrying the part it is judged on."""
+        return replace(self, held_out=held_out, _facts=self._facts)
 
     @property
     def root(self) -> Path:
@@ -106,6 +128,15 @@ class Site:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+
+
+@dataclass(frozen=True)
+class HeldOut:
+    """The part of the data a run judges on and learns nothing from (trainer.site.holdout decides it)."""
+
+    site: Site
+    what: str  # how it was chosen, as the report and the log say it
+    learnt_from: str  # the part the agents learn from, in the same words
 
 
 def given_site(schema: str | None, dataset: str | None) -> Site | None:

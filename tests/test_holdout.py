@@ -1,0 +1,159 @@
+"""Held-out parts: what a run judges on is never what it learns from, and every figure says which it is."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from trainer.base.errors import DatasetError
+from trainer.cli.main import cli
+from trainer.config.loading import load_config
+from trainer.env.citylearn import central_arrays, make_sb3_env
+from trainer.judge.metrics import compare_to_baseline
+from trainer.judge.report import write_report
+from trainer.run.folder import RunDir
+from trainer.site import Site, given_site
+from trainer.site.holdout import hold_out
+
+from .conftest import tiny_overrides, variant
+
+
+@pytest.fixture(scope="module")
+def one_year(site_schema, tmp_path_factory) -> Site:
+    """The built-in site's files as a dataset of one period (a user's year: no other years to draw)."""
+    schema = variant(site_schema, tmp_path_factory.mktemp("year"), edit=lambda data: data.pop("pvbess_site"))
+    return given_site(str(schema), None)
+
+
+def test_a_year_is_learnt_from_its_first_months_and_judged_on_its_last(one_year, tmp_path):
+    holdout = load_config().holdout
+    site = hold_out(one_year, holdout, tmp_path / "draws")
+    held = site.held_out
+    assert held is not None and holdout.share == 0.25
+    # Whole days: 274 to learn from, 91 held out, nothing of one in the other.
+    assert (site.start, site.end) == (0, 274 * 24 - 1) and site.length == 274 * 24
+    assert (held.site.start, held.site.end) == (274 * 24, 8759)
+    assert held.site.schema == site.schema == one_year.schema and held.site.held_out is None
+    assert held.what.startswith("the last 91 days of the period (October-December, steps 6,576-8,759)")
+    assert held.learnt_from == "the first 274 days (January-October, steps 0-6,575)"
+    assert not (tmp_path / "draws").exists()  # a dataset of one period draws nothing to hold out
+
+
+def test_nothing_is_held_out_on_request_or_from_a_period_too_short_to_split(one_year, site_schema, tmp_path):
+    none = load_config(overrides=["holdout.share=0"]).holdout
+    assert hold_out(one_year, none, tmp_path) is one_year
+    week = given_site(str(variant(site_schema, tmp_path / "week", edit=lambda d: d.pop("pvbess_site"), steps=168)),
+                      None)
+    assert hold_out(week, load_config().holdout, tmp_path).held_out is None
+
+
+def test_the_built_in_site_holds_out_another_year_of_its_climate(built_in, tmp_path):
+    site = hold_out(built_in, load_config().holdout, tmp_path / "unseen")
+    assert site.held_out is not None and site.length == 8760  # it learns from its whole year
+    drawn = json.loads((tmp_path / "unseen" / "schema.json").read_text())
+    assert drawn["pvbess_site"]["seed"] == built_in.scenario.seed + 3000
+
+
+def test_a_dataset_to_judge_on_needs_the_same_devices(one_year, site_schema, tmp_path):
+    def without_chargers(data: dict) -> None:
+        data.pop("pvbess_site")
+        data["buildings"]["Building_1"].pop("chargers")
+
+    other = variant(site_schema, tmp_path / "other", edit=without_chargers)
+    holdout = load_config(overrides=[f"holdout.eval_schema={other}"]).holdout
+    with pytest.raises(DatasetError, match=r"other/schema.json: its buildings \(battery, chargers\) differ .*\[\(True, "
+                                           r"0\)\] against \[\(True, 4\)\]"):
+        hold_out(one_year, holdout, tmp_path)
+    same = variant(site_schema, tmp_path / "same", edit=lambda data: data.pop("pvbess_site"), steps=24 * 30)
+    site = hold_out(one_year, load_config(overrides=[f"holdout.eval_schema={same}"]).holdout, tmp_path)
+    assert site.length == 8760 and site.held_out.site.schema == same and site.held_out.site.length == 720
+    assert "another dataset given with --eval-schema" in site.held_out.what
+
+
+def test_a_part_held_out_is_read_as_the_policy_learnt(one_year, tiny_cfg, tmp_path):
+    site = hold_out(one_year, tiny_cfg.holdout, tmp_path)
+    learnt, own, judged = (make_sb3_env(tiny_cfg, s, "eval", 0, eval_days=1, learnt_on=on) for s, on in (
+        (site, None), (site.held_out.site, None), (site.held_out.site, site)))
+    plans = []
+    for env in (learnt, own, judged):
+        env.reset()
+        plans.append(central_arrays(env).plan)
+        env.close()
+    lows = [np.asarray([f.low for f in p.features]) for p in plans]
+    highs = [np.asarray([f.high for f in p.features]) for p in plans]
+    assert not np.allclose(highs[0], highs[1])  # the two parts' own ranges differ (CityLearn scales by the period)
+    np.testing.assert_array_equal(lows[2], lows[0])  # the part judged on is scaled as the policy learnt
+    np.testing.assert_array_equal(highs[2], highs[0])
+
+
+def test_results_are_held_out_figures_with_the_in_sample_ones_beside(one_year, tmp_path):
+    out = tmp_path / "run"
+    sets = [a for o in tiny_overrides() for a in ("--set", o)]
+    result = CliRunner().invoke(cli, ["baseline", "--schema", str(one_year.schema), "--out", str(out), *sets])
+    assert result.exit_code == 0, result.output
+    results = json.loads((out / "results.json").read_text())
+    record = json.loads((out / "held-out.json").read_text())
+    assert (record["first_step"], record["last_step"]) == (6576, 8759)
+    for name in ("baseline", "rbc", "optimum"):
+        assert results[name]["in_sample"]["co2_kg"] != results[name]["co2_kg"]  # two periods, two figures
+    # Each part's share is against its own optimum: the optimum's replay of each reaches about all of its bound.
+    assert results["optimum"]["co2_share_of_optimum_pct"] == pytest.approx(100, abs=2)
+    assert results["optimum"]["in_sample"]["co2_share_of_optimum_pct"] == pytest.approx(100, abs=2)
+    assert "figures on the part of the data held out from training (held-out.json)" in result.output
+    assert "evaluated on the first 3 days of the part held out (and of the part learnt from)" in result.output
+
+    # --holdout none: one period, in-sample figures, and the report says so
+    flat = tmp_path / "flat"
+    result = CliRunner().invoke(cli, ["baseline", "--schema", str(one_year.schema), "--out", str(flat),
+                                      "--holdout", "none", *sets])
+    assert result.exit_code == 0, result.output
+    assert not any("in_sample" in m for m in json.loads((flat / "results.json").read_text()).values())
+    assert yaml.safe_load((flat / "config.yaml").read_text())["holdout"]["share"] == 0
+    assert "Every figure here is in-sample" in write_report(RunDir(flat)).read_text()
+
+
+@pytest.mark.parametrize("value", ["70%", "half", "-5%"])
+def test_a_holdout_that_is_not_a_share_is_refused_before_anything_is_written(value, one_year, tmp_path):
+    result = CliRunner().invoke(cli, ["baseline", "--schema", str(one_year.schema), "--out", str(tmp_path / "run"),
+                                      "--holdout", value])
+    assert result.exit_code == 2
+    assert f"--holdout expects a share of the period up to 50%, such as 25%, or none; got {value!r}" in result.output
+    assert not (tmp_path / "run").exists()
+
+
+def _results(held_out: bool) -> dict:
+    def entry(co2: float, inside: float, **extra) -> dict:
+        out = {"co2_kg": co2, "co2_kg_per_year": co2, "ev_departure_soc_met_pct": 100.0, **extra}
+        if held_out:
+            out["in_sample"] = {"co2_kg": inside, "co2_kg_per_year": inside, "ev_departure_soc_met_pct": 100.0,
+                                **({"lp_co2_kg": extra["lp_co2_kg"] - 100} if "lp_co2_kg" in extra else {})}
+        return out
+
+    results = {"baseline": entry(3000, 3200), "rbc": entry(2500, 2650), "optimum": entry(1900, 2000, lp_co2_kg=1800),
+               "ppo": entry(2600, 1800)}
+    compare_to_baseline(results)
+    return results
+
+
+def test_the_report_leads_with_held_out_figures_and_names_what_falls_below_rbc(tmp_path):
+    run = RunDir(tmp_path / "run")
+    run.root.mkdir()
+    (run.root / "results.json").write_text(json.dumps(_results(True)))
+    (run.root / "held-out.json").write_text(json.dumps({"held_out": "the last 91 days (May-July)",
+                                                        "learnt_from": "the first 274 days"}))
+    text = write_report(run).read_text()
+    headline = text.split("## Results")[0]
+    assert "**Best agent: ppo**, 2,600 kg CO2/year (-13.3% against the uncontrolled baseline, 33% of the optimum's" \
+           in headline
+    assert "**On the held-out data it does worse than the rule-based controller** (2,600 against 2,500" in headline
+    assert "*Every figure here is held out: judged on the last 91 days (May-July); the agents learnt from the first " \
+           "274 days." in headline
+    section = text.split("## Held out and in-sample")[1]
+    # ppo: 400 of the held-out 1,200 kg cut, 1,400 of the in-sample 1,500; rbc 500 of 1,200, 550 of 1,500
+    assert "| ppo | 33% | 93% | +60 |" in section and "| rbc | 42% | 37% | -5 |" in section
+    assert "**Held out, ppo (+60 points; rbc -5) lose more than 5 points" in section
