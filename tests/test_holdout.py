@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -77,8 +77,10 @@ def test_a_dataset_to_judge_on_needs_the_same_devices(one_year, site_schema, tmp
 
 def test_a_part_held_out_is_read_as_the_policy_learnt(one_year, tiny_cfg, tmp_path):
     site = hold_out(one_year, tiny_cfg.holdout, tmp_path)
-    learnt, own, judged = (make_sb3_env(tiny_cfg, s, "eval", 0, eval_days=1, learnt_on=on) for s, on in (
-        (site, None), (site.held_out.site, None), (site.held_out.site, site)))
+    judged = site.held_out.site
+    assert judged.scaled_as is not None and judged.scaled_as.length == site.length
+    learnt, own, judged = (make_sb3_env(tiny_cfg, s, "eval", 0, eval_days=1) for s in (
+        site, replace(judged, scaled_as=None), judged))
     plans = []
     for env in (learnt, own, judged):
         env.reset()

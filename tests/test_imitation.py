@@ -15,7 +15,7 @@ from trainer.judge.metrics import run_episode
 from trainer.learn.agents import build_model
 from trainer.learn.warm_start import demonstrations, keep_near_demonstrations, time_with_the_term, warm_start
 from trainer.references.controllers import PolicyController, UncontrolledBaseline
-from trainer.site import Site
+from trainer.site import Site, SiteKind
 
 from .conftest import tiny_overrides
 
@@ -136,10 +136,10 @@ def test_the_warm_start_also_imitates_other_years_of_the_built_in_site(built_in,
     assert training_demonstrations(cfg, built_in, cfg.seed, None) is own
 
 
-def test_another_draw_is_only_of_the_built_in_site(tmp_path):
+def test_a_kind_that_draws_no_other_year_draws_nothing(tmp_path):
     schema = tmp_path / "schema.json"
     schema.write_text(json.dumps({"buildings": {}}))
-    assert Site.load(schema).draw(tmp_path / "draw", 2000) is None
+    assert Site.load(schema, SiteKind("one-period", "no other year")).draw(tmp_path / "draw", 2000) is None
     assert not (tmp_path / "draw").exists()
 
 

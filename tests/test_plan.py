@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 from trainer.cli.main import cli
 from trainer.sim.simulators import VECTOR, Simulator
-from trainer.site import Site
+from trainer.site import Site, SiteKind
 
 
 def plan(tmp_path, *args: str):
@@ -177,11 +177,15 @@ def test_the_plan_counts_each_warm_start_and_the_night_s_demonstrations_once(bui
     picks = load_config(overrides=[*five, "warm_start.pick_best=true"])
     assert warm_start_s(picks, built_in, speeds, ["sac", "ppo"]) == pytest.approx(
         {"sac": estimate["sac"] + pick_s, "ppo": estimate["ppo"]})
-    # Another dataset has its one year; with the warm start off there is nothing to count.
+    # A dataset resamples its own days into as many years; a kind that draws none has its one year; with the warm
+    # start off there is nothing to count.
     other = tmp_path / "schema.json"
     other.write_text(json.dumps({"simulation_start_time_step": 0, "simulation_end_time_step": 8759}))
+    assert warm_start_s(cfg, Site.load(other), speeds, ["ppo"]) == pytest.approx(
+        warm_start_s(cfg, built_in, speeds, ["ppo"]))
     labels_of_one_year = (1 / 1000.0 + 5 * POLICY_CALL_S) * 8759 * SAFETY
-    assert warm_start_s(cfg, Site.load(other), speeds, ["ppo"])["ppo"] == pytest.approx(
+    one_period = Site.load(other, SiteKind("one-period", "a dataset that draws no other year"))
+    assert warm_start_s(cfg, one_period, speeds, ["ppo"])["ppo"] == pytest.approx(
         student * 0.001 * SAFETY + members * 0.003 * SAFETY + year + labels_of_one_year)
     off = load_config(overrides=["warm_start.epochs=0"])
     assert warm_start_s(off, built_in, speeds, ["sac", "ppo"]) == {}
@@ -211,7 +215,9 @@ def test_a_trained_stage_counts_its_evaluations_after_training(built_in, tmp_pat
     other = tmp_path / "schema.json"
     other.write_text(json.dumps({"simulation_start_time_step": 0, "simulation_end_time_step": 8759}))
     assert policy_evaluations(load_config(), built_in) == 6
-    assert policy_evaluations(load_config(), Site.load(other)) == 2  # no held-out year to confirm over
+    assert policy_evaluations(load_config(), Site.load(other)) == 6  # its own days resampled into two years
+    one_period = Site.load(other, SiteKind("one-period", "a dataset that draws no other year"))
+    assert policy_evaluations(load_config(), one_period) == 2  # no other year to confirm over
     assert policy_evaluations(load_config(overrides=["train.keep_best=false"]), built_in) == 2
     assert policy_evaluations(load_config(overrides=["warm_start.epochs=0"]), built_in) == 1
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from click.testing import CliRunner
@@ -11,7 +12,7 @@ from trainer.cli.main import cli
 from trainer.learn.selection import BestPolicy, Candidate
 from trainer.run.device import resolve_agent
 from trainer.run.folder import AgentDir
-from trainer.site import SCHEMA, Site
+from trainer.site import BUILT_IN, SCHEMA, Site, SiteKind
 
 from .conftest import tiny_overrides
 
@@ -84,7 +85,7 @@ def test_a_stage_that_unlearns_deploys_its_warm_start(tmp_path):
     assert CliRunner().invoke(cli, ["report", str(run)]).exit_code == 0
     report = (run / "report.md").read_text()
     assert "- **ppo** deploys its warm start (step 0) of 2,048 steps" in report
-    assert "(the validation window, in a held-out year: " in report and " t/yr, the last policy " in report
+    assert "(the validation window, in another year of the data: " in report and " t/yr, the last policy " in report
     assert (run / "plots" / "learning_curves.png").stat().st_size > 0
 
 
@@ -133,7 +134,7 @@ def test_a_policy_must_beat_its_warm_start_over_two_held_out_years_too(monkeypat
     monkeypatch.setattr(selection, "run_episode", lambda model, env: dict(
         zip(("co2_kg_per_year", "ev_departure_soc_met_pct"), year[model.name, env.year])))
     cfg = tiny_cfg.model_copy(update={"schedule": tiny_cfg.schedule.model_copy(update={"eval_days": None})})
-    ctx = RunContext(cfg, RunDir(tmp_path / "run"), _unread(tmp_path), "cpu")
+    ctx = RunContext(cfg, RunDir(tmp_path / "run"), replace(_unread(tmp_path), kind=BUILT_IN), "cpu")
     kept = {"step": 4000, "final_step": 9000, "why": "a later policy was worse on the validation window",
             "held_out": True, "validation_co2_kg_per_year": 44_210.4}
     chosen, warm = FakeModel("step 4000"), FakeModel("warm start")
@@ -169,12 +170,14 @@ def test_a_policy_must_beat_its_warm_start_over_two_held_out_years_too(monkeypat
     assert model is chosen and summary["step"] == 4000 and summary["validation_co2_kg_per_year"] == 44_210.4
     assert summary["why"].endswith("and it beat its warm start over the 2 whole held-out years together by more "
                                    "than 0.05% (44.30 against 44.48 t/yr; 44.15 against 44.10 t/yr)")
-    # A short evaluation (--quick) confirms over as many days of each year, and says so.
+    # A short evaluation (--quick) confirms over as many days of each year, and says so; a dataset's years are its
+    # own days resampled, and said so.
     ctx = RunContext(tiny_cfg, RunDir(tmp_path / "run"), _unread(tmp_path), "cpu")
-    assert "over the first 3 days of the 2 held-out years together by more than 0.05%" in confirm()[1]["why"]
+    assert "over the first 3 days of the 2 resampled years together by more than 0.05%" in confirm()[1]["why"]
 
 
-def test_the_held_out_years_are_two_draws_built_once_and_none_on_a_dataset(tiny_cfg, site_schema, built_in, tmp_path):
+def test_the_held_out_years_are_two_draws_built_once_and_none_where_a_kind_draws_none(tiny_cfg, site_schema, built_in,
+                                                                                     tmp_path):
     from trainer.learn.selection import held_out_years
     from trainer.run.folder import RunContext, RunDir
 
@@ -189,7 +192,8 @@ def test_the_held_out_years_are_two_draws_built_once_and_none_on_a_dataset(tiny_
     other = tmp_path / "dataset" / "schema.json"
     other.parent.mkdir()
     other.write_text(json.dumps({"simulation_start_time_step": 0, "simulation_end_time_step": 8759}))
-    assert held_out_years(RunContext(tiny_cfg, RunDir(tmp_path / "run2"), Site.load(other), "cpu")) == []
+    one_period = SiteKind("one-period", "a dataset that draws no other year")
+    assert held_out_years(RunContext(tiny_cfg, RunDir(tmp_path / "run2"), Site.load(other, one_period), "cpu")) == []
 
 
 def test_an_unreadable_warm_start_leaves_the_window_s_pick_deployed(monkeypatch, tiny_cfg, tmp_path):

@@ -31,11 +31,14 @@ def test_the_built_in_site_knows_its_period_scenario_and_other_years(site_schema
     assert drawn.scenario.seed == own + 1000 and drawn.data["pvbess_site"]["seed"] == own + 1000
 
 
-def test_a_dataset_given_by_path_has_its_one_period(site_schema, tmp_path):
+def test_a_dataset_given_by_path_draws_years_of_its_own_days_never_one_to_judge_on(site_schema, tmp_path):
     schema = variant(site_schema, tmp_path / "mine", edit=lambda data: data.pop("pvbess_site"), steps=48)
     site = given_site(str(schema.parent), None)
-    assert site.kind is SCHEMA and not site.kind.draws and site.label == "mine" and site.length == 48
-    assert site.draw(tmp_path / "draw", 1000) is None and not (tmp_path / "draw").exists()
+    assert site.kind is SCHEMA and site.kind.draws and not site.kind.unseen_draws
+    assert site.label == "mine" and site.length == 48
+    drawn = site.draw(tmp_path / "draw", 1000)
+    assert drawn is not None and drawn.kind is SCHEMA and drawn.length == 48 and drawn.scaled_as is site
+    assert drawn.data["pvbess_bootstrap"]["seed_offset"] == 1000
     # A schema the product generated is the built-in site however it is given: it still draws its years.
     assert given_site(str(site_schema), None).kind is BUILT_IN
 

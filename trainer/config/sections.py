@@ -130,9 +130,9 @@ class WarmStartConfig(Section):
     epochs: int = doc("Epochs of imitating the optimum's dispatch before a fresh agent learns from the reward, each "
                       "as many samples as the dataset's period, drawn from all the demonstrations (0 = off: learn from "
                       "scratch; docs/agent-quality.md).", ge=0, le=2000)
-    extra_draws: int = doc("Other years of the built-in site's climate (its scenario.seed + 2000, 2001, ...) whose "
-                           "optimum the policy imitates too, built once into the run's demonstration-sites/: a policy "
-                           "that keeps to the optimum in closed loop (any other dataset has its one period).",
+    extra_draws: int = doc("Other years of the site (the built-in site's climate drawn again, a dataset's own days "
+                           "resampled; seeds + 2000, 2001, ...) whose optimum the policy imitates too, built once into "
+                           "the run's demonstration-sites/: a policy that keeps to the optimum in closed loop.",
                            ge=0, le=20)
     ensemble: int = doc("Imitations from this many initial weights (the seed, then + 1000, + 2000, ...) whose mean "
                         "action, run over each year of the demonstrations, the agent's policy then imitates: one "

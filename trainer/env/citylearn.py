@@ -317,13 +317,13 @@ def guard_for(sb3_env: gymnasium.Env, controller: object) -> Iterator[None]:
         arrays.guard = saved
 
 
-def make_sb3_env(cfg: Config, site: Site, purpose: Purpose, seed: int, eval_days: int | None = None,
-                 learnt_on: Site | None = None):
-    """CityLearn → flat normalised arrays for SB3, with SB3's Monitor for episode stats. With ``learnt_on`` (a
-    period judged apart from the one the policy learnt on), observations are scaled as on ``learnt_on``."""
+def make_sb3_env(cfg: Config, site: Site, purpose: Purpose, seed: int, eval_days: int | None = None):
+    """CityLearn → flat normalised arrays for SB3, with SB3's Monitor for episode stats. A site read as another
+    (``site.scaled_as``: a draw, a part held out) has its observations scaled as on that one, where the policy
+    learnt."""
     from stable_baselines3.common.monitor import Monitor  # lazy: SB3 imports torch
 
-    learnt = None if learnt_on is None else learnt_normalisation(cfg, learnt_on)
+    learnt = None if site.scaled_as is None else learnt_normalisation(cfg, site.scaled_as)
     env = make_citylearn_env(cfg, site, purpose, seed, eval_days)
     guard = EvServiceGuard.of(cfg.ev)
     return Monitor(CentralAgentArrays(env, guard, tuple(cfg.observations.carbon_ahead_hours), learnt))

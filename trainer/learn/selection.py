@@ -6,15 +6,16 @@ validation: the warm start (step 0) and each curve point are scored on a window 
 train on and the report never judges them by, and the best so far is kept in ``<agent>/best/``.
 At the end the stage deploys that one.
 
-- **The window**: on the built-in site, another draw of the same climate (``scenario.seed`` +
-  VALIDATION_SEED_OFFSET, built once per run in ``<run>/validation-site/``): a year the agents never
-  trained on. On any other dataset there is no other year: the first ``schedule.curve_eval_days``
-  of the dataset itself, which the final evaluation also covers (the report says so).
+- **The window**: another year of the site (its seed + VALIDATION_SEED_OFFSET, built once per run in
+  ``<run>/validation-site/``): on the built-in site another draw of the same climate, a year the agents never
+  trained on; on a dataset a user brings, its days resampled in blocks from the part the run learns from
+  (trainer.site.bootstrap), never from the part it is judged on. A site that draws no other year: the first
+  ``schedule.curve_eval_days`` of its period.
 - **The criterion** is the product's own: the EV departures target first
   (``ev.target_met_pct``), then CO2. Ties keep the earlier policy.
-- **Confirmed**: on the built-in site a pick other than the warm start is deployed only if it also beats
-  the warm start over two whole held-out years together (the window's and ``scenario.seed`` +
-  SECOND_HELD_OUT_SEED_OFFSET), by more than YEAR_MARGIN of its CO2 (``confirm_over_the_years``).
+- **Confirmed**: a pick other than the warm start is deployed only if it also beats the warm start over two
+  whole other years together (the window's and the seed + SECOND_HELD_OUT_SEED_OFFSET's), by more than
+  YEAR_MARGIN of its CO2 (``confirm_over_the_years``).
 - **Resume** keeps the selection: ``best.json`` and its model are written atomically, and a
   resumed stage starts from them.
 """
@@ -103,7 +104,8 @@ class BestPolicy:
 
 def validation_site(ctx: RunContext) -> tuple[Site, bool]:
     """(the site validation runs on, whether it is held out from the final evaluation)."""
-    # A site that draws other years (the built-in site): another draw of the same climate; any other: its first days.
+    # A site that draws other years: another draw of its climate (the built-in site) or of its own days resampled (a
+    # dataset: trainer.site.bootstrap); one that cannot: its first days.
     drawn = ctx.site.draw(ctx.run.validation_site, VALIDATION_SEED_OFFSET)
     return (ctx.site, False) if drawn is None else (drawn, True)
 
@@ -126,8 +128,8 @@ def kept_summary(best: BestPolicy, final_step: int, held_out: bool) -> dict[str,
 
 def held_out_years(ctx: RunContext) -> list[Site]:
     """The years a pick is confirmed over: the validation window's (``validation_site``) and a second draw of the
-    built-in site (``scenario.seed`` + SECOND_HELD_OUT_SEED_OFFSET, built once into ``<run>/validation-site-2/``);
-    none on any other dataset, which has no other year."""
+    site (the seed + SECOND_HELD_OUT_SEED_OFFSET, built once into ``<run>/validation-site-2/``); none on a site
+    that draws no other year."""
     first, held_out = validation_site(ctx)
     if not held_out:
         return []
@@ -170,8 +172,10 @@ def confirm_over_the_years(ctx: RunContext, agent: str, chosen: Any, warm_start:
     misses, co2 = (sum(f.key(target_pct)[i] for f, _ in figures) for i in (0, 1))
     warm_misses, warm_co2 = (sum(w.key(target_pct)[i] for _, w in figures) for i in (0, 1))
     days, n = ctx.cfg.schedule.eval_days, len(years)
-    period = (f"the {n} whole held-out years together" if days is None else
-              f"the first {days} days of the {n} held-out years together")
+    # The built-in site's other years are new draws of its climate; a dataset's, its own days resampled.
+    which = "held-out" if ctx.site.kind.unseen_draws else "resampled"
+    period = (f"the {n} whole {which} years together" if days is None else
+              f"the first {days} days of the {n} {which} years together")
     versus = "; ".join(f"{y['co2_kg_per_year'] / 1000:,.2f} against {y['warm_start_co2_kg_per_year'] / 1000:,.2f} t/yr"
                        for y in years)
     # Leaving the warm start must be worth more than a tie.

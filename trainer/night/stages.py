@@ -45,11 +45,9 @@ if TYPE_CHECKING:
 
 
 def _eval_env(ctx: RunContext, site: Site | None = None):
-    """An evaluation environment of ``site`` (default: the part the run learns from); a part judged apart is scaled
-    as the policies learnt."""
-    site = site or ctx.site
-    return make_sb3_env(ctx.cfg, site, "eval", ctx.seed, eval_days=ctx.cfg.schedule.eval_days,
-                        learnt_on=None if site is ctx.site else ctx.site)
+    """An evaluation environment of ``site`` (default: the part the run learns from; a part judged apart is scaled
+    as the policies learnt, ``Site.scaled_as``)."""
+    return make_sb3_env(ctx.cfg, site or ctx.site, "eval", ctx.seed, eval_days=ctx.cfg.schedule.eval_days)
 
 
 # What results.json keeps of an evaluation on the part a run learnt from, beside the held-out figures.
@@ -227,7 +225,8 @@ def evaluate_unseen_year(ctx: RunContext) -> dict[str, dict[str, Any]]:
     optimum's cut there (docs/agent-quality.md).
     """
     held = ctx.site.held_out
-    year = held.site if held is not None else ctx.site.draw(ctx.run.unseen_year_site, UNSEEN_YEAR_SEED_OFFSET)
+    year = held.site if held is not None else ctx.site.draw(ctx.run.unseen_year_site, UNSEEN_YEAR_SEED_OFFSET) \
+        if ctx.site.kind.unseen_draws else None
     if year is None:
         raise UsageError(f"{ctx.run.root} held nothing of {ctx.site.schema} out (holdout.share 0): --unseen-year "
                          "needs a part no stage learnt from; run the night again without --holdout none, or with "

@@ -11,7 +11,8 @@ have not arrived yet are unknown to it. With a perfect forecast instead the same
 (docs/agent-quality.md).
 
 On the built-in site the other years are its own draws (``Site.draw``'s seeds, the warm start's
-demonstration years). A dataset a user brings has one period and no other years: there the
+demonstration years). A dataset a user brings has one period (its other years are its own days resampled, no
+forecast of what it has not seen): there the
 forecast (:class:`ProfileForecast`) is learnt as the planner goes, from the hours it has already
 seen of the period, as the mean by hour of the day of each building's net load and of the carbon
 intensity, weighted to the recent days, with the persistence of each deviation from it measured on

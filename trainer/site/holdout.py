@@ -36,14 +36,15 @@ def hold_out(site: Site, holdout: HoldoutConfig, draws: Path) -> Site:
     the built-in site's held-out year is built (once)."""
     other = judged_instead(site, holdout)
     if other is not None:
+        name = other.label or other.schema.parent.name
         return site.learning_from(HeldOut(
-            other, f"{other.label or other.schema.parent.name} ({describe(other, other.start, other.end)}), another "
-                   "dataset given with --eval-schema/--eval-dataset", f"all of {site.label or 'the dataset'} "
-                                                                      f"({describe(site, site.start, site.end)})"))
+            other.scaled(site), f"{name} ({describe(other, other.start, other.end)}), another dataset given with "
+                                "--eval-schema/--eval-dataset",
+            f"all of {site.label or 'the dataset'} ({describe(site, site.start, site.end)})"))
     if holdout.share == 0:
         return site
-    if site.kind.draws:
-        year = site.draw(draws, UNSEEN_YEAR_SEED_OFFSET)
+    if site.kind.unseen_draws:
+        year = site.draw(draws, UNSEEN_YEAR_SEED_OFFSET)  # read as the site is
         assert year is not None  # a kind that draws
         return site.learning_from(HeldOut(
             year, "another year of the built-in site's climate (unseen-year/site/), which no stage trains, "
@@ -59,9 +60,10 @@ def hold_out(site: Site, holdout: HoldoutConfig, draws: Path) -> Site:
     learning = site.period(site.start, first_held - 1)
     judged = site.period(first_held, site.end)
     return learning.learning_from(HeldOut(
-        judged, f"the last {held_days} days of the period ({describe(site, first_held, site.end)}), which no stage "
-                "trains, validates or imitates on", f"the first {days - held_days} days "
-                                                   f"({describe(site, site.start, first_held - 1)})"))
+        judged.scaled(learning),
+        f"the last {held_days} days of the period ({describe(site, first_held, site.end)}), which no stage trains, "
+        "validates or imitates on",
+        f"the first {days - held_days} days ({describe(site, site.start, first_held - 1)})"))
 
 
 def judged_instead(site: Site, holdout: HoldoutConfig) -> Site | None:

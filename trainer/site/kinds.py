@@ -1,29 +1,26 @@
 """The kinds of dataset a run may control, one row each in :data:`SITE_KINDS`.
 
 A kind says what a site of it can give beyond its own period: the built-in site draws other years of its
-climate (the selection's held-out years, the warm start's extra years, the unseen year); a dataset a user
-brings has its one period. Code asks the kind (``site.kind.draws``), never where the dataset came from.
+climate (the selection's held-out years, the warm start's extra years, the year it is judged on); a dataset a
+user brings resamples its own days into other years (trainer.site.bootstrap: the selection's and the warm start's
+years, never one to judge on). Code asks the kind (``site.kind.draws``, ``site.kind.unseen_draws``), never where
+the dataset came from.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from trainer.config.sections import ScenarioConfig
+from trainer.site.bootstrap import Resampled, bootstrap_year
 from trainer.site.scenario import SCHEMA_FILE, build_site
 
 
-class Drawn(Protocol):
+class Drawn(Resampled, Protocol):
     """What a kind's ``draw_year`` reads of the site it draws from (a trainer.site.Site)."""
-
-    @property
-    def data(self) -> Mapping[str, Any]: ...
-
-    @property
-    def root(self) -> Path: ...
 
     @property
     def scenario(self) -> ScenarioConfig | None: ...
@@ -40,6 +37,7 @@ class SiteKind:
     name: str
     doc: str
     draw_year: DrawYear | None = None
+    unseen_draws: bool = False  # its other years are data it never held (one can be judged on), not its own resampled
 
     @property
     def draws(self) -> bool:
@@ -57,12 +55,17 @@ def _draw_built_in(site: Drawn, folder: Path, seed_offset: int) -> Path:
     return folder / SCHEMA_FILE
 
 
+def _draw_bootstrap(site: Drawn, folder: Path, seed_offset: int) -> Path:
+    return bootstrap_year(site, folder, seed_offset, SCHEMA_FILE)
+
+
 BUILT_IN = SiteKind("built-in", "the product's own site, generated from a scenario (the config's, or the one a "
                                 "schema it generated carries); other years are the same climate drawn again",
-                    _draw_built_in)
-SCHEMA = SiteKind("schema", "a CityLearn dataset given by its schema.json (--schema): its one period")
+                    _draw_built_in, unseen_draws=True)
+SCHEMA = SiteKind("schema", "a CityLearn dataset given by its schema.json (--schema): its one period, whose days "
+                            "other years resample", _draw_bootstrap)
 NAMED = SiteKind("citylearn", "a CityLearn dataset given by name (--dataset), found as CityLearn finds it: its one "
-                              "period")
+                              "period, whose days other years resample", _draw_bootstrap)
 
 SITE_KINDS: dict[str, SiteKind] = {kind.name: kind for kind in (BUILT_IN, SCHEMA, NAMED)}
 

@@ -34,6 +34,9 @@ class Site:
     data: Mapping[str, Any] = field(repr=False)  # the schema's JSON, read and checked once
     scenario: ScenarioConfig | None = field(default=None, repr=False)  # what a built-in site was generated from
     held_out: HeldOut | None = field(default=None, repr=False)  # what the run judges on; None: in-sample figures
+    # The site whose period a policy on this one learnt its scaling from (a draw's, a part held out's: the site the
+    # run learns from); None: its own. trainer.env.citylearn.make_sb3_env reads it.
+    scaled_as: Site | None = field(default=None, repr=False)
     _facts: dict[Hashable, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -78,7 +81,11 @@ class Site:
         if not self.start <= first <= last <= self.end:
             raise ValueError(f"steps {first}..{last} are outside the period {self.start}..{self.end}")
         data = {**self.data, "simulation_start_time_step": first, "simulation_end_time_step": last}
-        return replace(self, data=data, held_out=None, _facts={})
+        return replace(self, data=data, held_out=None, scaled_as=None, _facts={})
+
+    def scaled(self, learnt_on: Site) -> Site:
+        """This site as a policy that learnt on ``learnt_on`` reads it (its observations scaled as there)."""
+        return replace(self, scaled_as=learnt_on)
 
     def learning_from(self, held_out: HeldOut) -> Site:
         """This site as the part a run learns from, carrying the part it is judged on."""
@@ -95,9 +102,10 @@ class Site:
     # ----------------------------------------------------------------- other years
 
     def draw(self, folder: Path, seed_offset: int) -> Site | None:
-        """Another year of this site (its kind's ``draw_year`` with ``seed_offset``), built once into ``folder``;
-        None where the kind has its one period. Built aside and renamed into place: stages side by side on Ray may
-        both get here first."""
+        """Another year of this site (its kind's ``draw_year`` with ``seed_offset``: the built-in site's climate drawn
+        again, a dataset's own period resampled), built once into ``folder`` and read as a policy that learnt on this
+        site reads it; None where the kind has no other year. Built aside and renamed into place: stages side by
+        side on Ray may both get here first."""
         if self.kind.draw_year is None:
             return None
         drawn = folder / SCHEMA_FILE
@@ -112,7 +120,7 @@ class Site:
             if not drawn.is_file():
                 raise DamagedFile(f"{folder} holds no {SCHEMA_FILE} (a damaged copy of the site): delete the folder "
                                   "and run again; it is built anew")
-        return Site.load(drawn, self.kind, self.label, fallback=self.scenario)
+        return Site.load(drawn, self.kind, self.label, fallback=self.scenario).scaled(self.scaled_as or self)
 
     # ----------------------------------------------------------------- facts learnt once
 

@@ -10,8 +10,9 @@ dispatch is not a policy an agent can run; but replayed through the training sit
 demonstrations, (observation, action) pairs, that a policy can imitate from what it sees at each
 step. Imitated by supervised regression (behaviour cloning), a policy captures most of the
 optimum's cut, and the cloned policy is a causal controller: on a year it has never seen (another
-draw of the built-in site) it keeps that share (measured). On the built-in site it also imitates
-the optimum of other years of the same climate (``warm_start.extra_draws``): one year is a single
+draw of the built-in site) it keeps that share (measured). It also imitates the optimum of other years
+(``warm_start.extra_draws``: the built-in site's climate drawn again, a user's dataset's own days resampled in
+blocks, trainer.site.bootstrap): one year is a single
 trajectory, and a policy fitted to it alone drifts off it in closed loop by as much as its
 initialisation decides (docs/agent-quality.md). Reinforcement learning then goes on from there
 with the reward.

@@ -93,8 +93,8 @@ def demonstrations(cfg: Config, site: Site, seed: int) -> Demonstrations:
 
 
 def training_demonstrations(cfg: Config, site: Site, seed: int, draws: Path | None) -> Demonstrations:
-    """The dataset's demonstrations and, on the built-in site, those of ``warm_start.extra_draws`` other years of its
-    climate (built once under ``draws``; None: the dataset's alone).
+    """The dataset's demonstrations and those of ``warm_start.extra_draws`` other years of it (the built-in site's
+    climate drawn again, a dataset's own days resampled; built once under ``draws``; None: the dataset's alone).
 
     One year's demonstrations are a single trajectory: a policy fitted to them drifts off it in closed loop, and how
     far depends on its initialisation (measured: SAC's imitation of one year reached 85.8-91.9 % of the optimum's cut
@@ -105,7 +105,7 @@ def training_demonstrations(cfg: Config, site: Site, seed: int, draws: Path | No
 
 
 def demonstration_years(cfg: Config, site: Site, draws: Path | None) -> list[Site]:
-    """The years the warm start learns from: the dataset and, where its kind draws other years (the built-in site),
+    """The years the warm start learns from: the dataset and, where its kind draws other years,
     ``warm_start.extra_draws`` of them, built once under ``draws``."""
     years = [site]
     if draws is not None and site.kind.draws:

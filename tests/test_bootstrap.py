@@ -1,0 +1,84 @@
+"""Other years of a user's dataset: its own days resampled in blocks, never a stay cut, never a day held out."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from trainer.config.loading import load_config
+from trainer.env.citylearn import make_sb3_env
+from trainer.judge.metrics import run_episode
+from trainer.references.controllers import UncontrolledBaseline
+from trainer.site import Site, given_site
+from trainer.site.bootstrap import BLOCK_DAYS, SEASON_DAYS, resampled_steps
+from trainer.site.holdout import hold_out
+
+from .conftest import variant
+
+
+@pytest.fixture(scope="module")
+def learning(site_schema, tmp_path_factory) -> Site:
+    """The built-in site's files as a user's year, narrowed to the part a run learns from (its first 274 days)."""
+    schema = variant(site_schema, tmp_path_factory.mktemp("year"), edit=lambda data: data.pop("pvbess_site"))
+    return hold_out(given_site(str(schema), None), load_config().holdout, tmp_path_factory.mktemp("draws"))
+
+
+def _states(site: Site) -> np.ndarray:
+    """(steps of the files, chargers) charger states."""
+    chargers = site.data["buildings"]["Building_1"]["chargers"].values()
+    return np.stack([pd.read_csv(site.root / c["charger_simulation"])["electric_vehicle_charger_state"].to_numpy()
+                     for c in chargers], axis=1)
+
+
+def test_a_drawn_year_is_blocks_of_the_part_learnt_from_cut_where_every_charger_is_free(learning):
+    steps = resampled_steps(learning, np.random.default_rng(7))
+    assert len(steps) == learning.length == 274 * 24
+    assert steps.min() >= learning.start and steps.max() <= learning.end  # nothing of the part held out
+    seams = np.flatnonzero(np.diff(steps) != 1) + 1
+    assert len(seams) >= 274 // (2 * BLOCK_DAYS)  # resampled, not the period again
+    states = _states(learning)
+    assert not (states[steps[seams]] == 1).any()  # every block starts with no car plugged in: no stay is cut
+    # It follows the period's course: each step reads a day near its own place in the period.
+    drift = np.abs(steps - learning.start - np.arange(len(steps)))
+    assert drift.max() <= (SEASON_DAYS + BLOCK_DAYS + 3) * 24
+    # Another draw is another year; the same seed the same one.
+    assert not np.array_equal(steps, resampled_steps(learning, np.random.default_rng(8)))
+    np.testing.assert_array_equal(steps, resampled_steps(learning, np.random.default_rng(7)))
+
+
+def test_every_file_is_resampled_alike_and_citylearn_runs_the_year_serving_every_car(learning, tmp_path):
+    drawn = learning.draw(tmp_path / "draw", 1000)
+    data = json.loads(drawn.schema.read_text())
+    assert (data["simulation_start_time_step"], data["simulation_end_time_step"]) == (0, learning.length - 1)
+    assert drawn.scaled_as is learning  # a policy reads it scaled as where it learnt
+    # Every file's row i is the data's row of the same step: the weather, loads, tariff and cars of one moment.
+    steps = resampled_steps(learning, np.random.default_rng([int(learning.data["random_seed"]), 1000]))
+    for name in ("Building_1.csv", "weather.csv", "carbon_intensity.csv", "pricing.csv", "charger_1_1.csv",
+                 "charger_1_4.csv"):
+        header, *rows = (drawn.root / name).read_text().splitlines()
+        original = (learning.root / name).read_text().splitlines()
+        assert header == original[0] and len(rows) == len(steps)
+        assert rows == [original[1 + t] for t in steps], name
+    cfg = load_config(overrides=["schedule.eval_days=28"])
+    env = make_sb3_env(cfg, drawn, "eval", 0, eval_days=28)
+    try:
+        metrics = run_episode(UncontrolledBaseline(), env)
+    finally:
+        env.close()
+    assert metrics["ev_departure_soc_met_pct"] == 100.0  # every car arrives and leaves as it did in the data
+
+
+def test_a_draw_is_built_once_and_a_damaged_folder_is_named(learning, tmp_path):
+    first = learning.draw(tmp_path / "draw", 1001)
+    before = (first.root / "Building_1.csv").stat().st_mtime_ns
+    again = learning.draw(tmp_path / "draw", 1001)
+    assert (again.root / "Building_1.csv").stat().st_mtime_ns == before
+    (tmp_path / "draw" / "schema.json").unlink()
+    (tmp_path / "draw" / "Building_1.csv").write_text("damaged")
+    from trainer.base.files import DamagedFile
+
+    with pytest.raises(DamagedFile, match="holds no schema.json .* delete the folder and run again"):
+        learning.draw(tmp_path / "draw", 1001)

@@ -1,0 +1,132 @@
+"""Other years of a dataset that has one: its days resampled in blocks (a block bootstrap).
+
+What makes a controller generalise on the built-in site is many years of its climate: the warm start imitates the
+optimum of several, the selection validates on one and confirms its pick over two. A user's dataset has one period;
+this gives it as many years as the runs ask for, drawn from the period the run learns from (``Site.period``: never
+a part held out).
+
+A drawn year follows the period's course: the block placed at each point of it starts within
+:data:`SEASON_DAYS` of that point in the data, so winter stays in winter. Blocks are about a week
+(:data:`BLOCK_DAYS`) of whole days, so a day's weather, loads, PV, carbon intensity, tariff and EV sessions stay
+together, and so do the days of a week. Blocks are cut only where every charger is free (the hour of the day they
+are most often free), so no car's stay is cut in two: a stay longer than a day makes a longer block. Every file of
+the dataset is resampled with the same steps, so its rows still describe one moment each.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+BLOCK_DAYS = 7
+SEASON_DAYS = 30
+CONNECTED = 1  # CityLearn's charger state for a car plugged in
+
+
+class Resampled(Protocol):
+    """What a draw reads of the site it resamples (a trainer.site.Site)."""
+
+    @property
+    def data(self) -> Mapping[str, Any]: ...
+
+    @property
+    def root(self) -> Path: ...
+
+    @property
+    def start(self) -> int: ...
+
+    @property
+    def end(self) -> int: ...
+
+    @property
+    def steps_per_day(self) -> int: ...
+
+
+def bootstrap_year(site: Resampled, folder: Path, seed_offset: int, schema_file: str = "schema.json") -> Path:
+    """Write another year of ``site`` (its period's days resampled in blocks, seeded by the schema's random_seed
+    and ``seed_offset``) into ``folder`` as a CityLearn dataset; returns its schema.json."""
+    rng = np.random.default_rng([int(site.data.get("random_seed") or 0), seed_offset])
+    steps = resampled_steps(site, rng)
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in _files(site.data):
+        _write_rows(site.root / name, folder / name, steps)
+    data = {**site.data, "root_directory": None, "simulation_start_time_step": 0,
+            "simulation_end_time_step": len(steps) - 1,
+            "pvbess_bootstrap": {"from": f"steps {site.start}-{site.end}", "seed_offset": seed_offset,
+                                 "block_days": BLOCK_DAYS, "season_days": SEASON_DAYS}}
+    schema = folder / schema_file
+    schema.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    return schema
+
+
+def resampled_steps(site: Resampled, rng: np.random.Generator) -> np.ndarray:
+    """The step of the data each step of a drawn year reads, as long as the period."""
+    segments = _segments(site)
+    starts = np.asarray([s[0] for s in segments]) - site.start
+    length, day = site.end - site.start + 1, site.steps_per_day
+    out: list[np.ndarray] = []
+    filled = 0
+    while filled < length:
+        near = np.flatnonzero(np.abs(starts - filled) <= SEASON_DAYS * day)
+        if len(near) == 0:  # a season with no block starting in it (a long stay): the nearest block
+            near = np.asarray([int(np.argmin(np.abs(starts - filled)))])
+        first = int(rng.choice(near))
+        block, k = [], first
+        while k < len(segments) and sum(len(b) for b in block) < BLOCK_DAYS * day:
+            block.append(np.arange(*segments[k]))
+            k += 1
+        steps = np.concatenate(block)
+        out.append(steps)
+        filled += len(steps)
+    return np.concatenate(out)[:length]
+
+
+def _segments(site: Resampled) -> list[tuple[int, int]]:
+    """The period cut where every charger is free, at the hour of the day they most often are: (first, end) steps."""
+    day = site.steps_per_day
+    occupied = _occupied(site)  # (steps of the period,) any car plugged in
+    hour = int(np.argmin([occupied[h::day].sum() for h in range(day)])) if occupied.any() else 0
+    cuts = [site.start + t for t in range(hour, len(occupied), day) if not occupied[t]]
+    bounds = sorted({site.start, *cuts, site.end + 1})
+    return [(a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
+
+
+def _occupied(site: Resampled) -> np.ndarray:
+    import pandas as pd  # lazy: only a draw reads it
+
+    length = site.end - site.start + 1
+    occupied = np.zeros(length, dtype=bool)
+    for building in _buildings(site.data):
+        for charger in (building.get("chargers") or {}).values():
+            if isinstance(charger, dict) and charger.get("charger_simulation"):
+                state = pd.read_csv(site.root / charger["charger_simulation"],
+                                    usecols=["electric_vehicle_charger_state"])["electric_vehicle_charger_state"]
+                occupied |= state.to_numpy()[site.start:site.end + 1] == CONNECTED
+    return occupied
+
+
+def _buildings(data: Mapping[str, Any]) -> list[dict[str, Any]]:
+    return [b for b in (data.get("buildings") or {}).values() if isinstance(b, dict) and b.get("include", True)]
+
+
+def _files(data: Mapping[str, Any]) -> list[str]:
+    """Every file the simulated buildings read, once each."""
+    names: list[str] = []
+    for building in _buildings(data):
+        names += [building[k] for k in ("energy_simulation", "weather", "carbon_intensity", "pricing")
+                  if building.get(k)]
+        names += [c["charger_simulation"] for c in (building.get("chargers") or {}).values()
+                  if isinstance(c, dict) and c.get("charger_simulation")]
+    return list(dict.fromkeys(names))
+
+
+def _write_rows(source: Path, target: Path, steps: np.ndarray) -> None:
+    """``source``'s rows ``steps`` (the header kept, every cell as written) into ``target``."""
+    lines = source.read_text(encoding="utf-8").splitlines()
+    header, rows = lines[0], lines[1:]
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text("\n".join([header, *(rows[t] for t in steps)]) + "\n", encoding="utf-8")
