@@ -127,3 +127,28 @@ def test_the_site_is_read_once_into_the_cache_and_a_damaged_file_is_read_again(s
     SimVecEnv(cfg, Site.load(sites["v2g"]), 1, 0)  # read from CityLearn again, and the file replaced
     with np.load(files[0], allow_pickle=False) as data:
         assert "raw" in data
+
+
+def test_the_reach_table_gives_the_guard_stepping_through_the_curves_gives(sites):
+    """On curved paths the guard walks a tabulated full-power step back from the goal and bisects one step: its
+    actions are those of stepping every hour left through the curves, within 1e-5."""
+    from trainer.sim.battery import BatteryBank
+    from trainer.sim.ev import Sessions
+
+    sim = SimVecEnv(load_config(), Site.load(sites["random-curves"]), 256, 0)
+    assert sim.reach_table is not None
+    tables, rng = sim.tables, np.random.default_rng(3)
+    connected = np.flatnonzero((tables.connected >= 0).any(axis=1))
+    t = rng.choice(connected, 256)
+    cars = BatteryBank(tables.cars, 256)
+    cars.soc[...] = rng.uniform(0.05, 0.95, cars.soc.shape).astype(np.float32)
+    wanted = rng.uniform(-1.0, 1.0, (256, tables.connected.shape[1]))
+    margin = 0.005 * tables.cars.capacity[0]
+    stepped = Sessions(tables, t, cars, False, None)
+    tabled = Sessions(tables, t, cars, False, sim.reach_table)
+    exact, fast = stepped.minimum_action(wanted, margin), tabled.minimum_action(wanted, margin)
+    assert stepped.valid.sum() > 300 and (exact > wanted + 1e-4).sum() > 50  # many cars, many of them raised
+    np.testing.assert_allclose(fast, exact, atol=1e-5)
+    stored = stepped.stored()
+    np.testing.assert_allclose(tabled.reachable(stored, stepped.steps_left),
+                               stepped.reachable(stored, stepped.steps_left), atol=1e-4)

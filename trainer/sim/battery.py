@@ -26,13 +26,11 @@ def curve_at(value: np.ndarray, xs: np.ndarray, ys: np.ndarray) -> np.ndarray:
     if xs.shape[-1] == 2:  # one segment (most datasets' curves): no search, no gather
         x0, x1, y0, y1 = xs[..., 0], xs[..., 1], ys[..., 0], ys[..., 1]
         return y0 + (y1 - y0) * (value - x0) / (x1 - x0)
-    xs = np.broadcast_to(xs, value.shape + xs.shape[-1:])
-    ys = np.broadcast_to(ys, value.shape + ys.shape[-1:])
-    below = (xs < value[..., None]).sum(-1)  # searchsorted(x, v, side='left')
-    idx = np.clip(below - 1, 0, xs.shape[-1] - 2)[..., None]
-    x0, x1 = np.take_along_axis(xs, idx, -1)[..., 0], np.take_along_axis(xs, idx + 1, -1)[..., 0]
-    y0, y1 = np.take_along_axis(ys, idx, -1)[..., 0], np.take_along_axis(ys, idx + 1, -1)[..., 0]
-    return y0 + (y1 - y0) * (value - x0) / (x1 - x0)
+    # The same line as a sum of hinges (the first segment's line, then each later segment's change of slope from
+    # its start on): no search and no gather, several times faster on the simulator's small arrays.
+    slopes = np.diff(ys, axis=-1) / np.diff(xs, axis=-1)
+    bends = (slopes[..., 1:] - slopes[..., :-1]) * np.maximum(value[..., None] - xs[..., 1:-1], 0.0)
+    return ys[..., 0] + slopes[..., 0] * (value - xs[..., 0]) + bends.sum(axis=-1)
 
 
 def _stack_curves(curves: list[Any]) -> tuple[np.ndarray, np.ndarray]:

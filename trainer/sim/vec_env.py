@@ -20,7 +20,7 @@ from stable_baselines3.common.vec_env.base_vec_env import VecEnv
 from trainer.config.sections import Config
 from trainer.env.citylearn import CentralAgentArrays, make_citylearn_env, site_scales
 from trainer.env.reward import TERMS, _grid_kwh_per_stored_kwh, kwh_value, mean_kwh_value
-from trainer.sim.ev import Guard, Sessions, Shortfalls, linear_paths
+from trainer.sim.ev import Guard, ReachTable, Sessions, Shortfalls, linear_paths
 from trainer.sim.site import SiteTables, VectorSite
 from trainer.site import Site
 
@@ -37,6 +37,7 @@ class SimVecEnv(VecEnv):
         self.reward = _RewardTerms(cfg, env, tables)
         self.guard = Guard.of(cfg.ev)
         self.linear = linear_paths(tables)
+        self.reach_table = None if self.linear else ReachTable(tables)
         self.render_mode = None  # nothing to draw; SB3 asks
         super().__init__(n_envs, arrays.observation_space, arrays.action_space)
         self.length = tables.steps if episode_steps is None else min(episode_steps, tables.steps)
@@ -98,7 +99,7 @@ class SimVecEnv(VecEnv):
         native = self.scale.to_native(self._actions)
         self.site.begin()
         now = self.site.t.copy()
-        sessions = Sessions(self.tables, now, self.site.cars, self.linear)
+        sessions = Sessions(self.tables, now, self.site.cars, self.linear, self.reach_table)
         if self.guard is not None:
             native = self.guard.apply(sessions, native)
         net = self.site.apply(native)
