@@ -57,6 +57,20 @@ def test_a_forecast_learnt_as_it_goes_is_the_weighted_mean_of_the_hours_seen():
     assert forecast.seen == 49
 
 
+def test_a_forecast_judged_on_a_part_held_out_starts_from_the_part_learnt_from():
+    # The part learnt from: two days whose noon draws 3 kWh (building 0) and 6 (building 1), carbon 0.8 at noon.
+    past_hours = np.tile(np.arange(1, 25), 2)
+    noon = (past_hours == 12).astype(float)
+    forecast = ProfileForecast(np.tile(np.arange(1, 25), 2), 2).learn_from(
+        past_hours, np.stack([3 * noon, 6 * noon]), 0.2 + 0.6 * noon)
+    assert forecast.seen == 0  # nothing of the part judged on is seen yet
+    fixed, carbon = forecast.ahead(0, 24, np.array([0.0, 0.0]), 0.2)
+    # Noon, eleven hours ahead: what the part learnt from drew then, not what is seen now.
+    assert fixed[:, 11].tolist() == pytest.approx([3.0, 6.0]) and carbon[11] == pytest.approx(0.8)
+    fresh, _ = ProfileForecast(np.tile(np.arange(1, 25), 2), 2).ahead(0, 24, np.array([0.0, 0.0]), 0.2)
+    assert fresh[:, 11].tolist() == [0.0, 0.0]  # without it, the present stands for every hour not yet seen
+
+
 def _planner_and_env(cfg, schema, days):
     env = make_sb3_env(cfg, Site.load(schema), "eval", 0, eval_days=days)
     env.reset()

@@ -126,6 +126,8 @@ def run_episode(controller: Controller, sb3_env: gymnasium.Env, timeseries_path:
     metrics["ev_unmet_kwh"] = unmet_kwh if departures_met else None
     metrics["eval_wall_s"] = round(wall, 2)
     metrics["eval_hours"] = steps
+    tracker = env.episode_tracker  # the period the environment simulates: whether the evaluation covered all of it
+    metrics["period_hours"] = int(tracker.simulation_end_time_step - tracker.simulation_start_time_step)
     if timeseries_path is not None:
         timeseries(env, steps).to_csv(timeseries_path, index=False, float_format="%.4f")
     return metrics
@@ -254,14 +256,19 @@ def optimum_reach(results: dict[str, dict[str, Any]]) -> str | None:
 
 
 def evaluation_window(results: dict[str, dict[str, Any]]) -> str | None:
-    """A line saying what was evaluated, where it is not a whole year (a --quick night, or eval_days)."""
+    """A line saying what was evaluated, where it is not a whole year (a --quick night, eval_days, a part held out)."""
     hours = {m.get("eval_hours") for m in results.values() if m.get("eval_hours")}
     if not hours or max(hours) >= HOURS_PER_YEAR - 24:
         return None
     days = ", ".join(f"{h / 24:.0f}" for h in sorted(hours))  # an evaluation steps all but its last hour
-    where = "the part held out (and of the part learnt from)" if held_out_figures(results) else "the dataset"
-    return (f"evaluated on the first {days} days of {where}: CO2 per year is scaled from them; cost and grid "
-            "import are those days' totals")
+    whole = all(m.get("eval_hours") == m.get("period_hours") for m in results.values() if m.get("eval_hours"))
+    if held_out_figures(results):
+        where = (f"the whole part held out, {days} days" if whole else
+                 f"the first {days} days of the part held out (and of the part learnt from)")
+    else:
+        where = f"the whole period, {days} days" if whole else f"the first {days} days of the dataset"
+    return (f"evaluated on {where}: CO2 per year is scaled from them; cost and grid import are those days' "
+            "totals")
 
 
 def held_out_figures(results: dict[str, dict[str, Any]]) -> bool:

@@ -13,7 +13,13 @@ from pydantic import BaseModel
 
 from trainer.base.files import FIXES, DamagedFile, read_json, read_typed
 from trainer.config.roster import ROSTER
-from trainer.judge.metrics import DEFAULT_TARGET_MET_PCT, HOURS_PER_YEAR, best_agent, serves_cars
+from trainer.judge.metrics import (
+    DEFAULT_TARGET_MET_PCT,
+    HOURS_PER_YEAR,
+    best_agent,
+    held_out_figures,
+    serves_cars,
+)
 from trainer.references.roster import REFERENCE_ROSTER
 from trainer.run.folder import RunDir
 from trainer.run.schedule_file import RUNNING, StageKind, StageRecord
@@ -58,7 +64,8 @@ def plot_co2(results: dict[str, dict[str, Any]], path: Path, target_pct: float =
         ax.axhline(bound / 1000, color=COLOURS["optimum"], linestyle=":", linewidth=1.5,
                    label="optimum's bound (perfect-foresight LP): no controller beats it")
     ax.set_ylabel("CO2, tonnes per year")
-    ax.set_title("Grid CO2 per controller (evaluation period, scaled to a year)\nhatched: missed the EV target, "
+    period = "the part held out" if held_out_figures(results) else "evaluation period"
+    ax.set_title(f"Grid CO2 per controller ({period}, scaled to a year)\nhatched: missed the EV target, "
                  "so not recommended", fontsize=10)
     ax.set_ylim(0, max(values) * 1.32 if values else 1)
     if ax.get_legend_handles_labels()[0]:
@@ -142,6 +149,23 @@ def change_since_first(curve: pd.DataFrame) -> pd.Series:
     return (curve["co2_kg_per_year"] / first - 1) * 100 if first > 0 else curve["co2_kg_per_year"] * float("nan")
 
 
+def _judged_apart(run: RunDir) -> bool:
+    """Whether the run judged on a part held out (held-out.json; a damaged one says nothing)."""
+    try:
+        return run.held_out.is_file() and bool(read_json(run.held_out).get("held_out"))
+    except DamagedFile:
+        return False
+
+
+def _resampled(run: RunDir) -> bool:
+    """Whether the run's validation year is a dataset's own days resampled (trainer.site.bootstrap)."""
+    schema = run.validation_site / "schema.json"
+    try:
+        return schema.is_file() and "pvbess_bootstrap" in read_json(schema)
+    except DamagedFile:
+        return False
+
+
 def plot_learning_curves(run: RunDir, agents: list[str], path: Path, curve_days: int) -> bool:
     """Each agent's evaluations during training: CO2 on the curve's window with the references on the same
     window; the same against each agent's first point, on a scale where fine-tuning's moves of a few tenths of a
@@ -180,10 +204,12 @@ def plot_learning_curves(run: RunDir, agents: list[str], path: Path, curve_days:
         if reference is not None:
             co2_ax.axhline(reference, color=COLOURS.get(name, OTHER_COLOUR), linestyle="--", linewidth=1.2, label=name)
     co2_ax.set_ylabel("CO2, t/yr")
-    window = (f"{curve_days} days of a held-out year (another draw of the site)" if held_out is not None
-              else f"the first {curve_days} days of the dataset")
+    window = (f"the first {curve_days} days of the dataset" if held_out is None else
+              f"{curve_days} days of a year of the dataset's own days resampled" if _resampled(run) else
+              f"{curve_days} days of a held-out year (another draw of the site)")
+    table = "the part held out" if _judged_apart(run) else "the whole evaluation period"
     co2_ax.set_title(f"Validation: {window}, per year\n"
-                     "(the table covers the whole evaluation period; a star: the policy deployed;\n"
+                     f"(the table covers {table}; a star: the policy deployed;\n"
                      "middle: each agent against its step 0, its warm start where it has one; below 0 is better)",
                      fontsize=10)
     co2_ax.legend(loc="best", fontsize=8)

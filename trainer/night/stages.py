@@ -50,6 +50,12 @@ def _eval_env(ctx: RunContext, site: Site | None = None):
     return make_sb3_env(ctx.cfg, site or ctx.site, "eval", ctx.seed, eval_days=ctx.cfg.schedule.eval_days)
 
 
+def _history_env(ctx: RunContext):
+    """The whole part of the data the run learns from, for a reference that learns as it goes (the planner's
+    forecast) to read before the part held out."""
+    return make_sb3_env(ctx.cfg, ctx.site, "eval", ctx.seed)
+
+
 # What results.json keeps of an evaluation on the part a run learnt from, beside the held-out figures.
 IN_SAMPLE_KEYS = ("co2_kg", "co2_kg_per_year", "ev_departure_soc_met_pct", "ev_unmet_kwh", "cost", "peak_kw",
                   "eval_hours", "lp_co2_kg", "skipped")
@@ -83,7 +89,9 @@ def evaluate_reference(ctx: RunContext, name: str) -> dict[str, Any]:
     def evaluate(site: Site, timeseries: Path | None) -> dict[str, Any]:
         apart = "" if site is ctx.site else ", held out"
         try:
-            controller, own = REFERENCE_ROSTER[name].prepare(ctx.cfg, lambda: _eval_env(ctx, site))
+            # A part held out: the references that learn (the planner's forecast) learn first from the part before.
+            history = None if site is ctx.site else lambda: _history_env(ctx)
+            controller, own = REFERENCE_ROSTER[name].prepare(ctx.cfg, lambda: _eval_env(ctx, site), history)
         except ReferenceUnavailable as exc:
             log.warning("reference skipped", reason=str(exc))
             return _skipped(exc)
@@ -247,7 +255,7 @@ def evaluate_unseen_year(ctx: RunContext) -> dict[str, dict[str, Any]]:
     results: dict[str, dict[str, Any]] = {}
     for name, spec in REFERENCE_ROSTER.items():
         try:
-            controller, own = spec.prepare(ctx.cfg, open_env)
+            controller, own = spec.prepare(ctx.cfg, open_env, lambda: _history_env(ctx))
         except ReferenceUnavailable as exc:
             results[name] = _skipped(exc)
             continue

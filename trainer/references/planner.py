@@ -113,8 +113,23 @@ class ProfileForecast:
         carbon = np.where(seen, self.carbon_sum[slots] / weight, carbon_now)
         return fixed, carbon
 
+    def learn_from(self, hour: np.ndarray, fixed_net_kwh: np.ndarray, carbon: np.ndarray) -> ProfileForecast:
+        """Learn first from the hours of another period, in order (the part of the data a run learns from, before the
+        part it is judged on): the forecast then starts from what the site was, not from nothing."""
+        slots = np.nan_to_num(np.asarray(hour, dtype=float), nan=0.0).astype(int) % 24
+        fixed = np.atleast_2d(np.asarray(fixed_net_kwh, dtype=float))
+        for t in range(min(len(slots), fixed.shape[1], len(carbon))):
+            self._update(int(slots[t]), fixed[:, t], float(carbon[t]))
+        self.previous = None  # the periods do not join: no deviation carries over
+        return self
+
     def _observe(self, t: int, fixed_now: np.ndarray, carbon_now: float) -> None:
-        mean_fixed, mean_carbon = self._mean(self.slot[t:t + 1], fixed_now, carbon_now)
+        self._update(int(self.slot[t]), fixed_now, carbon_now)
+        self.seen = t + 1
+
+    def _update(self, slot: int, fixed_now: np.ndarray, carbon_now: float) -> None:
+        slots = np.asarray([slot])
+        mean_fixed, mean_carbon = self._mean(slots, fixed_now, carbon_now)
         deviation = np.append(fixed_now - mean_fixed[:, 0], carbon_now - mean_carbon[0])
         if self.previous is not None:
             self.lag += [float(deviation[:-1] @ self.previous[:-1]), deviation[-1] * self.previous[-1]]
@@ -122,11 +137,9 @@ class ProfileForecast:
         self.previous = deviation
         for table in (self.fixed_sum, self.carbon_sum, self.weight):
             table *= PROFILE_DECAY
-        slot = self.slot[t]
         self.fixed_sum[:, slot] += fixed_now
         self.carbon_sum[slot] += carbon_now
         self.weight[slot] += 1.0
-        self.seen = t + 1
 
     def ahead(self, t: int, steps: int, fixed_now: np.ndarray, carbon_now: float) -> tuple[np.ndarray, np.ndarray]:
         """The next ``steps`` hours from ``t``, the first the one observed now (learnt from, after it is forecast)."""
@@ -238,16 +251,21 @@ def _forecast(site_json: str, cfg_json: str, steps: int) -> Forecast:
     return Forecast.of_years(years)
 
 
-def day_ahead_planner(cfg: Config, env: Any) -> DayAheadPlanner:
+def day_ahead_planner(cfg: Config, env: Any, history: Any | None = None) -> DayAheadPlanner:
     """The planner for the period of ``env`` (a reset CityLearnEnv): on the built-in site its forecast is other
-    years of the site; on any other dataset it is learnt from the hours already seen. OptimumUnavailable where the
-    site holds what the program does not model."""
+    years of the site; on any other dataset it is learnt from the hours already seen, those of ``history`` first (a
+    reset CityLearnEnv of the part of the data a run learnt from, where ``env`` is the part held out).
+    OptimumUnavailable where the site holds what the program does not model."""
     model = site_model(env, cfg.ev.margin_soc)
     schema = env.schema if isinstance(env.schema, dict) else {}
     scenario = schema.get("pvbess_site")
     if scenario is None:
         hours = np.asarray(env.buildings[0].energy_simulation.hour[:model.steps])
         forecast: Forecast | ProfileForecast = ProfileForecast(hours, model.buildings)
+        if history is not None:
+            past = site_model(history, cfg.ev.margin_soc)
+            forecast.learn_from(np.asarray(history.buildings[0].energy_simulation.hour[:past.steps]),
+                                past.fixed_net_kwh, past.carbon)
     else:
         forecast = _forecast(json.dumps(scenario, sort_keys=True), cfg.model_dump_json(), model.steps + HORIZON_STEPS)
     return DayAheadPlanner(model, forecast, cfg.ev.margin_soc)

@@ -32,8 +32,10 @@ class ReferenceUnavailable(Exception):
     """This reference cannot be prepared for this dataset (the night records it as skipped, with the reason)."""
 
 
-# (the config, a function opening a fresh evaluation environment) -> (the controller, metrics of its own)
-Prepare = Callable[["Config", Callable[[], Any]], tuple[Controller, dict[str, Any]]]
+# (the config, a function opening a fresh evaluation environment, and one opening the part of the data the run learnt
+# from where the environment is a part held out, else None) -> (the controller, metrics of its own)
+Opener = Callable[[], Any]
+Prepare = Callable[["Config", Opener, "Opener | None"], tuple[Controller, dict[str, Any]]]
 
 
 @dataclass(frozen=True)
@@ -47,7 +49,7 @@ class ReferenceSpec:
 
 
 def _stateless(controller: type) -> Prepare:
-    return lambda cfg, open_env: (controller(), {})
+    return lambda cfg, open_env, history=None: (controller(), {})
 
 
 def _read_period(open_env: Callable[[], Any], read: Callable[[Any], Any]) -> Any:
@@ -63,7 +65,7 @@ def _read_period(open_env: Callable[[], Any], read: Callable[[Any], Any]) -> Any
         env.close()
 
 
-def _optimum(cfg: Config, open_env: Callable[[], Any]) -> tuple[Controller, dict[str, Any]]:
+def _optimum(cfg: Config, open_env: Opener, history: Opener | None = None) -> tuple[Controller, dict[str, Any]]:
     """Solve the perfect-foresight linear program over the evaluation period (the bound), fit its plan to
     CityLearn's physics (trainer.references.physics); that plan is then replayed."""
     def read(env: Any) -> tuple[SiteModel, FittedPlan]:
@@ -84,9 +86,17 @@ def _optimum(cfg: Config, open_env: Callable[[], Any]) -> tuple[Controller, dict
         "lp_solve_s": round(fitted.solve_s, 2), "lp_variables": bound.variables}
 
 
-def _planner(cfg: Config, open_env: Callable[[], Any]) -> tuple[Controller, dict[str, Any]]:
-    """The day-ahead planner on a forecast that never reads the period ahead (trainer.references.planner)."""
-    return _read_period(open_env, lambda env: day_ahead_planner(cfg, env)), {}
+def _planner(cfg: Config, open_env: Opener, history: Opener | None = None) -> tuple[Controller, dict[str, Any]]:
+    """The day-ahead planner on a forecast that never reads the period ahead (trainer.references.planner), learnt
+    first from the part of the data the run learnt from where it is judged on a part held out."""
+    if history is None:
+        return _read_period(open_env, lambda env: day_ahead_planner(cfg, env)), {}
+    past = history()
+    try:
+        past.reset()
+        return _read_period(open_env, lambda env: day_ahead_planner(cfg, env, past.unwrapped)), {}
+    finally:
+        past.close()
 
 
 REFERENCE_ROSTER: dict[str, ReferenceSpec] = {spec.name: spec for spec in (
