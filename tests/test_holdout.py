@@ -159,3 +159,37 @@ def test_the_report_leads_with_held_out_figures_and_names_what_falls_below_rbc(t
     # ppo: 400 of the held-out 1,200 kg cut, 1,400 of the in-sample 1,500; rbc 500 of 1,200, 550 of 1,500
     assert "| ppo | 33% | 93% | +60 |" in section and "| rbc | 42% | 37% | -5 |" in section
     assert "**Held out, ppo (+60 points; rbc -5) lose more than 5 points" in section
+
+
+def test_a_run_from_before_held_out_periods_resumes_and_is_re_evaluated_with_nothing_held_out(tmp_path):
+    from trainer.learn.preflight import config_diff, training_view
+    from trainer.run.session import made_with_holdout, resolve_for_resume
+
+    run = RunDir(tmp_path / "old-run")
+    run.root.mkdir()
+    old = load_config().to_dict()
+    del old["holdout"]  # as a version before held-out periods wrote config.yaml and its checkpoints' config
+    run.config.write_text(yaml.safe_dump(old))
+    assert not made_with_holdout(run)
+    cfg, out = resolve_for_resume(str(run.root), None, "config.yaml", [], [])
+    assert out == str(run.root) and cfg.holdout.share == 0  # it goes on learning from all of its data
+    assert config_diff(training_view(old, "ppo"), training_view(cfg.to_dict(), "ppo")) == []  # so no refusal
+    # A new run's config has the section, and its default holds a part out.
+    run.config.write_text(yaml.safe_dump(load_config().to_dict()))
+    assert made_with_holdout(run) and resolve_for_resume(str(run.root), None, "config.yaml", [], [])[0].holdout.share
+
+
+def test_a_dataset_to_judge_on_that_the_policy_could_not_drive_is_refused_before_the_run_folder(one_year, site_schema,
+                                                                                                 tmp_path):
+    def without_chargers(data: dict) -> None:
+        data.pop("pvbess_site")
+        data["buildings"]["Building_1"].pop("chargers")
+
+    other = variant(site_schema, tmp_path / "other", edit=without_chargers)
+    result = CliRunner().invoke(cli, ["baseline", "--schema", str(one_year.schema), "--out", str(tmp_path / "run"),
+                                      "--eval-schema", str(other)])
+    assert result.exit_code == 2 and "its buildings (battery, chargers) differ" in result.output
+    assert "judge it on a dataset with the same devices" in result.output and not (tmp_path / "run").exists()
+    result = CliRunner().invoke(cli, ["baseline", "--schema", str(one_year.schema), "--out", str(tmp_path / "run"),
+                                      "--eval-schema", str(tmp_path / "nowhere")])
+    assert result.exit_code == 2 and "CityLearn schema not found" in result.output and not (tmp_path / "run").exists()

@@ -45,6 +45,8 @@ def training_view(config: dict[str, Any], agent: str) -> dict[str, Any]:
     others = set(AGENTS) - {agent}
     view = {k: v for k, v in config.items() if k not in others and k not in NOT_TRAINING}
     view.setdefault("train", {"simulator": "citylearn"})  # checkpoints from before the choice trained on CityLearn
+    # Checkpoints from before held-out periods learnt from all of their data (such a run resumes with share 0).
+    view.setdefault("holdout", {"share": 0.0, "eval_schema": None, "eval_dataset": None})
     if isinstance(view["train"], dict):  # which policy is deployed is chosen after training
         view["train"] = {k: v for k, v in view["train"].items() if k != "keep_best"}
     if isinstance(view.get("warm_start"), dict):

@@ -175,9 +175,10 @@ def from_cli(config_files: tuple[str, ...], overrides: tuple[str, ...], profile:
     folder = Path(resume) if resume and resume != session.LATEST else None
     if folder is not None and is_sweep(folder):
         producer, variants = read_variants(folder)
-        base = RunDir(folder / variants[0].name).config  # a sweep's runs differ only in their variant's overrides
-        cfg = session.resolve_config([base, *config_files] if base.is_file() else config_files, overrides,
-                                     device=device)
+        first = RunDir(folder / variants[0].name)  # a sweep's runs differ only in their variant's overrides
+        before = [] if not first.config.is_file() or session.made_with_holdout(first) else ["holdout.share=0"]
+        cfg = session.resolve_config([first.config, *config_files] if first.config.is_file() else config_files,
+                                     [*before, *overrides], device=device)
         return cfg, Sweep(folder, producer, variants, resume=True)
     cfg = session.resolve_config(config_files, overrides, device=device, profile=profile)
     return cfg, Sweep(sweep_folder(cfg, out), SEEDS, SEEDS.variants(seeds_text or ""))

@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import math
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
@@ -251,10 +252,10 @@ def _forecast(site_json: str, cfg_json: str, steps: int) -> Forecast:
     return Forecast.of_years(years)
 
 
-def day_ahead_planner(cfg: Config, env: Any, history: Any | None = None) -> DayAheadPlanner:
+def day_ahead_planner(cfg: Config, env: Any, history: Callable[[], Any] | None = None) -> DayAheadPlanner:
     """The planner for the period of ``env`` (a reset CityLearnEnv): on the built-in site its forecast is other
-    years of the site; on any other dataset it is learnt from the hours already seen, those of ``history`` first (a
-    reset CityLearnEnv of the part of the data a run learnt from, where ``env`` is the part held out).
+    years of the site; on any other dataset it is learnt from the hours already seen, those of ``history`` first (it
+    opens an evaluation environment of the part of the data a run learnt from, where ``env`` is the part held out).
     OptimumUnavailable where the site holds what the program does not model."""
     model = site_model(env, cfg.ev.margin_soc)
     schema = env.schema if isinstance(env.schema, dict) else {}
@@ -263,9 +264,15 @@ def day_ahead_planner(cfg: Config, env: Any, history: Any | None = None) -> DayA
         hours = np.asarray(env.buildings[0].energy_simulation.hour[:model.steps])
         forecast: Forecast | ProfileForecast = ProfileForecast(hours, model.buildings)
         if history is not None:
-            past = site_model(history, cfg.ev.margin_soc)
-            forecast.learn_from(np.asarray(history.buildings[0].energy_simulation.hour[:past.steps]),
-                                past.fixed_net_kwh, past.carbon)
+            opened = history()
+            try:
+                opened.reset()
+                before = opened.unwrapped
+                past = site_model(before, cfg.ev.margin_soc)
+                forecast.learn_from(np.asarray(before.buildings[0].energy_simulation.hour[:past.steps]),
+                                    past.fixed_net_kwh, past.carbon)
+            finally:
+                opened.close()
     else:
         forecast = _forecast(json.dumps(scenario, sort_keys=True), cfg.model_dump_json(), model.steps + HORIZON_STEPS)
     return DayAheadPlanner(model, forecast, cfg.ev.margin_soc)

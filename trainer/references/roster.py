@@ -89,14 +89,7 @@ def _optimum(cfg: Config, open_env: Opener, history: Opener | None = None) -> tu
 def _planner(cfg: Config, open_env: Opener, history: Opener | None = None) -> tuple[Controller, dict[str, Any]]:
     """The day-ahead planner on a forecast that never reads the period ahead (trainer.references.planner), learnt
     first from the part of the data the run learnt from where it is judged on a part held out."""
-    if history is None:
-        return _read_period(open_env, lambda env: day_ahead_planner(cfg, env)), {}
-    past = history()
-    try:
-        past.reset()
-        return _read_period(open_env, lambda env: day_ahead_planner(cfg, env, past.unwrapped)), {}
-    finally:
-        past.close()
+    return _read_period(open_env, lambda env: day_ahead_planner(cfg, env, history)), {}
 
 
 REFERENCE_ROSTER: dict[str, ReferenceSpec] = {spec.name: spec for spec in (

@@ -97,8 +97,15 @@ def resolve_for_resume(resume: str | None, out: str | None, marker: str, config_
     if resume is None:
         return resolve_config(config_files, overrides, **kw), out
     run_dir = resume_dir(resolve_config(config_files, overrides, **kw), resume, out, marker)
-    cfg = resolve_config([RunDir(run_dir).config, *config_files], overrides, **{**kw, "profile": None})
+    before = [] if made_with_holdout(RunDir(run_dir)) else ["holdout.share=0"]  # it goes on learning from all of it
+    cfg = resolve_config([RunDir(run_dir).config, *config_files], [*before, *overrides], **{**kw, "profile": None})
     return cfg, str(run_dir)
+
+
+def made_with_holdout(run: RunDir) -> bool:
+    """Whether the run's config.yaml has a holdout section: a run from before held-out periods learnt from all of
+    its data, so it is resumed and re-evaluated with nothing held out."""
+    return "holdout" in (yaml.safe_load(run.config.read_text(encoding="utf-8")) or {})
 
 
 def newest_run(root: Path, marker: str = "config.yaml") -> Path | None:
@@ -349,8 +356,7 @@ def reopen_run(run_dir: str | Path, device: str) -> Iterator[RunContext]:
     cfg = load_config([run.config])
     # Before the lock note and the log: a built-in site is checked too, to refuse a class CityLearn would run.
     site = RunRecord.load(run).given() or Site.load(run.site_schema, BUILT_IN, check=True, fallback=cfg.scenario)
-    if "holdout" not in (yaml.safe_load(run.config.read_text(encoding="utf-8")) or {}):
-        # A run from before held-out periods learnt from all of its data: nothing of it is held out.
+    if not made_with_holdout(run):
         cfg = cfg.model_copy(update={"holdout": cfg.holdout.model_copy(update={"share": 0.0})})
     lock = RunLock(run.root).acquire()
     try:
