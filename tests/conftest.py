@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("CITYLEARN_OFFLINE", "1")
-# The training simulator's cache of sites: the tests' own, never the user's.
-os.environ["PVBESS_CACHE"] = tempfile.mkdtemp(prefix="pvbess-test-cache-")
+# The training simulator's cache of sites: the tests' own, never the user's, and gone when they end; SB3's
+# folders of a model that learns without a logger (SB3 makes one per learn() in the system's temp folder) too.
+_SCRATCH = tempfile.mkdtemp(prefix="pvbess-test-cache-")
+atexit.register(shutil.rmtree, _SCRATCH, ignore_errors=True)  # a process that never configured pytest
+os.environ["PVBESS_CACHE"] = _SCRATCH
+os.environ["SB3_LOGDIR"] = os.path.join(_SCRATCH, "sb3")
 
 from trainer.config.loading import load_config
 from trainer.config.sections import Config
@@ -131,3 +137,8 @@ def official_schema() -> Path:
 def official_ev_schema() -> Path:
     """The shared official district with EV chargers (V2G, curved charging paths drawn from the seed)."""
     return _official(OFFICIAL_EV)
+
+
+def pytest_unconfigure(config):
+    # Each xdist worker ends here too (where atexit does not run): its scratch folder goes with it.
+    shutil.rmtree(_SCRATCH, ignore_errors=True)

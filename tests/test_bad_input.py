@@ -118,6 +118,8 @@ CASES = [
      "inside output.root"),
     ("unknown placeholder", ["--set", "output.run_name=run_{when}"], 2, "error: config key 'output.run_name'",
      "placeholder"),
+    ("misspelt ignored observation", ["--set", "observations.ignore=[monht]"], 2,
+     "error: observations.ignore names 'monht', which {data}/schema.json does not observe", "fix the name"),
 ]
 
 

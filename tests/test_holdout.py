@@ -16,6 +16,7 @@ from trainer.config.loading import load_config
 from trainer.env.citylearn import central_arrays, make_sb3_env
 from trainer.judge.metrics import compare_to_baseline
 from trainer.judge.report import write_report
+from trainer.learn.warm_start.validation import KeepBest, imitation_parts
 from trainer.run.folder import RunDir
 from trainer.site import Site, given_site
 from trainer.site.holdout import hold_out
@@ -193,3 +194,33 @@ def test_a_dataset_to_judge_on_that_the_policy_could_not_drive_is_refused_before
     result = CliRunner().invoke(cli, ["baseline", "--schema", str(one_year.schema), "--out", str(tmp_path / "run"),
                                       "--eval-schema", str(tmp_path / "nowhere")])
     assert result.exit_code == 2 and "CityLearn schema not found" in result.output and not (tmp_path / "run").exists()
+
+
+def test_the_imitation_is_checked_on_the_last_four_weeks_of_what_a_dataset_learns_from(one_year, built_in, tmp_path):
+    site = hold_out(one_year, load_config().holdout, tmp_path / "draws")
+    parts = imitation_parts(site, tmp_path / "demos")
+    assert parts.check is not None and (parts.check.start, parts.check.end) == (246 * 24, 274 * 24 - 1)
+    assert (parts.fit.start, parts.fit.end) == (0, 246 * 24 - 1)  # its demonstrations stop before the check
+    assert parts.fit.scaled_as is site and parts.check.scaled_as is site  # read as the policy learns: the run's part
+    assert parts.draws == tmp_path / "demos" / "before-validation"  # other years of the fit part alone
+    # The built-in site keeps its epochs (its years are drawn), as does a part too short to split.
+    assert imitation_parts(built_in, tmp_path).check is None
+    short = site.period(0, 40 * 24 - 1)
+    assert imitation_parts(short, tmp_path).check is None and imitation_parts(short, tmp_path).fit is short
+
+
+def test_an_imitation_keeps_its_best_checked_epochs_and_stops_when_checks_stop_improving():
+    import torch
+
+    net = torch.nn.Linear(1, 1)
+    scores = iter([5.0, 3.0, 4.0, 4.5, 1.0])  # the best at 50 epochs, then two checks no better: it stops at 200
+    keep = KeepBest(net, lambda: next(scores), 400)
+    stopped_at = None
+    for epoch in range(1, 401):
+        with torch.no_grad():
+            net.weight.fill_(epoch)
+        if keep.after(epoch, (epoch / 1000, 0.0)):
+            stopped_at = epoch
+            break
+    assert stopped_at == 200
+    assert keep.restore(stopped_at) == (0.05, 0.0) and float(net.weight.detach()) == 50.0

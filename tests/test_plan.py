@@ -179,14 +179,16 @@ def test_the_plan_counts_each_warm_start_and_the_night_s_demonstrations_once(bui
         {"sac": estimate["sac"] + pick_s, "ppo": estimate["ppo"]})
     # A dataset resamples its own days into as many years; a kind that draws none has its one year; with the warm
     # start off there is nothing to count.
+    # Each member of a dataset's imitation also drives its last 28 days at 25, 50, 100, 200 and 400 epochs.
     other = tmp_path / "schema.json"
     other.write_text(json.dumps({"simulation_start_time_step": 0, "simulation_end_time_step": 8759}))
-    assert warm_start_s(cfg, Site.load(other), speeds, ["ppo"]) == pytest.approx(
-        warm_start_s(cfg, built_in, speeds, ["ppo"]))
+    checks_s = 5 * 5 * 28 * 24 * (1 / 1000.0 + POLICY_CALL_S) * SAFETY
+    assert warm_start_s(cfg, Site.load(other), speeds, ["ppo"])["ppo"] == pytest.approx(
+        warm_start_s(cfg, built_in, speeds, ["ppo"])["ppo"] + checks_s)
     labels_of_one_year = (1 / 1000.0 + 5 * POLICY_CALL_S) * 8759 * SAFETY
     one_period = Site.load(other, SiteKind("one-period", "a dataset that draws no other year"))
     assert warm_start_s(cfg, one_period, speeds, ["ppo"])["ppo"] == pytest.approx(
-        student * 0.001 * SAFETY + members * 0.003 * SAFETY + year + labels_of_one_year)
+        student * 0.001 * SAFETY + members * 0.003 * SAFETY + year + labels_of_one_year + checks_s)
     off = load_config(overrides=["warm_start.epochs=0"])
     assert warm_start_s(off, built_in, speeds, ["sac", "ppo"]) == {}
     # A2C starts from PPO's policy: the night fits that student once, whichever comes first.

@@ -49,6 +49,23 @@ def test_observations_match_citylearns_wrapper_with_17_buildings(default_cfg, of
     assert _same_observations(default_cfg, official_schema, 50) <= 1e-6
 
 
+def test_ignored_observations_are_left_out_of_what_the_policy_reads_and_a_misspelt_one_is_refused(site_schema):
+    full = CentralAgentArrays(make_citylearn_env(load_config(), Site.load(site_schema), "eval", 0, eval_days=2))
+    cfg = load_config(overrides=["observations.ignore=[month]"])
+    fewer = CentralAgentArrays(make_citylearn_env(cfg, Site.load(site_schema), "eval", 0, eval_days=2),
+                               seen=cfg.observations)
+    a, _ = full.reset()
+    b, _ = fewer.reset()
+    assert fewer.observation_space.shape == (a.size - 2,) == b.shape  # month's cosine and sine
+    assert fewer.plan.names == full.plan.names  # the raw readings are CityLearn's still
+    kept = [i for i, f in enumerate(full.plan.features) if f.observation != "month"]
+    assert np.array_equal(a[kept], b)
+    cfg = load_config(overrides=["observations.ignore=[monht]"])
+    with pytest.raises(ConfigError, match=r"observations.ignore names 'monht', which this dataset does not observe"):
+        CentralAgentArrays(make_citylearn_env(cfg, Site.load(site_schema), "eval", 0, eval_days=2),
+                           seen=cfg.observations)
+
+
 class _Box(gymnasium.Env):
     """Random observations from the environment's own seeded generator (a space's would be shared)."""
 

@@ -124,12 +124,18 @@ class ObservationsConfig(Section):
         "(from the dataset: perfect forecasts); [] adds none.",
         max_length=48,
     )
+    ignore: list[str] = doc(
+        "CityLearn observations the agents do not read (still checked by an export): calendar features a policy "
+        "can tell one period from another by, which a part held out has never shown it (docs/agent-quality.md).",
+        max_length=64,
+    )
 
 
 class WarmStartConfig(Section):
     epochs: int = doc("Epochs of imitating the optimum's dispatch before a fresh agent learns from the reward, each "
                       "as many samples as the dataset's period, drawn from all the demonstrations (0 = off: learn from "
-                      "scratch; docs/agent-quality.md).", ge=0, le=2000)
+                      "scratch); on a dataset of one period at most this many, the best on its last 28 days kept "
+                      "(docs/agent-quality.md).", ge=0, le=2000)
     extra_draws: int = doc("Other years of the site (the built-in site's climate drawn again, a dataset's own days "
                            "resampled; seeds + 2000, 2001, ...) whose optimum the policy imitates too, built once into "
                            "the run's demonstration-sites/: a policy that keeps to the optimum in closed loop.",

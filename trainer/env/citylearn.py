@@ -20,9 +20,9 @@ import gymnasium
 import numpy as np
 
 from trainer.base import logs
-from trainer.base.errors import DatasetError
+from trainer.base.errors import ConfigError, DatasetError
 from trainer.base.signals import STOP, Stopped
-from trainer.config.sections import Config
+from trainer.config.sections import Config, ObservationsConfig
 from trainer.env.ev_guard import EvServiceGuard
 from trainer.shipped.controller import Normaliser
 from trainer.site import Site
@@ -152,26 +152,17 @@ class CentralAgentArrays(gymnasium.Wrapper):
     """
 
     def __init__(
-        self, env: CityLearnEnv, guard: EvServiceGuard | None = None, carbon_ahead_hours: tuple[int, ...] = (),
+        self, env: CityLearnEnv, guard: EvServiceGuard | None = None, seen: ObservationsConfig | None = None,
         learnt: NormalisationPlan | None = None,
     ):
-        # lazy: CityLearn takes seconds to import
-        from citylearn.wrappers import (
-            NormalizedObservationWrapper,
-            StableBaselines3Wrapper,
-        )
-
         super().__init__(env)
-        space = StableBaselines3Wrapper(NormalizedObservationWrapper(env)).observation_space
-        self.carbon_ahead = np.asarray(carbon_ahead_hours, dtype=int)
-        if len(self.carbon_ahead):
-            # Grid carbon intensity h hours ahead, min-max normalised as CityLearn normalises the
-            # current one: CityLearn has no forecast of it, and when to charge depends on what comes next.
-            space = gymnasium.spaces.Box(
-                np.concatenate([space.low, np.zeros(len(self.carbon_ahead))]).astype(np.float32),
-                np.concatenate([space.high, np.ones(len(self.carbon_ahead))]).astype(np.float32),
-            )
-        self.observation_space = space
+        seen = seen or ObservationsConfig(carbon_ahead_hours=[], ignore=[])
+        self.carbon_ahead = np.asarray(seen.carbon_ahead_hours, dtype=int)
+        self.ignored = frozenset(seen.ignore)
+        # Every feature is min-max scaled to [0, 1] (cos/sin to [-1, 1] before it), as CityLearn's own wrapper
+        # declares; its space is not asked, for it knows nothing of the features added or left out here.
+        size = len((learnt or NormalisationPlan(env.unwrapped, self.carbon_ahead, self.ignored)).features)
+        self.observation_space = gymnasium.spaces.Box(0.0, 1.0, shape=(size,), dtype=np.float32)
         self.scale = ActionScale.of(env)
         self.action_space = self.scale.agent_space
         self.guard = guard
@@ -181,7 +172,7 @@ class CentralAgentArrays(gymnasium.Wrapper):
 
     def reset(self, *, seed=None, options=None):
         observations, info = self.env.reset(options=options)
-        own = NormalisationPlan(self.env.unwrapped, self.carbon_ahead)
+        own = NormalisationPlan(self.env.unwrapped, self.carbon_ahead, self.ignored)
         if self.learnt is not None and len(self.learnt.names) != len(own.names):
             raise DatasetError(f"the dataset judged on gives {len(own.names)} observations where the policy learnt "
                                f"on {len(self.learnt.names)}; judge it on a dataset with the same devices and "
@@ -263,7 +254,7 @@ def raw_observation_name(building: str, key: str, buildings: int) -> str:
 class NormalisationPlan:
     """The central agent's raw observation list, by name, and the features the policy reads from it."""
 
-    def __init__(self, env: CityLearnEnv, carbon_ahead: np.ndarray):
+    def __init__(self, env: CityLearnEnv, carbon_ahead: np.ndarray, ignored: frozenset[str] = frozenset()):
         periodic = env.buildings[0].get_periodic_observation_metadata()
         shared, seen = set(env.shared_observations), set()
         self.names: list[str] = []  # the raw list's positions
@@ -277,12 +268,20 @@ class NormalisationPlan:
                     seen.add(key)
                 name = key if key in shared else raw_observation_name(building.name, key, len(env.buildings))
                 self.names.append(name)
+                if key in ignored:
+                    continue  # read (the raw list stays CityLearn's) but not a feature: observations.ignore
                 if key in periodic:  # expands to (cos, sin), in that order
                     period = float(max(periodic[key]))
                     self.features += [Feature(name, t, period, float(lows[f"{key}_{t}"]), float(highs[f"{key}_{t}"]))
                                       for t in ("cos", "sin")]
                 else:
                     self.features.append(Feature(name, "identity", 0.0, float(lows[key]), float(highs[key])))
+        unknown = sorted(ignored - {key for b in env.buildings for key in b.observations(normalize=False,
+                                                                                           periodic_normalization=False)})
+        if unknown:
+            raise ConfigError(f"observations.ignore names {', '.join(map(repr, unknown))}, which this dataset does not "
+                              f"observe; its observations: {', '.join(sorted({n.split('.')[-1] for n in self.names}))}. "
+                              "Fix the name or remove it")
         low, span = carbon_scale(env)
         for hours in carbon_ahead.tolist():
             self.names.append(carbon_ahead_name(hours))
@@ -326,7 +325,7 @@ def make_sb3_env(cfg: Config, site: Site, purpose: Purpose, seed: int, eval_days
     learnt = None if site.scaled_as is None else learnt_normalisation(cfg, site.scaled_as)
     env = make_citylearn_env(cfg, site, purpose, seed, eval_days)
     guard = EvServiceGuard.of(cfg.ev)
-    return Monitor(CentralAgentArrays(env, guard, tuple(cfg.observations.carbon_ahead_hours), learnt))
+    return Monitor(CentralAgentArrays(env, guard, cfg.observations, learnt))
 
 
 def learnt_normalisation(cfg: Config, site: Site) -> NormalisationPlan:
@@ -342,7 +341,8 @@ def learnt_normalisation(cfg: Config, site: Site) -> NormalisationPlan:
         finally:
             env.close()
 
-    return site.remember(("normalisation", tuple(cfg.observations.carbon_ahead_hours)), measure)
+    seen = cfg.observations
+    return site.remember(("normalisation", tuple(seen.carbon_ahead_hours), tuple(seen.ignore)), measure)
 
 
 def policy_sizes(cfg: Config, site: Site) -> tuple[int, int]:

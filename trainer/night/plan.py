@@ -10,6 +10,7 @@ from pathlib import Path
 from trainer.config.agents import OffPolicyConfig
 from trainer.config.roster import agent_spec
 from trainer.config.sections import Config
+from trainer.learn.warm_start.validation import CHECK_AT, imitation_parts
 from trainer.night.budget import PlannedStage, StageKind, StageSpec, timeline
 from trainer.night.calibrate import Speeds, calibrate
 from trainer.references.roster import REFERENCE_ROSTER, REFERENCES
@@ -101,6 +102,11 @@ def warm_start_s(cfg: Config, site: Site, speeds: Speeds, agents: list[str],
     # The years side by side: each step of them costs each member one call.
     labels_s = 0.0 if members <= 1 else (years / speeds.eval_steps_per_s + members * POLICY_CALL_S) * period * SAFETY
     pick_s = (members + 1) * HELD_OUT_YEARS * period * POLICY_CALL_S * SAFETY if site.kind.draws else 0.0
+    # Each imitation of the optimum (the one, or each member) drives its validation part at its checks
+    # (trainer.learn.warm_start.validation); counted as though it ran all its epochs.
+    check = imitation_parts(site, None).check
+    checks = sum(1 for e in CHECK_AT if e < settings.epochs) + 1
+    check_s = 0.0 if check is None else checks * check.length * (1 / speeds.eval_steps_per_s + POLICY_CALL_S) * SAFETY
     out, imitated, taught = {}, set(), set()
     for agent in agents:
         if not agent_spec(agent).warm_start:
@@ -109,14 +115,16 @@ def warm_start_s(cfg: Config, site: Site, speeds: Speeds, agents: list[str],
         own_update_s = speeds.imitation_update_s.get(agent, 0.0)
         reused = policy in imitated
         seconds = (0 if reused else own_epochs * minibatches_an_epoch) * own_update_s * SAFETY
+        if members <= 1 and not reused:
+            seconds += check_s
         if settings.picks_a_member(agent) and not reused:
             seconds += pick_s
         teacher = settings.teacher_of(agent)
         members_of = speeds.imitation_policy.get(teacher, teacher)  # PPO's and A2C's own members are the same
         first_taught = members_of not in taught
         if members > 1 and first_taught:
-            seconds += members * settings.epochs * minibatches_an_epoch * speeds.imitation_update_s.get(
-                teacher, own_update_s) * SAFETY
+            seconds += members * (settings.epochs * minibatches_an_epoch * speeds.imitation_update_s.get(
+                teacher, own_update_s) * SAFETY + check_s)
         if members > 1 and (first_taught or not one_process):  # each process labels the members' mean itself
             seconds += labels_s
         out[agent] = seconds + demonstrations_s

@@ -21,13 +21,13 @@ from pathlib import Path
 import yaml
 
 from trainer.base import durations, logs
-from trainer.base.errors import UsageError
+from trainer.base.errors import ConfigError, UsageError
 from trainer.base.files import read_typed, write_json_atomic
 from trainer.base.progress import live_console
 from trainer.config import profiles
 from trainer.config.loading import load_config
 from trainer.config.roster import AGENTS
-from trainer.config.sections import MAX_SEED, Config
+from trainer.config.sections import MAX_SEED, Config, ObservationsConfig
 from trainer.run.device import apply_gpu_flags, resolve_device
 from trainer.run.folder import RunContext, RunDir, default_run_dir
 from trainer.run.lock import RunLock
@@ -325,6 +325,7 @@ def open_run(cfg: Config, command: str, out: str | Path | None, schema: str | No
     run = RunDir(Path(out)) if out else default_run_dir(cfg, command.replace(" ", "-"), label)
     with staged_dataset(cfg, run, given, resuming) as staged:
         judged_instead(staged, cfg.holdout)  # a dataset to judge on that the policy could not drive is refused now
+        check_ignored(staged, cfg.observations)
         for check in checks:
             check(staged)
         lock = _create(run)
@@ -344,6 +345,16 @@ def open_run(cfg: Config, command: str, out: str | Path | None, schema: str | No
             yield RunContext(cfg, run, site, device)
     finally:
         lock.release()
+
+
+def check_ignored(site: Site | None, seen: ObservationsConfig) -> None:
+    """Refuse an ``observations.ignore`` name the dataset does not observe, before anything is written."""
+    if site is None or not seen.ignore:
+        return
+    unknown = sorted(set(seen.ignore) - site.observed)
+    if unknown:
+        raise ConfigError(f"observations.ignore names {', '.join(map(repr, unknown))}, which {site.schema} does not "
+                          f"observe (its observations: {', '.join(sorted(site.observed))}); fix the name or remove it")
 
 
 @contextmanager

@@ -31,7 +31,7 @@ class SimVecEnv(VecEnv):
     def __init__(self, cfg: Config, site: Site, n_envs: int, seed: int, episode_steps: int | None = None) -> None:
         env = make_citylearn_env(cfg, site, "eval", seed)  # the whole period: CityLearn's normalisation is over it
         self.tables = tables = site_tables(env, site, seed)
-        arrays = CentralAgentArrays(env, None, tuple(cfg.observations.carbon_ahead_hours))
+        arrays = CentralAgentArrays(env, None, cfg.observations)
         arrays.reset()
         self.plan, self.scale, self.carbon_ahead = arrays.plan, arrays.scale, arrays.carbon_ahead
         self.reward = _RewardTerms(cfg, env, tables)

@@ -92,6 +92,12 @@ class Site:
         return replace(self, held_out=held_out, _facts=self._facts)
 
     @property
+    def observed(self) -> frozenset[str]:
+        """The observations the schema makes active (CityLearn's names, without a building's)."""
+        return frozenset(name for name, spec in (self.data.get("observations") or {}).items()
+                         if isinstance(spec, Mapping) and spec.get("active"))
+
+    @property
     def root(self) -> Path:
         """Where CityLearn reads the dataset's files: ``root_directory`` (absolute, or relative to the schema), else
         beside the schema."""

@@ -62,6 +62,7 @@ from trainer.learn.warm_start.fine_tune import (
 from trainer.learn.warm_start.optimum_demonstrations import Demonstrations, demonstrations, training_demonstrations
 from trainer.learn.warm_start.pick import pick_the_best
 from trainer.learn.warm_start.saved import SavedImitations
+from trainer.learn.warm_start.validation import imitation_parts, policy_check
 from trainer.references.optimum_model import OptimumUnavailable
 from trainer.site import Site
 
@@ -85,8 +86,9 @@ def warm_start(cfg: Config, site: Site, agent: str, model: Any, draws: Path | No
     if not agent_spec(agent).warm_start:
         log.info("warm start skipped: this agent's policy cannot imitate (its roster row)")
         return None
+    parts = imitation_parts(site, draws)
     try:
-        demos = training_demonstrations(cfg, site, cfg.seed, draws)
+        demos = training_demonstrations(cfg, parts.fit, cfg.seed, parts.draws)
     except OptimumUnavailable as exc:
         log.warning("warm start skipped: the optimum is not available for this dataset", reason=str(exc))
         return None
@@ -94,7 +96,7 @@ def warm_start(cfg: Config, site: Site, agent: str, model: Any, draws: Path | No
     ensemble = None
     if settings.ensemble > 1:
         ensemble, (actor_error, critic_error), reused, members = distil_an_ensemble(cfg, site, agent, model, demos,
-                                                                                    draws, saved)
+                                                                                    parts, saved)
         pick = pick_the_best(cfg, agent, model, members, held_out or []) if settings.picks_a_member(agent) else None
         if pick is not None:
             ensemble["pick"] = pick
@@ -103,7 +105,9 @@ def warm_start(cfg: Config, site: Site, agent: str, model: Any, draws: Path | No
                 critic_error = ensemble["members_critic_mse"][pick["member"] - 1]
     else:
         (actor_error, critic_error), reused = imitate_once(model, demos, settings.epochs, settings.learning_rate,
-                                                           settings.batch_size, cfg.seed, saved=saved)
+                                                           settings.batch_size, cfg.seed, saved=saved,
+                                                           check=policy_check(cfg, parts, agent, model),
+                                                           checked=parts.label)
     narrow_exploration(model, settings.policy_std)
     start_temperature(model, settings.sac_temperature)
     summary = {"steps": len(demos.actions), "periods": len(demos.periods) or 1, "epochs": settings.epochs,

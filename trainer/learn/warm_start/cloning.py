@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -12,13 +13,16 @@ import numpy as np
 from trainer.base.signals import STOP
 from trainer.learn.warm_start.optimum_demonstrations import Demonstrations
 from trainer.learn.warm_start.saved import SavedImitations
+from trainer.learn.warm_start.validation import KeepBest
 
 
 def imitate(model: Any, demos: Demonstrations, epochs: int, learning_rate: float, batch_size: int,
-            seed: int) -> tuple[float, float]:
+            seed: int, check: Callable[[], float] | None = None) -> tuple[float, float]:
     """Regress the actor onto the demonstrations' actions and the critic onto their returns.
 
-    Returns the last epoch's mean squared errors (actor, critic). SAC's actor acts with tanh of its
+    Returns the last epoch's mean squared errors (actor, critic). With a ``check`` (the policy's CO2 over a
+    validation part, trainer.learn.warm_start.validation), the policy is checked at its epochs and the weights of the
+    best check are kept, with their errors; it stops early after checks that do no better. SAC's actor acts with tanh of its
     mean; PPO's and A2C's Gaussian policy with its mean (SB3 clips it to the action box). The critic
     (PPO's and A2C's value, SAC's two Q networks and their targets) learns the demonstrations'
     discounted returns: an untrained critic would judge the imitated policy's first steps at random,
@@ -37,7 +41,8 @@ def imitate(model: Any, demos: Demonstrations, epochs: int, learning_rate: float
     generator = torch.Generator().manual_seed(seed)
     policy.set_training_mode(True)
     errors = (float("nan"), float("nan"))
-    for _ in range(epochs):
+    keep = None if check is None else KeepBest(policy, check, epochs)
+    for epoch in range(1, epochs + 1):
         STOP.check("the warm start")
         # An epoch is as many samples as the dataset's period, drawn from all the demonstrations: the imitation takes
         # as long with extra draws as without.
@@ -59,6 +64,10 @@ def imitate(model: Any, demos: Demonstrations, epochs: int, learning_rate: float
             actor_total += actor_loss.item() * len(batch)
             critic_total += critic_loss.item() * len(batch)
         errors = (actor_total / len(order), critic_total / len(order))
+        if keep is not None and keep.after(epoch, errors):
+            break
+    if keep is not None:
+        errors = keep.restore(epoch)
     if sac:
         policy.critic_target.load_state_dict(policy.critic.state_dict())
     policy.set_training_mode(False)
@@ -95,37 +104,39 @@ def weights_digest(policy: Any, gamma: float, machine: bool = True) -> str:
 
 
 def imitation_key(model: Any, demos: Demonstrations, epochs: int, learning_rate: float, batch_size: int,
-                  seed: int, machine: bool = True) -> str:
+                  seed: int, machine: bool = True, checked: str = "") -> str:
     """A digest of everything :func:`imitate` reads: the policy (:func:`weights_digest`, with or without the
-    ``machine``), the demonstrations, the settings and the seed (its minibatches come from a generator of its own)."""
+    ``machine``), the demonstrations, the settings, the seed (its minibatches come from a generator of its own) and
+    what it is ``checked`` on (trainer.learn.warm_start.validation.ImitationParts.label)."""
     policy = weights_digest(model.policy, float(model.gamma), machine)
-    digest = hashlib.sha256(f"{policy} {epochs} {learning_rate} {batch_size} {seed} {demos.periods}".encode())
+    digest = hashlib.sha256(f"{policy} {epochs} {learning_rate} {batch_size} {seed} {demos.periods} {checked}"
+                            .encode())
     for array in (demos.observations, demos.actions, demos.rewards):
         digest.update(array.tobytes())
     return digest.hexdigest()
 
 
 def imitate_once(model: Any, demos: Demonstrations, epochs: int, learning_rate: float, batch_size: int,
-                 seed: int, machine: bool = True,
-                 saved: SavedImitations | None = None) -> tuple[tuple[float, float], bool]:
+                 seed: int, machine: bool = True, saved: SavedImitations | None = None,
+                 check: Callable[[], float] | None = None, checked: str = "") -> tuple[tuple[float, float], bool]:
     """:func:`imitate`, or the weights an identical imitation ended with earlier in this process or, with ``saved``,
     in any process of the run (the same result to the bit: the key holds every input; without ``machine``, the
     weights of the same imitation on any device and threads). Where another process is imitating the same, it waits
     for that one's weights (trainer.learn.warm_start.saved). Returns the errors and whether they were reused."""
-    key = imitation_key(model, demos, epochs, learning_rate, batch_size, seed, machine)
+    key = imitation_key(model, demos, epochs, learning_rate, batch_size, seed, machine, checked)
     found = _IMITATED.get(key)
     if saved is not None:
         if found is None:
             with saved.claim(key):  # one process imitates it; one beside it waits, then loads it
                 found = saved.load(key)
                 if found is None:
-                    errors = _imitate_and_keep(model, demos, epochs, learning_rate, batch_size, seed, key)
+                    errors = _imitate_and_keep(model, demos, epochs, learning_rate, batch_size, seed, key, check)
                     saved.save(key, _IMITATED[key][0], errors)
                     return errors, False
         elif not saved.path(key).is_file():  # imitated in this process without a run folder to keep it in
             saved.save(key, *found)
     if found is None:
-        return _imitate_and_keep(model, demos, epochs, learning_rate, batch_size, seed, key), False
+        return _imitate_and_keep(model, demos, epochs, learning_rate, batch_size, seed, key, check), False
     weights, errors = found
     _keep(key, weights, errors)
     model.policy.load_state_dict(weights)
@@ -134,8 +145,8 @@ def imitate_once(model: Any, demos: Demonstrations, epochs: int, learning_rate: 
 
 
 def _imitate_and_keep(model: Any, demos: Demonstrations, epochs: int, learning_rate: float, batch_size: int,
-                      seed: int, key: str) -> tuple[float, float]:
-    errors = imitate(model, demos, epochs, learning_rate, batch_size, seed)
+                      seed: int, key: str, check: Callable[[], float] | None = None) -> tuple[float, float]:
+    errors = imitate(model, demos, epochs, learning_rate, batch_size, seed, check)
     _keep(key, {name: t.detach().clone() for name, t in model.policy.state_dict().items()}, errors)
     return errors
 

@@ -17,6 +17,7 @@ from trainer.env.citylearn import make_sb3_env
 from trainer.learn.warm_start.cloning import imitate_once, imitation_key, weights_digest
 from trainer.learn.warm_start.optimum_demonstrations import Demonstrations, demonstration_years
 from trainer.learn.warm_start.saved import SavedImitations
+from trainer.learn.warm_start.validation import ImitationParts, policy_check
 from trainer.site import Site
 
 # An ensemble's labels by the digest of its members, its demonstrations and its config: a night's PPO and A2C distil
@@ -30,7 +31,7 @@ MEMBER_SEED_STEP = 1000
 
 
 def distil_an_ensemble(
-    cfg: Config, site: Site, agent: str, model: Any, demos: Demonstrations, draws: Path | None,
+    cfg: Config, site: Site, agent: str, model: Any, demos: Demonstrations, parts: ImitationParts,
     saved: SavedImitations | None = None,
 ) -> tuple[dict[str, Any], tuple[float, float], bool, list[Any]]:
     """Leave in ``model`` the imitation of ``warm_start.ensemble`` imitations' mean action (module docstring), each
@@ -39,7 +40,8 @@ def distil_an_ensemble(
     Returns what results.json records of it (each member's errors, its labelled steps), the student's errors,
     whether an earlier stage's identical student was reused (as :func:`imitate_once`) and the members' policies.
     The global random state is put back as it was (building a member reseeds it): the stage then trains as with
-    one imitation.
+    one imitation. Each member is checked on the validation part of ``parts`` where it has one (its best epochs
+    kept); the student fits the members' mean for ``warm_start.student_epochs``.
     """
     import random
 
@@ -54,9 +56,9 @@ def distil_an_ensemble(
     log.info("warm start: imitating the optimum from several initial weights, then their mean action "
              "(--set warm_start.ensemble=1 for one imitation)")
     try:
-        members, errors = _imitate_members(cfg, site, teacher, str(model.device), demos, saved, log)
+        members, errors = _imitate_members(cfg, site, teacher, str(model.device), demos, parts, saved, log)
         started = time.perf_counter()
-        labelled = _ensemble_labels(cfg, site, members, demos, draws)
+        labelled = _ensemble_labels(cfg, parts.fit, members, demos, parts.draws)
         log.info("warm start: the members' mean action labelled", steps=len(labelled.actions),
                  seconds=round(time.perf_counter() - started, 1))
         # The student starts where a single imitation would: the stage's model, as it was built. Its labels agree
@@ -74,7 +76,8 @@ def distil_an_ensemble(
 
 
 def _imitate_members(cfg: Config, site: Site, teacher: str, device: str, demos: Demonstrations,
-                     saved: SavedImitations | None, log: Any) -> tuple[list[Any], list[tuple[float, float]]]:
+                     parts: ImitationParts, saved: SavedImitations | None,
+                     log: Any) -> tuple[list[Any], list[tuple[float, float]]]:
     """The ensemble's members, each the teacher's policy imitating ``demos`` from its own seed, and their errors;
     members another process of the night is imitating are left to it until the others are done."""
     settings = cfg.warm_start
@@ -94,9 +97,12 @@ def _imitate_members(cfg: Config, site: Site, teacher: str, device: str, demos: 
                 member_seed = cfg.seed + k * MEMBER_SEED_STEP
                 member = _fresh(cfg, teacher, env, device, member_seed)
                 if (not wait and saved is not None
-                        and saved.busy(imitation_key(member, demos, *fit, member_seed, machine=False))):
+                        and saved.busy(imitation_key(member, demos, *fit, member_seed, machine=False,
+                                                     checked=parts.label))):
                     continue  # a stage beside this one is imitating it: the next one first
-                member_errors, reused = imitate_once(member, demos, *fit, member_seed, machine=False, saved=saved)
+                member_errors, reused = imitate_once(member, demos, *fit, member_seed, machine=False, saved=saved,
+                                                     check=policy_check(cfg, parts, teacher, member),
+                                                     checked=parts.label)
                 imitated[k] = (member.policy, member_errors)
                 log.info("warm start: ensemble member imitated", member=f"{k + 1}/{settings.ensemble}",
                          actor_mse=round(member_errors[0], 5), seconds=round(time.perf_counter() - started, 1),
@@ -120,7 +126,7 @@ def _ensemble_labels(cfg: Config, site: Site, members: list[Any], demos: Demonst
                      draws: Path | None) -> Demonstrations:
     """The demonstrations' states and the states the members' mean action reaches in closed loop over each year of
     the demonstrations, each labelled with that mean action; the rewards it earned there (the critic's returns)."""
-    digest = hashlib.sha256(f"{cfg.digest()} {site.schema} {draws}".encode())
+    digest = hashlib.sha256(f"{cfg.digest()} {site.schema} {site.start}-{site.end} {draws}".encode())
     for member in members:  # the same members on any device and threads act alike
         digest.update(weights_digest(member, 0.0, machine=False).encode())
     digest.update(demos.observations.tobytes())

@@ -14,6 +14,7 @@ from trainer.base import logs
 from trainer.config.roster import agent_spec
 from trainer.config.sections import Config
 from trainer.learn.warm_start.optimum_demonstrations import training_demonstrations
+from trainer.learn.warm_start.validation import imitation_parts
 from trainer.references.optimum_model import OptimumUnavailable
 from trainer.site import Site
 
@@ -128,7 +129,8 @@ def keep_near_demonstrations(cfg: Config, site: Site, agent: str, model: Any, dr
     if settings.epochs <= 0 or (strength <= 0 and critic_updates <= 0) or (spec.off_policy and fine_tune is None):
         return False
     try:
-        demos = training_demonstrations(cfg, site, cfg.seed, draws)
+        parts = imitation_parts(site, draws)  # the warm start's own demonstrations (computed once a process)
+        demos = training_demonstrations(cfg, parts.fit, cfg.seed, parts.draws)
     except OptimumUnavailable:
         return False  # the warm start said so
     log = logs.get().bind(agent=agent, strength=strength, steps=len(demos.actions))

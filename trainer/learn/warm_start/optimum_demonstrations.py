@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -50,15 +51,19 @@ class Demonstrations:
                    tuple(len(p.actions) for p in parts))
 
 
-_CACHE: dict[tuple[str, str, int], Demonstrations] = {}
+_CACHE: dict[tuple[Any, ...], Demonstrations] = {}
 
 
-_UNAVAILABLE: dict[tuple[str, str, int], str] = {}  # why not, for a dataset the optimum does not model
+_UNAVAILABLE: dict[tuple[Any, ...], str] = {}  # why not, for a dataset the optimum does not model
 
 
 def demonstrations(cfg: Config, site: Site, seed: int) -> Demonstrations:
     """The optimum's dispatch over the dataset's whole period, replayed: what the agent would have seen and done."""
-    key = (str(site.schema), cfg.digest(), seed)
+    # A period of the dataset (the imitation's, without its validation part) is other demonstrations, and a part
+    # read as another site's is scaled as there.
+    scaled_as = site.scaled_as
+    key = (str(site.schema), cfg.digest(), seed, site.start, site.end,
+           None if scaled_as is None else (str(scaled_as.schema), scaled_as.start, scaled_as.end))
     if key in _CACHE:
         return _CACHE[key]
     if key in _UNAVAILABLE:

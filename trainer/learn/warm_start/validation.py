@@ -1,0 +1,120 @@
+"""The imitation's own validation part: how long to imitate, decided on days the demonstrations left out.
+
+How many epochs of imitation generalise depends on the data, not on a constant. On a dataset's months never seen
+(the part held out, docs/scenario.md), SAC imitations of the official EV buildings did best after 25-50 epochs and
+lost 5-8 points of the optimum's cut by 400, where on the built-in site's unseen year 400 did best: there the year
+judged on is the same climate drawn again, and fitting it closer pays (docs/agent-quality.md, "How long to
+imitate"). So on a dataset of one period the imitation learns from all but the last VALIDATION_DAYS of the part the
+run learns from, its policy drives those days in CityLearn at CHECK_AT epochs, and the epochs whose policy did best
+there are kept: the same test the part held out makes, a season later, without looking at it. The built-in site
+keeps its fixed epochs (``warm_start.epochs``, measured).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trainer.base import logs
+from trainer.config.sections import Config
+from trainer.site import Site
+from trainer.site.holdout import MIN_LEARNING_DAYS
+
+VALIDATION_DAYS = 28
+# Epochs at which an imitation's policy drives the validation part (and the last epoch): doubling, since its
+# policy changes less and less per epoch. It stops after two checks in a row that are no better than its best.
+CHECK_AT = (25, 50, 100, 200, 400, 800, 1600)
+PATIENCE = 2
+
+
+@dataclass(frozen=True)
+class ImitationParts:
+    """What the imitation learns from, and what it is checked on."""
+
+    fit: Site  # the demonstrations' period (its observations scaled as the run's site)
+    draws: Path | None  # where the fit part's other years are built
+    check: Site | None  # the validation part; None: imitate for warm_start.epochs, unchecked
+
+    @property
+    def label(self) -> str:
+        """What the imitation's inputs include of the parts, for the keys of imitations reused."""
+        if self.check is None:
+            return ""
+        return f"fit {self.fit.start}-{self.fit.end} check {self.check.start}-{self.check.end}"
+
+
+def imitation_parts(site: Site, draws: Path | None) -> ImitationParts:
+    """The run's ``site`` split for the imitation: the last VALIDATION_DAYS days apart on a dataset of one period
+    that is long enough; the whole site, unchecked, on the built-in site (its years are drawn) or a short period."""
+    day = site.steps_per_day
+    if site.kind.unseen_draws or site.length // day - VALIDATION_DAYS < MIN_LEARNING_DAYS:
+        return ImitationParts(site, draws, None)
+    learning = site.scaled_as or site
+    last_fit = site.end - VALIDATION_DAYS * day
+    return ImitationParts(site.period(site.start, last_fit).scaled(learning),
+                          None if draws is None else draws / "before-validation",
+                          site.period(last_fit + 1, site.end).scaled(learning))
+
+
+def policy_check(cfg: Config, parts: ImitationParts, agent: str, model: Any) -> Callable[[], float] | None:
+    """A function that drives ``model``'s policy over the validation part in CityLearn (the EV guard on, as every
+    evaluation) and returns its CO2 in kg a year; None where there is no validation part."""
+    check = parts.check
+    if check is None:
+        return None
+    # lazy: CityLearn and SB3 take seconds to import, and the night's plan reads this module's constants
+    from trainer.env.citylearn import make_sb3_env
+    from trainer.judge.metrics import run_episode
+    from trainer.references.controllers import PolicyController
+
+    def co2_kg_per_year() -> float:
+        env = make_sb3_env(cfg, check, "eval", cfg.seed)
+        try:
+            return float(run_episode(PolicyController(agent, model), env)["co2_kg_per_year"])
+        finally:
+            env.close()
+
+    return co2_kg_per_year
+
+
+class KeepBest:
+    """An imitation's checks: the weights at its best check, and when to stop (PATIENCE checks without a better)."""
+
+    def __init__(self, policy: Any, score: Callable[[], float], epochs: int) -> None:
+        self.policy, self.score = policy, score
+        self.at = {e for e in CHECK_AT if e < epochs} | {epochs}
+        self.best: tuple[float, int, dict[str, Any], tuple[float, float]] | None = None
+        self.since_best = 0
+        self.seconds = 0.0
+
+    def after(self, epoch: int, errors: tuple[float, float]) -> bool:
+        """Check after ``epoch`` (its ``errors``) where it is a check's; True when the imitation should stop."""
+        if epoch not in self.at:
+            return False
+        started = time.perf_counter()
+        self.policy.train(False)  # SB3's set_training_mode, as an evaluation leaves a policy
+        co2 = self.score()
+        self.policy.train(True)
+        self.seconds += time.perf_counter() - started
+        # Also the imitation's progress: a long one is otherwise silent for minutes.
+        logs.get().info("warm start: imitation checked on the validation part", epoch=epoch,
+                        validation_co2_kg_per_year=round(co2, 1), actor_mse=round(errors[0], 5))
+        if self.best is None or co2 < self.best[0]:
+            self.best = (co2, epoch, {k: t.detach().clone() for k, t in self.policy.state_dict().items()}, errors)
+            self.since_best = 0
+        else:
+            self.since_best += 1
+        return self.since_best >= PATIENCE
+
+    def restore(self, last_epoch: int) -> tuple[float, float]:
+        """Leave the best check's weights in the policy, say which, and return their errors."""
+        assert self.best is not None  # the last epoch is always a check
+        co2, epoch, weights, errors = self.best
+        self.policy.load_state_dict(weights)
+        logs.get().info("warm start: the imitation's epochs that did best on the validation part kept",
+                        kept_epochs=epoch, ran=last_epoch, validation_co2_kg_per_year=round(co2, 1),
+                        checks_s=round(self.seconds, 1))
+        return errors
