@@ -244,6 +244,16 @@ def test_export_refuses_a_folder_that_is_not_an_export_and_a_run_without_the_age
     assert (mine / "notes.txt").read_text() == "keep me"
     result = CliRunner().invoke(cli, ["export", str(run), "--agent", "sac"])
     assert result.exit_code == 2 and "has no trained sac" in result.output and "trainer train sac" in result.output
+    # An earlier export with a file of the user's beside it: replacing the export would delete the file.
+    earlier = exports["ppo"][1]
+    (earlier / "notes.txt").write_text("keep me")
+    try:
+        before = {p.name: p.read_bytes() for p in earlier.iterdir() if p.is_file()}
+        result = CliRunner().invoke(cli, ["export", str(run), "--out", str(earlier)])
+        assert result.exit_code == 2 and "files it did not write (notes.txt)" in result.output, result.output
+        assert {p.name: p.read_bytes() for p in earlier.iterdir() if p.is_file()} == before
+    finally:
+        (earlier / "notes.txt").unlink()
 
 
 def test_export_names_the_extra_it_needs(exports, monkeypatch):

@@ -36,6 +36,8 @@ from trainer.shipped import controller as standalone_controller
 from trainer.shipped.controller import CHECK_FILE, CHECK_TOLERANCE, EXPECTED_PREFIX, SPEC_FILE, Controller
 
 POLICY_FILE = "policy.onnx"
+# What an export writes (and Python leaves beside controller.py once run): all that replacing it may delete.
+EXPORT_FILES = frozenset({POLICY_FILE, SPEC_FILE, CHECK_FILE, "controller.py", "README.md", "__pycache__"})
 SAMPLE_ROWS = 1000  # check.csv: evenly spaced steps of the evaluation (the policy and the guard are per step)
 # The exported controller's year against the night's evaluation of the same agent: the same actions within
 # CHECK_TOLERANCE give the same figures to this relative tolerance.
@@ -167,6 +169,12 @@ def _refuse_to_replace(out: Path) -> None:
         previous = None
     if previous != standalone_controller.FORMAT:
         raise UsageError(f"{out} exists and is not an export: choose another --out, or empty it")
+    # The earlier export is replaced whole: a file of the user's beside it would go with it.
+    theirs = sorted(p.name for p in out.iterdir() if p.name not in EXPORT_FILES)
+    if theirs:
+        raise UsageError(f"{out} holds an earlier export and files it did not write ({', '.join(theirs[:5])}"
+                         f"{', ...' if len(theirs) > 5 else ''}), which replacing it would delete: move them out, "
+                         "or choose another --out")
 
 
 def _verify(replay: _Replay, figures: dict[str, Any], night: dict[str, Any]) -> dict[str, Any]:
