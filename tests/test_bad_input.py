@@ -372,6 +372,10 @@ STATE_FILES = {
                                                              "dictionary, found [1]"),
     "results.json entry a number": ("results.json", '{"sac": 3}', ["report"], "is damaged: at sac, input should be"),
     "schedule.json without created_at": ("schedule.json", '{"stages": 5}', ["report"], "created_at is missing"),
+    "schedule.json without stages": ("schedule.json", '{"created_at": "x", "deadline": null, "budget_s": null}',
+                                     ["night", "--resume"], "stages is missing"),
+    "schedule.json with no stage": ("schedule.json", '{"created_at": "x", "deadline": null, "budget_s": null, '
+                                                     '"stages": []}', ["report"], "stages is empty"),
     "schedule.json unknown status": (
         "schedule.json", '{"created_at": "x", "deadline": null, "budget_s": null, "stages": [{"name": "sac", '
                          '"kind": "train", "status": "finished"}]}', ["report"],

@@ -79,6 +79,9 @@ def run_request(request: NightRequest, say: Callable[[str], None],
     resuming = request.resume is not None
     for agent in chosen if resuming else ():
         check_resume_config(Path(str(out)), agent, cfg, request.force)
+    schedule = RunDir(Path(str(out))).schedule
+    if resuming and schedule.is_file():
+        ScheduleState.load(schedule)  # a damaged one is named before the run folder is touched (the log included)
     with session.open_run(cfg, "night", out, request.schema, request.dataset, resuming=resuming,
                           checks=memory_checks(cfg, chosen)) as ctx:
         opened(ctx)

@@ -12,7 +12,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from trainer.base.files import read_typed, write_json_atomic
+from trainer.base.files import FIXES, DamagedFile, read_typed, write_json_atomic
 
 
 class StageKind(StrEnum):
@@ -83,7 +83,7 @@ class ScheduleState:
     created_at: str
     deadline: str | None
     budget_s: float | None
-    stages: list[StageRecord] = field(default_factory=list)
+    stages: list[StageRecord]  # required: a night without its stages' record must not pass for a finished one
 
     def save(self) -> None:
         write_json_atomic(self.path, self.as_dict())
@@ -94,7 +94,10 @@ class ScheduleState:
 
     @classmethod
     def load(cls, path: Path) -> ScheduleState:
-        return read_typed(path, cls, extra={"path": path})
+        state = read_typed(path, cls, extra={"path": path})
+        if not state.stages:  # every night has at least its report: an empty list is a damaged file
+            raise DamagedFile(f"{path} is damaged: stages is empty; {FIXES.get(path.name, 'delete it')}")
+        return state
 
     @classmethod
     def new(
