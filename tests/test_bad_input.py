@@ -73,6 +73,15 @@ def _break(dataset: Path, case: str) -> None:
         cells[header.index(column)] = value
         lines[9] = ",".join(cells)
         (dataset / name).write_text("\n".join(lines) + "\n")
+    elif case in ("no observations", "no active action"):
+        import json
+
+        data = json.loads((dataset / "schema.json").read_text())
+        if case == "no observations":
+            del data["observations"]
+        else:
+            data["actions"] = {name: {**spec, "active": False} for name, spec in data["actions"].items()}
+        (dataset / "schema.json").write_text(json.dumps(data))
     elif case in SCHEMA_CLASS_CASES:
         import json
 
@@ -108,6 +117,8 @@ CASES = [
                                             "'subprocess.Popen', which this product does not load", "docs/scenario.md"),
     ("schema names LSTM dynamics", [], 2, "error: {data}/schema.json: buildings.Building_1.dynamics.type names the "
                                           "class 'citylearn.dynamics.LSTMDynamics'", "remove the key"),
+    ("no observations", [], 2, "error: {data}/schema.json: the schema has no active observations", "add"),
+    ("no active action", [], 2, "error: {data}/schema.json: the schema has no active actions", "\"active\": true"),
     ("seed too large", ["--seed", "4294967296"], 2, "error: config key 'seed'", "less than or equal"),
     ("unknown timezone", ["--set", "scenario.timezone=Mars/Base"], 2,
      "error: config key 'scenario.timezone': unknown time zone", "IANA"),

@@ -134,6 +134,13 @@ def check_dataset(schema: Path) -> dict:
                                                   if isinstance(b, dict)):
         raise DatasetError(f"{schema}: the schema has no buildings to simulate; add at least one under "
                            "'buildings' (with include: true)")
+    # CityLearn reads these two tables when it builds the first building (a KeyError then, after the run folder).
+    for table in ("observations", "actions"):
+        entries = data.get(table)
+        if not isinstance(entries, dict) or not any(isinstance(spec, dict) and spec.get("active")
+                                                    for spec in entries.values()):
+            raise DatasetError(f"{schema}: the schema has no active {table}; add a '{table}' object naming at least "
+                               f"one with \"active\": true (CityLearn's own schemas list them all)")
     # Where CityLearn reads the files: root_directory (absolute, or relative to the schema), else beside it.
     configured = data.get("root_directory")
     root = schema.parent if not configured else (schema.parent / Path(str(configured)).expanduser()).resolve()
