@@ -158,6 +158,21 @@ def test_a_config_file_that_is_not_utf8_is_named(tmp_path, existing_run):
     assert snapshot(existing_run) == before
 
 
+def test_a_config_of_nested_aliases_is_refused_and_a_huge_value_is_not_echoed(tmp_path, existing_run):
+    levels = ["a0: &a0 [x, x, x, x, x, x, x, x, x]"] + [
+        f"a{k}: &a{k} [{', '.join([f'*a{k - 1}'] * 9)}]" for k in range(1, 9)]
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text("\n".join(levels) + "\nseed: *a8\n")  # 9 ** 9 values once expanded
+    huge = "seed=[" + ",".join(["1"] * 100_000) + "]"
+    before = snapshot(existing_run)
+    for extra in (["--config", str(bomb)], ["--set", huge]):
+        result = CliRunner().invoke(cli, ["train", "a2c", *extra, "--out", str(existing_run)])
+        assert result.exit_code == 2 and len(result.output) < 300, result.output[:300]
+        assert snapshot(existing_run) == before
+    assert "an alias (*name): config files are read without anchors and aliases" in (
+        CliRunner().invoke(cli, ["train", "a2c", "--config", str(bomb), "--out", str(existing_run)]).output)
+
+
 def test_launch_checks_its_budget_before_the_doctor_or_a_folder(tmp_path):
     result = CliRunner().invoke(cli, ["launch", "--budget", "banana", "--", "--set", f"output.root={tmp_path}/o"])
     assert result.exit_code == 2

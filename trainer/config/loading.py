@@ -11,6 +11,7 @@ import copy
 import difflib
 import functools
 import json
+import reprlib
 from pathlib import Path
 from types import UnionType
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
@@ -23,12 +24,23 @@ from trainer.base.errors import ConfigError
 from trainer.config.sections import DEFAULT_CONFIG, Config
 
 
+class _NoAliases(yaml.SafeLoader):
+    """YAML's safe loader without aliases (``*name``): a config has no use for them, and nine nested levels of them
+    expand to more than a machine's memory once anything walks the tree."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            raise yaml.MarkedYAMLError(problem="an alias (*name): config files are read without anchors and aliases; "
+                                               "write the value out", problem_mark=self.peek_event().start_mark)
+        return super().compose_node(parent, index)
+
+
 def read_yaml(path: Path) -> dict[str, Any]:
     """Read one YAML mapping, with file, line and column on a syntax error."""
     if not path.is_file():
         raise ConfigError(f"config file not found: {path} (check the path given to --config)")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_NoAliases)
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start}); "
                           "save the file as UTF-8") from None
@@ -132,8 +144,16 @@ def _format_error(loc: tuple[Any, ...], errors: list[dict[str, Any]]) -> str:
         return f"{where}: {messages[0]}"
     if len(messages) > 1:
         wants = [m.removeprefix("input should be ") for m in messages]
-        return f"{where}: input should be {' or '.join(wants)}; got {error.get('input')!r}"
-    return f"{where}: {messages[0]}; got {error.get('input')!r}"
+        return f"{where}: input should be {' or '.join(wants)}; got {_shown(error.get('input'))}"
+    return f"{where}: {messages[0]}; got {_shown(error.get('input'))}"
+
+
+def _shown(value: Any, most: int = 80) -> str:
+    """A value as an error shows it: its repr, cut to ``most`` characters (a wrong value may be a whole tree)."""
+    short = reprlib.Repr()  # Python 3.11's takes no arguments
+    short.maxlevel, short.maxlist, short.maxdict, short.maxstring, short.maxother = 3, 6, 6, most, most
+    text = short.repr(value)
+    return text if len(text) <= most else text[:most - 3] + "..."
 
 
 def validate(data: dict[str, Any]) -> Config:

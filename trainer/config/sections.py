@@ -255,12 +255,14 @@ class ScheduleConfig(Section):
             _as_value_error(parse, value, "it")
         return value
 
-    @model_validator(mode="after")
-    def _some_weight(self) -> ScheduleConfig:
-        if not any(self.weights.get(agent, 1.0) > 0 for agent in self.agents):  # a missing weight is 1
-            raise ValueError(f"every agent of the night has weight 0 ({self.weights}): give at least one of "
-                             f"{', '.join(self.agents)} a weight above 0")
-        return self
+    @field_validator("weights")
+    @classmethod
+    def _some_weight(cls, weights: dict[str, float], info: ValidationInfo) -> dict[str, float]:
+        agents = info.data.get("agents") or []  # absent where agents itself was refused: that error is said
+        if agents and not any(weights.get(agent, 1.0) > 0 for agent in agents):  # a missing weight is 1
+            raise ValueError(f"every agent of the night has weight 0 ({weights}): give at least one of "
+                             f"{', '.join(agents)} a weight above 0")
+        return weights
 
     @model_validator(mode="after")
     def _budget_or_deadline(self) -> ScheduleConfig:
