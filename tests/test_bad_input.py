@@ -119,6 +119,8 @@ CASES = [
                                           "class 'citylearn.dynamics.LSTMDynamics'", "remove the key"),
     ("no observations", [], 2, "error: {data}/schema.json: the schema has no active observations", "add"),
     ("no active action", [], 2, "error: {data}/schema.json: the schema has no active actions", "\"active\": true"),
+    ("load beyond any site", ["--set", "scenario.building_base_kw=1e308"], 2,
+     "error: config key 'scenario.building_base_kw': input should be less than or equal to 100000", "1e308"),
     ("seed too large", ["--seed", "4294967296"], 2, "error: config key 'seed'", "less than or equal"),
     ("unknown timezone", ["--set", "scenario.timezone=Mars/Base"], 2,
      "error: config key 'scenario.timezone': unknown time zone", "IANA"),

@@ -64,9 +64,10 @@ class ScenarioConfig(Section):
     battery_kw: float = doc("Battery charge/discharge power limit in kW.", ge=0, le=100000)
     battery_efficiency: float = doc("Battery round-trip efficiency as a fraction (CityLearn applies its square root "
                                     "on the way in and on the way out).", gt=0, le=1)
-    building_base_kw: float = doc("Building load at night and weekends, kW.", ge=0)
-    building_occupied_kw: float = doc("Additional building load in occupied weekday hours, kW.", ge=0)
-    cooling_kw_per_degc: float = doc("Cooling load per degree C above 22 C in occupied hours, kW/C.", ge=0)
+    # The loads' and prices' ceilings keep a site in float32 and JSON (1e308 kW passed ge=0 and broke the baseline).
+    building_base_kw: float = doc("Building load at night and weekends, kW.", ge=0, le=100000)
+    building_occupied_kw: float = doc("Additional building load in occupied weekday hours, kW.", ge=0, le=100000)
+    cooling_kw_per_degc: float = doc("Cooling load per degree C above 22 C in occupied hours, kW/C.", ge=0, le=10000)
     ev_chargers: int = doc("Number of EV chargers (the last one serves an overnight fleet van).", ge=0, le=50)
     charger_kw: float = doc("Maximum charging power of each charger in kW.", gt=0, le=350)
     charger_discharge_kw: float = doc("Power at which each charger may discharge a car into the site (V2G), kW; "
@@ -77,9 +78,9 @@ class ScenarioConfig(Section):
     ev_battery_kwh: float = doc("Battery capacity of each EV in kWh.", gt=0, le=300)
     ev_departure_soc: float = doc("State of charge each EV requires at departure, fraction.", gt=0, le=1)
     carbon_mean_kg_per_kwh: float = doc("Annual mean grid carbon intensity, kg CO2/kWh.", gt=0, le=2)
-    tariff_offpeak_per_kwh: float = doc("Time-of-use tariff, off-peak price per kWh.", ge=0)
-    tariff_peak_per_kwh: float = doc("Time-of-use tariff, peak price per kWh (16:00-21:00).", ge=0)
-    tariff_summer_peak_per_kwh: float = doc("Peak price per kWh in June-September.", ge=0)
+    tariff_offpeak_per_kwh: float = doc("Time-of-use tariff, off-peak price per kWh.", ge=0, le=1000)
+    tariff_peak_per_kwh: float = doc("Time-of-use tariff, peak price per kWh (16:00-21:00).", ge=0, le=1000)
+    tariff_summer_peak_per_kwh: float = doc("Peak price per kWh in June-September.", ge=0, le=1000)
     currency: str = doc("Currency symbol of the tariff, used in the report.", min_length=1, max_length=8)
     train_episode_days: int = doc(
         "Length of a training episode in days (evaluation covers schedule.eval_days: the whole period by default).",
