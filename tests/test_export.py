@@ -4,6 +4,7 @@ its controller.py acting with numpy and onnxruntime alone (torch, SB3, CityLearn
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import re
 import subprocess
@@ -295,14 +296,61 @@ def test_a_damaged_export_is_named_in_one_line(exports, tmp_path):
     for path in exports["ppo"][1].iterdir():
         (folder / path.name).write_bytes(path.read_bytes())
     (folder / "policy.onnx").write_bytes(b"not a graph")
+    check = standalone(folder, "check")  # another file than the export's: its digest says so
+    assert check.returncode == 2 and "policy.onnx is not the policy spec.json was written with" in check.stderr
+    spec = json.loads((folder / SPEC_FILE).read_text())
+    spec["policy"]["sha256"] = hashlib.sha256(b"not a graph").hexdigest()
+    (folder / SPEC_FILE).write_text(json.dumps(spec))
     check = standalone(folder, "check")
     assert check.returncode == 2 and check.stderr.startswith(f"error: {folder / 'policy.onnx'} could not be loaded")
-    spec = json.loads((folder / SPEC_FILE).read_text())
     del spec["features"]
     (folder / SPEC_FILE).write_text(json.dumps(spec))
     check = standalone(folder, "check")
     assert check.returncode == 2 and "is not a whole export (no 'features')" in check.stderr
     assert len(check.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("damage, says", [
+    ("policy outside", "names the policy file '../policy.onnx': expected a file of the export folder itself"),
+    ("action range NaN", "an action's range is not two finite numbers"),
+    ("row longer than its header", "more cells than the header has names"),
+    ("readings not UTF-8", "is not UTF-8 text"),
+    ("deeply nested JSON", "the export folder or the readings are damaged (RecursionError"),
+])
+def test_a_damaged_export_or_reading_gets_one_line_and_exit_2(damage, says, exports, tmp_path):
+    folder = tmp_path / "export"
+    folder.mkdir()
+    for path in exports["ppo"][1].iterdir():
+        (folder / path.name).write_bytes(path.read_bytes())
+    spec = json.loads((folder / SPEC_FILE).read_text())
+    obs = tmp_path / "obs.csv"
+    header = ",".join(o["name"] for o in spec["observations"])
+    row = ",".join("0" for _ in spec["observations"])
+    obs.write_text(f"{header}\n{row}\n")
+    if damage == "policy outside":
+        spec["policy"]["file"] = "../policy.onnx"
+    elif damage == "action range NaN":
+        spec["actions"][0]["high"] = float("nan")
+    elif damage == "row longer than its header":
+        obs.write_text(f"{header}\n{row},1\n")
+    elif damage == "readings not UTF-8":
+        obs.write_bytes(f"{header}\n".encode() + b"\xff\xfe,1\n")
+    else:
+        obs = tmp_path / "obs.json"
+        obs.write_text("[" * 100_000 + "]" * 100_000)
+    (folder / SPEC_FILE).write_text(json.dumps(spec))
+    result = standalone(folder, "act", "--obs", str(obs))
+    assert result.returncode == 2 and says in result.stderr, result.stderr[-500:]
+    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+
+
+def test_the_guard_looks_a_bounded_way_ahead(exports):
+    from trainer.shipped.controller import Controller
+
+    controller = Controller.load(exports["ppo"][1])
+    path = controller._path(0, controller.batteries[0]["capacity_kwh"])
+    # A car "leaving in a billion hours" is full after a few days: the walk stops there, not a billion steps on.
+    assert path.reachable(0.0, 10**9) == pytest.approx(path.reachable(0.0, 24 * 30))
 
 
 def test_check_acts_on_another_period_counting_readings_beyond_training_and_refusing_the_implausible(exports,

@@ -44,6 +44,8 @@ EXPECTED_PREFIX = "expected:"  # check.csv's columns of the product's actions
 # Bisection on the action over [-1, 1]: 2^-20 of full power is far below any charger's resolution.
 BISECTION_STEPS = 21
 GUARD_RAISE = 1e-4  # a raise smaller than this is bisection noise on a schedule that already serves the car
+# The guard looks this many steps ahead at most (a year of hours): a car "leaving in 1e9 hours" needs no more.
+MAX_STEPS_AHEAD = 8784
 
 
 class InputError(ValueError):
@@ -181,8 +183,10 @@ class ChargingPath:
     def reachable(self, stored: float, steps: int) -> float:
         """Stored kWh after ``steps`` more steps at full power, from ``stored`` at the end of this one."""
         energy = stored
-        for _ in range(steps):
-            energy = self.stored_after(self.carried_over(energy), 1.0)
+        for _ in range(min(steps, MAX_STEPS_AHEAD)):
+            before, energy = energy, self.stored_after(self.carried_over(energy), 1.0)
+            if energy <= before:  # full, or as full as the losses allow: more steps add nothing
+                break
         return energy
 
     def after_step_then_full(self, energy_init: float, action: float, later_steps: int) -> float:
@@ -289,6 +293,23 @@ class Normaliser:
         return np.where(self.clip, np.clip(scaled, 0.0, 1.0), scaled).astype(np.float32)
 
 
+def _policy_file(policy: dict[str, Any], folder: Path) -> Path:
+    """The policy file ``spec.json`` names: a file of the export folder itself, whose digest matches the spec's."""
+    import hashlib  # lazy: only a controller that loads a policy needs it
+
+    name = policy["file"]
+    if not isinstance(name, str) or Path(name).name != name or name.startswith("."):
+        raise InputError(f"{folder / SPEC_FILE} names the policy file {name!r}: expected a file of the export folder "
+                         "itself; export the run again")
+    path = folder / name
+    expected = policy.get("sha256")
+    if expected is not None and path.is_file():
+        if hashlib.sha256(path.read_bytes()).hexdigest() != expected:
+            raise InputError(f"{path} is not the policy {SPEC_FILE} was written with (its SHA-256 differs): "
+                             "export the run again, or copy the export folder whole")
+    return path
+
+
 def _number(name: str, value: Any, unit: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
         raise InputError(f"observation {name!r} is {value!r}: expected a number ({unit})")
@@ -330,6 +351,11 @@ class Controller:
         self.actions: list[dict[str, Any]] = spec["actions"]
         self.native_low = np.asarray([a["low"] for a in self.actions], dtype=float)
         self.native_high = np.asarray([a["high"] for a in self.actions], dtype=float)
+        if not (np.all(np.isfinite(self.native_low)) and np.all(np.isfinite(self.native_high))
+                and np.all(self.native_low <= self.native_high)):
+            raise InputError(f"{folder / SPEC_FILE}: an action's range is not two finite numbers, low to high: "
+                             "export the run again")
+        self.policy_file = _policy_file(spec["policy"], folder)
         guard = spec["ev_guard"]
         self.guard_on = bool(guard["enabled"])
         self.margin_soc = float(guard["margin_soc"])
@@ -397,19 +423,31 @@ class Controller:
                 raise InputError("the controller needs onnxruntime: pip install onnxruntime numpy") from None
             options = onnxruntime.SessionOptions()
             options.intra_op_num_threads = 1  # one step of a small network: threads cost more than they give
-            path = self.folder / self.spec["policy"]["file"]
+            path = self.policy_file
             try:
                 self._session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
             except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own classes for a missing or bad file
                 raise InputError(f"{path} could not be loaded ({type(exc).__name__}): export the run again") from None
-        (out,) = self._session.run([self.spec["policy"]["output"]], {self.spec["policy"]["input"]: features})
-        return np.clip(np.asarray(out, dtype=float), -1.0, 1.0)
+        try:
+            (out,) = self._session.run([self.spec["policy"]["output"]], {self.spec["policy"]["input"]: features})
+        except Exception as exc:  # noqa: BLE001 - onnxruntime's own classes: a network of another size or names
+            raise InputError(f"{self.policy_file} does not take {features.shape[-1]} features as {SPEC_FILE} says "
+                             f"({type(exc).__name__}): export the run again") from None
+        out = np.asarray(out, dtype=float)
+        if out.shape != (len(features), len(self.actions)) or not np.all(np.isfinite(out)):
+            what = "a non-finite action" if out.shape[-1:] == (len(self.actions),) else f"actions of shape {out.shape}"
+            raise InputError(f"{self.policy_file} gave {what} for these readings: nothing is sent to the site; "
+                             "export the run again")
+        return np.clip(out, -1.0, 1.0)
 
     def native(self, raw: np.ndarray) -> tuple[np.ndarray, list[int]]:
         """CityLearn's actions (each in its own range) for one raw vector, with the guard applied."""
         action = self.policy_actions(self.normalise(raw)[None, :])[0]
         native = self.native_low + (action + 1.0) / 2.0 * (self.native_high - self.native_low)
-        return self.guarded(raw, native)
+        native, changed = self.guarded(raw, native)
+        if not np.all(np.isfinite(native)):  # every action leaves finite and in its range, or the step is refused
+            raise InputError("an action came out non-finite for these readings: nothing is sent to the site")
+        return np.clip(native, self.native_low, self.native_high), changed
 
     def guarded(self, raw: np.ndarray, native: np.ndarray) -> tuple[np.ndarray, list[int]]:
         """``native`` with the product's EV guard applied from the readings: each connected car's action raised to
@@ -427,7 +465,7 @@ class Controller:
             path = self._path(index, capacity)
             energy = max(value[c.soc], path.min_soc) * capacity  # CityLearn floors what a car holds there
             goal = (required + self.margin_soc) * capacity
-            native[c.action], changed[c.action] = guarded_action(path, energy, goal, int(left),
+            native[c.action], changed[c.action] = guarded_action(path, energy, goal, int(min(left, MAX_STEPS_AHEAD)),
                                                                  float(native[c.action]), self.stop_at_target)
         return native, changed
 
@@ -470,8 +508,10 @@ def _read_steps(path: Path) -> tuple[list[dict[str, Any]], bool]:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise InputError(f"cannot read {path}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{path} is not UTF-8 text (byte {exc.start}): save it as UTF-8") from None
     if path.suffix.lower() == ".csv":
-        rows = list(csv.DictReader(text.splitlines()))
+        rows = _rows(csv.DictReader(text.splitlines()), path)
         if not rows:
             raise InputError(f"{path} has no rows: expected a header of observation names and one row a step")
         return [{k: _cell(v) for k, v in row.items() if not k.startswith(EXPECTED_PREFIX)} for row in rows], True
@@ -483,13 +523,29 @@ def _read_steps(path: Path) -> tuple[list[dict[str, Any]], bool]:
     return (data if isinstance(data, list) else [data]), False
 
 
+def _rows(reader: csv.DictReader, path: Path) -> list[dict[str, Any]]:
+    """A CSV's rows, each with as many cells as its header has names."""
+    rows = []
+    try:
+        for row in reader:
+            if None in row or None in row.values():
+                raise InputError(f"{path}, row {reader.line_num}: {'more' if None in row else 'fewer'} cells than "
+                                 "the header has names")
+            rows.append(row)
+    except csv.Error as exc:
+        raise InputError(f"{path}, row {reader.line_num}: not CSV ({exc})") from None
+    return rows
+
+
 def _sample(path: Path) -> list[dict[str, str]]:
     """check.csv's rows: the evaluation's raw observations and, under ``expected:``, the product's actions."""
     try:
         with path.open(encoding="utf-8", newline="") as handle:
-            rows = list(csv.DictReader(handle))
+            rows = _rows(csv.DictReader(handle), path)
     except OSError as exc:
         raise InputError(f"cannot read {path} ({exc.strerror}): export the run again, it writes one") from None
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{path} is not UTF-8 text (byte {exc.start}): save it as UTF-8") from None
     if not rows:
         raise InputError(f"{path} has no rows: export the run again")
     return rows
@@ -511,7 +567,10 @@ def _check(controller: Controller, sample: Path) -> int:
             continue
         native = controller.native(raw)[0]
         if compared:
-            diff = float(np.max(np.abs(native - np.asarray([float(row[EXPECTED_PREFIX + n]) for n in names]))))
+            expected = [_cell(row[EXPECTED_PREFIX + n]) for n in names]
+            if not all(isinstance(e, float) and math.isfinite(e) for e in expected):
+                raise InputError(f"{sample}, row {i + 1}: an '{EXPECTED_PREFIX}' column is not a finite number")
+            diff = float(np.max(np.abs(native - np.asarray(expected))))
             if diff > worst:
                 worst, at = diff, i
     ok = worst <= CHECK_TOLERANCE and refused == 0
@@ -575,6 +634,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except InputError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError, OverflowError, RecursionError) as exc:
+        # Anything else a damaged file or reading gets to: one line and exit 2, never a traceback at a site.
+        print(f"error: the export folder or the readings are damaged ({type(exc).__name__}: {str(exc)[:200]}): "
+              "export the run again, and check the readings' file", file=sys.stderr)
         return 2
     except BrokenPipeError:  # `act ... | head`: the reader has what it wanted
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - Python flushes stdout at exit; let it flush here
