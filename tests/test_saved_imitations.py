@@ -68,17 +68,27 @@ def test_another_process_of_the_night_loads_the_members_and_the_student_to_the_b
         assert torch.equal(second.policy.state_dict()[name], weights), name
 
 
-def test_a_damaged_imitation_is_set_aside_and_imitated_again(week_site, cfg, new_process, tmp_path):
+@pytest.mark.parametrize("damage", ["half a file", "NaN weights", "another shape"])
+def test_a_damaged_imitation_is_set_aside_and_imitated_again(damage, week_site, cfg, new_process, tmp_path):
     saved = SavedImitations(tmp_path / "imitations")
     _, summary, _ = _stage(cfg, week_site, saved)
-    first = saved.path(_first_member_key(cfg, week_site))
-    first.write_bytes(b"half a file")  # a disk that filled up mid-write, a bad copy
+    key = _first_member_key(cfg, week_site)
+    first = saved.path(key)
+    if damage == "half a file":
+        first.write_bytes(b"half a file")  # a disk that filled up mid-write, a bad copy
+    else:
+        weights, errors = saved.load(key)
+        name = next(n for n, t in weights.items() if t.is_floating_point() and t.dim() == 2)
+        weights[name] = (weights[name] * float("nan") if damage == "NaN weights"
+                         else torch.zeros(weights[name].shape[0] + 1, weights[name].shape[1]))
+        saved.save(key, weights, errors)
+    damaged = first.read_bytes()
 
     new_process()
     _, again, logged = _stage(cfg, week_site, saved)
     warned = [e for e in logged if e["event"].startswith("a saved imitation is unreadable")]
     assert len(warned) == 1 and warned[0]["path"] == str(first)
-    assert first.with_suffix(".damaged").read_bytes() == b"half a file"
+    assert first.with_suffix(".damaged").read_bytes() == damaged
     assert _reused(logged) == [False, True]
     assert first.stat().st_size > 1000  # imitated again and kept
     assert again["ensemble"]["members_actor_mse"] == summary["ensemble"]["members_actor_mse"]

@@ -128,7 +128,7 @@ def imitate_once(model: Any, demos: Demonstrations, epochs: int, learning_rate: 
     if saved is not None:
         if found is None:
             with saved.claim(key):  # one process imitates it; one beside it waits, then loads it
-                found = saved.load(key)
+                found = saved.load(key, like=model.policy.state_dict())
                 if found is None:
                     errors = _imitate_and_keep(model, demos, epochs, learning_rate, batch_size, seed, key, check)
                     saved.save(key, _IMITATED[key][0], errors)

@@ -51,8 +51,9 @@ class SavedImitations:
         """Whether a warm start kept an imitation here: a stage stopped in its warm start goes on from them."""
         return any(self.folder.glob(f"*{SUFFIX}"))
 
-    def load(self, key: str) -> tuple[Weights, Errors] | None:
-        """The weights (on the CPU) and errors saved under ``key``; None where there are none or they are damaged."""
+    def load(self, key: str, like: Weights | None = None) -> tuple[Weights, Errors] | None:
+        """The weights (on the CPU) and errors saved under ``key``; None where there are none or they are damaged: not
+        finite, or (given the policy's own, ``like``) of other names or shapes."""
         import torch  # lazy: torch takes seconds to import
 
         path = self.path(key)
@@ -65,6 +66,11 @@ class SavedImitations:
             weights, errors = dict(data["weights"]), tuple(float(e) for e in data["errors"])
             if len(errors) != 2 or not all(isinstance(t, torch.Tensor) for t in weights.values()):
                 raise ValueError("not an imitation's weights and two errors")
+            if not all(bool(torch.isfinite(t).all()) for t in weights.values() if t.is_floating_point()):
+                raise ValueError("weights that are not finite")
+            if like is not None and {k: tuple(t.shape) for k, t in weights.items()} != {
+                    k: tuple(t.shape) for k, t in like.items()}:
+                raise ValueError("weights of another network's shape")
         except Exception as exc:  # any damage has one remedy: imitate again
             logs.get().warning("a saved imitation is unreadable: imitating it again", path=str(path),
                                error=f"{type(exc).__name__}: {exc}")
