@@ -290,6 +290,21 @@ def test_a_failed_proof_writes_nothing_and_keeps_the_earlier_export(exports, mon
     assert not [p.name for p in folder.parent.iterdir() if p.name.endswith(".partial")]  # none left beside it
 
 
+def test_a_stop_signal_during_an_export_leaves_no_half_written_folder(exports, monkeypatch):
+    import os
+    import signal
+
+    from trainer.export import exporter
+
+    run, folder, _ = exports["ppo"]
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    monkeypatch.setattr(exporter, "_write_sample", lambda *a: os.kill(os.getpid(), signal.SIGTERM))
+    result = CliRunner().invoke(cli, ["export", str(run)])
+    assert result.exit_code == 128 + signal.SIGTERM, result.output
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+    assert not [p.name for p in folder.parent.iterdir() if p.name.endswith(".partial")]
+
+
 def test_a_damaged_export_is_named_in_one_line(exports, tmp_path):
     folder = tmp_path / "damaged"
     folder.mkdir()

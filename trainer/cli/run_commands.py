@@ -12,7 +12,7 @@ from typing import Any
 import click
 
 from trainer.base.errors import UsageError
-from trainer.base.signals import handle_stop_signals
+from trainer.base.signals import STOP, handle_stop_signals
 from trainer.cli import options as opts
 from trainer.cli.group import cli
 from trainer.cli.options import State, command, options
@@ -181,7 +181,8 @@ def export_command(run_dir: str, agent: str | None, out: str | None) -> None:
                          "./launchers/launch.sh once, or .venv/bin/pip install -e '.[export]' in the checkout")
     from trainer.export import exporter  # lazy: the exporter imports torch and onnx
 
-    with session.reopen_run(run_dir, "cpu") as ctx:
+    # A stop signal raises at once (an export holds nothing to save): the half-written folder is removed on the way.
+    with handle_stop_signals(), STOP.interruptible("the export"), session.reopen_run(run_dir, "cpu") as ctx:
         State.log_file = ctx.run.log_file
         name = exporter.choose_agent(ctx, agent)
         target = Path(out) if out else exporter.default_out(ctx, name)
