@@ -544,3 +544,12 @@ def test_scenario_build_writes_no_file_through_a_link(tmp_path):
     assert result.output.strip().startswith(f"error: {out / 'weather.csv'} is a symbolic link to {precious}, outside "
                                             "the dataset folder")
     assert precious.read_text() == "keep me\n"
+
+
+def test_benchmark_refuses_a_json_path_it_cannot_write_before_measuring(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    result = CliRunner().invoke(cli, ["benchmark", "--quick", "--json", str(blocker / "figures.json")])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert result.output.strip().startswith(f"error: cannot write the figures to {blocker / 'figures.json'}")
+    assert "steps/s" not in result.output  # nothing was measured first

@@ -20,6 +20,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from trainer.base.errors import UsageError
 from trainer.base.files import write_json_atomic
 from trainer.config.roster import AGENTS, agent_spec
 from trainer.config.sections import Config
@@ -328,13 +329,25 @@ def progress_line(i: int, total: int, trial: Trial) -> str:
     return " ".join(part for part in (f"[{i}/{total}]", str(trial.kind), trial.agent or "", envs, shown) if part)
 
 
+def _check_writable(path: Path) -> None:
+    """Refuse a ``--json`` path whose folder cannot be made or written into, before anything is measured."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}-"):
+            pass
+    except OSError as exc:
+        raise UsageError(f"cannot write the figures to {path}: {exc.strerror} (choose another --json)") from None
+    if path.is_dir():
+        raise UsageError(f"--json {path} is a folder: name a file in it")
+
+
 def run_command(cfg: Config, given: Site | None, agents: list[str], quick: bool, repeats: int | None,
                 learning: bool, seeds: list[int], json_path: str | None = None,
                 progress: Callable[[int, int, Trial], None] | None = None,
                 sweep: tuple[int, ...] | None = None) -> tuple[str, bool]:
     """`trainer benchmark`: its table (and the figures as JSON at ``json_path``), and whether any trial failed."""
     if json_path:
-        Path(json_path).parent.mkdir(parents=True, exist_ok=True)  # fail now, not after five minutes
+        _check_writable(Path(json_path))  # fail now, not after five minutes
     sizes = Sizes.quick() if quick else Sizes()
     sizes = replace(sizes, repeats=repeats or sizes.repeats, sweep=sweep or sizes.sweep)
     report, text, failed = _measure(cfg, given, agents, sizes, learning, seeds, progress)
