@@ -235,6 +235,7 @@ def test_torch_threads_follow_the_agent_unless_set(default_cfg, monkeypatch):
     from trainer.run.device import cpu_threads_for
 
     monkeypatch.setattr("trainer.run.device.cpu_cores", lambda: 6)
+    monkeypatch.setattr("os.getloadavg", lambda: (1.0, 1.0, 1.0))  # this process alone: every core free
     assert default_cfg.gpu.cpu_threads == 0
     assert [cpu_threads_for(default_cfg, a) for a in ("sac", "ppo", "a2c")] == [1, 1, 1]  # workers beside each
     alone = load_config(overrides=["sac.learn_while_stepping=false"])
@@ -243,3 +244,9 @@ def test_torch_threads_follow_the_agent_unless_set(default_cfg, monkeypatch):
     assert simulated == [6, 1, 1]  # no worker beside SAC on the training simulator
     fixed = load_config(overrides=["gpu.cpu_threads=3"])
     assert [cpu_threads_for(fixed, a) for a in ("sac", "ppo", "a2c")] == [3, 3, 3]
+    # Beside other work (a load of 3.4: this process and 2.4 cores of others' work), SAC takes the cores left;
+    # on a machine others keep busy, one; a set number stays as set.
+    monkeypatch.setattr("os.getloadavg", lambda: (3.4, 1.0, 1.0))
+    assert cpu_threads_for(alone, "sac") == 4 and cpu_threads_for(fixed, "sac") == 3
+    monkeypatch.setattr("os.getloadavg", lambda: (9.0, 9.0, 9.0))
+    assert cpu_threads_for(alone, "sac") == 1

@@ -222,7 +222,8 @@ class GpuConfig(Section):
     tf32: bool = doc("Allow TF32 matmuls and convolutions on CUDA (Ampere or newer); off: no gain measured.")
     deterministic: bool = doc("torch.use_deterministic_algorithms on CUDA (slower, reproducible).")
     cpu_threads: int = doc("torch intra-op CPU threads; 0 = one where environment workers run beside the learner "
-                           "(the defaults), one per core for SAC without learn_while_stepping (docs/benchmarks.md).",
+                           "(the defaults), one per free core (the cores less the load of other work) for SAC "
+                           "without learn_while_stepping (docs/benchmarks.md).",
                            ge=0, le=256)
 
 

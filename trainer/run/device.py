@@ -24,6 +24,19 @@ def cpu_cores() -> int:
         return os.cpu_count() or 1
 
 
+def free_cores() -> int:
+    """Cores not already busy with other work: :func:`cpu_cores` less the run queue beyond this process (the
+    one-minute load average, where the OS keeps one), at least one. A second torch thread on a core another
+    process is using costs far more than it gives (issue 56: SAC's imitation 7x slower on 2 threads beside another
+    CPU-bound process than on one)."""
+    cores = cpu_cores()
+    try:
+        others = max(os.getloadavg()[0] - 1.0, 0.0)  # this process, running, counts itself once
+    except (AttributeError, OSError):  # Windows has no load average
+        return cores
+    return max(1, min(cores, round(cores - others)))
+
+
 def resolve_agent(cfg: Config, name: str) -> Agent:
     """The agent ``name`` as a stage trains it: its roster row, its config section and its device, resolved once."""
     return Agent(agent_spec(name), cfg.agent(name), agent_device(cfg, name))
@@ -56,13 +69,14 @@ def cpu_threads_for(cfg: Config, agent: str, in_process: bool = False) -> int:
     Measured on 2 cores (docs/benchmarks.md): SAC's update alone ran 1.3x faster on 2 threads, but
     with a CityLearn worker stepping beside it training ran ~20% slower than on one thread; on 16
     simulated sites 2 threads train 1.27x faster. PPO's and A2C's small networks lose from a second
-    thread (PPO on 64 simulated sites: 10,600 steps/s on one, 8,300 on two).
+    thread (PPO on 64 simulated sites: 10,600 steps/s on one, 8,300 on two). One per core means one per free core
+    (:func:`free_cores`): on cores other work keeps busy, threads wait for each other.
     """
     if cfg.gpu.cpu_threads:
         return cfg.gpu.cpu_threads
     section = cfg.agent(agent)
     alone = in_process or not section.learns_while_stepping
-    return cpu_cores() if isinstance(section, OffPolicyConfig) and alone else 1
+    return free_cores() if isinstance(section, OffPolicyConfig) and alone else 1
 
 
 def apply_cpu_threads(cfg: Config, agent: str, in_process: bool = False) -> int:
