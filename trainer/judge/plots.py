@@ -149,14 +149,6 @@ def change_since_first(curve: pd.DataFrame) -> pd.Series:
     return (curve["co2_kg_per_year"] / first - 1) * 100 if first > 0 else curve["co2_kg_per_year"] * float("nan")
 
 
-def _judged_apart(run: RunDir) -> bool:
-    """Whether the run judged on a part held out (held-out.json; a damaged one says nothing)."""
-    try:
-        return run.held_out.is_file() and bool(read_json(run.held_out).get("held_out"))
-    except DamagedFile:
-        return False
-
-
 def _resampled(run: RunDir) -> bool:
     """Whether the run's validation year is a dataset's own days resampled (trainer.site.bootstrap)."""
     schema = run.validation_site / "schema.json"
@@ -207,7 +199,7 @@ def plot_learning_curves(run: RunDir, agents: list[str], path: Path, curve_days:
     window = (f"the first {curve_days} days of the dataset" if held_out is None else
               f"{curve_days} days of a year of the dataset's own days resampled" if _resampled(run) else
               f"{curve_days} days of a held-out year (another draw of the site)")
-    table = "the part held out" if _judged_apart(run) else "the whole evaluation period"
+    table = "the part held out" if run.held_out_record() is not None else "the whole evaluation period"
     co2_ax.set_title(f"Validation: {window}, per year\n"
                      f"(the table covers {table}; a star: the policy deployed;\n"
                      "middle: each agent against its step 0, its warm start where it has one; below 0 is better)",

@@ -84,19 +84,9 @@ def _pct(value, spec: str) -> str:
 PEAK_WORTH_SAYING = 1.1  # the headline names a peak import this much above the uncontrolled site's
 
 
-def held_out(run: RunDir) -> dict[str, Any] | None:
-    """What the run judged on and learnt from (held-out.json, trainer.site.holdout), or None where it held nothing
-    out (or predates held-out periods)."""
-    try:
-        record = read_typed(run.held_out, dict[str, Any]) if run.held_out.is_file() else {}
-    except DamagedFile:
-        return None
-    return record if record.get("held_out") else None
-
-
 def _judged_on(run: RunDir, results: dict[str, dict[str, Any]]) -> list[str]:
     """What the figures are: held out, and from what, or in-sample."""
-    record = held_out(run)
+    record = run.held_out_record()
     if record is None:
         if run.held_out.is_file():  # a run that held nothing out (a run before held-out periods says nothing)
             return ["", "*Every figure here is in-sample: the run held nothing out (`--holdout none`), so the "

@@ -23,7 +23,7 @@ from typing import Any
 import yaml
 
 from trainer.base.errors import UsageError
-from trainer.base.files import read_typed, refuse_links_out, write_json_atomic, write_text_atomic
+from trainer.base.files import DamagedFile, read_typed, refuse_links_out, write_json_atomic, write_text_atomic
 from trainer.config.sections import Config
 from trainer.site import Site
 
@@ -126,6 +126,15 @@ class RunDir:
     unseen_year_results = property(lambda self: self.root / "unseen-year" / "results.json")  # as results.json
     # What the run judges on and learns nothing from (trainer.site.holdout), in words and steps, for the report.
     held_out = property(lambda self: self.root / "held-out.json")
+
+    def held_out_record(self) -> dict[str, Any] | None:
+        """What the run judged on and learnt from (``held-out.json``), or None where it held nothing out, predates
+        held-out periods, or the file is damaged (the report and its plots then say nothing of it)."""
+        try:
+            record = read_typed(self.held_out, dict[str, Any]) if self.held_out.is_file() else {}
+        except DamagedFile:
+            return None
+        return record if record.get("held_out") else None
 
     def plot(self, name: str) -> Path:
         """One of the report's plots (``report.PLOTS``, or gpu.png) under plots/."""
