@@ -128,3 +128,22 @@ def test_the_console_script_puts_click_s_usage_errors_in_the_product_s_one_line_
                                         "'ppo', 'a2c'. (trainer train -h for help)"]
     assert subprocess.run([sys.executable, "-m", "trainer", "--version"], capture_output=True, timeout=120
                           ).returncode == 0
+
+
+def test_hints_name_the_program_as_it_was_started(monkeypatch, tmp_path):
+    import shutil
+    import sys
+
+    from trainer.cli.options import invoked
+
+    venv = tmp_path / ".venv" / "bin"
+    venv.mkdir(parents=True)
+    (venv / "trainer").write_text("#!/bin/sh\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(shutil, "which", lambda name: None)  # the launchers never activate the venv
+    monkeypatch.setattr(sys, "argv", [str(venv / "trainer"), "night"])
+    assert invoked() == ".venv/bin/trainer"  # pasteable from where the user stands
+    monkeypatch.setattr(shutil, "which", lambda name: str(venv / "trainer"))
+    assert invoked() == "trainer"  # on the PATH as itself
+    monkeypatch.setattr(sys, "argv", [str(tmp_path / "src" / "trainer" / "__main__.py")])
+    assert invoked().endswith(" -m trainer")

@@ -4,6 +4,8 @@ where errors become one line and an exit code (``trainer.cli.main`` holds the co
 from __future__ import annotations
 
 import functools
+import shlex
+import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -23,6 +25,23 @@ from trainer.run.session import LATEST
 EXIT_INTERRUPTED = 130
 
 
+def invoked() -> str:
+    """How to call this program again, as a hint a user pastes: ``trainer`` where that name on the PATH is this
+    program, else the path it was started by (``.venv/bin/trainer``: the launchers never activate the venv), or
+    ``python -m trainer``."""
+    started = Path(sys.argv[0]) if sys.argv and sys.argv[0] else Path("trainer")
+    if started.name == "__main__.py" and started.parent.name == "trainer":
+        return f"{shlex.quote(sys.executable)} -m trainer"
+    found = shutil.which("trainer")
+    if found and started.name == "trainer" and Path(found).resolve() == started.resolve():
+        return "trainer"
+    try:
+        shown = started.resolve().relative_to(Path.cwd())
+    except ValueError:
+        shown = started.resolve()
+    return shlex.quote(str(shown)) if started.name == "trainer" else "trainer"
+
+
 class State:
     """What the error handler at the edge needs to say: --debug, the run's log and how to resume it."""
 
@@ -40,7 +59,7 @@ class State:
         """How to go on, only where the run holds something to go on from (a checkpoint, a finished stage)."""
         stopped = isinstance(exc, (TrainingInterrupted, StageFailed, Stopped))
         if stopped and cls.run is not None and has_progress(cls.run):
-            return f"; resume with: trainer {cls.command} --resume {cls.run.root}"
+            return f"; resume with: {invoked()} {cls.command} --resume {cls.run.root}"
         return ""
 
 

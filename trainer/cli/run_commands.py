@@ -89,7 +89,7 @@ def night(**given: Any) -> None:
     _print_results(done.results, done.run)
     click.echo(f"report:  {done.run.report}")
     if best_agent(done.results, done.cfg.ev.target_met_pct):
-        click.echo(f"export:  trainer export {done.run.root}   (the best agent as ONNX + controller.py)")
+        click.echo(f"export:  {opts.invoked()} export {done.run.root}   (the best agent as ONNX + controller.py)")
     runner.raise_for_failures(done.state, done.run)
 
 
