@@ -342,3 +342,25 @@ def test_a_schedule_without_spans_reads_its_start_and_end():
                          actual_end=(START + timedelta(seconds=90)).isoformat())
     assert record.stretches() == [(START.isoformat(), (START + timedelta(seconds=90)).isoformat())]
     assert record.seconds() == 90
+
+
+def test_a_night_that_trained_nothing_says_so_per_agent_and_exits_3(tmp_path):
+    from trainer.base.errors import NothingTrained
+    from trainer.night.budget import StageKind
+    from trainer.night.runner import raise_for_failures, untrained
+
+    state = ScheduleState.new(tmp_path / "schedule.json", [(n, StageKind(k), t) for n, k, t in STAGES], START, None)
+    for stage in state.stages:
+        stage.status = DONE
+    sac, ppo, a2c = state.stages[2:5]
+    sac.status, sac.error = SKIPPED, "no time left for training"
+    run = RunDir(tmp_path)
+    assert untrained(state) == ["sac: skipped (no time left for training)",
+                                "ppo: trained 0 steps; it deploys its warm start, untrained",
+                                "a2c: trained 0 steps; it deploys its warm start, untrained"]
+    with pytest.raises(NothingTrained, match="the night trained no agent") as raised:
+        raise_for_failures(state, run)
+    assert raised.value.exit_code == 3
+    a2c.timesteps_done = 61_440  # one agent trained: the night did its work, and says what the others did
+    raise_for_failures(state, run)
+    assert untrained(state)[-1] == "ppo: trained 0 steps; it deploys its warm start, untrained"

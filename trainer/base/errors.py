@@ -11,6 +11,13 @@ class TrainerError(Exception):
     exit_code = 1
 
 
+class NothingTrained(TrainerError):
+    """A night that ran to its end but trained no agent: every training stage skipped or stopped at 0 steps (exit 3,
+    so a script or scheduler can tell it from a night that trained)."""
+
+    exit_code = 3
+
+
 class UsageError(TrainerError):
     """Bad usage: a wrong option, path or config (exit 2, nothing written)."""
 

@@ -87,6 +87,8 @@ def night(**given: Any) -> None:
         return
     assert done.run is not None and done.state is not None and done.cfg is not None  # a single night's
     _print_results(done.results, done.run)
+    for line in runner.untrained(done.state):  # an agent missing from the table, or there untrained, says why
+        click.echo(f"note:    {line}")
     click.echo(f"report:  {done.run.report}")
     if best_agent(done.results, done.cfg.ev.target_met_pct):
         click.echo(f"export:  {opts.invoked()} export {done.run.root}   (the best agent as ONNX + controller.py)")

@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from trainer.base import logs
-from trainer.base.errors import TrainerError
+from trainer.base.errors import NothingTrained, TrainerError
 from trainer.judge.report import write_report
 from trainer.night.backends import backend
 from trainer.night.budget import StageKind
@@ -23,7 +23,7 @@ from trainer.night.stages import record_results
 from trainer.night.state import Night, drive, plan
 from trainer.references.roster import REFERENCES
 from trainer.run.folder import RunContext, RunDir
-from trainer.run.schedule_file import FINISHED, ScheduleState
+from trainer.run.schedule_file import DONE, FINISHED, SKIPPED, ScheduleState
 
 
 def prepare(ctx: RunContext, agents: list[str], targets: dict[str, int], deadline: datetime | None,
@@ -80,9 +80,26 @@ def run_night(ctx: RunContext, agents: list[str], targets: dict[str, int], deadl
     return night.state
 
 
+def untrained(state: ScheduleState) -> list[str]:
+    """One line for each training stage that did not train: skipped for lack of time, or ended with 0 steps."""
+    lines = []
+    for stage in state.stages:
+        if stage.kind != StageKind.TRAIN:
+            continue
+        if stage.status == SKIPPED:
+            lines.append(f"{stage.name}: skipped ({stage.error})")
+        elif stage.status == DONE and stage.timesteps_done <= 0:
+            lines.append(f"{stage.name}: trained 0 steps; it deploys its warm start, untrained")
+    return lines
+
+
 def raise_for_failures(state: ScheduleState, run: RunDir) -> None:
     """After the night: its failed stages as one error (the others finished and are in the report)."""
     failed = state.failed()
     if failed:
         failures = "; ".join(f"{s.name} ({s.error})" for s in failed)
         raise TrainerError(f"{len(failed)} stage(s) failed: {failures}; the others finished, see {run.report}")
+    trained = [s for s in state.stages if s.kind == StageKind.TRAIN and s.status == DONE and s.timesteps_done > 0]
+    if any(s.kind == StageKind.TRAIN for s in state.stages) and not trained:
+        raise NothingTrained(f"the night trained no agent (every training stage was skipped or trained 0 steps); "
+                             f"give it a longer --budget, or fewer --agents; the references are in {run.report}")
