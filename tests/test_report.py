@@ -121,6 +121,18 @@ def test_the_headline_names_the_training_steps_and_a_raised_peak_and_cost_its_cu
     results["sac"]["peak_kw"] = 70.0  # within a tenth of the baseline's: not worth a sentence
     run.results_json.write_text(json.dumps(results))
     assert "Its peak import" not in write_report(run).read_text()
+    # What is deployed: a step kept before the last, or the warm start when it trained nothing or kept its start.
+    warm = {"co2_kg_per_year": 31_000.0}
+    chosen = {"final_step": 4_096, "why": "the best on the window", "validation_co2_kg_per_year": 1_000.0}
+    for kept, trained, says in [({**chosen, "step": 2_048}, 4_096,
+                                 ", the policy after 2,048 of its 4,096 training steps."),
+                                ({**chosen, "step": 0}, 4_096, ": its warm start (the imitation of the optimum), "
+                                                               "untrained: none of its 4,096 training steps did better"),
+                                (None, 0, ": its warm start (the imitation of the optimum), untrained: it trained no "
+                                          "step.")]:
+        results["sac"].update(timesteps=trained, kept=kept, warm_start=warm)
+        run.results_json.write_text(json.dumps(results))
+        assert says in write_report(run).read_text().splitlines()[2]
 
 
 def test_when_no_agent_serves_the_cars_the_report_says_so(tmp_path):

@@ -108,6 +108,19 @@ def _below_rbc(results: dict[str, dict[str, Any]], name: str) -> str | None:
             f"{rbc:,.0f} kg CO2/year): deploy `rbc`'s rules, or train longer on more data, before this.")
 
 
+def _which_policy(m: dict[str, Any]) -> str:
+    """Which policy of the agent is deployed, said as the headline's end: its warm start, untrained, where it trained
+    nothing or kept its start; else the step kept of those trained."""
+    trained, kept = int(m.get("timesteps") or 0), m.get("kept") or {}
+    step = kept.get("step", trained) if isinstance(kept, dict) else trained
+    if m.get("warm_start") and (trained <= 0 or step == 0):
+        why = "it trained no step" if trained <= 0 else f"none of its {trained:,} training steps did better over "                                                         "the resampled or held-out years"
+        return f": its warm start (the imitation of the optimum), untrained: {why}."
+    if not trained:
+        return "."
+    return f", the policy after {step:,} of its {trained:,} training steps." if step != trained else         f", after {trained:,} training steps."
+
+
 def _headline(results: dict[str, dict[str, Any]], target_pct: float, run: RunDir) -> list[str]:
     """The morning answer: which controller to deploy, judged by CO2 and EV service together, and how."""
     best = best_agent(results, target_pct)
@@ -119,7 +132,7 @@ def _headline(results: dict[str, dict[str, Any]], target_pct: float, run: RunDir
                      f"({_fmt(m.get('co2_vs_baseline_pct'), '+.1f')}% against the uncontrolled baseline"
                      + (f", {share:.0f}% of the optimum's cut" if share is not None else "")
                      + f"), meeting {_fmt(m.get('ev_departure_soc_met_pct'), '.1f')}% of EV departures"
-                     + (f", after {m['timesteps']:,} training steps." if m.get("timesteps") else ".")
+                     + _which_policy(m)
                      + (_below_rbc(results, best) or ""))
         peak, base_peak = m.get("peak_kw"), results.get("baseline", {}).get("peak_kw")
         if peak and base_peak and peak > PEAK_WORTH_SAYING * base_peak:  # a CO2 cut can cost the site's connection
