@@ -14,15 +14,16 @@ import pytest
 os.environ.setdefault("CITYLEARN_OFFLINE", "1")
 # The training simulator's cache of sites: the tests' own, never the user's, and gone when they end; SB3's
 # folders of a model that learns without a logger (SB3 makes one per learn() in the system's temp folder) too.
-_SCRATCH = tempfile.mkdtemp(prefix="pvbess-test-cache-")
-atexit.register(shutil.rmtree, _SCRATCH, ignore_errors=True)  # a process that never configured pytest
-os.environ["PVBESS_CACHE"] = _SCRATCH
-os.environ["SB3_LOGDIR"] = os.path.join(_SCRATCH, "sb3")
+os.environ["PVBESS_CACHE"] = tempfile.mkdtemp(prefix="pvbess-test-cache-")
+os.environ["SB3_LOGDIR"] = os.path.join(os.environ["PVBESS_CACHE"], "sb3")
 
 from trainer.config.loading import load_config
 from trainer.config.sections import Config
 from trainer.site import Site
 from trainer.site.scenario import build_site
+
+_SCRATCH = os.environ["PVBESS_CACHE"]
+atexit.register(shutil.rmtree, _SCRATCH, ignore_errors=True)  # a process that never configured pytest
 
 OFFICIAL = "citylearn_challenge_2022_phase_all"
 OFFICIAL_EV = "citylearn_challenge_2022_phase_all_plus_evs"  # 14 buildings, four with chargers that also discharge

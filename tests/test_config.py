@@ -149,7 +149,8 @@ def test_normalised_advantages_need_two_steps_a_rollout():
 @pytest.mark.parametrize("override, message", [
     ("schedule.weights.sac=-1",
      "config key 'schedule.weights.sac': input should be greater than or equal to 0; got -1"),
-    ("schedule.weights={sac: 0, ppo: 0, a2c: 0}", "config key 'schedule.weights': every agent of the night has weight 0"),
+    ("schedule.weights={sac: 0, ppo: 0, a2c: 0}",
+     "config key 'schedule.weights': every agent of the night has weight 0"),
     ("schedule.quick_timesteps.ppo=0", "config key 'schedule.quick_timesteps.ppo': input should be greater than or "
                                        "equal to 1; got 0"),
 ])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -11,8 +12,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_the_wheel_ships_the_configs_and_py_typed(tmp_path):
+    # Built from a copy: setuptools writes build/ and *.egg-info beside the sources, and the checkout stays as it was.
+    source = tmp_path / "source"
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "outputs", "build", "*.egg-info", "__pycache__", ".pytest_cache", ".ruff_cache"))
     proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
-                           str(tmp_path), str(ROOT)], capture_output=True, text=True, timeout=600)
+                           str(tmp_path), str(source)], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     wheel = next(tmp_path.glob("pvbess_trainer-*.whl"))
     names = set(zipfile.ZipFile(wheel).namelist())

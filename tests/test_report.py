@@ -126,8 +126,9 @@ def test_the_headline_names_the_training_steps_and_a_raised_peak_and_cost_its_cu
     chosen = {"final_step": 4_096, "why": "the best on the window", "validation_co2_kg_per_year": 1_000.0}
     for kept, trained, says in [({**chosen, "step": 2_048}, 4_096,
                                  ", the policy after 2,048 of its 4,096 training steps."),
-                                ({**chosen, "step": 0}, 4_096, ": its warm start (the imitation of the optimum), "
-                                                               "untrained: none of its 4,096 training steps did better"),
+                                ({**chosen, "step": 0}, 4_096,
+                                 ": its warm start (the imitation of the optimum), untrained: none of its 4,096 "
+                                 "training steps did better"),
                                 (None, 0, ": its warm start (the imitation of the optimum), untrained: it trained no "
                                           "step.")]:
         results["sac"].update(timesteps=trained, kept=kept, warm_start=warm)

@@ -40,12 +40,13 @@ def test_an_evaluation_inside_training_leaves_the_stop_to_the_training_loop(tiny
     env.close()
 
 
-def test_calibration_stops_before_measuring(tiny_cfg, built_in, tmp_path):
+def test_calibration_stops_before_measuring(tiny_cfg, built_in, tmp_path, monkeypatch):
+    monkeypatch.setenv("PVBESS_CACHE", str(tmp_path))
     cfg = tiny_cfg.model_copy(update={"output": tiny_cfg.output.model_copy(update={"root": str(tmp_path)})})
     STOP.signum = signal.SIGINT
     with pytest.raises(Stopped, match="during calibration"):
         calibrate(cfg, built_in, "cpu", ["a2c"], refresh=True)
-    assert not (tmp_path / ".calibration").exists()
+    assert not (tmp_path / "pvbess-trainer" / "calibration").exists()
 
 
 def test_worker_start_up_is_interrupted_at_once(tiny_cfg, built_in, monkeypatch):

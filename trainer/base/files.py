@@ -60,6 +60,14 @@ def read_json(path: Path) -> Any:
         raise DamagedFile(f"{path} is damaged ({type(exc).__name__}: {exc}); {fix}") from None
 
 
+def cache_root() -> Path:
+    """Where the product keeps what it measured or built once for this machine (the training simulator's sites,
+    the night's calibration): ``$PVBESS_CACHE``, else the user's cache folder, under ``pvbess-trainer/``; never the
+    folder a command was started in."""
+    root = os.environ.get("PVBESS_CACHE") or os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(root) / "pvbess-trainer"
+
+
 def read_typed(path: Path, shape: Any, extra: dict[str, Any] | None = None) -> Any:
     """A state file read and validated as ``shape`` (a dataclass or a typing form pydantic reads), with ``extra``
     fields added; a file of the wrong shape is named with the first key that is wrong, what it should be, what it

@@ -279,9 +279,9 @@ class NormalisationPlan:
         unknown = sorted(ignored - {key for b in env.buildings for key in b.observations(normalize=False,
                                                                                            periodic_normalization=False)})
         if unknown:
+            observed = ", ".join(sorted({n.split(".")[-1] for n in self.names}))
             raise ConfigError(f"observations.ignore names {', '.join(map(repr, unknown))}, which this dataset does not "
-                              f"observe; its observations: {', '.join(sorted({n.split('.')[-1] for n in self.names}))}. "
-                              "Fix the name or remove it")
+                              f"observe; its observations: {observed}. Fix the name or remove it")
         low, span = carbon_scale(env)
         for hours in carbon_ahead.tolist():
             self.names.append(carbon_ahead_name(hours))

@@ -114,11 +114,14 @@ def _which_policy(m: dict[str, Any]) -> str:
     trained, kept = int(m.get("timesteps") or 0), m.get("kept") or {}
     step = kept.get("step", trained) if isinstance(kept, dict) else trained
     if m.get("warm_start") and (trained <= 0 or step == 0):
-        why = "it trained no step" if trained <= 0 else f"none of its {trained:,} training steps did better over "                                                         "the resampled or held-out years"
+        why = ("it trained no step" if trained <= 0 else
+               f"none of its {trained:,} training steps did better over the resampled or held-out years")
         return f": its warm start (the imitation of the optimum), untrained: {why}."
     if not trained:
         return "."
-    return f", the policy after {step:,} of its {trained:,} training steps." if step != trained else         f", after {trained:,} training steps."
+    if step != trained:
+        return f", the policy after {step:,} of its {trained:,} training steps."
+    return f", after {trained:,} training steps."
 
 
 def _headline(results: dict[str, dict[str, Any]], target_pct: float, run: RunDir) -> list[str]:

@@ -3,8 +3,8 @@
 A short calibration measures the evaluation environment's speed, each on-policy agent's (PPO's,
 A2C's) training speed over one short rollout, and each off-policy agent's (SAC's) from its
 environment step and its gradient-update time measured apart (so a config with 1,024 updates per
-step is costed without being run). Results are cached per machine and config under
-``<output.root>/.calibration/``.
+step is costed without being run). Results are cached per machine and config in the user's cache folder
+(``pvbess-trainer/calibration/``, trainer.base.files.cache_root), not where a command was started.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trainer.base import logs
-from trainer.base.files import write_json_atomic
+from trainer.base.files import cache_root, write_json_atomic
 from trainer.base.signals import STOP
 from trainer.config.agents import OffPolicyConfig
 from trainer.config.roster import AGENTS, agent_spec
@@ -71,9 +71,15 @@ def _cache_key(cfg: Config, site: Site, device: str) -> str:
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
+def calibration_folder() -> Path:
+    """The calibrations of this machine, by config (a run folder's parent, or the folder a command starts in, would
+    collect them wherever runs go)."""
+    return cache_root() / "calibration"
+
+
 def calibrate(cfg: Config, site: Site, device: str, agents: list[str], refresh: bool = False) -> Speeds:
     """Speeds for this machine and config, from the cache when it has them."""
-    cache = Path(cfg.output.root) / ".calibration" / f"{_cache_key(cfg, site, device)}.json"
+    cache = calibration_folder() / f"{_cache_key(cfg, site, device)}.json"
     cached = _read_cache(cache) if not refresh else None
     if cached is not None and all(a in cached.train_steps_per_s for a in agents):
         logs.get().info("calibration from cache", path=str(cache))

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from trainer.base import logs
+from trainer.base.files import cache_root
 from trainer.sim.battery import BatterySpec
 from trainer.sim.site import ChargerSpec, SiteTables
 from trainer.site import Site
@@ -28,8 +29,7 @@ FORMAT = 1  # bump when SiteTables or what it reads changes
 
 
 def cache_folder() -> Path:
-    root = os.environ.get("PVBESS_CACHE") or os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(root) / "pvbess-trainer" / "sim"
+    return cache_root() / "sim"
 
 
 def dataset_digest(site: Site, seed: int) -> str:

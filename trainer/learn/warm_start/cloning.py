@@ -22,8 +22,8 @@ def imitate(model: Any, demos: Demonstrations, epochs: int, learning_rate: float
 
     Returns the last epoch's mean squared errors (actor, critic). With a ``check`` (the policy's CO2 over a
     validation part, trainer.learn.warm_start.validation), the policy is checked at its epochs and the weights of the
-    best check are kept, with their errors; it stops early after checks that do no better. SAC's actor acts with tanh of its
-    mean; PPO's and A2C's Gaussian policy with its mean (SB3 clips it to the action box). The critic
+    best check are kept, with their errors; it stops early after checks that do no better. SAC's actor acts with tanh
+    of its mean; PPO's and A2C's Gaussian policy with its mean (SB3 clips it to the action box). The critic
     (PPO's and A2C's value, SAC's two Q networks and their targets) learns the demonstrations'
     discounted returns: an untrained critic would judge the imitated policy's first steps at random,
     and the first updates would undo the imitation (measured: PPO fell from 83 % to 49 % of the
