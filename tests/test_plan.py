@@ -37,6 +37,7 @@ def test_plan_calls_out_sac_with_1024_updates_per_step(tmp_path, monkeypatch):
 
 def test_second_plan_uses_the_cached_calibration(tmp_path, monkeypatch):
     monkeypatch.setenv("PVBESS_CACHE", str(tmp_path))
+    monkeypatch.setattr("trainer.night.calibrate.others_load", lambda: 0.0)  # a quiet machine, whatever runs beside
     many = ("--set", "a2c.timesteps=100000000")
     first = plan(tmp_path, "--budget", "30m", "--agents", "a2c", *many)
     assert first.exit_code == 0, first.output
@@ -53,6 +54,19 @@ def test_second_plan_uses_the_cached_calibration(tmp_path, monkeypatch):
     second = plan(tmp_path, "--budget", "30m", "--agents", "a2c", *many)
     assert second.exit_code == 0, second.output
     assert "train 100,000,000/100,000,000 steps" in second.output and "! a2c:" not in second.output
+    assert "! speeds measured while" not in second.output
+    # Measured while other work ran: a plan from it says so while the machine is still busy ...
+    speeds["busy_cores"] = 1.7
+    cache.write_text(json.dumps(speeds))
+    monkeypatch.setattr("trainer.night.calibrate.others_load", lambda: 1.2)
+    busy = plan(tmp_path, "--budget", "30m", "--agents", "a2c", *many)
+    assert "! speeds measured while other work kept ~1.7 cores busy" in busy.output
+    assert "train 100,000,000/100,000,000 steps" in busy.output  # the cache still served it
+    # ... and once the machine is quiet, the next plan measures again (the planted figure is gone).
+    monkeypatch.setattr("trainer.night.calibrate.others_load", lambda: 0.0)
+    quiet = plan(tmp_path, "--budget", "30m", "--agents", "a2c", *many)
+    assert "the machine is quiet now: measuring again" in quiet.output
+    assert "! speeds measured while" not in quiet.output and "! a2c:" in quiet.output
 
 
 def test_budget_and_finish_by_together_exit_2(tmp_path):

@@ -32,7 +32,7 @@ from trainer.learn.agents import build_model, training_envs
 from trainer.learn.warm_start.cloning import imitation_update_s, policy_digest
 from trainer.learn.warm_start.fine_tune import time_with_the_term
 from trainer.references.controllers import UncontrolledBaseline
-from trainer.run.device import agent_device, apply_cpu_threads
+from trainer.run.device import agent_device, apply_cpu_threads, others_load
 from trainer.sim.simulators import Simulator, simulator_for
 from trainer.site import Site
 
@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from stable_baselines3.common.base_class import BaseAlgorithm
 
 CALIBRATION_STEPS = 300
+BUSY_CORES = 0.5  # other work of half a core or more makes a calibration (and a plan from it) a busy machine's
 UPDATES_MEASURED = 30  # an off-policy agent's gradient updates timed
 
 
@@ -58,6 +59,13 @@ class Speeds:
     imitation_policy: dict[str, str] = field(default_factory=dict)
     measured_at: str = ""
     machine: str = ""
+    # Cores' worth of other work while it measured (the load average less this process): a plan from a busy
+    # calibration is pessimistic, and says so.
+    busy_cores: float = 0.0
+
+    @property
+    def busy(self) -> bool:
+        return self.busy_cores >= BUSY_CORES
 
 
 def _cache_key(cfg: Config, site: Site, device: str) -> str:
@@ -81,6 +89,11 @@ def calibrate(cfg: Config, site: Site, device: str, agents: list[str], refresh: 
     """Speeds for this machine and config, from the cache when it has them."""
     cache = calibration_folder() / f"{_cache_key(cfg, site, device)}.json"
     cached = _read_cache(cache) if not refresh else None
+    busy_now = others_load()
+    if cached is not None and cached.busy and busy_now < BUSY_CORES:
+        logs.get().info("the cached calibration was measured while other work ran; the machine is quiet now: "
+                        "measuring again", path=str(cache), busy_cores=round(cached.busy_cores, 1))
+        cached = None
     if cached is not None and all(a in cached.train_steps_per_s for a in agents):
         logs.get().info("calibration from cache", path=str(cache))
         return cached
@@ -89,7 +102,7 @@ def calibrate(cfg: Config, site: Site, device: str, agents: list[str], refresh: 
              agents=agents, steps=CALIBRATION_STEPS, device=device)
     speeds = Speeds(eval_steps_per_s=_eval_speed(cfg, site), train_steps_per_s={},
                     measured_at=datetime.now().isoformat(timespec="seconds"),
-                    machine=f"{socket.gethostname()} ({os.cpu_count()} CPUs, {device})")
+                    machine=f"{socket.gethostname()} ({os.cpu_count()} CPUs, {device})", busy_cores=busy_now)
     simulator = simulator_for(cfg, site)  # the night's stages train on what calibration measures
     for agent in agents:
         STOP.check("calibration")
@@ -120,6 +133,10 @@ def calibrate(cfg: Config, site: Site, device: str, agents: list[str], refresh: 
                 apply_cpu_threads(cfg, teacher, simulator.in_process)
                 speeds.imitation_update_s[teacher], speeds.imitation_policy[teacher] = _imitation_speed(
                     cfg, site, teacher, agent_device(cfg, teacher), simulator)
+    speeds.busy_cores = round(max(speeds.busy_cores, others_load()), 2)
+    if speeds.busy:
+        log.warning("calibrated while other work ran: the plan may give less than the machine gives when quiet",
+                    busy_cores=speeds.busy_cores, fix="trainer plan --refresh on a quiet machine measures again")
     write_json_atomic(cache, asdict(speeds))  # a kill mid-write leaves the old cache or none, never half
     return speeds
 

@@ -213,6 +213,10 @@ def _using_spare(planned: list[PlannedStage]) -> str:
 
 def render(planned: list[PlannedStage], deadline: datetime | None, notes: list[str], speeds: Speeds) -> str:
     lines = [f"plan ({speeds.machine}; speeds measured {speeds.measured_at})"]
+    if speeds.busy:
+        lines.append(f"  ! speeds measured while other work kept ~{speeds.busy_cores:.1f} cores busy: this plan may "
+                     "give the agents less than a quiet machine would; `trainer plan --refresh` measures again "
+                     "(a later plan on a quiet machine does so itself)")
     for stage in planned:
         what = f"train {stage.planned_steps:,}/{stage.target_steps:,} steps + evaluate" if stage.target_steps else (
             "write the report" if stage.name == "report" else "evaluate")

@@ -24,17 +24,22 @@ def cpu_cores() -> int:
         return os.cpu_count() or 1
 
 
+def others_load() -> float:
+    """Cores' worth of other work running now: the one-minute load average less this process (0 where the OS keeps
+    no load average, as Windows)."""
+    try:
+        return max(os.getloadavg()[0] - 1.0, 0.0)
+    except (AttributeError, OSError):
+        return 0.0
+
+
 def free_cores() -> int:
     """Cores not already busy with other work: :func:`cpu_cores` less the run queue beyond this process (the
     one-minute load average, where the OS keeps one), at least one. A second torch thread on a core another
     process is using costs far more than it gives (issue 56: SAC's imitation 7x slower on 2 threads beside another
     CPU-bound process than on one)."""
     cores = cpu_cores()
-    try:
-        others = max(os.getloadavg()[0] - 1.0, 0.0)  # this process, running, counts itself once
-    except (AttributeError, OSError):  # Windows has no load average
-        return cores
-    return max(1, min(cores, round(cores - others)))
+    return max(1, min(cores, round(cores - others_load())))
 
 
 def resolve_agent(cfg: Config, name: str) -> Agent:
