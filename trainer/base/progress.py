@@ -56,8 +56,9 @@ class Progress:
         rate, eta = self.rate(), self.eta()
         # With a live bar the line goes to the JSON log only; on a pipe it is the live status.
         emit = logs.get().debug if self._bar is not None else logs.get().info
-        emit(self.event, done=f"{self.done:,}/{self.total:,} {self.unit}s",
-             rate=f"{rate:,.0f}/s" if rate else None, eta=f"{eta:%H:%M:%S}" if eta else None, **self.fields)
+        shown = None if not rate else f"{rate:,.0f}/s" if rate >= 10 else f"{rate:.2g}/s"  # an epoch a few seconds
+        emit(self.event, done=f"{self.done:,}/{self.total:,} {self.unit}s", rate=shown,
+             eta=f"{eta:%H:%M:%S}" if eta else None, **self.fields)
 
     def close(self) -> None:
         if self._bar is not None:

@@ -10,10 +10,13 @@ from typing import Any
 
 import numpy as np
 
+from trainer.base.progress import Progress
 from trainer.base.signals import STOP
 from trainer.learn.warm_start.optimum_demonstrations import Demonstrations
 from trainer.learn.warm_start.saved import SavedImitations
 from trainer.learn.warm_start.validation import KeepBest
+
+PROGRESS_FROM_EPOCHS = 50
 
 
 def imitate(model: Any, demos: Demonstrations, epochs: int, learning_rate: float, batch_size: int,
@@ -42,6 +45,9 @@ def imitate(model: Any, demos: Demonstrations, epochs: int, learning_rate: float
     policy.set_training_mode(True)
     errors = (float("nan"), float("nan"))
     keep = None if check is None else KeepBest(policy, check, epochs)
+    # A long imitation says how far it is (SAC's 400 epochs take minutes on a busy machine); a short one is quiet.
+    progress = Progress("warm start: imitating", epochs, unit="epoch", every=0.25, every_s=30) \
+        if epochs >= PROGRESS_FROM_EPOCHS else None
     for epoch in range(1, epochs + 1):
         STOP.check("the warm start")
         # An epoch is as many samples as the dataset's period, drawn from all the demonstrations: the imitation takes
@@ -64,8 +70,12 @@ def imitate(model: Any, demos: Demonstrations, epochs: int, learning_rate: float
             actor_total += actor_loss.item() * len(batch)
             critic_total += critic_loss.item() * len(batch)
         errors = (actor_total / len(order), critic_total / len(order))
+        if progress is not None:
+            progress.update(epoch)
         if keep is not None and keep.after(epoch, errors):
             break
+    if progress is not None:
+        progress.close()
     if keep is not None:
         errors = keep.restore(epoch)
     if sac:
