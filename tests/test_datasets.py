@@ -38,6 +38,9 @@ def test_dataset_by_name(tmp_path, official_schema, monkeypatch):
     result = CliRunner().invoke(cli, ["baseline", "--dataset", OFFICIAL, "--out", str(tmp_path / "b"), *sets])
     assert result.exit_code == 0, result.output
     assert set(json.loads((tmp_path / "b" / "results.json").read_text())) == {"baseline", "rbc", "optimum", "planner"}
+    found = next(line for line in result.output.splitlines() if "dataset found by name" in line)
+    # Which copy was read: the folder the variable names, or CityLearn's cache where an earlier run put one first.
+    assert "source=" in found and (str(official_schema.parent.parent) in found or "CityLearn's cache" in found)
 
 
 def test_rbc_acts_on_every_building(official_schema, default_cfg):

@@ -11,6 +11,7 @@ import json
 import os
 from pathlib import Path
 
+from trainer.base import logs
 from trainer.base.errors import DatasetError
 
 LOCAL_DATASETS_ENV = "CITYLEARN_LOCAL_DATASETS_PATH"
@@ -70,6 +71,12 @@ def find_dataset(name: str) -> Path:
     if found.parent.name != name:  # only the dataset asked for, never another of a similar name
         raise DatasetError(f"CityLearn dataset '{name}' resolved to {found}, another dataset's schema; pass the one "
                            "you want with --schema PATH")
+    # CityLearn's cache comes first: a copy there hides the folder $CITYLEARN_LOCAL_DATASETS_PATH names, so say which.
+    roots = [("CityLearn's cache", Path(str(datasets.cache_directory)))] + [
+        (f"${LOCAL_DATASETS_ENV}", Path(str(d))) for d in datasets.local_datasets_directories]
+    source = next((f"{what} ({root})" for what, root in roots if found.is_relative_to(root.resolve())),
+                  "CityLearn's own data")
+    logs.get().info("dataset found by name", name=name, schema=str(found), source=source)
     return found
 
 
