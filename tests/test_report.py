@@ -275,3 +275,19 @@ def test_the_report_shows_the_year_no_stage_saw_once_it_has_been_evaluated(tmp_p
     assert "unseen-year/results.json is damaged" in section
     assert f"run `trainer evaluate {run.root} --unseen-year` again to rewrite it." in section
     assert "| sac |" not in section
+
+
+def test_the_week_s_caption_names_each_controller_drawn_once(tmp_path):
+    import pandas as pd
+
+    results = _results()
+    for agent in ("sac", "ppo", "a2c"):
+        results[agent]["ev_departure_soc_met_pct"] = 0.0  # none deployable: the week shows rbc alone
+    run = _run(tmp_path, results)
+    week = pd.DataFrame({"step": range(48), "net_kwh": 1.0, "carbon_kg_per_kwh": 0.2, "battery_soc": 0.5,
+                         "ev_charging_kwh": 0.0})
+    for name in ("baseline", "rbc"):
+        run.agent(name).root.mkdir(parents=True)
+        week.to_csv(run.agent(name).timeseries, index=False)
+    report = write_report(run).read_text()
+    assert "(cars connected shaded): baseline (dashed) and rbc." in report and "rbc and rbc" not in report

@@ -234,8 +234,9 @@ MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", 
 
 def plot_week(
     run: RunDir, results: dict[str, dict[str, Any]], path: Path, target_pct: float = DEFAULT_TARGET_MET_PCT
-) -> str | None:
-    """Grid import, battery and EV charging over the median week: baseline, rbc and the recommended agent."""
+) -> list[str] | None:
+    """Grid import, battery and EV charging over the median week: baseline, rbc and the recommended agent; the
+    controllers drawn beside the baseline (None: no plot)."""
     best = best_agent(results, target_pct)
     base_path = run.agent("baseline").timeseries
     if not base_path.is_file():
@@ -275,7 +276,7 @@ def plot_week(
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
-    return best or "rbc"
+    return [name for name in series if name != "baseline"]
 
 
 def plot_timeline(schedule: dict[str, Any] | None, path: Path) -> None:

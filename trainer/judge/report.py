@@ -291,7 +291,7 @@ def write_report(run: RunDir) -> Path:
     target_pct = target_met_pct(run)
     plot_co2(results, run.plot("co2_by_agent.png"), target_pct)
     curves = plot_learning_curves(run, agents, run.plot("learning_curves.png"), curve_days(run))
-    best_shown = plot_week(run, results, run.plot("representative_week.png"), target_pct)
+    best_shown = plot_week(run, results, run.plot("representative_week.png"), target_pct)  # beside the baseline
     if schedule:
         plot_timeline(schedule, run.plot("timeline.png"))
 
@@ -316,9 +316,11 @@ def write_report(run: RunDir) -> Path:
     lines += _unseen_year(run, currency(run))
     if curves:
         lines += ["## Learning", "", "![Learning curves](plots/learning_curves.png)", ""]
-    if best_shown:
+    if best_shown is not None:
+        drawn = " and ".join(["baseline (dashed)", *best_shown]) if len(best_shown) < 2 else \
+            f"baseline (dashed), {', '.join(best_shown[:-1])} and {best_shown[-1]}"
         lines += ["## A representative week", "", "Grid import, battery state of charge and EV charging (cars "
-                  f"connected shaded): baseline (dashed), rbc and {best_shown}.", "",
+                  f"connected shaded): {drawn}.", "",
                   "![Representative week](plots/representative_week.png)", ""]
     if schedule:
         lines += ["## The night", "", "| stage | status | planned | actual | steps |",
