@@ -76,6 +76,9 @@ def test_a_fresh_stage_records_its_warm_start(tmp_path):
     assert result.exit_code == 0, result.output
     metrics = json.loads((tmp_path / "run" / "a2c" / "metrics.json").read_text())
     assert metrics["warm_start"]["epochs"] == 2 and metrics["warm_start"]["steps"] == 8759
+    # Learning's time and rate leave the warm start out: it is counted apart (its demonstrations computed within it).
+    assert metrics["warm_start_s"] >= metrics["warm_start"]["demonstrations_s"] > 0 and metrics["train_wall_s"] > 0
+    assert metrics["steps_per_s"] == pytest.approx(metrics["timesteps"] / metrics["train_wall_s"], rel=0.01)
 
 
 @pytest.mark.parametrize("agent", ["a2c", "ppo"])

@@ -177,7 +177,9 @@ NOTES = [
     "so it can read higher. `cost` is what the grid imports cost at the tariff over the evaluation period (exports are "
     "not credited); `peak kW` is the highest hourly import in it. `citylearn_kpis` in results.json are ratios to "
     "CityLearn's \"without storage\" reference, which also removes every charger's consumption (the site with every "
-    "car stranded): compare controllers with the columns here, which are all against the uncontrolled baseline.",
+    "car stranded): compare controllers with the columns here, which are all against the uncontrolled baseline. "
+    "`steps/s` and `train time` are learning's own: the warm start (its demonstrations and imitation) is counted "
+    "apart, as `warm_start_s` in results.json.",
 ]
 
 

@@ -77,6 +77,7 @@ class StageTrainer:
         self.env: VecEnv | None = None
         self.episodes: EpisodeTracker | None = None
         self.warm_start: dict[str, Any] | None = None
+        self.warm_start_s = 0.0  # the stage's own time in its warm start (demonstrations it computed, imitation)
         self.best = BestPolicy(self.folder, self.cfg.ev.target_met_pct) if self.cfg.train.keep_best else None
         self.curve = self._sb3_logger = None
 
@@ -176,7 +177,9 @@ class StageTrainer:
 
     def _fresh_model(self) -> BaseAlgorithm:
         model = build_model(self.cfg, self.agent, self.env, self.device, self.cfg.seed, self.target)
+        started = time.monotonic()
         self.warm_start = _warm_start(self.ctx, self.handle, model, self.imitations)
+        self.warm_start_s = time.monotonic() - started
         if self.warm_start is not None:  # evaluated like the agent at the end (results.json's warm_start)
             save_warm_start(model, self.folder)
         self.checkpoints.last_checkpoint_step = 0

@@ -138,11 +138,14 @@ def train_agent(ctx: RunContext, agent: str, timesteps: int, resume: bool = Fals
         _save_model(model, folder, agent, last.path if last else None)
     finally:
         trainer.close()
-    log.info("trained", timesteps=trained_steps, seconds=round(wall, 1),
-             steps_per_s=round(trained_steps / wall, 1) if wall > 0 else None)
+    # Learning's own time and rate: the warm start (demonstrations, imitation) is counted apart, as warm_start_s.
+    learning = max(wall - trainer.warm_start_s, 0.0)
+    rate = round(trained_steps / learning, 2) if learning > 0 and trained_steps else None
+    log.info("trained", timesteps=trained_steps, seconds=round(learning, 1), steps_per_s=rate,
+             warm_start_s=round(trainer.warm_start_s, 1))
     metrics = evaluate_model(ctx, agent, model)
-    metrics.update(timesteps=trained_steps, train_wall_s=round(wall, 2),
-                   steps_per_s=round(trained_steps / wall, 2) if wall > 0 else None, **training_summary(trainer),
+    metrics.update(timesteps=trained_steps, train_wall_s=round(learning, 2),
+                   warm_start_s=round(trainer.warm_start_s, 2), steps_per_s=rate, **training_summary(trainer),
                    ended_by="time slot" if trainer.timed_out else "target",
                    checkpoint=str(last.path) if last else None, kept=kept)
     if folder.warm_start.is_file():
