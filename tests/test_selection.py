@@ -170,10 +170,13 @@ def test_a_policy_must_beat_its_warm_start_over_two_held_out_years_too(monkeypat
     assert model is chosen and summary["step"] == 4000 and summary["validation_co2_kg_per_year"] == 44_210.4
     assert summary["why"].endswith("and it beat its warm start over the 2 whole held-out years together by more "
                                    "than 0.05% (44.30 against 44.48 t/yr; 44.15 against 44.10 t/yr)")
-    # A short evaluation (--quick) confirms over as many days of each year, and says so; a dataset's years are its
-    # own days resampled, and said so.
+    # A short evaluation (--quick) confirms over as many days of each year, and says so; a dataset's pick is
+    # confirmed on its validation part, and said so.
+    ctx = RunContext(tiny_cfg, RunDir(tmp_path / "run"), replace(_unread(tmp_path), kind=BUILT_IN), "cpu")
+    assert "over the first 3 days of the 2 held-out years together by more than 0.05%" in confirm()[1]["why"]
     ctx = RunContext(tiny_cfg, RunDir(tmp_path / "run"), _unread(tmp_path), "cpu")
-    assert "over the first 3 days of the 2 resampled years together by more than 0.05%" in confirm()[1]["why"]
+    assert ("over the validation part (the last days of the part learnt from, which no stage trained on) by more "
+            "than 0.05%") in confirm()[1]["why"]
 
 
 def test_the_held_out_years_are_two_draws_built_once_and_none_where_a_kind_draws_none(tiny_cfg, site_schema, built_in,
@@ -192,8 +195,11 @@ def test_the_held_out_years_are_two_draws_built_once_and_none_where_a_kind_draws
     other = tmp_path / "dataset" / "schema.json"
     other.parent.mkdir()
     other.write_text(json.dumps({"simulation_start_time_step": 0, "simulation_end_time_step": 8759}))
+    # A dataset: its validation part, the last four weeks of what it learns from, whether or not its kind draws.
     one_period = SiteKind("one-period", "a dataset that draws no other year")
-    assert held_out_years(RunContext(tiny_cfg, RunDir(tmp_path / "run2"), Site.load(other, one_period), "cpu")) == []
+    (part,) = held_out_years(RunContext(tiny_cfg, RunDir(tmp_path / "run2"), Site.load(other, one_period), "cpu"))
+    assert (part.start, part.end) == (8760 - 28 * 24, 8759)
+    assert not (tmp_path / "run2" / "validation-site").exists()  # nothing drawn for it
 
 
 def test_an_unreadable_warm_start_leaves_the_window_s_pick_deployed(monkeypatch, tiny_cfg, tmp_path):

@@ -30,6 +30,7 @@ from trainer.base import logs
 from trainer.base.files import write_json_atomic
 from trainer.env.citylearn import make_sb3_env
 from trainer.judge.metrics import run_episode
+from trainer.learn.warm_start.validation import validation_part
 from trainer.references.controllers import PolicyController
 from trainer.references.roster import REFERENCE_ROSTER
 from trainer.site import Site
@@ -104,8 +105,12 @@ class BestPolicy:
 
 def validation_site(ctx: RunContext) -> tuple[Site, bool]:
     """(the site validation runs on, whether it is held out from the final evaluation)."""
-    # A site that draws other years: another draw of its climate (the built-in site) or of its own days resampled (a
-    # dataset: trainer.site.bootstrap); one that cannot: its first days.
+    # A dataset of one period: its validation part, the last days before the part held out, which no stage learns
+    # from (trainer.learn.warm_start.validation). The built-in site: another draw of its climate. A site that can
+    # do neither: its first days.
+    part = validation_part(ctx.site)
+    if part is not None:
+        return part, True
     drawn = ctx.site.draw(ctx.run.validation_site, VALIDATION_SEED_OFFSET)
     return (ctx.site, False) if drawn is None else (drawn, True)
 
@@ -133,6 +138,8 @@ def held_out_years(ctx: RunContext) -> list[Site]:
     first, held_out = validation_site(ctx)
     if not held_out:
         return []
+    if validation_part(ctx.site) is not None:
+        return [first]  # a dataset's validation part: the only days nothing learnt from
     second = ctx.site.draw(ctx.run.second_held_out_site, SECOND_HELD_OUT_SEED_OFFSET)
     assert second is not None  # the site that drew the first year draws the second
     return [first, second]
@@ -172,10 +179,13 @@ def confirm_over_the_years(ctx: RunContext, agent: str, chosen: Any, warm_start:
     misses, co2 = (sum(f.key(target_pct)[i] for f, _ in figures) for i in (0, 1))
     warm_misses, warm_co2 = (sum(w.key(target_pct)[i] for _, w in figures) for i in (0, 1))
     days, n = ctx.cfg.schedule.eval_days, len(years)
-    # The built-in site's other years are new draws of its climate; a dataset's, its own days resampled.
-    which = "held-out" if ctx.site.kind.unseen_draws else "resampled"
-    period = (f"the {n} whole {which} years together" if days is None else
-              f"the first {days} days of the {n} {which} years together")
+    # The built-in site's other years are new draws of its climate; a dataset's pick is confirmed on its validation
+    # part, the days before the part held out that nothing learnt from.
+    if validation_part(ctx.site) is not None:
+        period = "the validation part (the last days of the part learnt from, which no stage trained on)"
+    else:
+        period = (f"the {n} whole held-out years together" if days is None else
+                  f"the first {days} days of the {n} held-out years together")
     versus = "; ".join(f"{y['co2_kg_per_year'] / 1000:,.2f} against {y['warm_start_co2_kg_per_year'] / 1000:,.2f} t/yr"
                        for y in years)
     # Leaving the warm start must be worth more than a tie.

@@ -41,6 +41,7 @@ from trainer.learn.stage_checkpoints import StageCheckpoints
 from trainer.learn.state import EpisodeTracker, Sizes, StopReason
 from trainer.learn.warm_start import keep_near_demonstrations, warm_start
 from trainer.learn.warm_start.saved import SavedImitations
+from trainer.learn.warm_start.validation import learning_part
 from trainer.run.device import apply_cpu_threads
 from trainer.run.folder import AgentDir
 from trainer.sim.simulators import Simulator, simulator_for
@@ -88,7 +89,8 @@ class StageTrainer:
     def train(self, resume: bool = False, force: bool = False) -> BaseAlgorithm:
         """Train to the target; returns the model. Raises TrainingInterrupted on a stop signal."""
         self.log.info("torch threads", cpu_threads=apply_cpu_threads(self.cfg, self.agent, self.simulator.in_process))
-        self.env = training_env(self.cfg, self.ctx.site, self.agent, self.n_envs, self.simulator)
+        # Trained on the part the selection does not validate on (a dataset's last days are its validation part).
+        self.env = training_env(self.cfg, learning_part(self.ctx.site), self.agent, self.n_envs, self.simulator)
         self.episodes = EpisodeTracker(self.env)
         check_memory(self.cfg, self.ctx.site, self.agent)  # again: memory may have gone since the night began
         self.recovery.fit_batch(Shapes(self.env.observation_space.shape[0], self.env.action_space.shape[0],

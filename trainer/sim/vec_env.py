@@ -18,7 +18,7 @@ import numpy as np
 from stable_baselines3.common.vec_env.base_vec_env import VecEnv
 
 from trainer.config.sections import Config
-from trainer.env.citylearn import CentralAgentArrays, make_citylearn_env, site_scales
+from trainer.env.citylearn import CentralAgentArrays, learnt_normalisation, make_citylearn_env, site_scales
 from trainer.env.reward import TERMS, _grid_kwh_per_stored_kwh, kwh_value, mean_kwh_value
 from trainer.sim.ev import Guard, ReachTable, Sessions, Shortfalls, linear_paths
 from trainer.sim.site import SiteTables, VectorSite
@@ -31,7 +31,9 @@ class SimVecEnv(VecEnv):
     def __init__(self, cfg: Config, site: Site, n_envs: int, seed: int, episode_steps: int | None = None) -> None:
         env = make_citylearn_env(cfg, site, "eval", seed)  # the whole period: CityLearn's normalisation is over it
         self.tables = tables = site_tables(env, site, seed)
-        arrays = CentralAgentArrays(env, None, cfg.observations)
+        # A part of a site (its learning part) reads its observations scaled as the whole site, as every evaluation.
+        learnt = None if site.scaled_as is None else learnt_normalisation(cfg, site.scaled_as)
+        arrays = CentralAgentArrays(env, None, cfg.observations, learnt)
         arrays.reset()
         self.plan, self.scale, self.carbon_ahead = arrays.plan, arrays.scale, arrays.carbon_ahead
         self.reward = _RewardTerms(cfg, env, tables)

@@ -1,4 +1,4 @@
-"""The imitation's own validation part: how long to imitate, decided on days the demonstrations left out.
+"""The run's validation part: how long to imitate, and which policy to deploy, decided on days nothing learnt from.
 
 How many epochs of imitation generalise depends on the data, not on a constant. On a dataset's months never seen
 (the part held out, docs/scenario.md), SAC imitations of the official EV buildings did best after 25-50 epochs and
@@ -8,6 +8,11 @@ imitate"). So on a dataset of one period the imitation learns from all but the l
 run learns from, its policy drives those days in CityLearn at CHECK_AT epochs, and the epochs whose policy did best
 there are kept: the same test the part held out makes, a season later, without looking at it. The built-in site
 keeps its fixed epochs (``warm_start.epochs``, measured).
+
+Reinforcement learning then trains on the same shorter part (:func:`learning_part`), and the selection
+(trainer.learn.selection) validates and confirms its pick on the validation part (:func:`validation_part`):
+validated on the resampled years of the days it trained on, a pick confirmed what the policy had memorised
+(Building_5: SAC's warm start kept 80 % of the optimum's cut held out, its confirmed pick 73 %).
 """
 
 from __future__ import annotations
@@ -52,11 +57,25 @@ def imitation_parts(site: Site, draws: Path | None) -> ImitationParts:
     day = site.steps_per_day
     if site.kind.unseen_draws or site.length // day - VALIDATION_DAYS < MIN_LEARNING_DAYS:
         return ImitationParts(site, draws, None)
-    learning = site.scaled_as or site
-    last_fit = site.end - VALIDATION_DAYS * day
-    return ImitationParts(site.period(site.start, last_fit).scaled(learning),
-                          None if draws is None else draws / "before-validation",
-                          site.period(last_fit + 1, site.end).scaled(learning))
+
+    def split() -> tuple[Site, Site]:  # once a site: each part then keeps what is learnt of it
+        learning = site.scaled_as or site
+        last_fit = site.end - VALIDATION_DAYS * day
+        return (site.period(site.start, last_fit).scaled(learning),
+                site.period(last_fit + 1, site.end).scaled(learning))
+
+    fit, check = site.remember("validation split", split)
+    return ImitationParts(fit, None if draws is None else draws / "before-validation", check)
+
+
+def learning_part(site: Site) -> Site:
+    """What reinforcement learning trains on: the run's site less its validation part (where it has one)."""
+    return imitation_parts(site, None).fit
+
+
+def validation_part(site: Site) -> Site | None:
+    """The days a run's policies are chosen on and nothing learns from (None: a site that draws its own years)."""
+    return imitation_parts(site, None).check
 
 
 def policy_check(cfg: Config, parts: ImitationParts, agent: str, model: Any) -> Callable[[], float] | None:
