@@ -277,6 +277,17 @@ def test_the_report_shows_the_year_no_stage_saw_once_it_has_been_evaluated(tmp_p
     assert "| sac |" not in section
 
 
+def test_what_each_agent_deploys_names_a_dataset_s_validation_part(tmp_path):
+    results = _results()
+    results["sac"].update(timesteps=4_096, kept={
+        "step": 2_048, "final_step": 4_096, "why": "a later policy was worse on the validation window",
+        "held_out": True, "validation_co2_kg_per_year": 670.8, "last_validation_co2_kg_per_year": 775.9,
+        "window": "the validation part, the last days of the part learnt from, which no stage trained on"})
+    report = write_report(_run(tmp_path, results)).read_text()
+    assert ("(the validation part, the last days of the part learnt from, which no stage trained on: 0.67 t/yr, the "
+            "last policy 0.78).") in report and "another year of the data" not in report
+
+
 def test_the_week_s_caption_names_each_controller_drawn_once(tmp_path):
     import pandas as pd
 

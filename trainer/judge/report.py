@@ -231,11 +231,12 @@ def _deployed(results: dict[str, dict[str, Any]]) -> list[str]:
             continue
         which = ("its warm start (step 0)" if kept["step"] == 0 else
                  "its last policy" if kept["step"] == kept["final_step"] else f"the policy of step {kept['step']:,}")
-        window = "in another year of the data" if kept.get("held_out") else "the first days of the dataset"
+        window = kept.get("window") or ("the validation window, in another year of the data" if kept.get("held_out")
+                                        else "the validation window, the first days of the dataset")
         line = (f"- **{agent}** deploys {which} of {kept['final_step']:,} steps: {kept['why']} "
-                f"(the validation window, {window}: {kept['validation_co2_kg_per_year'] / 1000:,.1f} t/yr")
+                f"({window}: {kept['validation_co2_kg_per_year'] / 1000:,.2f} t/yr")
         if kept.get("last_validation_co2_kg_per_year") is not None and kept["step"] != kept["final_step"]:
-            line += f", the last policy {kept['last_validation_co2_kg_per_year'] / 1000:,.1f}"
+            line += f", the last policy {kept['last_validation_co2_kg_per_year'] / 1000:,.2f}"
         line += ")."
         if isinstance(warm.get("co2_kg_per_year"), (int, float)):
             ensemble = warm.get("ensemble") or {}

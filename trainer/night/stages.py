@@ -27,6 +27,7 @@ from trainer.learn.recovery import StageFailed
 from trainer.learn.selection import confirm_over_the_years, kept_summary, validation_site
 from trainer.learn.trainer import StageTrainer
 from trainer.learn.trainer import summary as training_summary
+from trainer.learn.warm_start.validation import validation_part
 from trainer.night.budget import StageKind
 from trainer.night.state import StageJob, StageOutcome
 from trainer.references.controllers import PolicyController
@@ -162,6 +163,8 @@ def _best_policy(ctx: RunContext, handle: Agent, trainer: StageTrainer,
     if best is None or best.best is None:
         return model, None
     kept = kept_summary(best, int(model.num_timesteps), validation_site(ctx)[1])
+    if validation_part(ctx.site) is not None:  # what the report calls the window: a dataset's own last days
+        kept["window"] = "the validation part, the last days of the part learnt from, which no stage trained on"
     if best.best.step != model.num_timesteps:
         logs.get().info("deploying the best policy seen, not the last", agent=agent, step=best.best.step,
                         final_step=int(model.num_timesteps), why=kept["why"],
