@@ -148,7 +148,7 @@ def test_a_plan_that_ends_well_before_its_deadline_says_the_budget_is_a_cap():
                PlannedStage("report", start + timedelta(minutes=30), start + timedelta(minutes=31), 0.0, 0, 0)]
 
     class Speeds:
-        machine, measured_at = "test box", "today"
+        machine, measured_at, busy = "test box", "today", False
 
     text = render(planned, start + timedelta(hours=8), [], Speeds())
     assert ("the night ends 7.5 h early: the budget is a cap, and the agents' timesteps (ppo.timesteps 2,000,000) "

@@ -106,7 +106,7 @@ def test_ctrl_c_to_the_driver_checkpoints_the_stages_and_the_night_resumes_local
     # the references may still run beside ppo when the signal comes; ppo, the one training, saved its checkpoint
     saved = r"stopped by SIGINT: the stages running on Ray \((\w+, )*ppo\) saved their checkpoints"
     assert re.search(saved, last), last
-    assert f"resume with: trainer night --resume {out}" in last
+    assert f"resume with: {sys.executable} -m trainer night --resume {out}" in last  # as it was started
     stages = {s["name"]: s["status"] for s in json.loads((out / "schedule.json").read_text())["stages"]}
     assert stages["ppo"] == "running" and stages["baseline"] == "done"
     resumed = subprocess.run([sys.executable, "-m", "trainer", "night", "--resume", str(out)], cwd=ROOT, env=ENV,
