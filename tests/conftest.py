@@ -12,18 +12,25 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("CITYLEARN_OFFLINE", "1")
-# The training simulator's cache of sites: the tests' own, never the user's, and gone when they end; SB3's
-# folders of a model that learns without a logger (SB3 makes one per learn() in the system's temp folder) too.
-os.environ["PVBESS_CACHE"] = tempfile.mkdtemp(prefix="pvbess-test-cache-")
-os.environ["SB3_LOGDIR"] = os.path.join(os.environ["PVBESS_CACHE"], "sb3")
 
 from trainer.config.loading import load_config
 from trainer.config.sections import Config
 from trainer.site import Site
 from trainer.site.scenario import build_site
 
-_SCRATCH = os.environ["PVBESS_CACHE"]
-atexit.register(shutil.rmtree, _SCRATCH, ignore_errors=True)  # a process that never configured pytest
+_SCRATCH: str | None = None
+
+
+def pytest_configure(config):
+    # The caches (the training simulator's sites, the night's calibration): the tests' own, never the user's, and
+    # gone when they end; SB3's folders of a model that learns without a logger (one per learn() in the system's
+    # temp folder) too. Made here, in pytest's processes only: a Ray worker that imports a test module inherits
+    # the variables and makes no folder of its own.
+    global _SCRATCH
+    _SCRATCH = tempfile.mkdtemp(prefix="pvbess-test-cache-")
+    atexit.register(shutil.rmtree, _SCRATCH, ignore_errors=True)
+    os.environ["PVBESS_CACHE"] = _SCRATCH
+    os.environ["SB3_LOGDIR"] = os.path.join(_SCRATCH, "sb3")
 
 OFFICIAL = "citylearn_challenge_2022_phase_all"
 OFFICIAL_EV = "citylearn_challenge_2022_phase_all_plus_evs"  # 14 buildings, four with chargers that also discharge
@@ -142,4 +149,5 @@ def official_ev_schema() -> Path:
 
 def pytest_unconfigure(config):
     # Each xdist worker ends here too (where atexit does not run): its scratch folder goes with it.
-    shutil.rmtree(_SCRATCH, ignore_errors=True)
+    if _SCRATCH is not None:
+        shutil.rmtree(_SCRATCH, ignore_errors=True)
