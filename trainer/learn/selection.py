@@ -135,11 +135,12 @@ def held_out_years(ctx: RunContext) -> list[Site]:
     """The years a pick is confirmed over: the validation window's (``validation_site``) and a second draw of the
     site (the seed + SECOND_HELD_OUT_SEED_OFFSET, built once into ``<run>/validation-site-2/``); none on a site
     that draws no other year."""
+    part = validation_part(ctx.site)
+    if part is not None:
+        return [part]  # a dataset's validation part: the only days nothing learnt from
     first, held_out = validation_site(ctx)
     if not held_out:
         return []
-    if validation_part(ctx.site) is not None:
-        return [first]  # a dataset's validation part: the only days nothing learnt from
     second = ctx.site.draw(ctx.run.second_held_out_site, SECOND_HELD_OUT_SEED_OFFSET)
     assert second is not None  # the site that drew the first year draws the second
     return [first, second]
