@@ -12,6 +12,7 @@ standby loss, floored at the depth of discharge. tests/test_sim.py drives both w
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -20,17 +21,23 @@ import numpy as np
 TINY = 1e-8
 
 
-def curve_at(value: np.ndarray, xs: np.ndarray, ys: np.ndarray) -> np.ndarray:
+def curve_at(value: np.ndarray, xs: np.ndarray, ys: np.ndarray, slopes: np.ndarray | None = None) -> np.ndarray:
     """CityLearn's piecewise-linear curves, per battery: the segment is searchsorted(x, v, 'left') - 1 clamped to
-    the first and last one, extended linearly beyond the ends. xs and ys (..., K) broadcast against value (...)."""
+    the first and last one, extended linearly beyond the ends. xs and ys (..., K) broadcast against value (...);
+    ``slopes`` (..., K - 1) are the segments' (:func:`curve_slopes`), where the caller keeps them."""
     if xs.shape[-1] == 2:  # one segment (most datasets' curves): no search, no gather
         x0, x1, y0, y1 = xs[..., 0], xs[..., 1], ys[..., 0], ys[..., 1]
         return y0 + (y1 - y0) * (value - x0) / (x1 - x0)
     # The same line as a sum of hinges (the first segment's line, then each later segment's change of slope from
     # its start on): no search and no gather, several times faster on the simulator's small arrays.
-    slopes = np.diff(ys, axis=-1) / np.diff(xs, axis=-1)
+    slopes = curve_slopes(xs, ys) if slopes is None else slopes
     bends = (slopes[..., 1:] - slopes[..., :-1]) * np.maximum(value[..., None] - xs[..., 1:-1], 0.0)
     return ys[..., 0] + slopes[..., 0] * (value - xs[..., 0]) + bends.sum(axis=-1)
+
+
+def curve_slopes(xs: np.ndarray, ys: np.ndarray) -> np.ndarray:
+    """Each segment's slope of the curves ``xs``, ``ys`` (..., K)."""
+    return np.diff(ys, axis=-1) / np.diff(xs, axis=-1)
 
 
 def _stack_curves(curves: list[Any]) -> tuple[np.ndarray, np.ndarray]:
@@ -65,6 +72,15 @@ class BatterySpec:
     power_x: np.ndarray
     power_y: np.ndarray
     hours: float
+
+    # The curves' slopes, taken once rather than at each of the guard's many steps of the physics.
+    @cached_property
+    def efficiency_slopes(self) -> np.ndarray:
+        return curve_slopes(self.efficiency_x, self.efficiency_y)
+
+    @cached_property
+    def power_slopes(self) -> np.ndarray:
+        return curve_slopes(self.power_x, self.power_y)
 
     @classmethod
     def of(cls, batteries: list[Any], seconds_per_time_step: float) -> BatterySpec:
@@ -141,14 +157,15 @@ def charged(s: BatterySpec, stored: np.ndarray, degraded: np.ndarray, energy: np
     hours = s.hours
     min_energy = s.min_soc * s.capacity
     energy_init = np.maximum(min_energy, stored)
-    max_power = s.nominal_power * curve_at(energy_init / np.maximum(s.capacity, TINY), s.power_x, s.power_y)
+    max_power = s.nominal_power * curve_at(energy_init / np.maximum(s.capacity, TINY), s.power_x, s.power_y,
+                                         s.power_slopes)
     max_energy = np.maximum(max_power, 0.0) * hours
     charging = energy >= 0
     requested = np.abs(energy)
     limited = np.minimum(requested, max_energy)
     for _ in range(2):  # CityLearn iterates twice: the efficiency depends on the power it limits
         efficiency = curve_at(np.clip(limited / hours / np.maximum(s.nominal_power, TINY), 0.0, 1.0),
-                              s.efficiency_x, s.efficiency_y)
+                              s.efficiency_x, s.efficiency_y, s.efficiency_slopes)
         root = efficiency**0.5
         headroom = np.maximum(degraded - energy_init, 0.0) / np.maximum(root, TINY)
         reserve = np.maximum(energy_init - min_energy, 0.0) * root

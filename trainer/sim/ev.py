@@ -8,37 +8,59 @@ The charging physics is the batteries' own (trainer.sim.battery.charged), so it 
 What full power does to a car in one step depends only on the car, its charger and what it holds, so on curved
 charging paths (the official datasets': CityLearn draws the curves a schema leaves out) it is tabulated once per
 (charger, car) pair (:class:`ReachTable`): the guard then asks "how much must the car hold after this step so that
-full power serves it by departure" by walking the table back from the goal, and bisects one step, not one step
-times the hours left.
+full power serves it by departure" in that table, and searches one step, not one step times the hours left.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from trainer.env.ev_guard import GuardSettings
-from trainer.shipped.controller import BISECTION_STEPS, GUARD_RAISE
-from trainer.sim.battery import BatteryBank, carried_soc, charged
+from trainer.shipped.controller import GUARD_RAISE
+from trainer.sim.battery import BatteryBank, BatterySpec, carried_soc, charged
 from trainer.sim.site import SiteTables
-
-if TYPE_CHECKING:
-    pass
-
 
 # Points of a full-power step tabulated per (charger, car) pair: a car's range in steps of about 0.002 kWh on an
 # 80 kWh car, where the guard's actions then agree with stepping through the curves within 1e-5.
 REACH_GRID = 32769
 REACH_TABLE_BYTES = 2**27  # the tables of a site with many pairs are coarser rather than larger
+# The guard's search for an action: each round steps every searched car through SEARCH_POINTS - 1 actions of its
+# bracket in one call and keeps the interval where the answer changes. 128**3 narrows [-1, 1] to 9.5e-7, as the
+# CityLearn side's BISECTION_STEPS halvings do, in three calls of the physics instead of 21 (on Building_4 the
+# bisection was 70 % of a simulator step; 64 points in four rounds and 1,024 in two were slower; docs/benchmarks.md).
+SEARCH_POINTS = 128
+SEARCH_ROUNDS = 3
+Stepper = Callable[[np.ndarray, np.ndarray], np.ndarray]  # (stored kWh, action) -> stored kWh after the step
+
+
+def narrowed(turns: Callable[[np.ndarray], np.ndarray], low: np.ndarray, high: np.ndarray, where: np.ndarray
+             ) -> tuple[np.ndarray, np.ndarray]:
+    """Where ``where``, the bracket [low, high] around the action at which ``turns`` (monotone in the action: False
+    at ``low``, True at ``high``, neither evaluated) becomes True, narrowed SEARCH_ROUNDS times. ``turns`` takes
+    actions shaped (SEARCH_POINTS - 1, *low.shape)."""
+    fractions = (np.arange(1, SEARCH_POINTS) / SEARCH_POINTS).reshape((-1,) + (1,) * low.ndim)
+    for _ in range(SEARCH_ROUNDS):
+        points = low + (high - low) * fractions
+        true = turns(points)
+        first = np.argmax(true, axis=0)[None]  # the first point where it holds (0 where none does)
+        found = true.any(axis=0)
+        above = np.take_along_axis(points, first, axis=0)[0]
+        below = np.where(first[0] > 0, np.take_along_axis(points, np.maximum(first - 1, 0), axis=0)[0], low)
+        low = np.where(where, np.where(found, below, points[-1]), low)
+        high = np.where(where, np.where(found, above, high), high)
+    return low, high
 
 
 class ReachTable:
-    """A full-power step, tabulated for each (charger, car) pair the site's sessions bring together: the stored kWh
-    after the step (``Battery.charge`` through both curves, the standby loss before it) from a grid of stored kWh
-    before it, linear between grid points. Exact at the grid; the capacity fade a session accumulates is left out,
-    as it binds only at a full battery."""
+    """Full-power steps, tabulated for each (charger, car) pair the site's sessions bring together: the stored kWh
+    after k steps at full power (``Battery.charge`` through both curves, the standby loss before each) from a grid of
+    stored kWh, for every k up to the longest session's hours, linear between grid points. Exact at the grid for one
+    step, each later step the one before's grid stepped again; the capacity fade a session accumulates is left out,
+    as it binds only at a full battery. What full power reaches by departure, and what a car must hold now to be
+    served by it, are then one lookup each, not a walk through the hours left."""
 
     def __init__(self, tables: SiteTables) -> None:
         chargers, cars = tables.chargers, tables.cars
@@ -49,42 +71,61 @@ class ReachTable:
         seen = seen[seen[:, 1] >= 0]
         self.pair[seen[:, 0], seen[:, 1]] = np.arange(len(seen))
         pairs = len(seen)
-        grid = int(min(REACH_GRID, max(1025, REACH_TABLE_BYTES // (8 * max(pairs, 1)))))
+        left = tables.departure[np.isfinite(tables.departure)]
+        self.hours = int(max(left.max(initial=0.0), 1.0))  # the most steps any session has left
+        grid = int(min(REACH_GRID, max(1025, REACH_TABLE_BYTES // (8 * max(pairs, 1) * (self.hours + 1)))))
         spec = cars.gathered(seen[:, 1])
         full = chargers.max_charge_kw * spec.hours * chargers.efficiency_at(
             np.ones((1, n_chargers)), np.ones((1, n_chargers), dtype=bool))[0]
         self.low = spec.min_soc * spec.capacity  # (P,) the least a car holds (its depth of discharge)
         self.step = (spec.capacity - self.low) / (grid - 1)
+        self.grid = grid
         energy = self.low + self.step * np.arange(grid)[:, None]  # (G, P)
         carried = carried_soc(spec, energy / spec.capacity) * spec.capacity
         after = charged(spec, carried, spec.capacity, np.broadcast_to(full[seen[:, 0]], energy.shape))[0]
         # Non-decreasing, as the physics is (float rounding aside), so that it can be searched.
-        self.after = np.maximum.accumulate(after, axis=0).T.copy()  # (P, G)
-        self.grid = grid
-        # One sorted array for every pair's search: each pair's values lifted above the one before.
-        self.lift = float(self.after.max(initial=0.0)) + 1.0
-        self.flat = (self.after + self.lift * np.arange(pairs)[:, None]).ravel()
+        one = np.maximum.accumulate(after, axis=0).T.copy()  # (P, G)
+        self.ahead = np.empty((pairs, self.hours + 1, grid))  # (P, K + 1, G): k full-power steps from the grid
+        self.ahead[:, 0] = energy.T
+        every = np.arange(pairs)[:, None]
+        for k in range(1, self.hours + 1):
+            self.ahead[:, k] = self._between(one, every, every, self.ahead[:, k - 1])
+        # One sorted array for every (pair, k) row's search: each row's values lifted above the one before.
+        self.lift = float(self.ahead.max(initial=0.0)) + 1.0
+        rows = pairs * (self.hours + 1)
+        self.flat = (self.ahead.reshape(rows, grid) + self.lift * np.arange(rows)[:, None]).ravel()
+
+    def _between(self, table: np.ndarray, row: np.ndarray, pair: np.ndarray, stored: np.ndarray) -> np.ndarray:
+        """``table[row]`` (over ``pair``'s grid of stored kWh) at ``stored``, linear between grid points."""
+        position = np.clip((stored - self.low[pair]) / self.step[pair], 0.0, self.grid - 1.0)
+        j = np.minimum(position.astype(int), self.grid - 2)
+        below, above = table[row, j], table[row, j + 1]
+        return below + (position - j) * (above - below)
 
     def pairs_of(self, car: np.ndarray) -> np.ndarray:
         """(N, C) the pair of each charger's car (``car`` (N, C) indexes tables.cars)."""
         return self.pair[np.arange(car.shape[1])[None, :], car]
 
-    def forward(self, pair: np.ndarray, stored: np.ndarray) -> np.ndarray:
-        """Stored kWh after a full-power step from ``stored`` (after the standby loss of the step's start)."""
-        position = np.clip((stored - self.low[pair]) / self.step[pair], 0.0, self.grid - 1.0)
-        j = np.minimum(position.astype(int), self.grid - 2)
-        rows = self.after[pair, j], self.after[pair, j + 1]
-        return rows[0] + (position - j) * (rows[1] - rows[0])
+    def reach(self, pair: np.ndarray, stored: np.ndarray, steps: np.ndarray) -> np.ndarray:
+        """Stored kWh after ``steps`` full-power steps from ``stored`` (after the standby loss of the first step's
+        start); ``stored`` itself where ``steps`` is 0."""
+        k = np.clip(steps, 0, self.hours)
+        rows = self.ahead.reshape(-1, self.grid)
+        return np.where(k > 0, self._between(rows, pair * (self.hours + 1) + k, pair, stored), stored)
 
-    def least_before(self, pair: np.ndarray, goal: np.ndarray) -> np.ndarray:
-        """The least stored kWh from which a full-power step leaves ``goal`` or more: -inf where even the least a car
-        holds does, +inf where nothing does."""
-        found = np.searchsorted(self.flat, goal + self.lift * pair, side="left") - pair * self.grid
+    def least_before(self, pair: np.ndarray, goal: np.ndarray, steps: np.ndarray) -> np.ndarray:
+        """The least stored kWh from which ``steps`` full-power steps leave ``goal`` or more (``goal`` itself where
+        ``steps`` is 0): -inf where even the least a car holds does, +inf where nothing does."""
+        k = np.clip(steps, 0, self.hours)
+        row = pair * (self.hours + 1) + k
+        table = self.ahead.reshape(-1, self.grid)
+        found = np.searchsorted(self.flat, goal + self.lift * row, side="left") - row * self.grid
         j = np.clip(found, 1, self.grid - 1)
-        before, after = self.after[pair, j - 1], self.after[pair, j]
+        before, after = table[row, j - 1], table[row, j]
         rise = np.where(after > before, after - before, 1.0)
         energy = self.low[pair] + self.step[pair] * (j - 1 + np.clip((goal - before) / rise, 0.0, 1.0))
-        return np.where(found <= 0, -np.inf, np.where(found >= self.grid, np.inf, energy))
+        least = np.where(found <= 0, -np.inf, np.where(found >= self.grid, np.inf, energy))
+        return np.where(k > 0, least, goal)
 
 
 @dataclass
@@ -123,14 +164,32 @@ class Sessions:
 
     def stored_after(self, energy: np.ndarray, action: np.ndarray) -> np.ndarray:
         """Stored kWh after one step from ``energy`` at ``action`` in [-1, 1] (ChargingPath.stored_after)."""
+        return self._stored_after(self.spec, self.degraded, energy, action)
+
+    def _stored_after(self, spec: BatterySpec, degraded: np.ndarray, energy: np.ndarray, action: np.ndarray
+                      ) -> np.ndarray:
         chargers = self.tables.chargers
         power = chargers.power_kw(np.clip(action, -1.0, 1.0))
         charging = power >= 0
         max_kw = np.where(charging, chargers.max_charge_kw, chargers.max_discharge_kw)
         efficiency = chargers.efficiency_at(np.abs(power) / np.maximum(max_kw, 1e-8), charging)
-        requested = np.where(charging, power * self.spec.hours * efficiency,
-                             power * self.spec.hours / np.maximum(efficiency, 1e-8))
-        return charged(self.spec, energy, self.degraded, requested)[0]
+        requested = np.where(charging, power * spec.hours * efficiency,
+                             power * spec.hours / np.maximum(efficiency, 1e-8))
+        return charged(spec, energy, degraded, requested)[0]
+
+    def _searched(self, turns: Callable[[np.ndarray, np.ndarray, Stepper], np.ndarray], low: np.ndarray,
+                  high: np.ndarray, where: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """:func:`narrowed` on the environments where a car is searched only: most steps search a few cars of many
+        environments. ``turns(actions, rows, stored_after)`` gets those rows and :meth:`stored_after` on them."""
+        rows = np.flatnonzero(where.any(axis=1))
+        spec, degraded = self.spec.gathered(rows), self.degraded[rows]
+
+        def stored_after(energy: np.ndarray, action: np.ndarray) -> np.ndarray:
+            return self._stored_after(spec, degraded, energy, action)
+
+        low, high = low.copy(), high.copy()
+        low[rows], high[rows] = narrowed(lambda a: turns(a, rows, stored_after), low[rows], high[rows], where[rows])
+        return low, high
 
     def carried_over(self, stored: np.ndarray) -> np.ndarray:
         return carried_soc(self.spec, stored / self.spec.capacity) * self.spec.capacity
@@ -149,25 +208,19 @@ class Sessions:
             grown = np.where(start >= self.degraded, start, np.minimum(start + steps * self.full_step_kwh(),
                                                                        self.degraded))
             return np.where(steps > 0, grown, stored)
-        energy = stored
         if self.reach_table is not None:
-            for k in range(int(steps.max(initial=0))):
-                energy = np.where(k < steps, self.reach_table.forward(np.maximum(self.pair, 0), energy), energy)
-            return energy
+            return self.reach_table.reach(np.maximum(self.pair, 0), stored, steps)
+        energy = stored
         full = np.ones_like(stored)
         for k in range(int(steps.max(initial=0))):
             energy = np.where(k < steps, self.stored_after(self.carried_over(energy), full), energy)
         return energy
 
     def needed_after(self, goal: np.ndarray, steps: np.ndarray) -> np.ndarray:
-        """The least stored kWh after this step from which ``steps`` more at full power reach ``goal`` (the reach
-        table walked back from the goal)."""
+        """The least stored kWh after this step from which ``steps`` more at full power reach ``goal`` (one search of
+        the reach table)."""
         assert self.reach_table is not None
-        pair = np.maximum(self.pair, 0)
-        needed = goal.astype(float)
-        for k in range(int(steps.max(initial=0))):
-            needed = np.where(k < steps, self.reach_table.least_before(pair, needed), needed)
-        return needed
+        return self.reach_table.least_before(np.maximum(self.pair, 0), goal.astype(float), steps)
 
     def minimum_action(self, action: np.ndarray, margin_kwh: np.ndarray) -> np.ndarray:
         """The least action >= ``action`` after which each car can still be served (ev_service's rule, V2G
@@ -181,7 +234,7 @@ class Sessions:
         hopeless = ~enough & (self.reachable(self.stored_after(now, np.ones_like(base)), later) < goal)
         search = self.valid & ~enough & ~hopeless
         high = np.ones_like(base)
-        # The closed form finds the least charge; a discharge that does not serve is bisected, which finds
+        # The closed form finds the least charge; a discharge that does not serve is searched, which finds
         # the least discharge that does (ChargingPath's rule step for step).
         # (On a charger that cannot discharge, a negative action is idle: the closed form holds.)
         idle_below_zero = self.tables.chargers.max_discharge_kw <= 0
@@ -190,27 +243,20 @@ class Sessions:
             high = np.where(closed, self._linear_minimum(now, goal, later, np.maximum(base, 0.0)), high)
         bisect = search & ~closed
         if bisect.any():
-            low = base.copy()
-            for _ in range(BISECTION_STEPS):
-                mid = 0.5 * (low + high)
-                serves = self.reachable(self.stored_after(now, mid), later) >= goal
-                high = np.where(bisect & serves, mid, high)
-                low = np.where(bisect & ~serves, mid, low)
+            _, high = narrowed(lambda a: self.reachable(self.stored_after(now, a), later) >= goal, base, high, bisect)
         return np.where(enough, action, np.where(hopeless, 1.0, high))
 
     def _tabled_minimum(self, action: np.ndarray, base: np.ndarray, now: np.ndarray, needed: np.ndarray) -> np.ndarray:
-        """``minimum_action`` where what the car must hold after this step is known: one step bisected. (Regula
-        falsi took as many steps: the slowest of the N x C cars sets the count, and a deadband's jump stalls it.)"""
-        enough = (action >= 1.0) | (self.stored_after(now, base) >= needed)
-        hopeless = ~enough & (self.stored_after(now, np.ones_like(base)) < needed)
+        """``minimum_action`` where what the car must hold after this step is known: one step searched
+        (:func:`narrowed`; regula falsi took as many steps as a bisection: the slowest of the N x C cars sets the
+        count, and a deadband's jump stalls it)."""
+        at_base, at_full = self.stored_after(now, np.stack([base, np.ones_like(base)]))  # one call for both
+        enough = (action >= 1.0) | (at_base >= needed)
+        hopeless = ~enough & (at_full < needed)
         search = self.valid & ~enough & ~hopeless
-        low, high = base.copy(), np.ones_like(base)
+        high = np.ones_like(base)
         if search.any():
-            for _ in range(BISECTION_STEPS):
-                mid = 0.5 * (low + high)
-                serves = self.stored_after(now, mid) >= needed
-                high = np.where(search & serves, mid, high)
-                low = np.where(search & ~serves, mid, low)
+            _, high = self._searched(lambda a, rows, after: after(now[rows], a) >= needed[rows], base, high, search)
         return np.where(enough, action, np.where(hopeless, 1.0, high))
 
     def maximum_action(self, action: np.ndarray, margin_kwh: np.ndarray) -> np.ndarray:
@@ -225,12 +271,8 @@ class Sessions:
         if self.linear:  # a step stores in proportion to the action below the power and capacity limits
             most = np.clip((goal - now) / np.maximum(self._stored_per_action(), 1e-12), 0.0, base)
         else:
-            low, high = np.zeros_like(base), base.copy()
-            for _ in range(BISECTION_STEPS):
-                mid = 0.5 * (low + high)
-                within = self.stored_after(now, mid) <= goal
-                low, high = np.where(within, mid, low), np.where(within, high, mid)
-            most = low
+            most, _ = self._searched(lambda a, rows, after: after(now[rows], a) > goal[rows], np.zeros_like(base), base,
+                                     over)
         return np.where(over, np.where(now >= goal, 0.0, most), base)
 
     def _stored_per_action(self) -> np.ndarray:

@@ -102,10 +102,13 @@ class ChargerSpec:
     def efficiency_at(self, normalised: np.ndarray, charging: np.ndarray) -> np.ndarray:
         """``Charger.get_efficiency``: np.interp on the curve of the direction, else the charger's efficiency."""
         out = np.broadcast_to(self.efficiency, normalised.shape).copy()
+        if charging.shape != normalised.shape:
+            charging = np.broadcast_to(charging, normalised.shape)
         for c, (up, down) in enumerate(zip(self.charge_curves, self.discharge_curves)):
-            for curve, direction in ((up, charging[:, c]), (down, ~charging[:, c])):
+            column = out[..., c]  # a view: (N,) or, for the guard's search, (points, N)
+            for curve, direction in ((up, charging[..., c]), (down, ~charging[..., c])):
                 if curve is not None and direction.any():
-                    out[direction, c] = np.interp(normalised[direction, c], curve[0], curve[1])
+                    column[direction] = np.interp(normalised[..., c][direction], curve[0], curve[1])
         return out
 
     def power_kw(self, action: np.ndarray) -> np.ndarray:
