@@ -53,7 +53,8 @@ def test_second_plan_uses_the_cached_calibration(tmp_path, monkeypatch):
     cache.write_text(json.dumps(speeds))
     second = plan(tmp_path, "--budget", "30m", "--agents", "a2c", *many)
     assert second.exit_code == 0, second.output
-    assert "train 100,000,000/100,000,000 steps" in second.output and "! a2c:" not in second.output
+    # 100 million steps in whole rollouts of 2,048, the number A2C trains (and the table will say)
+    assert "train 100,001,792/100,001,792 steps" in second.output and "! a2c:" not in second.output
     assert "! speeds measured while" not in second.output
     # Measured while other work ran: a plan from it says so while the machine is still busy ...
     speeds["busy_cores"] = 1.7
@@ -61,7 +62,7 @@ def test_second_plan_uses_the_cached_calibration(tmp_path, monkeypatch):
     monkeypatch.setattr("trainer.night.calibrate.others_load", lambda: 1.2)
     busy = plan(tmp_path, "--budget", "30m", "--agents", "a2c", *many)
     assert "! speeds measured while other work kept ~1.7 cores busy" in busy.output
-    assert "train 100,000,000/100,000,000 steps" in busy.output  # the cache still served it
+    assert "train 100,001,792/100,001,792 steps" in busy.output  # the cache still served it
     # ... and once the machine is quiet, the next plan measures again (the planted figure is gone).
     monkeypatch.setattr("trainer.night.calibrate.others_load", lambda: 0.0)
     quiet = plan(tmp_path, "--budget", "30m", "--agents", "a2c", *many)

@@ -136,6 +136,23 @@ def test_the_headline_names_the_training_steps_and_a_raised_peak_and_cost_its_cu
         assert says in write_report(run).read_text().splitlines()[2]
 
 
+def test_the_headline_says_when_other_agents_deploy_the_very_same_policy(tmp_path):
+    """A2C starts from PPO's imitation: where neither trains past it they are one controller, and the headline says
+    so rather than rank two."""
+    results = _results()
+    for name in ("ppo", "a2c"):  # both serve the cars here, a2c a hair behind
+        results[name].update(ev_departure_soc_met_pct=100.0, ev_unmet_kwh=0.0, policy_digest="aa11")
+    results["sac"]["policy_digest"] = "bb22"
+    results["a2c"].update(co2_kg=28_100.0, co2_kg_per_year=28_100.0)
+    compare_to_baseline(results)
+    headline = write_report(_run(tmp_path, results)).read_text().splitlines()[2]
+    assert headline.startswith("**Best agent: ppo**")
+    assert "`a2c` deploys the very same policy (the same imitation, kept untrained): one controller, not 2" in headline
+    results["a2c"]["policy_digest"] = "cc33"  # another policy: nothing to say
+    (tmp_path / "other").mkdir()
+    assert "very same policy" not in write_report(_run(tmp_path / "other", results)).read_text()
+
+
 def test_when_no_agent_serves_the_cars_the_report_says_so(tmp_path):
     results = {k: v for k, v in _results().items() if k != "sac"}
     report = write_report(_run(tmp_path, results)).read_text()

@@ -124,6 +124,19 @@ def _which_policy(m: dict[str, Any]) -> str:
     return f", after {trained:,} training steps."
 
 
+def _same_policy(results: dict[str, dict[str, Any]], best: str) -> str:
+    """The other agents that deploy the very weights ``best`` deploys (the same imitation, untrained), said after the
+    headline's policy: they are one controller, not several that agree."""
+    digest = results[best].get("policy_digest")
+    same = [name for name, m in results.items()
+            if name != best and name in AGENTS and digest and m.get("policy_digest") == digest]
+    if not same:
+        return ""
+    names = " and ".join(f"`{name}`" for name in same)
+    return (f" {names} {'deploys' if len(same) == 1 else 'deploy'} the very same policy (the same imitation, kept "
+            f"untrained): one controller, not {len(same) + 1} that agree.")
+
+
 def _headline(results: dict[str, dict[str, Any]], target_pct: float, run: RunDir) -> list[str]:
     """The morning answer: which controller to deploy, judged by CO2 and EV service together, and how."""
     best = best_agent(results, target_pct)
@@ -136,6 +149,7 @@ def _headline(results: dict[str, dict[str, Any]], target_pct: float, run: RunDir
                      + (f", {share:.0f}% of the optimum's cut" if share is not None else "")
                      + f"), meeting {_fmt(m.get('ev_departure_soc_met_pct'), '.1f')}% of EV departures"
                      + _which_policy(m)
+                     + _same_policy(results, best)
                      + (_below_rbc(results, best) or ""))
         peak, base_peak = m.get("peak_kw"), results.get("baseline", {}).get("peak_kw")
         if peak and base_peak and peak > PEAK_WORTH_SAYING * base_peak:  # a CO2 cut can cost the site's connection

@@ -27,6 +27,7 @@ from trainer.learn.recovery import StageFailed
 from trainer.learn.selection import confirm_over_the_years, kept_summary, validation_site
 from trainer.learn.trainer import StageTrainer
 from trainer.learn.trainer import summary as training_summary
+from trainer.learn.warm_start.cloning import weights_digest
 from trainer.learn.warm_start.validation import validation_part
 from trainer.night.budget import StageKind
 from trainer.night.state import StageJob, StageOutcome
@@ -306,6 +307,9 @@ def evaluate_model(ctx: RunContext, agent: str, model: BaseAlgorithm | None = No
             env.close()
 
     metrics = judged(ctx, evaluate, folder.timeseries)
+    # Two agents can deploy one policy (A2C starts from PPO's imitation; where neither trains past it, they are the
+    # same weights): the report says so rather than rank them as two controllers.
+    metrics["policy_digest"] = weights_digest(model.policy, float(model.gamma), machine=False)[:16]
     logs.get().info("evaluated", agent=agent, co2_kg_per_year=round(metrics["co2_kg_per_year"], 1),
                     seconds=metrics["eval_wall_s"])
     return metrics

@@ -212,9 +212,16 @@ def holdout_overrides(holdout: str | None, eval_schema: str | None, eval_dataset
 def training_timesteps(cfg: Config, agent: str, site: Site) -> int:
     section = cfg.agent(agent)
     if section.timesteps is not None:
-        return section.timesteps
+        return whole_rollouts(cfg, agent, section.timesteps)
     episode = min(cfg.scenario.train_episode_days * 24, site.length)
-    return int(section.episodes) * episode
+    return whole_rollouts(cfg, agent, int(section.episodes) * episode)
+
+
+def whole_rollouts(cfg: Config, agent: str, steps: int) -> int:
+    """``steps`` rounded up to whole rollouts for an on-policy agent: SB3 ends its training at a rollout's end
+    (PPO's 500,000 trained 501,760), so the plan, the progress line and the table say the number it trains."""
+    rollout = getattr(cfg.agent(agent), "n_steps", None)
+    return -(-steps // rollout) * rollout if rollout else steps
 
 
 def night_plan(cfg: Config, quick: bool, agents: str | None, budget_text: str | None,
@@ -240,8 +247,8 @@ def quick_night(cfg: Config) -> Config:
 
 
 def training_targets(cfg: Config, agents: Sequence[str], quick: bool, site: Site) -> dict[str, int]:
-    return {a: cfg.schedule.quick_timesteps.get(a, 1000) if quick else training_timesteps(cfg, a, site)
-            for a in agents}
+    return {a: whole_rollouts(cfg, a, cfg.schedule.quick_timesteps.get(a, 1000)) if quick
+            else training_timesteps(cfg, a, site) for a in agents}
 
 
 # ------------------------------------------------------------------------------ run folders
