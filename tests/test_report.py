@@ -214,6 +214,31 @@ def test_the_learning_curve_shows_each_agent_against_its_warm_start(tmp_path):
     assert (tmp_path / "curves.png").stat().st_size > 0
 
 
+def test_agents_on_the_same_curve_all_show(tmp_path, monkeypatch):
+    """PPO and A2C often deploy one imitation: their curves coincide, and each must still be seen."""
+    import matplotlib.figure
+    import pandas as pd
+
+    from trainer.judge.plots import plot_learning_curves
+
+    curve = pd.DataFrame({"step": [0, 2048], "co2_kg_per_year": [44000.0, 43900.0],
+                          "ev_departure_soc_met_pct": [100.0, 100.0]})
+    run = _run(tmp_path, _results())
+    for agent in ("ppo", "a2c"):
+        run.agent(agent).root.mkdir(parents=True, exist_ok=True)
+        curve.to_csv(run.agent(agent).curve, index=False)
+        run.agent(agent).metrics.write_text(json.dumps({"kept": {"step": 2048}}))
+    saved = []
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda fig, *a, **k: saved.append(fig))
+    assert plot_learning_curves(run, ["ppo", "a2c"], tmp_path / "curves.png", 28)
+    lines = {line.get_label(): line for line in saved[0].axes[0].get_lines()}
+    ppo, a2c = lines["ppo"], lines["a2c"]
+    assert ppo.get_marker() != a2c.get_marker() and ppo.get_linestyle() != a2c.get_linestyle()
+    assert a2c.get_markersize() < ppo.get_markersize() and a2c.get_zorder() > ppo.get_zorder()  # drawn on top
+    stars = [line for line in saved[0].axes[0].get_lines() if line.get_marker() == "*" and len(line.get_xdata())]
+    assert len(stars) == 2 and stars[1].get_markersize() < stars[0].get_markersize()
+
+
 def test_a_resumed_stage_shows_each_run_and_not_the_hours_between(tmp_path):
     run = _run(tmp_path, _results())
     stages = [{"name": "sac", "kind": "train", "status": "done", "actual_start": "2026-11-26T08:31:09",

@@ -158,6 +158,10 @@ def _resampled(run: RunDir) -> bool:
         return False
 
 
+CURVE_MARKERS = ("o", "s", "^", "D")
+CURVE_LINES = ("-", "--", ":", "-.")
+
+
 def plot_learning_curves(run: RunDir, agents: list[str], path: Path, curve_days: int) -> bool:
     """Each agent's evaluations during training: CO2 on the curve's window with the references on the same
     window; the same against each agent's first point, on a scale where fine-tuning's moves of a few tenths of a
@@ -170,15 +174,21 @@ def plot_learning_curves(run: RunDir, agents: list[str], path: Path, curve_days:
     fig, (co2_ax, change_ax, ev_ax) = plt.subplots(3, 1, figsize=(8, 7.5), sharex=True,
                                                    gridspec_kw={"height_ratios": [3, 1.8, 1.2]})
     any_kept = False
-    for agent, curve in curves.items():
+    for order, (agent, curve) in enumerate(curves.items()):
         colour = COLOURS.get(agent, OTHER_COLOUR)
         change = change_since_first(curve)
-        co2_ax.plot(curve["step"], curve["co2_kg_per_year"] / 1000, label=agent, color=colour, marker="o")
-        change_ax.plot(curve["step"], change, color=colour, marker="o", markersize=4)
-        ev_ax.plot(curve["step"], curve["ev_departure_soc_met_pct"], color=colour, marker="o")
+        # Agents often sit on one another (PPO and A2C deploy one imitation): each later agent's markers are smaller,
+        # another shape and drawn above, its line another style, so every agent shows where they coincide.
+        look = {"color": colour, "marker": CURVE_MARKERS[order % len(CURVE_MARKERS)],
+                "linestyle": CURVE_LINES[order % len(CURVE_LINES)], "zorder": 3 + order}
+        size = max(6 - 1.5 * order, 2.5)
+        co2_ax.plot(curve["step"], curve["co2_kg_per_year"] / 1000, label=agent, markersize=size, **look)
+        change_ax.plot(curve["step"], change, markersize=max(size - 3, 2), **look)
+        ev_ax.plot(curve["step"], curve["ev_departure_soc_met_pct"], markersize=size, **look)
         kept = kept_point(run, agent, curve)
         if kept is not None:  # the policy the agent deploys (trainer.learn.selection)
-            star = {"marker": "*", "markersize": 16, "color": colour, "markeredgecolor": "black", "linestyle": "none"}
+            star = {"marker": "*", "markersize": max(18 - 4 * order, 8), "color": colour, "markeredgecolor": "black",
+                    "linestyle": "none", "zorder": 10 + order}
             co2_ax.plot([kept[0]], [kept[1] / 1000], **star)
             change_ax.plot([kept[0]], [change[curve["step"] == kept[0]].iloc[-1]], **star)
             any_kept = True
@@ -198,7 +208,9 @@ def plot_learning_curves(run: RunDir, agents: list[str], path: Path, curve_days:
     co2_ax.set_ylabel("CO2, t/yr")
     window = (f"the first {curve_days} days of the dataset" if held_out is None else
               f"{curve_days} days of a year of the dataset's own days resampled" if _resampled(run) else
-              f"{curve_days} days of a held-out year (another draw of the site)")
+              f"{curve_days} days of a held-out year (another draw of the site)"
+              if (run.validation_site / "schema.json").is_file() else
+              "the last days of the part learnt from, which no stage trained on")
     table = "the part held out" if run.held_out_record() is not None else "the whole evaluation period"
     co2_ax.set_title(f"Validation: {window}, per year\n"
                      f"(the table covers {table}; a star: the policy deployed;\n"
