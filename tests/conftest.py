@@ -32,6 +32,14 @@ def pytest_configure(config):
     os.environ["PVBESS_CACHE"] = _SCRATCH
     os.environ["SB3_LOGDIR"] = os.path.join(_SCRATCH, "sb3")
 
+@pytest.fixture(autouse=True)
+def _references_kept_per_test(monkeypatch, request):
+    """Each test evaluates its own references: one test's kept figures never stand in for another's, which may
+    change what a reference does without changing what it is keyed by (tests/test_reference_reuse.py)."""
+    folder = Path(_SCRATCH or tempfile.gettempdir()) / "references" / request.node.nodeid.replace("/", "_")[-150:]
+    monkeypatch.setattr("trainer.references.reuse.cache_folder", lambda: folder)
+
+
 OFFICIAL = "citylearn_challenge_2022_phase_all"
 OFFICIAL_EV = "citylearn_challenge_2022_phase_all_plus_evs"  # 14 buildings, four with chargers that also discharge
 _SHARED_DATASETS = Path(__file__).resolve().parents[1].parent / "shared" / "citylearn" / "datasets"

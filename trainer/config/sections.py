@@ -239,6 +239,9 @@ class ScheduleConfig(Section):
     curve_max_share: float = doc(
         "Most of a stage's time its learning-curve evaluations (in CityLearn) may take: on a fast learner they "
         "wait longer than curve_every_steps between them.", gt=0, le=1)
+    reuse_references: bool = doc(
+        "Reuse the references' figures of an earlier run with the same data, periods, seed, site settings and "
+        "program (kept in the machine's cache) instead of evaluating them again.")
     quick_timesteps: dict[AgentName, Annotated[int, Field(ge=1)]] = doc(
         "Timesteps per agent with --quick (a smoke run of the whole schedule)."
     )

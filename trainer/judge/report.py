@@ -124,6 +124,16 @@ def _which_policy(m: dict[str, Any]) -> str:
     return f", after {trained:,} training steps."
 
 
+def _reused(results: dict[str, dict[str, Any]]) -> str | None:
+    """A line naming the references whose figures an earlier run evaluated (trainer.references.reuse)."""
+    reused = {name: m["reused_from"] for name, m in results.items() if m.get("reused_from")}
+    if not reused:
+        return None
+    runs = sorted(set(reused.values()))
+    return (f"{', '.join(reused)}: figures of an earlier run on the same data and settings ({', '.join(runs)}), "
+            "not evaluated again (`schedule.reuse_references`).")
+
+
 def _same_policy(results: dict[str, dict[str, Any]], best: str) -> str:
     """The other agents that deploy the very weights ``best`` deploys (the same imitation, untrained), said after the
     headline's policy: they are one controller, not several that agree."""
@@ -323,9 +333,10 @@ def write_report(run: RunDir) -> Path:
             lines.append(f"- **{stage['name']} failed**: {stage['error']}")
         for stage in skipped:
             lines.append(f"- {stage['name']} skipped: {stage['error']}")
-    window, reach = evaluation_window(results), optimum_reach(results)
+    window, reach, reused = evaluation_window(results), optimum_reach(results), _reused(results)
     lines += ["", "## Results", "", *([f"*{window[0].upper()}{window[1:]}.*", ""] if window else []),
               *([f"*{reach[0].upper()}{reach[1:]}.*", ""] if reach else []),
+              *([f"*{reused}*", ""] if reused else []),
               *_table(results, currency(run)), "", *NOTES, ""]
     lines += ["![CO2 per agent](plots/co2_by_agent.png)", ""]
     lines += _in_sample(results)

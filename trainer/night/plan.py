@@ -13,6 +13,7 @@ from trainer.config.sections import Config
 from trainer.learn.warm_start.validation import CHECK_AT, imitation_parts
 from trainer.night.budget import PlannedStage, StageKind, StageSpec, timeline
 from trainer.night.calibrate import Speeds, calibrate
+from trainer.references import reuse as reuse_references
 from trainer.references.roster import REFERENCE_ROSTER, REFERENCES
 from trainer.run.device import apply_gpu_flags, resolve_device
 from trainer.run.session import site_for, training_targets
@@ -28,6 +29,7 @@ DEMONSTRATION_SOLVE_S = 3.0
 POLICY_CALL_S = 0.0007
 # The most of a timed night the warm starts' ensembles may take (fit_ensemble).
 ENSEMBLE_SHARE = 0.25
+REUSED_S = 1.0  # a reference's figures copied from an earlier run
 # Estimates are padded so the night ends by the deadline even when a stage runs a little slow.
 SAFETY = 1.15
 
@@ -48,7 +50,9 @@ def stage_specs(
     # A trained policy adds its forward pass to every evaluation step.
     policy_eval_s = eval_s * 1.25
     # Each reference's evaluation as its row says: a multiple of the uncontrolled site's, and what it solves first.
-    specs = {name: StageSpec(name, StageKind.EVAL, eval_s * spec.eval_cost + spec.solve_s)
+    # One an earlier run evaluated on the same data and settings is copied (trainer.references.reuse).
+    specs = {name: StageSpec(name, StageKind.EVAL, REUSED_S if reuse_references.stored(cfg, site, cfg.seed, name)
+                             else eval_s * spec.eval_cost + spec.solve_s)
              for name, spec in REFERENCE_ROSTER.items()}
     specs["report"] = StageSpec("report", StageKind.REPORT, REPORT_S)
     agent_eval_s = policy_eval_s * policy_evaluations(cfg, site)

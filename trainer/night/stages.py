@@ -31,6 +31,7 @@ from trainer.learn.warm_start.cloning import weights_digest
 from trainer.learn.warm_start.validation import validation_part
 from trainer.night.budget import StageKind
 from trainer.night.state import StageJob, StageOutcome
+from trainer.references import reuse as reuse_references
 from trainer.references.controllers import PolicyController
 from trainer.references.roster import BASELINE, REFERENCE_ROSTER, REFERENCES, ReferenceUnavailable
 from trainer.run.device import agent_device, resolve_agent
@@ -81,12 +82,19 @@ def _skipped(why: ReferenceUnavailable) -> dict[str, Any]:
     return {"skipped": str(why), "co2_kg": None, "co2_kg_per_year": None}
 
 
-def evaluate_reference(ctx: RunContext, name: str) -> dict[str, Any]:
-    """Evaluate a reference of ``trainer.references.roster`` over the evaluation period (and the part held out)."""
+def evaluate_reference(ctx: RunContext, name: str, reuse: bool = True) -> dict[str, Any]:
+    """Evaluate a reference of ``trainer.references.roster`` over the evaluation period (and the part held out);
+    with ``reuse``, an earlier run's figures where its data and settings were this run's (trainer.references.reuse)."""
     log = logs.get().bind(agent=name)
-    log.info("evaluating reference")
     folder = ctx.run.agent(name)
     folder.root.mkdir(parents=True, exist_ok=True)
+    kept = reuse_references.recall(ctx.cfg, ctx.site, ctx.seed, name, folder.timeseries) if reuse else None
+    if kept is not None:
+        write_json_atomic(folder.metrics, kept)
+        log.info("reference reused: an earlier run's evaluation of the same data and settings", run=kept["reused_from"],
+                 co2_kg_per_year=None if kept.get("co2_kg_per_year") is None else round(kept["co2_kg_per_year"], 1))
+        return kept
+    log.info("evaluating reference")
 
     def evaluate(site: Site, timeseries: Path | None) -> dict[str, Any]:
         apart = "" if site is ctx.site else ", held out"
@@ -107,6 +115,7 @@ def evaluate_reference(ctx: RunContext, name: str) -> dict[str, Any]:
     metrics = judged(ctx, evaluate, folder.timeseries)
     metrics.update(timesteps=0, train_wall_s=0.0, steps_per_s=None)
     write_json_atomic(folder.metrics, metrics)
+    reuse_references.remember(ctx.cfg, ctx.site, ctx.seed, name, metrics, folder.timeseries, ctx.run.root)
     if metrics.get("co2_kg_per_year") is not None:
         log.info("evaluated", co2_kg_per_year=round(metrics["co2_kg_per_year"], 1), seconds=metrics["eval_wall_s"])
     return metrics
@@ -371,7 +380,7 @@ def reevaluate(ctx: RunContext) -> dict[str, dict[str, Any]]:
     and why, the warm start's imitation) is kept. Every model is loaded first, so a damaged one stops the command
     before anything is rewritten."""
     models = {agent: _load(ctx, agent) for agent in AGENTS if ctx.run.agent(agent).model.is_file()}
-    new = {name: evaluate_reference(ctx, name) for name in REFERENCES}
+    new = {name: evaluate_reference(ctx, name, reuse=False) for name in REFERENCES}
     for agent, model in models.items():
         folder = ctx.run.agent(agent)
         try:

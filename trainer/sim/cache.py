@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import os
 from importlib import metadata
 from pathlib import Path
@@ -35,10 +34,7 @@ def cache_folder() -> Path:
 def dataset_digest(site: Site, seed: int) -> str:
     """The dataset's content (its schema and every CSV beside or under its root), the seed and CityLearn's version."""
     digest = hashlib.sha256(f"{FORMAT} {seed} {metadata.version('citylearn')}".encode())
-    digest.update(json.dumps(site.data, sort_keys=True).encode())
-    for csv in sorted(site.root.glob("*.csv")):
-        digest.update(csv.name.encode())
-        digest.update(csv.read_bytes())
+    digest.update(site.content_digest().encode())
     return digest.hexdigest()[:24]
 
 

@@ -7,6 +7,8 @@ policy's sizes, what the training simulator cannot model) are remembered on the 
 
 from __future__ import annotations
 
+import hashlib
+import json
 import shutil
 import tempfile
 from collections.abc import Callable, Hashable, Mapping
@@ -104,6 +106,18 @@ class Site:
         configured = self.data.get("root_directory")
         return self.schema.parent if not configured else (self.schema.parent / Path(str(configured)).expanduser()
                                                           ).resolve()
+
+    def content_digest(self) -> str:
+        """A digest of the data: the schema as read and every CSV beside or under its root (caches of what was
+        computed from the site are keyed by it, not by its path's name)."""
+        def digest() -> str:
+            hashed = hashlib.sha256(json.dumps(self.data, sort_keys=True).encode())
+            for csv in sorted(self.root.glob("*.csv")):
+                hashed.update(csv.name.encode())
+                hashed.update(csv.read_bytes())
+            return hashed.hexdigest()
+
+        return self.remember("content digest", digest)
 
     # ----------------------------------------------------------------- other years
 
