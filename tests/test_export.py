@@ -206,6 +206,35 @@ def test_a_csv_of_steps_gives_a_csv_of_actions_in_kw(exports, tmp_path):
     assert lines[0].split(",")[0] == "electrical_storage_kw" and len(lines) == 1 + len(_sample(folder))
 
 
+@pytest.mark.parametrize("location", ["weights.bin", "../outside.bin"])
+def test_a_policy_whose_weights_lie_in_other_files_is_refused(exports, tmp_path, location):
+    """ONNX external data: a network may name files for its weights; the controller reads none, inside the export
+    folder or outside it, whatever onnxruntime's version would allow."""
+    onnx = pytest.importorskip("onnx")
+    from onnx.external_data_helper import convert_model_to_external_data
+
+    folder = tmp_path / "export"
+    folder.mkdir()
+    for path in exports["ppo"][1].iterdir():
+        (folder / path.name).write_bytes(path.read_bytes())
+    model = onnx.load(str(folder / "policy.onnx"))
+    convert_model_to_external_data(model, all_tensors_to_one_file=True, location=location, size_threshold=0)
+    for tensor in model.graph.initializer:  # the location as an attacker writes it, not as onnx would clean it
+        for entry in tensor.external_data:
+            if entry.key == "location":
+                entry.value = location
+    (folder / "policy.onnx").write_bytes(model.SerializeToString())
+    (folder / location).resolve().write_bytes(b"\0" * 1024)
+    spec = json.loads((folder / SPEC_FILE).read_text())
+    spec["policy"]["sha256"] = hashlib.sha256((folder / "policy.onnx").read_bytes()).hexdigest()
+    (folder / SPEC_FILE).write_text(json.dumps(spec))
+    check = standalone(folder, "check")
+    assert check.returncode == 2, check.stderr
+    assert check.stderr.strip() == (f"error: {folder / 'policy.onnx'} keeps its weights in other files (ONNX external "
+                                    "data), which the controller does not read: an export holds its whole network "
+                                    "in one file; export the run again")
+
+
 def test_the_export_holds_no_pickle(exports):
     for agent in CASES:
         for path in exports[agent][1].iterdir():

@@ -310,6 +310,19 @@ def _policy_file(policy: dict[str, Any], folder: Path) -> Path:
     return path
 
 
+# How ONNX names a tensor's weights kept in another file: an external_data entry whose key is "location"
+# (protobuf: field 1, 8 bytes, "location"). An export writes none; onnxruntime before 1.24 would read any path it
+# names, the folder's outside included, so a policy file that names one is refused whatever the runtime.
+_EXTERNAL_DATA_KEY = b"\n\x08location"
+
+
+def _names_external_data(path: Path) -> bool:
+    try:
+        return _EXTERNAL_DATA_KEY in path.read_bytes()
+    except OSError:
+        return False  # onnxruntime names what it cannot read
+
+
 def _number(name: str, value: Any, unit: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
         raise InputError(f"observation {name!r} is {value!r}: expected a number ({unit})")
@@ -424,6 +437,10 @@ class Controller:
             options = onnxruntime.SessionOptions()
             options.intra_op_num_threads = 1  # one step of a small network: threads cost more than they give
             path = self.policy_file
+            if _names_external_data(path):
+                raise InputError(f"{path} keeps its weights in other files (ONNX external data), which the "
+                                 "controller does not read: an export holds its whole network in one file; export "
+                                 "the run again")
             try:
                 self._session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
             except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own classes for a missing or bad file
