@@ -94,10 +94,16 @@ def test_quick_benchmark_produces_every_figure(tmp_path):
         figures += [row["plain_steps_per_s"], row["product_steps_per_s"], row["ratio"], row["plain_peak_rss_mb"],
                     row["product_peak_rss_mb"], row["plain_tree_pss_mb"], row["product_tree_pss_mb"]]
     figures += [summary["agents"]["sac"]["plain_updates_per_s"], summary["agents"]["sac"]["product_updates_per_s"]]
+    # The warm start's members a second, each warm-started agent's policy (SAC's: the ensemble's members).
+    for agent in ("sac", "ppo", "a2c"):
+        members = summary["imitation"][agent]
+        assert members["members_per_s"] == pytest.approx(1 / members["member_s"], rel=0.02)
+        figures += [members["members_per_s"], members["update_s"]]
     assert all(isinstance(v, (int, float)) and math.isfinite(v) and v > 0 for v in figures), figures
     assert set(summary["sweep"]) == {"3"} and set(summary["simulator"]) == {"1", "8"}  # --sweep 3, not quick's 1,2
     assert report["machine"]["cores"] >= 1 and report["device"] == "cpu"
     assert "environment steps/s" in proc.stdout and "sac gradient updates/s" in proc.stdout
+    assert "members/s" in proc.stdout
 
 
 @pytest.mark.parametrize("sweep", ["0", "1,x", "", "512"])

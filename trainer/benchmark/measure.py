@@ -39,6 +39,7 @@ class TrialKind(StrEnum):
     SIMULATOR = "simulator"          # the training simulator's n_envs sites in one process, random actions
     LEARN_PLAIN = "learn_plain"      # --learning: CO2 after training with SB3's own loop
     LEARN_PRODUCT = "learn_product"  # --learning: CO2 after training with the product
+    IMITATION = "imitation"          # the warm start: one imitation of a year (an ensemble's member), product only
 
 
 @dataclass(frozen=True)
@@ -57,12 +58,14 @@ class Sizes:
     # The product's warm start before the clock: one epoch of one year keeps the imitation term its updates
     # carry; 0 leaves it out (its demonstrations replay a year in CityLearn: half a minute a trial on 2 cores).
     imitation_epochs: int = 1
+    imitation_updates: int = 20  # minibatches timed for the warm start's members a second
 
     @classmethod
     def quick(cls) -> Sizes:
         """A smoke run for CI: every figure produced, none of them meaningful."""
         return cls(env_steps=60, onpolicy_steps=64, onpolicy_rollout=32, sac_steps=60, sac_learning_starts=30,
-                   sac_updates=5, repeats=1, sweep=(1, 2), simulator=(1, 8), imitation_epochs=0)
+                   sac_updates=5, repeats=1, sweep=(1, 2), simulator=(1, 8), imitation_epochs=0,
+                   imitation_updates=2)
 
 
 @dataclass
@@ -118,6 +121,7 @@ def plan_trials(agents: list[str], sizes: Sizes, cores: int) -> list[Trial]:
         trials += [Trial(TrialKind.ENV_PLAIN), Trial(TrialKind.ENV_PRODUCT)]
         for agent in agents:
             trials += [Trial(TrialKind.PLAIN, agent), Trial(TrialKind.PRODUCT, agent)]
+        trials += [Trial(TrialKind.IMITATION, agent) for agent in agents if agent_spec(agent).warm_start]
     for n in sizes.sweep or _sweep(cores):
         trials.append(Trial(TrialKind.SWEEP, n_envs=n))
     trials += [Trial(TrialKind.SIMULATOR, n_envs=n) for n in sizes.simulator]
@@ -165,8 +169,14 @@ def summarise(trials: list[Trial]) -> dict[str, Any]:
         "agents": {},
         "sweep": {},
         "simulator": {},
+        "imitation": {},
         "errors": [t.result["error"] for t in trials if "error" in t.result],
     }
+    for agent in sorted({t.agent for t in trials if t.kind == TrialKind.IMITATION and t.agent}):
+        out["imitation"][agent] = {  # small figures (members a second, seconds a minibatch): not to two decimals
+            key: (float(f"{statistics.median(values):.4g}") if (values := figures(TrialKind.IMITATION, agent, key))
+                  else None)
+            for key in ("members_per_s", "member_s", "update_s", "epochs", "minibatches")}
     plain_env, product_env = (
         median(figures(TrialKind.ENV_PLAIN, None, "steps_per_s")),
         median(figures(TrialKind.ENV_PRODUCT, None, "steps_per_s")),
@@ -310,6 +320,15 @@ def format_report(report: dict[str, Any]) -> str:
     if s["sweep"]:
         lines += ["", "environment steps/s by parallel environments (product env, random actions):",
                   "  " + "   ".join(f"{n}: {v:,.0f}" for n, v in s["sweep"].items())]
+    if s.get("imitation"):
+        lines += ["", "the warm start, one imitation of the period's demonstrations (warm_start.epochs; an ensemble's "
+                  "member where the agent teaches):"]
+        for agent, m in s["imitation"].items():
+            if m["members_per_s"] is None:
+                continue
+            lines.append(f"  {agent}: {m['members_per_s']:.4f} members/s ({m['member_s']:,.1f} s each: "
+                         f"{m['epochs']:,.0f} epochs of {m['minibatches'] / max(m['epochs'], 1):,.0f} minibatches, "
+                         f"{1000 * m['update_s']:.2f} ms each)")
     if s.get("simulator"):
         lines += ["", "environment steps/s by sites stepped at once (training simulator, one process, random actions,"
                   " guard and reward included):",

@@ -134,6 +134,9 @@ def run_trial(trial: Trial, cfg: Config, site: Site, device: str, sizes: Sizes) 
         return {"steps_per_s": _env_rate(make_sb3_env(cfg, site, "train", cfg.seed), sizes.env_steps)}
     if trial.kind in (TrialKind.LEARN_PLAIN, TrialKind.LEARN_PRODUCT):
         return _learn_and_evaluate(trial, cfg, site, device)
+    if trial.kind == TrialKind.IMITATION:
+        assert trial.agent is not None
+        return _imitation_rate(trial.agent, cfg, site, device, sizes)
     if trial.kind == TrialKind.SIMULATOR:
         env = VECTOR.training_env(cfg, site, trial.n_envs)
         return {"steps_per_s": _vec_env_rate(env, max(sizes.env_steps, 50 * trial.n_envs))}
@@ -165,6 +168,26 @@ def run_trial(trial: Trial, cfg: Config, site: Site, device: str, sizes: Sizes) 
             model.defer_training = False  # time the update itself, not its deferral
         out["updates_per_s"] = _update_rate(model, section.batch_size, sizes.sac_updates)
     return out
+
+
+def _imitation_rate(agent: str, cfg: Config, site: Site, device: str, sizes: Sizes) -> dict[str, Any]:
+    """The warm start's imitation of ``agent``'s policy at its speed here: seconds a minibatch, then a member's
+    seconds and members a second (``warm_start.epochs`` over the period's demonstrations, as the night's plan counts
+    them: trainer.night.plan.warm_start_s)."""
+    from trainer.learn.agents import build_model  # lazy: SB3 and torch
+    from trainer.learn.warm_start.cloning import imitation_update_s
+
+    apply_gpu_flags(cfg.gpu, device)
+    settings = cfg.warm_start
+    env = make_sb3_env(cfg, site, "train", cfg.seed)
+    try:
+        model = build_model(cfg, agent, env, device, cfg.seed, 1000)
+        update_s = imitation_update_s(model, settings.batch_size, sizes.imitation_updates)
+    finally:
+        env.close()
+    minibatches = max(settings.epochs, 1) * -(-(site.length - 1) // settings.batch_size)
+    return {"update_s": update_s, "member_s": update_s * minibatches, "members_per_s": 1 / (update_s * minibatches),
+            "epochs": max(settings.epochs, 1), "minibatches": minibatches, "torch_threads": _threads()}
 
 
 def _train_plain(agent: str, env: gymnasium.Env, cfg: Config, device: str, steps: int,
