@@ -20,9 +20,9 @@ def test_pairs_are_interleaved_and_the_sweep_doubles_up_to_four_per_core():
     trials = plan_trials(["sac", "ppo"], Sizes(repeats=2), cores=3)
     kinds = [(t.kind, t.agent) for t in trials]
     one_round = [("env_plain", None), ("env_product", None), ("plain", "sac"), ("product", "sac"),
-                 ("plain", "ppo"), ("product", "ppo")]
-    assert kinds[:12] == one_round * 2
-    assert [t.n_envs for t in trials[12:] if t.kind == "sweep"] == [1, 2, 4, 8]  # up to 4 per core
+                 ("plain", "ppo"), ("product", "ppo"), ("imitation", "sac"), ("imitation", "ppo")]
+    assert kinds[:16] == one_round * 2
+    assert [t.n_envs for t in trials[16:] if t.kind == "sweep"] == [1, 2, 4, 8]  # up to 4 per core
     assert [t.n_envs for t in trials if t.kind == "simulator"] == [1, 64, 256, 1024]
 
 

@@ -132,7 +132,7 @@ def test_a_quick_night_evaluates_its_short_window_unless_a_shorter_one_is_set():
     # Its warm start imitates the dataset's own year, briefly; a full night's is four years for 400 epochs, ten
     # times, and their student's 2,400.
     quick = quick_night(load_config()).warm_start
-    assert (quick.epochs, quick.extra_draws, quick.ensemble, quick.sac_critic_updates) == (100, 0, 1, 0)
+    assert (quick.epochs, quick.extra_draws, quick.ensemble, quick.sac_critic_updates) == (25, 0, 1, 0)
     assert quick_night(load_config(overrides=["warm_start.epochs=0"])).warm_start.epochs == 0  # off stays off
     full = load_config().warm_start
     assert (full.epochs, full.extra_draws, full.ensemble, full.student_epochs) == (400, 3, 10, 2400)
