@@ -71,6 +71,13 @@ def test_output_root_that_is_a_file_fails_the_disk_check(tmp_path):
     assert "FAIL  disk" in result.output and "set output.root to a writable folder" in result.output
 
 
+def test_the_disk_check_leaves_no_folder_behind(tmp_path):
+    """output.root is made by the first run, not by the doctor: a checkout stays as it was."""
+    result = doctor("--set", f"output.root={tmp_path / 'new' / 'runs'}")
+    assert "ok    disk" in result.output, result.output
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_keys_that_did_nothing_are_gone_and_old_configs_still_load():
     from trainer.config.loading import describe, load_config
 

@@ -151,8 +151,8 @@ def check_disk(root: Path) -> Check:
     existing = next((p for p in (root, *root.parents) if p.exists()), Path("."))
     free = shutil.disk_usage(existing).free
     try:
-        root.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=root):
+        # A root not made yet is checked where the first run will make it: the doctor leaves no folder behind.
+        with tempfile.NamedTemporaryFile(dir=existing):
             pass
     except OSError as exc:
         return Check(
