@@ -21,10 +21,13 @@ from trainer.base import logs
 class Progress:
     """Progress of one task (``training sac``, ``evaluation of rbc``) counted in ``unit``s."""
 
-    def __init__(self, event: str, total: int, unit: str = "step", initial: int = 0, every: float = 0.1,
+    def __init__(self, event: str, total: int, unit: str = "step", initial: int = 0, every: float | None = 0.1,
                  every_s: float = 60.0, **fields: Any):
+        """``every``: a line each such share of ``total`` (None: only every ``every_s`` seconds, for a task that is
+        usually short: quiet when it is, heard from when the machine makes it long)."""
         self.event, self.total, self.unit, self.fields = event, total, unit, fields
-        self.every_n, self.every_s = max(int(total * every), 1), every_s
+        self.every_n = max(int(total * every), 1) if every is not None else total + 1
+        self.every_s = every_s
         self.start, self.start_n, self.done = time.monotonic(), initial, initial
         self._next_n, self._next_t = initial + self.every_n, self.start + every_s
         self._bar = None

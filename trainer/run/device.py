@@ -25,12 +25,68 @@ def cpu_cores() -> int:
 
 
 def others_load() -> float:
-    """Cores' worth of other work running now: the one-minute load average less this process (0 where the OS keeps
-    no load average, as Windows)."""
+    """Cores' worth of other work running now: the larger of the one-minute load average less this process (0 where
+    the OS keeps none, as Windows) and the CPU time others used over the last moment (:func:`sampled_others`). The
+    load average lags: half a minute after another CPU-bound process started it still reads half of it, and a stage
+    that trusted it took two torch threads beside that process and ran ten times slower (issue 56)."""
     try:
-        return max(os.getloadavg()[0] - 1.0, 0.0)
+        averaged = max(os.getloadavg()[0] - 1.0, 0.0)
     except (AttributeError, OSError):
+        averaged = 0.0
+    return max(averaged, sampled_others())
+
+
+SAMPLE_S = 0.25
+
+
+def sampled_others(seconds: float = SAMPLE_S) -> float:
+    """Cores' worth of CPU that other processes used (and a hypervisor stole) on this process's cores over the next
+    ``seconds``, this process and its children left out: what the next minutes will most likely have free."""
+    import time
+
+    import psutil  # lazy: only a stage start samples
+
+    try:
+        t0, busy0, own0 = _cpu_now()
+        time.sleep(seconds)
+        t1, busy1, own1 = _cpu_now()
+    except (psutil.Error, OSError):
         return 0.0
+    return max((busy1 - busy0) - (own1 - own0), 0.0) / max(t1 - t0, 1e-3)
+
+
+def _cpu_now() -> tuple[float, float, float]:
+    """(a monotonic clock, the CPU seconds this process's cores spent busy or stolen, this process tree's CPU
+    seconds)."""
+    import time
+
+    import psutil  # lazy: only a stage start samples
+
+    cores = psutil.cpu_times(percpu=True)
+    mine = _cores_of_this_process(len(cores))
+    total = sum(sum(cores[i]) for i in mine)
+    idle = sum(cores[i].idle + getattr(cores[i], "iowait", 0.0) for i in mine)
+    return time.monotonic(), total - idle, _own_cpu_s()
+
+
+def _cores_of_this_process(count: int) -> list[int]:
+    try:
+        return sorted(i for i in os.sched_getaffinity(0) if i < count) or list(range(count))
+    except AttributeError:  # Windows and macOS
+        return list(range(count))
+
+
+def _own_cpu_s() -> float:
+    import psutil  # lazy: only a stage start samples
+
+    total = 0.0
+    for process in (psutil.Process(), *psutil.Process().children(recursive=True)):
+        try:
+            times = process.cpu_times()
+        except psutil.Error:  # a child that ended between the listing and the read
+            continue
+        total += times.user + times.system
+    return total
 
 
 def free_cores() -> int:

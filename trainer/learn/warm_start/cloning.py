@@ -45,9 +45,10 @@ def imitate(model: Any, demos: Demonstrations, epochs: int, learning_rate: float
     policy.set_training_mode(True)
     errors = (float("nan"), float("nan"))
     keep = None if check is None else KeepBest(policy, check, epochs)
-    # A long imitation says how far it is (SAC's 400 epochs take minutes on a busy machine); a short one is quiet.
-    progress = Progress("warm start: imitating", epochs, unit="epoch", every=0.25, every_s=30) \
-        if epochs >= PROGRESS_FROM_EPOCHS else None
+    # A long imitation says how far it is (SAC's 400 epochs take minutes on a busy machine); a short one speaks only
+    # when it runs past half a minute (25 epochs took 3 minutes beside other work with too many threads: issue 56).
+    progress = Progress("warm start: imitating", epochs, unit="epoch", every_s=30,
+                        every=0.25 if epochs >= PROGRESS_FROM_EPOCHS else None)
     for epoch in range(1, epochs + 1):
         STOP.check("the warm start")
         # An epoch is as many samples as the dataset's period, drawn from all the demonstrations: the imitation takes
@@ -70,12 +71,10 @@ def imitate(model: Any, demos: Demonstrations, epochs: int, learning_rate: float
             actor_total += actor_loss.item() * len(batch)
             critic_total += critic_loss.item() * len(batch)
         errors = (actor_total / len(order), critic_total / len(order))
-        if progress is not None:
-            progress.update(epoch)
+        progress.update(epoch)
         if keep is not None and keep.after(epoch, errors):
             break
-    if progress is not None:
-        progress.close()
+    progress.close()
     if keep is not None:
         errors = keep.restore(epoch)
     if sac:
