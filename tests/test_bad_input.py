@@ -381,9 +381,13 @@ def _run_folder(tmp_path: Path, site_schema: Path) -> Path:
     """A finished run's folder with just the state files the commands read."""
     import json
 
+    import yaml
+
+    from trainer.config.loading import load_config
+
     run = tmp_path / "run"
     shutil.copytree(Path(site_schema).parent, run / "site")
-    (run / "config.yaml").write_text("seed: 42\n")
+    (run / "config.yaml").write_text(yaml.safe_dump(load_config().to_dict()))  # the whole config, as a run has it
     (run / ".lock").touch()  # every run folder the trainer made has its lock file
     (run / "run.json").write_text(json.dumps({"schema": None, "label": None}))
     (run / "results.json").write_text(json.dumps({"baseline": {"co2_kg": 1.0}}))
@@ -553,3 +557,109 @@ def test_benchmark_refuses_a_json_path_it_cannot_write_before_measuring(tmp_path
     assert result.exit_code == 2 and "Traceback" not in result.output
     assert result.output.strip().startswith(f"error: cannot write the figures to {blocker / 'figures.json'}")
     assert "steps/s" not in result.output  # nothing was measured first
+
+
+# ------------------------------------------------------------------ refusals on a run that trained (issue 55)
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory, week) -> Path:
+    """A run that trained A2C a few hundred steps on the built-in site's first week, with its report."""
+    from tests.conftest import tiny_overrides
+
+    run = tmp_path_factory.mktemp("trained") / "run"
+    sets = [arg for o in tiny_overrides() for arg in ("--set", o)]
+    trained = CliRunner().invoke(cli, ["train", "a2c", "--timesteps", "256", "--out", str(run), "--schema", str(week),
+                                       "--device", "cpu", *sets])
+    assert trained.exit_code == 0, trained.output
+    assert CliRunner().invoke(cli, ["report", str(run)]).exit_code == 0
+    return run
+
+
+@pytest.fixture
+def a_run(trained_run, tmp_path) -> Path:
+    """A copy of :func:`trained_run` for one test to refuse things on."""
+    copy = tmp_path / "run"
+    shutil.copytree(trained_run, copy)
+    return copy
+
+
+def _other_devices(week: Path, folder: Path) -> Path:
+    import json
+
+    data = json.loads(week.read_text())  # its root_directory: the built-in site's folder
+    next(iter(data["buildings"].values())).pop("chargers", None)
+    folder.mkdir()
+    (folder / "schema.json").write_text(json.dumps(data))
+    return folder / "schema.json"
+
+
+# (case, arguments with RUN for the run and OTHER for a dataset with other devices, exit code, the line's start)
+RUN_REFUSALS = [
+    ("a resume on another dataset", ["night", "--resume", "RUN", "--schema", "OTHER"], 2,
+     "error: --resume: OTHER holds other data than the dataset RUN learnt on"),
+    ("a sweep resumed from a run", ["night", "--resume", "RUN", "--seeds", "1,2"], 2,
+     "error: --seeds starts a sweep, and RUN is not one (no sweep.json)"),
+    ("a sweep into a run's folder", ["night", "--seeds", "1,2", "--out", "RUN"], 2,
+     "error: RUN is a run's folder, not a sweep's: choose another --out"),
+    ("an export of an agent it did not train", ["export", "RUN", "--agent", "sac"], 2,
+     "error: RUN has no trained sac: no RUN/sac/model.zip"),
+    ("an export into the run's own folder", ["export", "RUN", "--out", "RUN"], 2,
+     "error: RUN exists and is not an export: choose another --out"),
+    ("an export into an agent's folder", ["export", "RUN", "--out", "RUN/a2c"], 2,
+     "error: RUN/a2c exists and is not an export"),
+]
+
+
+@pytest.mark.parametrize("case, args, code, start", RUN_REFUSALS, ids=[c[0] for c in RUN_REFUSALS])
+def test_a_refused_command_leaves_a_trained_run_byte_for_byte(case, args, code, start, a_run, week, tmp_path):
+    other = _other_devices(week, tmp_path / "other")
+    names = {"RUN": str(a_run), "OTHER": str(other)}
+    before = snapshot(a_run)
+    result = CliRunner().invoke(cli, [names.get(a, a.replace("RUN", str(a_run))) for a in args])
+    lines = result.output.strip().splitlines()
+    assert result.exit_code == code, result.output
+    assert len(lines) == 1 and lines[0].startswith(start.replace("RUN", str(a_run)).replace("OTHER", str(other))), \
+        result.output
+    assert snapshot(a_run) == before
+
+
+def test_evaluate_on_a_device_the_machine_lacks_leaves_the_run_as_it_was(a_run):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA device")
+    before = snapshot(a_run)
+    result = CliRunner().invoke(cli, ["evaluate", str(a_run), "--device", "cuda"])
+    assert result.exit_code == 2 and result.output.startswith("error: --device cuda was requested"), result.output
+    assert snapshot(a_run) == before  # its log and held-out.json included
+
+
+# (the file damaged, what it is made to hold, the command, the line's start): read strictly, nothing rewritten.
+DAMAGED = [
+    ("config.yaml", "{}\n", ["export", "RUN"], "error: RUN/config.yaml is damaged: a run's config.yaml holds the "
+                                               "whole config the run was made with, and seed, scenario"),
+    ("config.yaml", "{}\n", ["train", "a2c", "--resume", "RUN"], "error: RUN/config.yaml is damaged"),
+    ("config.yaml", "{ nope\n", ["report", "RUN"], "error: RUN/config.yaml:2:1: YAML syntax error"),
+    ("results.json", "[1, 2]", ["export", "RUN"], "error: RUN/results.json is damaged: at the top level"),
+    ("results.json", "{ nope", ["train", "a2c", "--resume", "RUN", "--timesteps", "512"],
+     "error: RUN/results.json is damaged (JSONDecodeError"),
+    ("a2c/model.zip", "not a zip", ["evaluate", "RUN"], "error: RUN/a2c/model.zip is not an SB3 model.zip"),
+    ("a2c/checkpoints/*/state.json", "{ x", ["train", "a2c", "--resume", "RUN", "--timesteps", "512"],
+     "error: --resume: every a2c checkpoint in RUN is damaged: step_"),
+    ("a2c/metrics.json", "{ nope", ["report", "RUN"], "error: RUN/a2c/metrics.json is damaged"),
+    ("validation-site/references.json", "[1, 2]", ["report", "RUN"],
+     "error: RUN/validation-site/references.json is damaged: expected an object"),
+]
+
+
+@pytest.mark.parametrize("name, text, args, start", DAMAGED, ids=[f"{d[0]} {d[2][0]}" for d in DAMAGED])
+def test_a_damaged_file_of_a_trained_run_is_named_and_nothing_is_rewritten(name, text, args, start, a_run):
+    for path in a_run.glob(name):  # each checkpoint's, where the name has a wildcard
+        path.write_text(text)
+    before = snapshot(a_run)
+    result = CliRunner().invoke(cli, [a.replace("RUN", str(a_run)) for a in args])
+    lines = result.output.strip().splitlines()
+    assert result.exit_code in (1, 2) and len(lines) == 1, result.output
+    assert lines[0].startswith(start.replace("RUN", str(a_run))), lines[0]
+    assert snapshot(a_run) == before  # the report and its plots as they were, the log untouched

@@ -123,7 +123,7 @@ def test_unseen_year_needs_a_part_held_out(tmp_path, site_schema, default_cfg):
     dataset = variant(site_schema, tmp_path / "dataset", edit=lambda data: data.pop("pvbess_site"))
     ctx = RunContext(default_cfg, RunDir(tmp_path / "run"), Site.load(dataset), "cpu")
     with pytest.raises(UsageError, match="held nothing of .* out \\(holdout.share 0\\): --unseen-year needs a part"):
-        evaluate_unseen_year(ctx)
+        evaluate_unseen_year(ctx, {})
     assert not (tmp_path / "run" / "unseen-year" / "results.json").exists()
 
 

@@ -24,7 +24,7 @@ from trainer.learn.preflight import check_resume_config, memory_checks
 from trainer.night import install, plan, runner, stages
 from trainer.night.request import NightRequest, run_request
 from trainer.run import session
-from trainer.run.folder import RunDir
+from trainer.run.folder import RunContext, RunDir
 from trainer.site import given_site
 
 
@@ -151,10 +151,17 @@ def plan_command(config_files: tuple[str, ...], overrides: tuple[str, ...], prof
 def evaluate(run_dir: str, device: str | None, unseen_year: bool) -> None:
     """Re-evaluate the references, every saved model of RUN_DIR and its warm start with this version (after an
     upgrade: its guard and metrics), keeping the training record; rewrite results.json."""
-    with session.reopen_run(run_dir, device or "cpu") as ctx:
+    policies: dict[str, Any] = {}
+
+    def check(ctx: RunContext) -> None:  # before the run's log is written to: a refusal leaves it as it was
+        if unseen_year:
+            stages.unseen_year_of(ctx)
+        policies.update(stages.saved_policies(ctx.run, ctx.cfg))
+
+    with session.reopen_run(run_dir, device or "cpu", check) as ctx:
         State.log_file = ctx.run.log_file
         if unseen_year:
-            click.echo(results_table(stages.evaluate_unseen_year(ctx), currency(ctx.run)))
+            click.echo(results_table(stages.evaluate_unseen_year(ctx, policies), currency(ctx.run)))
             click.echo(f"\nresults over a year no stage saw ({ctx.run.unseen_year / 'site'}): "
                        f"{ctx.run.unseen_year / 'results.json'}")
             if ctx.run.report.is_file():  # its report gains the year
@@ -162,7 +169,7 @@ def evaluate(run_dir: str, device: str | None, unseen_year: bool) -> None:
             else:
                 click.echo(f"a report with this year: trainer report {ctx.run.root}")
             return
-        _print_results(stages.reevaluate(ctx), ctx.run)
+        _print_results(stages.reevaluate(ctx, policies), ctx.run)
 
 
 # What `trainer export` imports beyond the product's own dependencies (pyproject.toml's export extra).
@@ -183,12 +190,16 @@ def export_command(run_dir: str, agent: str | None, out: str | None) -> None:
                          "./launchers/launch.sh once, or .venv/bin/pip install -e '.[export]' in the checkout")
     from trainer.export import exporter  # lazy: the exporter imports torch and onnx
 
+    asked: list[exporter.ExportRequest] = []
+
+    def check(ctx: RunContext) -> None:  # before the run's log is written to: a refusal leaves it as it was
+        asked.append(exporter.request(ctx.run, ctx.cfg, agent, out))
+
     # A stop signal raises at once (an export holds nothing to save): the half-written folder is removed on the way.
-    with handle_stop_signals(), STOP.interruptible("the export"), session.reopen_run(run_dir, "cpu") as ctx:
+    with handle_stop_signals(), STOP.interruptible("the export"), session.reopen_run(run_dir, "cpu", check) as ctx:
         State.log_file = ctx.run.log_file
-        name = exporter.choose_agent(ctx, agent)
-        target = Path(out) if out else exporter.default_out(ctx, name)
-        document = exporter.export_run(ctx, name, target)
+        document = exporter.export_run(ctx, asked[0])
+    name, target = asked[0].agent, asked[0].out
     proof = document["verification"]
     click.echo(f"exported {name} to {target}: {proof['steps']:,} steps replayed through CityLearn, actions within "
                f"{proof['max_action_difference']:.1e} of the product's, {proof['step_ms_median']:.3f} ms a step\n"

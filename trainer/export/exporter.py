@@ -26,12 +26,13 @@ from trainer.base import logs
 from trainer.base.errors import TrainerError, UsageError
 from trainer.base.files import write_json_atomic, write_text_atomic
 from trainer.config.roster import agent_spec
+from trainer.config.sections import Config
 from trainer.env.citylearn import CentralAgentArrays, learnt_normalisation, make_citylearn_env
 from trainer.env.ev_guard import EvServiceGuard
 from trainer.export import onnx_policy, spec
 from trainer.judge.metrics import best_agent, evaluation_window, run_episode
 from trainer.learn.model_file import load_model
-from trainer.run.folder import RunContext
+from trainer.run.folder import RunContext, RunDir
 from trainer.shipped import controller as standalone_controller
 from trainer.shipped.controller import CHECK_FILE, CHECK_TOLERANCE, EXPECTED_PREFIX, SPEC_FILE, Controller
 
@@ -80,31 +81,47 @@ class _ExportedActing:
         return self.arrays.scale.to_agent(native)
 
 
-def default_out(ctx: RunContext, agent: str) -> Path:
-    return ctx.run.export / agent
+@dataclass
+class ExportRequest:
+    """What an export was asked for, checked before the run folder is touched: the agent, its model, the folder."""
+
+    agent: str
+    model: Any
+    out: Path
 
 
-def choose_agent(ctx: RunContext, agent: str | None) -> str:
-    results = ctx.run.results()
+def request(run: RunDir, cfg: Config, agent: str | None, out: str | Path | None) -> ExportRequest:
+    """Every check of an export that needs no site: the agent (given, or the one the report recommends), its model
+    loaded, and ``out`` (default RUN_DIR/export/<agent>) free or an earlier export's."""
+    run.results()  # the night's figures the proof compares with: a damaged file is named before anything is written
+    name = choose_agent(run, cfg, agent)
+    target = Path(out) if out else run.export / name
+    model = load_model(cfg, name, run.agent(name).model, fix=f"train it again: trainer train {name} --resume "
+                       f"{run.root}")
+    _refuse_to_replace(target)
+    return ExportRequest(name, model, target)
+
+
+def choose_agent(run: RunDir, cfg: Config, agent: str | None) -> str:
     if agent is not None:
         agent_spec(agent)  # an unknown name is refused with the roster's list
-        if not ctx.run.agent(agent).model.is_file():
-            raise UsageError(f"{ctx.run.root} has no trained {agent}: no {ctx.run.agent(agent).model} "
-                             f"(train it first: trainer train {agent} --resume {ctx.run.root})")
+        if not run.agent(agent).model.is_file():
+            raise UsageError(f"{run.root} has no trained {agent}: no {run.agent(agent).model} "
+                             f"(train it first: trainer train {agent} --resume {run.root})")
         return agent
-    best = best_agent(results, ctx.cfg.ev.target_met_pct)
+    best = best_agent(run.results(), cfg.ev.target_met_pct)
     if best is None:
-        raise UsageError(f"{ctx.run.root}: no trained agent meets the EV target, so none is recommended; "
+        raise UsageError(f"{run.root}: no trained agent meets the EV target, so none is recommended; "
                          "pass --agent NAME to export one anyway")
     return best
 
 
-def export_run(ctx: RunContext, agent: str, out: Path) -> dict[str, Any]:
-    """Export ``agent`` of the run into ``out`` (replaced whole, only once the proof holds); returns its spec."""
-    cfg, log = ctx.cfg, logs.get().bind(agent=agent)
-    model = load_model(cfg, agent, ctx.run.agent(agent).model, fix=f"train it again: trainer train {agent} --resume "
-                       f"{ctx.run.root}")
-    _refuse_to_replace(out)
+def export_run(ctx: RunContext, asked: ExportRequest) -> dict[str, Any]:
+    """Export the asked agent of the run into its folder (replaced whole, only once the proof holds); returns its
+    spec."""
+    agent, model, out = asked.agent, asked.model, asked.out
+    log = logs.get().bind(agent=agent)
+    _refuse_to_replace(out)  # again, under the run's lock: the folder may have changed since the request
     staging = out.with_name(f".{out.name}.partial")  # beside it: the rename into place cannot cross disks
     shutil.rmtree(staging, ignore_errors=True)
     try:

@@ -3,6 +3,7 @@ week, the night's timeline and the GPU monitor's records, each a PNG under the r
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -198,6 +199,10 @@ def plot_learning_curves(run: RunDir, agents: list[str], path: Path, curve_days:
         co2_ax.plot([], [], marker="*", markersize=12, color="white", markeredgecolor="black", linestyle="none",
                     label="deployed")
     held_out = read_json(run.validation_references) if run.validation_references.is_file() else None
+    if held_out is not None and not isinstance(held_out, dict):
+        raise DamagedFile(f"{run.validation_references} is damaged: expected an object of the references' CO2 "
+                          f"(baseline, rbc), found {json.dumps(held_out)[:80]}; delete it (the learning curve then "
+                          "draws the references from their evaluation)")
     for name in (name for name, spec in REFERENCE_ROSTER.items() if spec.on_curve):
         if held_out is not None:
             reference = held_out.get(name) / 1000 if isinstance(held_out.get(name), (int, float)) else None

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from monitor.summary import format_summary, read_records, summarise
 from trainer.base.errors import UsageError
 from trainer.base.files import DamagedFile, read_typed, write_text_atomic
+from trainer.config.loading import read_yaml
 from trainer.config.roster import AGENTS
 from trainer.judge.metrics import DEFAULT_TARGET_MET_PCT, best_agent, evaluation_window, optimum_reach, serves_cars
 from trainer.judge.plots import (
@@ -30,7 +32,7 @@ PLOTS = ("co2_by_agent.png", "learning_curves.png", "representative_week.png", "
 
 def _recorded(run: RunDir, section: str, key: str, default: Any) -> Any:
     """A value of the run's config.yaml, or ``default`` where an older run folder lacks the file or the key."""
-    data = yaml.safe_load(run.config.read_text(encoding="utf-8")) if run.config.is_file() else None
+    data = read_yaml(run.config) if run.config.is_file() else None
     return ((data or {}).get(section) or {}).get(key, default)
 
 
@@ -310,17 +312,32 @@ def _unseen_year(run: RunDir, unit: str | None) -> list[str]:
 
 
 def write_report(run: RunDir) -> Path:
-    """Write report.md and every plot; returns the report's path."""
+    """Write report.md and every plot; returns the report's path. Plots are drawn aside and moved into plots/ once
+    the whole report is made: a damaged file it reads (named, with the way on) leaves the earlier report and plots
+    as they were."""
+    run.plots.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".plots-", dir=run.plots))
+    try:
+        text = _compose(run, staging)
+        for plot in sorted(staging.iterdir()):
+            os.replace(plot, run.plot(plot.name))
+        write_text_atomic(run.report, text)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return run.report
+
+
+def _compose(run: RunDir, plots: Path) -> str:
+    """report.md's text, its plots drawn into ``plots``."""
     results = run.results()
     schedule = ScheduleState.load(run.schedule).as_dict() if run.schedule.is_file() else None
-    run.plots.mkdir(parents=True, exist_ok=True)
     agents = [a for a in AGENTS if run.agent(a).root.is_dir()]
     target_pct = target_met_pct(run)
-    plot_co2(results, run.plot("co2_by_agent.png"), target_pct)
-    curves = plot_learning_curves(run, agents, run.plot("learning_curves.png"), curve_days(run))
-    best_shown = plot_week(run, results, run.plot("representative_week.png"), target_pct)  # beside the baseline
+    plot_co2(results, plots / "co2_by_agent.png", target_pct)
+    curves = plot_learning_curves(run, agents, plots / "learning_curves.png", curve_days(run))
+    best_shown = plot_week(run, results, plots / "representative_week.png", target_pct)  # beside the baseline
     if schedule:
-        plot_timeline(schedule, run.plot("timeline.png"))
+        plot_timeline(schedule, plots / "timeline.png")
 
     lines = [f"# Night report: {run.root.name}", "", *_headline(results, target_pct, run),
              *_judged_on(run, results)]
@@ -360,7 +377,7 @@ def write_report(run: RunDir) -> Path:
         lines += ["", "![Timeline](plots/timeline.png)", ""]
     if run.monitor.is_file():
         records = read_records(run.monitor)
-        plot_monitor(records, run.plot("gpu.png"), schedule)
+        plot_monitor(records, plots / "gpu.png", schedule)
         lines += [
             "## The machine",
             "",
@@ -372,8 +389,7 @@ def write_report(run: RunDir) -> Path:
             "",
         ]
     lines += ["Metric definitions: `trainer/judge/metrics.py`; the run's config: `config.yaml`.", ""]
-    write_text_atomic(run.report, "\n".join(lines))
-    return run.report
+    return "\n".join(lines)
 
 
 def _actual(stage: dict[str, Any]) -> str:

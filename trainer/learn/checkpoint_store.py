@@ -219,12 +219,21 @@ class CheckpointStore:
 
     def latest(self) -> Checkpoint | None:
         """The newest checkpoint that passes its checksums; broken newer ones are reported and skipped."""
+        found, broken = self.survey()
+        for path, problem in broken:
+            logs.get().warning("checkpoint skipped", path=str(path), reason=problem, action="using the one before")
+        return found
+
+    def survey(self) -> tuple[Checkpoint | None, list[tuple[Path, str]]]:
+        """The newest checkpoint that passes its checksums and, newest first, the broken ones newer than it (all of
+        them where none passes), with what is wrong with each; logs nothing (a refusal names them itself)."""
+        broken = []
         for path in reversed(self._candidates()):
             problem = verify(path)
             if problem is None:
-                return Checkpoint(path, json.loads((path / STATE).read_text()))
-            logs.get().warning("checkpoint skipped", path=str(path), reason=problem, action="using the one before")
-        return None
+                return Checkpoint(path, json.loads((path / STATE).read_text())), broken
+            broken.append((path, problem))
+        return None, broken
 
 
 def verify(path: Path) -> str | None:

@@ -9,6 +9,7 @@ from typing import Any
 
 from trainer.base import logs
 from trainer.base.errors import UsageError
+from trainer.base.files import DamagedFile
 from trainer.config.agents import OffPolicyConfig
 from trainer.config.roster import AGENTS
 from trainer.config.sections import Config
@@ -63,8 +64,14 @@ def check_resume_config(run_dir: Path, agent: str, cfg: Config, force: bool, req
     """Refuse, before anything is written, to resume with a config that differs from the checkpoint's in what
     this agent's training depends on; with ``require_checkpoint``, to resume an agent the folder never trained."""
     run = RunDir(run_dir)
-    checkpoint = CheckpointStore(run.agent(agent).checkpoints, keep=1).latest()
+    checkpoint, broken = CheckpointStore(run.agent(agent).checkpoints, keep=1).survey()
     if checkpoint is None:
+        if require_checkpoint and broken:
+            path, problem = broken[0]
+            more = f" (and {len(broken) - 1} older ones)" if len(broken) > 1 else ""
+            raise DamagedFile(f"--resume: every {agent} checkpoint in {run_dir} is damaged: {path.name}: {problem}"
+                              f"{more}; restore one from a backup, or train {agent} again in a new folder (the folder "
+                              "keeps its model.zip and results)")
         if require_checkpoint:
             trained = [a for a in AGENTS if run.agent(a).has_checkpoint()]
             if not trained and SavedImitations(run.imitations).holds_any():

@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from stable_baselines3.common.base_class import BaseAlgorithm
 
     from trainer.config.agents import AgentConfig
+    from trainer.config.sections import Config
     from trainer.run.folder import RunContext
 
 
@@ -232,13 +233,39 @@ def _evaluate_warm_start(ctx: RunContext, handle: Agent) -> dict[str, Any]:
     return kept
 
 
-def _load(ctx: RunContext, agent: str) -> BaseAlgorithm:
-    folder = ctx.run.agent(agent)
-    return load_model(ctx.cfg, agent, folder.model, device=agent_device(ctx.cfg, agent),
-                      fix=f"resume its training from its checkpoints: trainer train {agent} --resume {ctx.run.root}")
+def _load(run: RunDir, cfg: Config, agent: str) -> BaseAlgorithm:
+    return load_model(cfg, agent, run.agent(agent).model, device=agent_device(cfg, agent),
+                      fix=f"resume its training from its checkpoints: trainer train {agent} --resume {run.root}")
 
 
-def evaluate_unseen_year(ctx: RunContext) -> dict[str, dict[str, Any]]:
+def saved_policies(run: RunDir, cfg: Config) -> dict[str, BaseAlgorithm]:
+    """Every model a run saved, by its row's name ("a2c", "a2c warm start"), each loaded: a damaged one is named
+    (with the way on) before a command that re-evaluates them writes anything."""
+    policies = {}
+    for agent in AGENTS:
+        folder = run.agent(agent)
+        if folder.model.is_file():
+            policies[agent] = _load(run, cfg, agent)
+        if folder.warm_start.is_file():
+            policies[f"{agent} warm start"] = load_model(
+                cfg, agent, folder.warm_start, device=agent_device(cfg, agent),
+                fix=f"delete it to evaluate without it; trainer train {agent} writes it again")
+    return policies
+
+
+def unseen_year_of(ctx: RunContext) -> Site:
+    """The part of the data the run held out, or refused (before anything is written) where it held none."""
+    held = ctx.site.held_out
+    year = held.site if held is not None else ctx.site.draw(ctx.run.unseen_year_site, UNSEEN_YEAR_SEED_OFFSET) \
+        if ctx.site.kind.unseen_draws else None
+    if year is None:
+        raise UsageError(f"{ctx.run.root} held nothing of {ctx.site.schema} out (holdout.share 0): --unseen-year "
+                         "needs a part no stage learnt from; run the night again without --holdout none, or with "
+                         "--eval-schema")
+    return year
+
+
+def evaluate_unseen_year(ctx: RunContext, policies: dict[str, BaseAlgorithm]) -> dict[str, dict[str, Any]]:
     """``trainer evaluate --unseen-year``: the references, each deployed model and its warm start over the part of
     the data the run held out (``holdout``: a year of the built-in site that no stage trained, validated or imitated
     on, ``scenario.seed`` + UNSEEN_YEAR_SEED_OFFSET; the end of a dataset's period; another dataset), as long as the
@@ -248,22 +275,9 @@ def evaluate_unseen_year(ctx: RunContext) -> dict[str, dict[str, Any]]:
     controller shows it is causal, not a memorised year: measured, the nights' agents lose 1.3-2.5 points of the
     optimum's cut there (docs/agent-quality.md).
     """
-    held = ctx.site.held_out
-    year = held.site if held is not None else ctx.site.draw(ctx.run.unseen_year_site, UNSEEN_YEAR_SEED_OFFSET) \
-        if ctx.site.kind.unseen_draws else None
-    if year is None:
-        raise UsageError(f"{ctx.run.root} held nothing of {ctx.site.schema} out (holdout.share 0): --unseen-year "
-                         "needs a part no stage learnt from; run the night again without --holdout none, or with "
-                         "--eval-schema")
-    controllers: dict[str, PolicyController] = {}  # by the row's name; every model is loaded before anything runs
-    for agent in AGENTS:
-        agent_dir = ctx.run.agent(agent)
-        if agent_dir.model.is_file():
-            controllers[agent] = PolicyController(agent, _load(ctx, agent))
-        if agent_dir.warm_start.is_file():
-            controllers[f"{agent} warm start"] = PolicyController(agent, load_model(
-                ctx.cfg, agent, agent_dir.warm_start, device=agent_device(ctx.cfg, agent),
-                fix=f"delete it to evaluate without it; trainer train {agent} writes it again"))
+    year = unseen_year_of(ctx)
+    # By the row's name; every model was loaded before anything was written.
+    controllers = {name: PolicyController(name.split()[0], model) for name, model in policies.items()}
 
     def open_env():
         return _eval_env(ctx, year)
@@ -305,7 +319,7 @@ def _save_model(model: BaseAlgorithm, folder: AgentDir, agent: str, checkpoint: 
 def evaluate_model(ctx: RunContext, agent: str, model: BaseAlgorithm | None = None) -> dict[str, Any]:
     folder = ctx.run.agent(agent)
     if model is None:
-        model = _load(ctx, agent)
+        model = _load(ctx.run, ctx.cfg, agent)
 
     def evaluate(site: Site, timeseries: Path | None) -> dict[str, Any]:
         env = _eval_env(ctx, site)
@@ -374,12 +388,12 @@ def train_with_baseline(ctx: RunContext, agent: str, resume: bool, force: bool) 
     return record_results(ctx.run, {agent: train_agent(ctx, agent, steps, resume=resume, force=force)})
 
 
-def reevaluate(ctx: RunContext) -> dict[str, dict[str, Any]]:
+def reevaluate(ctx: RunContext, policies: dict[str, BaseAlgorithm]) -> dict[str, dict[str, Any]]:
     """``trainer evaluate``: the references, every saved model and its warm start again, with this version's
     evaluation (after an upgrade: its guard, its metrics); the training record (steps, time, which policy was kept
     and why, the warm start's imitation) is kept. Every model is loaded first, so a damaged one stops the command
-    before anything is rewritten."""
-    models = {agent: _load(ctx, agent) for agent in AGENTS if ctx.run.agent(agent).model.is_file()}
+    before anything is rewritten (``policies``: :func:`saved_policies`, loaded before the run's lock)."""
+    models = {agent: policies[agent] for agent in AGENTS if agent in policies}
     new = {name: evaluate_reference(ctx, name, reuse=False) for name in REFERENCES}
     for agent, model in models.items():
         folder = ctx.run.agent(agent)

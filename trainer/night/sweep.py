@@ -18,7 +18,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from trainer.base.errors import TrainerError
+from trainer.base.errors import TrainerError, UsageError
 from trainer.base.files import DamagedFile, read_json, write_json_atomic, write_text_atomic
 from trainer.config.loading import with_overrides
 from trainer.config.roster import AGENTS
@@ -173,15 +173,29 @@ def from_cli(config_files: tuple[str, ...], overrides: tuple[str, ...], profile:
              seeds_text: str | None, out: str | None, resume: str | None) -> tuple[Config, Sweep]:
     """The sweep a `trainer night --seeds` (or `--resume SWEEP_DIR`) asks for: its config and its variants."""
     folder = Path(resume) if resume and resume != session.LATEST else None
+    if folder is not None and not is_sweep(folder):
+        raise UsageError(f"--seeds starts a sweep, and {resume} is not one (no {SWEEP}): resume the run without "
+                         "--seeds, or start the sweep with --out in a new folder")
     if folder is not None and is_sweep(folder):
         producer, variants = read_variants(folder)
+        asked = SEEDS.variants(seeds_text) if seeds_text else None
+        if asked is not None and [v.name for v in asked] != [v.name for v in variants]:
+            own = ", ".join(v.label for v in variants)
+            raise UsageError(f"--resume {resume} goes on with the sweep's own runs ({own}), and --seeds asks for "
+                             f"{seeds_text}: drop --seeds, or start another sweep with --out in a new folder")
         first = RunDir(folder / variants[0].name)  # a sweep's runs differ only in their variant's overrides
         before = [] if not first.config.is_file() or session.made_with_holdout(first) else ["holdout.share=0"]
         cfg = session.resolve_config([first.config, *config_files] if first.config.is_file() else config_files,
                                      [*before, *overrides], device=device)
         return cfg, Sweep(folder, producer, variants, resume=True)
+    if resume == session.LATEST:
+        raise UsageError("--seeds starts a sweep, and --resume latest resumes a run: resume a sweep by its folder "
+                         "(--resume SWEEP_DIR), or drop --resume")
     cfg = session.resolve_config(config_files, overrides, device=device, profile=profile)
-    return cfg, Sweep(sweep_folder(cfg, out), SEEDS, SEEDS.variants(seeds_text or ""))
+    target = sweep_folder(cfg, out)
+    if RunDir(target).config.is_file() and not is_sweep(target):
+        raise UsageError(f"{target} is a run's folder, not a sweep's: choose another --out for the sweep")
+    return cfg, Sweep(target, SEEDS, SEEDS.variants(seeds_text or ""))
 
 
 def read_variants(folder: Path) -> tuple[Producer, list[Variant]]:

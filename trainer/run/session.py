@@ -8,6 +8,7 @@ resume needs to know about a run (its dataset) is kept in the run folder's ``run
 
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 import tempfile
@@ -17,15 +18,14 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from datetime import datetime
 from pathlib import Path
-
-import yaml
+from typing import Any
 
 from trainer.base import durations, logs
-from trainer.base.errors import ConfigError, UsageError
-from trainer.base.files import read_typed, write_json_atomic
+from trainer.base.errors import ConfigError, TrainerError, UsageError
+from trainer.base.files import DamagedFile, read_typed, write_json_atomic
 from trainer.base.progress import live_console
 from trainer.config import profiles
-from trainer.config.loading import load_config
+from trainer.config.loading import load_config, read_yaml
 from trainer.config.roster import AGENTS
 from trainer.config.sections import MAX_SEED, Config, ObservationsConfig
 from trainer.run.device import apply_gpu_flags, resolve_device
@@ -49,6 +49,7 @@ class RunRecord:
     schema: str | None  # a CityLearn dataset's schema.json; None: the built-in site, generated into site/
     label: str | None
     kind: str | None = None  # trainer.site.SITE_KINDS' name of how it was given (a run before it: by its schema)
+    digest: str | None = None  # the data's Site.content_digest (a run before it: none): a resume checks it
 
     def save(self, run: RunDir) -> None:
         write_json_atomic(run.record, asdict(self))
@@ -102,10 +103,28 @@ def resolve_for_resume(resume: str | None, out: str | None, marker: str, config_
     return cfg, str(run_dir)
 
 
+# What every run's config.yaml has held, since the first version: a file without them is not the trainer's.
+RUN_CONFIG_KEYS = ("seed", "scenario", "sac", "ppo", "a2c")
+
+
+def run_config(run: RunDir) -> dict[str, Any]:
+    """The run's config.yaml as the trainer wrote it, read strictly: its YAML (file, line and column where it is
+    not) and the sections every run holds. An emptied file would otherwise read as the defaults, and a resume or
+    an export would go on with a config the run never had."""
+    data = read_yaml(run.config)
+    missing = [key for key in RUN_CONFIG_KEYS if key not in data]
+    if missing:
+        found = ", ".join(list(data)[:6]) or "nothing"
+        raise DamagedFile(f"{run.config} is damaged: a run's config.yaml holds the whole config the run was made "
+                          f"with, and {', '.join(missing)} {'is' if len(missing) == 1 else 'are'} missing (it holds "
+                          f"{found}); restore it from a backup, or start a new run")
+    return data
+
+
 def made_with_holdout(run: RunDir) -> bool:
     """Whether the run's config.yaml has a holdout section: a run from before held-out periods learnt from all of
     its data, so it is resumed and re-evaluated with nothing held out."""
-    return "holdout" in (yaml.safe_load(run.config.read_text(encoding="utf-8")) or {})
+    return "holdout" in run_config(run)
 
 
 def newest_run(root: Path, marker: str = "config.yaml") -> Path | None:
@@ -302,18 +321,31 @@ def site_for(cfg: Config, given: Site | None) -> Iterator[Site]:
         yield Site.load(build_site(cfg.scenario, Path(tmp) / "site"), BUILT_IN, fallback=cfg.scenario)
 
 
+def _read_json_or_none(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
 def judged_apart(cfg: Config, run: RunDir, site: Site) -> Site:
     """The run's site as the part it learns from, carrying the part it is judged on (``cfg.holdout``), recorded in
     held-out.json for the report."""
     site = hold_out(site, cfg.holdout, run.unseen_year_site)
+    record_held_out(run, site)
+    return site
+
+
+def record_held_out(run: RunDir, site: Site) -> None:
+    """held-out.json: what ``site`` is judged on, for the report; logged."""
     held = site.held_out
     record = {"held_out": None, "learnt_from": None} if held is None else {
         "held_out": held.what, "learnt_from": held.learnt_from, "schema": str(held.site.schema),
         "first_step": held.site.start, "last_step": held.site.end}
-    write_json_atomic(run.held_out, record)
+    if _read_json_or_none(run.held_out) != record:  # a re-evaluation leaves the same record's file as it was
+        write_json_atomic(run.held_out, record)
     if held is not None:
         logs.get().info("judged on a part held out", held_out=held.what, learnt_from=held.learnt_from)
-    return site
 
 
 @contextmanager
@@ -327,9 +359,13 @@ def open_run(cfg: Config, command: str, out: str | Path | None, schema: str | No
     """
     previous = RunRecord.load(RunDir(Path(out))) if resuming and not schema and not dataset else None
     given = previous.given() if previous else given_site(schema, dataset)
+    if resuming and (schema or dataset):
+        same_dataset(RunDir(Path(out)), given)
     device = resolve_device(cfg.gpu.device)
     label = given.label if given else None
     run = RunDir(Path(out)) if out else default_run_dir(cfg, command.replace(" ", "-"), label)
+    if run.results_json.is_file():
+        run.results()  # a damaged one is named before anything is written: the stages would fail on it later
     with staged_dataset(cfg, run, given, resuming) as staged:
         judged_instead(staged, cfg.holdout)  # a dataset to judge on that the policy could not drive is refused now
         check_ignored(staged, cfg.observations)
@@ -341,7 +377,8 @@ def open_run(cfg: Config, command: str, out: str | Path | None, schema: str | No
             logs.configure(run.log_file)
             logs.get().info("run resumed" if resuming else "run started", run=str(run.root), command=command,
                             device=device)
-            RunRecord(str(given.schema) if given else None, label, given.kind.name if given else None).save(run)
+            RunRecord(str(given.schema) if given else None, label, given.kind.name if given else None,
+                      given.content_digest() if given else None).save(run)
             site = judged_apart(cfg, run, place_dataset(run, staged, given))
         except BaseException:
             lock.release()
@@ -352,6 +389,33 @@ def open_run(cfg: Config, command: str, out: str | Path | None, schema: str | No
             yield RunContext(cfg, run, site, device)
     finally:
         lock.release()
+
+
+def same_dataset(run: RunDir, given: Site | None) -> None:
+    """Refuse to resume ``run`` on other data than it learnt on: a dataset passed again on --resume (one that moved)
+    must hold what the run's own did, byte for byte, or the run's policy, checkpoints and figures would mix two
+    sites. Where the run's own dataset can no longer be read and run.json holds no digest, it cannot tell: allowed."""
+    if not run.record.is_file():
+        return
+    record = RunRecord.load(run)
+    if record.schema is None:
+        if given is not None:
+            raise UsageError(f"--resume: {run.root} learnt on the built-in site, not on {given.schema}; resume it "
+                             "without --schema/--dataset, or start a new run with the dataset")
+        return
+    if given is None:
+        return
+    recorded = record.digest
+    if recorded is None:
+        try:
+            own = record.given()
+        except TrainerError:  # moved or damaged: nothing to compare with
+            return
+        recorded = own.content_digest() if own is not None else None
+    if recorded is not None and recorded != given.content_digest():
+        raise UsageError(f"--resume: {given.schema} holds other data than the dataset {run.root} learnt on "
+                         f"({record.schema}, run.json); resume with that dataset (or with none: run.json names it), "
+                         "or start a new run with this one")
 
 
 def check_ignored(site: Site | None, seen: ObservationsConfig) -> None:
@@ -365,21 +429,29 @@ def check_ignored(site: Site | None, seen: ObservationsConfig) -> None:
 
 
 @contextmanager
-def reopen_run(run_dir: str | Path, device: str) -> Iterator[RunContext]:
-    """An existing run folder, locked and logged to, with its own config and dataset (re-evaluation)."""
+def reopen_run(run_dir: str | Path, device: str,
+               check: Callable[[RunContext], None] | None = None) -> Iterator[RunContext]:
+    """An existing run folder, locked and logged to, with its own config and dataset (re-evaluation). Every check
+    comes first (the folder, its dataset, the device, then the caller's ``check`` of the run as it will be given): a
+    refused command leaves the folder byte for byte as it was, its log included."""
     run = RunDir(Path(run_dir))
     if not run.config.is_file():
         raise UsageError(f"not a run folder: {run_dir} has no config.yaml (pass a folder made by trainer train or "
                          "night)")
+    run_config(run)  # checked strictly: an emptied file would read as the defaults
     cfg = load_config([run.config])
     # Before the lock note and the log: a built-in site is checked too, to refuse a class CityLearn would run.
     site = RunRecord.load(run).given() or Site.load(run.site_schema, BUILT_IN, check=True, fallback=cfg.scenario)
     if not made_with_holdout(run):
         cfg = cfg.model_copy(update={"holdout": cfg.holdout.model_copy(update={"share": 0.0})})
-    lock = RunLock(run.root).acquire()
+    resolved = resolve_device(device)
+    lock = RunLock(run.root).acquire()  # its note goes with it: a refusal below leaves the folder as it was
     try:
+        ctx = RunContext(cfg, run, hold_out(site, cfg.holdout, run.unseen_year_site), resolved)
+        if check is not None:
+            check(ctx)
         logs.configure(run.log_file)
-        site = judged_apart(cfg, run, site)
-        yield RunContext(cfg, run, site, resolve_device(device))
+        record_held_out(run, ctx.site)
+        yield ctx
     finally:
         lock.release()
