@@ -40,6 +40,8 @@ def existing_run(tmp_path) -> Path:
 def _break(dataset: Path, case: str) -> None:
     if case == "schema not JSON":
         (dataset / "schema.json").write_text("{ not json")
+    elif case == "schema nested too deep":
+        (dataset / "schema.json").write_text("[" * 100_000 + "]" * 100_000)
     elif case == "missing CSV":
         (dataset / "weather.csv").unlink()
     elif case == "NaN load":
@@ -100,6 +102,8 @@ SCHEMA_CLASS_CASES = {
 CASES = [
     # (case, extra arguments, exit code, the line's start, a word of the fix)
     ("schema not JSON", [], 2, "error: {data}/schema.json:1:3: not a CityLearn schema", "schema.json"),
+    ("schema nested too deep", [], 2, "error: {data}/schema.json: not a CityLearn schema (JSON nested deeper than "
+                                      "Python reads)", "schema.json"),
     ("missing CSV", [], 2, "error: {data}/weather.csv: building Building_1's weather file is missing", "restore"),
     ("NaN load", [], 2, "error: {data}/Building_1.csv: building Building_1's energy_simulation file, row 6, "
                         "column non_shiftable_load", "finite"),
@@ -644,6 +648,8 @@ DAMAGED = [
     ("results.json", "[1, 2]", ["export", "RUN"], "error: RUN/results.json is damaged: at the top level"),
     ("results.json", "{ nope", ["train", "a2c", "--resume", "RUN", "--timesteps", "512"],
      "error: RUN/results.json is damaged (JSONDecodeError"),
+    ("results.json", "[" * 100_000 + "]" * 100_000, ["report", "RUN"],
+     "error: RUN/results.json is damaged (JSON nested deeper than Python reads)"),
     ("a2c/model.zip", "not a zip", ["evaluate", "RUN"], "error: RUN/a2c/model.zip is not an SB3 model.zip"),
     ("a2c/checkpoints/*/state.json", "{ x", ["train", "a2c", "--resume", "RUN", "--timesteps", "512"],
      "error: --resume: every a2c checkpoint in RUN is damaged: step_"),

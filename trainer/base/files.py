@@ -55,9 +55,11 @@ class DamagedFile(TrainerError):
 def read_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         fix = FIXES.get(path.name, "restore it from a backup or delete it")
-        raise DamagedFile(f"{path} is damaged ({type(exc).__name__}: {exc}); {fix}") from None
+        what = "JSON nested deeper than Python reads" if isinstance(exc, RecursionError) else \
+            f"{type(exc).__name__}: {exc}"
+        raise DamagedFile(f"{path} is damaged ({what}); {fix}") from None
 
 
 def cache_root() -> Path:

@@ -37,6 +37,8 @@ class _NoAliases(yaml.SafeLoader):
 
 def read_yaml(path: Path) -> dict[str, Any]:
     """Read one YAML mapping, with file, line and column on a syntax error."""
+    if path.exists() and not path.is_file():
+        raise ConfigError(f"{path} is not a file (a config is a YAML file; check the path given to --config)")
     if not path.is_file():
         raise ConfigError(f"config file not found: {path} (check the path given to --config)")
     try:

@@ -88,6 +88,9 @@ def read_schema(schema: Path) -> dict:
     except OSError as exc:
         raise DatasetError(f"{schema}: cannot read the CityLearn schema ({exc.strerror}); pass a readable "
                            "schema.json") from None
+    except RecursionError:  # arrays or objects nested thousands deep: no schema is
+        raise DatasetError(f"{schema}: not a CityLearn schema (JSON nested deeper than Python reads); pass a "
+                           "dataset's schema.json") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         where = f":{exc.lineno}:{exc.colno}" if isinstance(exc, json.JSONDecodeError) else ""
         raise DatasetError(f"{schema}{where}: not a CityLearn schema (not JSON: {exc}); pass a dataset's "
