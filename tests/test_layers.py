@@ -17,7 +17,7 @@ BASE = {"trainer.base", "trainer.config"}
 # The packages from the ground up: each imports only packages before it (docs/architecture.md).
 LAYERS = ("trainer.base", "trainer.shipped", "trainer.config", "trainer.site", "trainer.run", "trainer.env",
           "trainer.references", "trainer.sim", "trainer.judge", "trainer.learn", "trainer.export", "trainer.night",
-          "trainer.benchmark", "trainer.cli", "trainer.__main__")
+          "trainer.tune", "trainer.benchmark", "trainer.cli", "trainer.__main__")
 
 
 def _node(module: str) -> str:

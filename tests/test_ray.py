@@ -321,3 +321,32 @@ def test_a_stage_no_machine_could_run_is_refused_before_any_folder(setting, mess
     assert result.output.strip() == message.format(cpus=f"{cpu_cores():g}", gpus=f"{_local_gpus():g}")
     assert not (tmp_path / "run").exists()
 
+
+
+def test_a_tune_on_ray_scores_its_trials_as_the_local_tune_does(tmp_path, week):
+    """Two trials side by side on Ray, reporting into the study's journal from their workers: the same settings and
+    the same scores as one after another in this process, and the same answer."""
+    from .test_tune import TINY_TUNE
+
+    sets = [a for o in (*TINY_TUNE, "ray.num_cpus={ppo: 1, eval: 1}", "tune.rerun_seeds=2") for a in ("--set", o)]
+    found = {}
+    for backend in ("local", "ray"):
+        out = tmp_path / backend
+        proc = subprocess.run([sys.executable, "-m", "trainer", "tune", "ppo", "--backend", backend, "--schema",
+                               str(week), "--trials", "2", "--out", str(out), "--device", "cpu", *sets],
+                              cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        import optuna
+        from optuna.storages import JournalStorage
+        from optuna.storages.journal import JournalFileBackend
+
+        study = optuna.load_study(study_name="tune-ppo",
+                                  storage=JournalStorage(JournalFileBackend(str(out / "study.journal"))))
+        found[backend] = [(t.number, t.state.name, t.params, t.value) for t in study.trials]
+        assert (out / "best.yaml").is_file() and (out / "report.md").is_file()
+    # The same trials and settings; scores a few float roundings apart at most (a worker imitates under its own
+    # torch threads, where one process reuses an imitation made under others: trainer.learn.warm_start.saved).
+    assert [t[:3] for t in found["local"]] == [t[:3] for t in found["ray"]]
+    assert all(abs(a[3] - b[3]) <= 0.01 * a[3] for a, b in zip(found["local"], found["ray"]))
+    assert [state for _, state, _, _ in found["ray"]] == ["COMPLETE", "COMPLETE"]
+    assert (tmp_path / "ray" / "logs" / "trial-0001.jsonl").is_file()  # the trial ran in a Ray worker

@@ -172,6 +172,43 @@ def evaluate(run_dir: str, device: str | None, unseen_year: bool) -> None:
         _print_results(stages.reevaluate(ctx, policies), ctx.run)
 
 
+@command(cli)
+@click.argument("agent", type=click.Choice(AGENTS))
+@opts.config_options
+@opts.dataset_options
+@opts.holdout_options
+@opts.device_option
+@click.option("--out", type=click.Path(file_okay=False), default=None,
+              help="The tune folder (default: outputs/<scenario>__tune-<agent>__<seed>__<time>).")
+@click.option("--seed", type=click.IntRange(min=0), default=None, help="The first trial seed (default: config seed).")
+@opts.time_options
+@click.option("--trials", type=click.IntRange(min=1, max=10_000), default=None,
+              help="Most trials the search runs (default: tune.trials).")
+@click.option("--space", "space_file", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+              help="A YAML search space instead of the agent's own (docs/tune.md): KEY: {low: L, high: H} or "
+                   "{choices: [...]}.")
+@click.option("--resume", "resume", type=click.Path(file_okay=False), default=None, metavar="TUNE_DIR",
+              help="Go on with a tune a kill or Ctrl+C stopped (its own config and dataset; a new --budget if given).")
+@opts.backend_options
+def tune(agent: str, config_files: tuple[str, ...], overrides: tuple[str, ...], profile: str | None,
+         schema: str | None, dataset: str | None, holdout: str | None, eval_schema: str | None,
+         eval_dataset: str | None, device: str | None, out: str | None, seed: int | None, budget: str | None,
+         finish_by: str | None, trials: int | None, space_file: str | None, resume: str | None, backend: str,
+         backend_options: dict[str, Any]) -> None:
+    """Search AGENT's settings with Optuna (TPE, median pruning) within --budget or by --finish-by; re-run the best
+    on fresh seeds, judged on the part held out; write report.md and best.yaml (for trainer night --config)."""
+    from trainer.tune import tuning  # lazy: Optuna and the trials' stack, for this command alone
+
+    folder, cfg, deadline = tuning.prepare(agent, config_files, overrides, profile, schema, dataset,
+                                           holdout, eval_schema, eval_dataset, device, out, seed, budget, finish_by,
+                                           trials, resume, backend, backend_options, space_file)
+    with handle_stop_signals():
+        report = tuning.run_tune(folder, cfg, deadline, backend, backend_options, click.echo)
+    click.echo(f"report:  {report}")
+    if folder.best.is_file():
+        click.echo(f"config:  {folder.best}   (trainer night --config {folder.best})")
+
+
 # What `trainer export` imports beyond the product's own dependencies (pyproject.toml's export extra).
 EXPORT_PACKAGES = ("onnx", "onnxscript", "onnxruntime")
 

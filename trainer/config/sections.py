@@ -352,6 +352,25 @@ class OutputConfig(Section):
         "otherwise), true (warn when it is missing) or false.")
 
 
+class TuneConfig(Section):
+    """`trainer tune AGENT`: the hyperparameter search (docs/tune.md)."""
+
+    trials: int = doc("Most trials the search runs (it stops earlier at its budget's search share).", ge=1, le=10_000)
+    trial_timesteps: dict[AgentName, Annotated[int, Field(ge=1)]] = doc(
+        "Training steps of one trial, per agent: a fraction of a night's, on the training simulator.")
+    seeds: int = doc("Seeds each trial is trained under; its score is their mean.", ge=2, le=10)
+    warm_start_ensemble: int = doc("The warm start's members in a trial (a night's ten cost minutes each).",
+                                   ge=1, le=32)
+    rerun_top: int = doc("The best settings re-run on fresh seeds, with the defaults beside them.", ge=1, le=10)
+    rerun_seeds: int = doc("Fresh seeds each re-run is trained under.", ge=2, le=10)
+    rerun_share: float = doc("Share of the budget kept for the re-runs.", gt=0, lt=1)
+    rerun_eval_days: int = doc("Days of the held-out part a re-run is judged on (its first ones).", ge=1, le=366)
+    startup_trials: int = doc("Trials sampled at random before TPE models the scores, and before any is pruned.",
+                              ge=1)
+    ev_shortfall_cost: float = doc("A score's penalty per point of EV departures met below ev.target_met_pct, as a "
+                                   "share of its CO2.", ge=0, le=1)
+
+
 class _Sections(Section):
     """Every section but the agents' (added from the roster, below)."""
 
@@ -370,6 +389,7 @@ class _Sections(Section):
     ray: RayConfig
     monitor: MonitorConfig
     output: OutputConfig
+    tune: TuneConfig
 
     def agent(self, name: str) -> AgentConfig:
         """The config section of an agent of the roster."""
