@@ -12,7 +12,7 @@ shopt -s inherit_errexit
 source "$(dirname "${BASH_SOURCE[0]}")/_bootstrap.sh"
 
 main() {
-  ensure_venv "[export]"
+  ensure_venv "[export,tune]"
   cd "${PVBESS_ROOT}"
   # exec: SIGINT/SIGTERM reach the launcher, which forwards them to the trainer. The agent
   # (a word before or after the options) and --help are handled there too.

@@ -114,7 +114,7 @@ function Initialize-Venv {
     Invoke-Native -Exe $Python -Arguments $torchArgs -What 'installing torch (set PVBESS_TORCH to choose another build)'
     Write-Host "[pvbess] step 1/2 done after $([int]$clock.Elapsed.TotalSeconds) s; step 2/2: pvbess-trainer"
     # The export extra: `trainer export` (ONNX and onnxruntime), as launch.sh installs it.
-    Invoke-Native -Exe $Python -Arguments @('-m', 'pip', 'install', '-e', ($Root + '[export]')) -What 'installing pvbess-trainer'
+    Invoke-Native -Exe $Python -Arguments @('-m', 'pip', 'install', '-e', ($Root + '[export,tune]')) -What 'installing pvbess-trainer'
     Set-Content -Path $stampFile -Value $stamp
     Write-Host "[pvbess] environment ready after $([int]$clock.Elapsed.TotalSeconds) s"
 }

@@ -7,7 +7,7 @@ shopt -s inherit_errexit
 source "$(dirname "${BASH_SOURCE[0]}")/_bootstrap.sh"
 
 main() {
-  ensure_venv "[dev,ray,export]"
+  ensure_venv "[dev,ray,export,tune]"
   cd "${PVBESS_ROOT}"
   # The official CityLearn 2022 dataset, where the checkout has it beside it (tests skip otherwise).
   if [[ -z "${CITYLEARN_LOCAL_DATASETS_PATH:-}" && -d "${PVBESS_ROOT}/../shared/citylearn/datasets" ]]; then

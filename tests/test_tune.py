@@ -22,6 +22,8 @@ from trainer.tune import space as spaces
 
 from .conftest import tiny_overrides
 
+pytest.importorskip("optuna", reason="trainer tune needs the tune extra (pip install -e '.[tune]')")
+
 TINY_TUNE = (*tiny_overrides(), "tune.trial_timesteps.ppo=2048", "tune.startup_trials=2", "tune.rerun_top=1",
              "tune.rerun_eval_days=2", "schedule.curve_every_steps=512", "ppo.n_steps=512")
 

@@ -197,6 +197,9 @@ def tune(agent: str, config_files: tuple[str, ...], overrides: tuple[str, ...], 
          backend_options: dict[str, Any]) -> None:
     """Search AGENT's settings with Optuna (TPE, median pruning) within --budget or by --finish-by; re-run the best
     on fresh seeds, judged on the part held out; write report.md and best.yaml (for trainer night --config)."""
+    if importlib.util.find_spec("optuna") is None:
+        raise UsageError("trainer tune needs optuna (the tune extra): run ./launchers/launch.sh once, or "
+                         ".venv/bin/pip install -e '.[tune]' in the checkout")
     from trainer.tune import tuning  # lazy: Optuna and the trials' stack, for this command alone
 
     folder, cfg, deadline = tuning.prepare(agent, config_files, overrides, profile, schema, dataset,

@@ -30,6 +30,10 @@ def write_report(folder: TuneFolder, cfg: Config, plan: TunePlan, study: Any) ->
     if winner is None:
         lines += ["No re-run finished: the budget ended in the search. Resume it with a budget for the re-runs: "
                   f"`trainer tune {plan.agent} --resume {folder.root} --budget 30m`.", ""]
+    elif winner["name"] == "defaults" and len(rows) == 1:
+        lines += ["**Only the defaults were re-run**: no other trial completed before the search's share of the "
+                  f"budget ran out. `{folder.best.name}` holds the defaults' values; give the search more time: "
+                  f"`trainer tune {plan.agent} --resume {folder.root} --budget 1h`.", ""]
     elif winner["name"] == "defaults":
         lines += [f"**The defaults held**: no setting the search found beat them on fresh seeds over the part held "
                   f"out. `{folder.best.name}` holds the defaults' values.", ""]
@@ -76,6 +80,9 @@ def write_report(folder: TuneFolder, cfg: Config, plan: TunePlan, study: Any) ->
 
 
 def _importances(study: Any) -> dict[str, float]:
+    complete = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    if len(complete) < 3:  # fewer says nothing (Optuna then gives every parameter the same share)
+        return {}
     try:
         return optuna.importance.get_param_importances(study)
     except (ValueError, RuntimeError, ZeroDivisionError):  # too few complete trials, or none that vary

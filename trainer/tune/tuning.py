@@ -3,6 +3,7 @@ the report (trainer/tune/study.py holds the study and one trial's course; docs/t
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable
 from datetime import datetime
@@ -70,10 +71,17 @@ def rerun(folder: TuneFolder, cfg: Config, plan: TunePlan, study: Any, end: floa
     candidates = rerun_candidates(study, cfg, plan)
     runs = [(name, settings, seed) for name, settings in candidates for seed in plan.rerun_seeds
             if str(seed) not in done.get(name, {}).get("runs", {})]
+    # A fresh seed's run begins with its own warm start, which no time slot cuts: one is started only where a trial's
+    # seed took no longer than the time left (measured in the search), so the tune ends on time.
+    lengths = [(t.datetime_complete - t.datetime_start).total_seconds() / len(plan.seeds)
+               for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+               if t.datetime_complete and t.datetime_start]
+    expected = statistics.median(lengths) if lengths else 0.0
     for index, (name, settings, seed) in enumerate(runs):
         left = None if end is None else end - time.monotonic()
-        if left is not None and left <= 0:
-            say(f"re-runs: the budget ran out with {len(runs) - index} left (the report ranks what ran)")
+        if left is not None and left <= expected:
+            say(f"re-runs: the budget ran out with {len(runs) - index} left (a run takes ~{expected:.0f} s; the "
+                "report ranks what ran)")
             break
         say(f"re-run {name}, seed {seed} ({index + 1}/{len(runs)})")
         timesteps = cfg.tune.trial_timesteps.get(plan.agent, cfg.agent(plan.agent).timesteps or 100_000)
