@@ -118,9 +118,15 @@ def open_study(folder: TuneFolder, cfg: Config, plan: TunePlan, driver: bool = T
     ``driver``, trials a killed tune left running are failed, so the search goes on from the rest (a Ray worker
     opens it beside trials that are running)."""
     storage = JournalStorage(JournalFileBackend(str(folder.study)))
-    sampler = optuna.samplers.TPESampler(seed=cfg.seed, n_startup_trials=cfg.tune.startup_trials)
+    name = f"tune-{plan.agent}"
+    try:
+        earlier = len(optuna.load_study(study_name=name, storage=storage).trials)
+    except KeyError:  # the first call: no study yet
+        earlier = 0
+    # Seeded by the trials so far: a resumed tune does not draw its random startup trials again.
+    sampler = optuna.samplers.TPESampler(seed=cfg.seed + earlier, n_startup_trials=cfg.tune.startup_trials)
     pruner = optuna.pruners.MedianPruner(n_startup_trials=cfg.tune.startup_trials, n_warmup_steps=1)
-    study = optuna.create_study(study_name=f"tune-{plan.agent}", storage=storage, sampler=sampler, pruner=pruner,
+    study = optuna.create_study(study_name=name, storage=storage, sampler=sampler, pruner=pruner,
                                 direction="minimize", load_if_exists=True)
     if not study.trials:
         own = spaces.defaults(cfg.to_dict(), plan.params)
