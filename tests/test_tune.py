@@ -131,6 +131,7 @@ def test_a_tune_survives_a_kill_and_writes_a_config_a_night_takes(tmp_path, week
             assert 0 < run["co2_kg_per_year"] and run["ev_departure_soc_met_pct"] is not None
     report = (out / "report.md").read_text()
     assert "## Re-run on fresh seeds, judged on the part held out" in report and "| defaults | 2 |" in report
+    assert "deployed step" in report
     assert (out / "history.png").stat().st_size > 0
     tuned = load_config([out / "best.yaml"])  # what trainer night --config takes
     chosen = yaml.safe_load((out / "best.yaml").read_text())

@@ -20,6 +20,11 @@ def write_report(folder: TuneFolder, cfg: Config, plan: TunePlan, study: Any) ->
     trials = study.get_trials(deepcopy=False)
     counts = {state.name.lower(): sum(t.state is state for t in trials) for state in optuna.trial.TrialState}
     winner = rows[0] if rows else None
+    # Every setting re-run with the same figures: each deployed the same policy, and nothing was found to beat the
+    # defaults, whatever the sort's order (the answer is then the defaults').
+    tied = len(rows) > 1 and all((r["share"], r["co2"]) == (rows[0]["share"], rows[0]["co2"]) for r in rows)
+    if tied:
+        winner = {**rows[0], "name": "defaults", "settings": spaces.defaults(cfg.to_dict(), plan.params)}
     if winner is not None:
         header = (f"# trainer tune {plan.agent}: the settings that did best on fresh seeds over the part held out "
                   f"({winner['name']}).\n# Use: trainer night --config {folder.best}\n")
@@ -30,6 +35,11 @@ def write_report(folder: TuneFolder, cfg: Config, plan: TunePlan, study: Any) ->
     if winner is None:
         lines += ["No re-run finished: the budget ended in the search. Resume it with a budget for the re-runs: "
                   f"`trainer tune {plan.agent} --resume {folder.root} --budget 30m`.", ""]
+    elif tied:
+        lines += ["**No difference**: every setting re-run gave the same figures on fresh seeds (each deployed the "
+                  "same policy: see the steps below; step 0 is the warm start, which training within "
+                  f"tune.trial_timesteps never beat on the validation window). `{folder.best.name}` holds the "
+                  "defaults' values; a longer `tune.trial_timesteps` lets the settings matter.", ""]
     elif winner["name"] == "defaults" and len(rows) == 1:
         lines += ["**Only the defaults were re-run**: no other trial completed before the search's share of the "
                   f"budget ran out. `{folder.best.name}` holds the defaults' values; give the search more time: "
@@ -48,13 +58,14 @@ def write_report(folder: TuneFolder, cfg: Config, plan: TunePlan, study: Any) ->
               "## Re-run on fresh seeds, judged on the part held out", "",
               f"Seeds {', '.join(map(str, plan.rerun_seeds))}; the first {cfg.tune.rerun_eval_days} days of the part "
               "held out; mean ± standard deviation over the seeds.", "",
-              "| settings | seeds | of optimum's cut % | CO2 kg/yr | EV met % (worst) |",
-              "| --- | ---: | ---: | ---: | ---: |"]
+              "| settings | seeds | of optimum's cut % | CO2 kg/yr | EV met % (worst) | deployed step |",
+              "| --- | ---: | ---: | ---: | ---: | ---: |"]
     for row in rows:
         share = "–" if row["share"] is None else f"{100 * row['share']:.1f} ± {100 * row['share_sd']:.1f}"
         co2 = "–" if row["co2"] is None else f"{row['co2']:,.0f} ± {row['co2_sd']:,.0f}"
         met = "–" if row["ev_met"] is None else f"{row['ev_met']:.1f}"
-        lines.append(f"| {row['name']} | {row['seeds']} | {share} | {co2} | {met} |")
+        steps = ", ".join(f"{step:,}" for step in row["steps"])
+        lines.append(f"| {row['name']} | {row['seeds']} | {share} | {co2} | {met} | {steps} |")
     lines += ["", "## Settings", "", "| key | " + " | ".join(r["name"] for r in rows) + " |",
               "| --- |" + " ---: |" * len(rows)]
     for param in plan.params:

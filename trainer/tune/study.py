@@ -260,11 +260,13 @@ def ranked(reruns: dict[str, Any]) -> list[dict[str, Any]]:
         co2 = [r["co2_kg_per_year"] for r in runs if r.get("co2_kg_per_year") is not None]
         met = [r["ev_departure_soc_met_pct"] for r in runs if r.get("ev_departure_soc_met_pct") is not None]
         rows.append({"name": name, "settings": entry["settings"], "seeds": len(runs),
+                     "steps": [r["validation"]["step"] for r in runs],
                      "share": statistics.fmean(shares) if shares else None, "share_sd": spread(shares),
                      "co2": statistics.fmean(co2) if co2 else None, "co2_sd": spread(co2),
                      "ev_met": min(met) if met else None})
+    # Best first; a tie with the defaults ranks the defaults first (a setting must beat them to be the answer).
     return sorted(rows, key=lambda r: (-(r["share"] if r["share"] is not None else float("-inf")),
-                                       r["co2"] if r["co2"] is not None else float("inf")))
+                                       r["co2"] if r["co2"] is not None else float("inf"), r["name"] != "defaults"))
 
 
 def _short(value: Any) -> str:

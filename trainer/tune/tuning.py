@@ -121,7 +121,7 @@ def rerun_candidates(study: Any, cfg: Config, plan: TunePlan) -> list[tuple[str,
         seen.append(settings)
         if len(chosen) == cfg.tune.rerun_top:
             break
-    return [*chosen, ("defaults", own)]
+    return [("defaults", own), *chosen]  # the defaults first: a budget cut still leaves the comparison
 
 
 def prepare(agent: str, config_files: tuple[str, ...], overrides: tuple[str, ...], profile: str | None,
