@@ -162,6 +162,3 @@ def held_out_share(result: dict[str, Any]) -> float | None:
 def spread(values: list[float]) -> float:
     return statistics.stdev(values) if len(values) > 1 else 0.0
 
-
-def trial_folder(root: Path, name: str, seed: int) -> RunDir:
-    return RunDir(root / "trials" / f"{name}-seed-{seed}")
