@@ -76,8 +76,10 @@ def test_a_fresh_stage_records_its_warm_start(tmp_path):
     assert result.exit_code == 0, result.output
     metrics = json.loads((tmp_path / "run" / "a2c" / "metrics.json").read_text())
     assert metrics["warm_start"]["epochs"] == 2 and metrics["warm_start"]["steps"] == 8759
-    # Learning's time and rate leave the warm start out: it is counted apart (its demonstrations computed within it).
-    assert metrics["warm_start_s"] >= metrics["warm_start"]["demonstrations_s"] > 0 and metrics["train_wall_s"] > 0
+    # Learning's time and rate leave the warm start out: it is counted apart (its demonstrations computed within it,
+    # or read where an earlier stage or run made them).
+    assert metrics["warm_start_s"] >= metrics["warm_start"]["demonstrations_s"] >= 0 and metrics["train_wall_s"] > 0
+    assert metrics["warm_start"]["imitation_s"] > 0
     assert metrics["steps_per_s"] == pytest.approx(metrics["timesteps"] / metrics["train_wall_s"], rel=0.01)
 
 
@@ -139,6 +141,53 @@ def test_the_warm_start_also_imitates_other_years_of_the_built_in_site(built_in,
     assert training_demonstrations(cfg, built_in, cfg.seed, None) is own
 
 
+def test_a_replay_is_kept_for_later_processes_and_a_damaged_one_is_replayed_again(week_site, cfg, monkeypatch,
+                                                                                  tmp_path):
+    """The optimum's replay is a year of CityLearn: a later process (a second night, a tune's trial, a Ray worker)
+    reads the kept copy, by the data's content and the settings that shape it, not by a folder or the agents."""
+    import shutil
+
+    from trainer.learn.warm_start import optimum_demonstrations as kept_replays
+
+    monkeypatch.setattr(kept_replays, "cache_folder", lambda: tmp_path / "kept")
+    monkeypatch.setattr(kept_replays, "_CACHE", {})
+    first = demonstrations(cfg, week_site, cfg.seed)
+    [kept] = (tmp_path / "kept").glob("*.npz")
+
+    def in_a_new_process(site: Site, config=cfg):
+        monkeypatch.setattr(kept_replays, "_CACHE", {})
+        return demonstrations(config, site, config.seed)
+
+    # Nothing in memory and no CityLearn: the kept copy, to the bit, whatever folder holds the same data.
+    monkeypatch.setattr(kept_replays, "make_sb3_env", None)
+    folder = shutil.copytree(week_site.root, tmp_path / "copy")  # its files, and its schema beside them
+    (folder / "schema.json").write_text(json.dumps({k: v for k, v in week_site.data.items() if k != "root_directory"}))
+    copy = Site.load(folder / "schema.json")
+    agents_changed = load_config(overrides=["warm_start.epochs=20", "warm_start.ensemble=1", "sac.learning_rate=0.01"])
+    for again in (in_a_new_process(week_site), in_a_new_process(copy), in_a_new_process(week_site, agents_changed)):
+        assert again is not first and again.seconds < first.seconds  # read, not replayed
+        for name in ("observations", "actions", "rewards"):
+            assert np.array_equal(getattr(again, name), getattr(first, name))
+    # What changes the replay is another key: the reward it records, the guard, the seed, the period.
+    reward_changed = load_config(overrides=["reward.grid=0.5"])
+    assert kept_replays.demonstrations_key(reward_changed, week_site, cfg.seed) != kept.stem
+    assert kept_replays.demonstrations_key(cfg, week_site, cfg.seed + 1) != kept.stem
+    two_days = week_site.period(week_site.start, week_site.start + 47)
+    assert kept_replays.demonstrations_key(cfg, two_days, cfg.seed) != kept.stem
+
+    # A copy cut short by a kill is replayed again and kept whole; turned off, nothing is read or kept.
+    monkeypatch.undo()
+    monkeypatch.setattr(kept_replays, "cache_folder", lambda: tmp_path / "kept")
+    kept.write_bytes(kept.read_bytes()[:200])
+    assert np.array_equal(in_a_new_process(week_site).actions, first.actions)
+    assert np.array_equal(np.load(kept)["actions"], first.actions)
+    kept.unlink()
+    off = load_config(overrides=["warm_start.epochs=20", "warm_start.ensemble=1",
+                                 "warm_start.reuse_demonstrations=false"])
+    assert np.array_equal(in_a_new_process(week_site, off).actions, first.actions)
+    assert not list((tmp_path / "kept").glob("*.npz"))
+
+
 def test_a_kind_that_draws_no_other_year_draws_nothing(tmp_path):
     schema = tmp_path / "schema.json"
     schema.write_text(json.dumps({"buildings": {}}))
@@ -182,6 +231,48 @@ def test_an_identical_imitation_is_reused_to_the_bit(built_in, cfg, monkeypatch)
                for agent in ("sac", "ppo", "a2c")}
     assert digests["ppo"] == digests["a2c"] != digests["sac"]
 
+
+
+def test_an_imitation_out_of_time_stops_with_what_it_has_and_is_not_kept_as_the_whole(week_site, cfg, monkeypatch,
+                                                                                      tmp_path):
+    """A busy machine's warm start stops at its part of the stage's slot: after the epoch that reaches it, neither
+    kept in the process nor saved for the night's other stages under the whole imitation's key."""
+    import torch
+
+    from trainer.base.durations import TimeBox
+    from trainer.learn.warm_start import SavedImitations, cloning
+
+    monkeypatch.setattr(cloning, "_IMITATED", {})
+    env = make_sb3_env(cfg, week_site, "train", cfg.seed)
+    demos = demonstrations(cfg, week_site, cfg.seed)
+    fit = (cfg.warm_start.learning_rate, cfg.warm_start.batch_size, cfg.seed)
+    saved = SavedImitations(tmp_path / "imitations")
+    cut = build_model(cfg, "sac", env, "cpu", cfg.seed, 1000)
+    box = TimeBox(until=0.0)  # long past
+    errors, reused = cloning.imitate_once(cut, demos, 50, *fit, saved=saved, box=box)
+    assert box.reached and not reused and not cloning._IMITATED and not saved.holds_any()
+    one_epoch = build_model(cfg, "sac", env, "cpu", cfg.seed, 1000)
+    assert cloning.imitate(one_epoch, demos, 1, *fit) == errors  # it ran the one epoch it had begun
+    for name, weights in one_epoch.policy.state_dict().items():
+        assert torch.equal(cut.policy.state_dict()[name], weights), name
+    # A box it fits in changes nothing: the whole imitation, kept.
+    roomy = TimeBox.of(3600)
+    whole, _ = cloning.imitate_once(build_model(cfg, "sac", env, "cpu", cfg.seed, 1000), demos, 2, *fit, box=roomy)
+    assert not roomy.reached and len(cloning._IMITATED) == 1
+    assert whole == cloning.imitate(build_model(cfg, "sac", env, "cpu", cfg.seed, 1000), demos, 2, *fit)
+
+
+def test_a_warm_start_leaves_its_stage_the_learning_the_plan_gave_it():
+    """Of a slot, the warm start may take what leaves 20,000 steps of learning and half the planned training time."""
+    from trainer.night.state import StageJob
+
+    job = StageJob("run", None, "sac", "train", target=500_000, steps_per_s=1000.0, setup_s=100.0)
+    assert job.warm_start_s(None) is None  # untimed: to its end
+    assert job.warm_start_s(400.0) == pytest.approx(400 - 150)  # half of the 300 s of training planned
+    assert job.warm_start_s(110.0) == pytest.approx(110 - 20)  # 20,000 steps at 1,000 a second
+    assert job.warm_start_s(10.0) == 0.0  # one epoch, then learning
+    small = StageJob("run", None, "sac", "train", target=5_000, steps_per_s=1000.0, setup_s=100.0)
+    assert small.warm_start_s(110.0) == pytest.approx(110 - 5)
 
 
 @pytest.mark.parametrize(("agent", "teacher"), [("ppo", "own"), ("sac", "sac"), ("ppo", "sac")])

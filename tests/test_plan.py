@@ -149,7 +149,7 @@ def test_a_plan_that_ends_well_before_its_deadline_says_the_budget_is_a_cap():
                PlannedStage("report", start + timedelta(minutes=30), start + timedelta(minutes=31), 0.0, 0, 0)]
 
     class Speeds:
-        machine, measured_at, busy = "test box", "today", False
+        machine, measured_at, busy, busier_now = "test box", "today", False, False
 
     text = render(planned, start + timedelta(hours=8), [], Speeds())
     assert ("the night ends 7.5 h early: the budget is a cap, and the agents' timesteps (ppo.timesteps 2,000,000) "
@@ -226,16 +226,18 @@ def test_the_plan_counts_each_warm_start_and_the_night_s_demonstrations_once(bui
 
 
 def test_a_trained_stage_counts_its_evaluations_after_training(built_in, tmp_path):
-    # The deployed policy and its warm start over the evaluation, and on the built-in site the confirmation of the
-    # pick against the warm start over two held-out years (four more): left out, the last agent of a 20-minute
-    # night lost its slot to the overrun.
+    # The deployed policy and its warm start over the evaluation (the part learnt from and the part held out), and
+    # on the built-in site the confirmation of the pick against the warm start over two held-out years (four years,
+    # as long as two such evaluations): left out, the last agent of a 20-minute night lost its slot to the overrun;
+    # counted twice over, a busy night skipped two agents for evaluations they would not have taken that long.
     from trainer.config.loading import load_config
     from trainer.night.plan import policy_evaluations
 
     other = tmp_path / "schema.json"
     other.write_text(json.dumps({"simulation_start_time_step": 0, "simulation_end_time_step": 8759}))
-    assert policy_evaluations(load_config(), built_in) == 6
-    assert policy_evaluations(load_config(), Site.load(other)) == 6  # its own days resampled into two years
+    assert policy_evaluations(load_config(), built_in) == 4
+    assert policy_evaluations(load_config(), built_in, lean=True) == 2  # short of time: confirmed on the simulator
+    assert policy_evaluations(load_config(), Site.load(other)) == 4  # its own days resampled into two years
     one_period = Site.load(other, SiteKind("one-period", "a dataset that draws no other year"))
     assert policy_evaluations(load_config(), one_period) == 2  # no other year to confirm over
     assert policy_evaluations(load_config(overrides=["train.keep_best=false"]), built_in) == 2
@@ -276,8 +278,15 @@ def test_the_night_runs_and_records_the_ensemble_its_time_affords(built_in, tmp_
     ctx = RunContext(load_config(), run, built_in, "cpu")
     speeds = Speeds(eval_steps_per_s=400.0, train_steps_per_s={}, imitation_update_s={"sac": 0.006})
     now = datetime(2026, 11, 26, 22, 0)
-    fitted, notes = _fit_warm_start(ctx, speeds, ["sac"], now + timedelta(minutes=20), now, True)
+    full = {"sac": 500_000}
+    fitted, notes = _fit_warm_start(ctx, speeds, ["sac"], full, now + timedelta(minutes=20), now, True)
     assert fitted.cfg.warm_start.ensemble == 1 and notes[0].startswith("warm start: one imitation")
     assert load_config([run.config]).warm_start.ensemble == 1  # what a resume and Ray's workers read
-    untimed, notes = _fit_warm_start(ctx, speeds, ["sac"], None, now, True)
+    untimed, notes = _fit_warm_start(ctx, speeds, ["sac"], full, None, now, True)
     assert untimed is ctx and notes == []
+    # An untimed run follows its size: 2,000 steps are not worth ten imitations.
+    short, notes = _fit_warm_start(ctx, speeds, ["sac"], {"sac": 2_000}, None, now, True)
+    assert short.cfg.warm_start.ensemble == 1
+    assert notes == ["warm start: one imitation, not the mean of 10: the run trains 2,000 steps, under "
+                     "warm_start.ensemble_min_steps (100,000), and the ensemble would take many times its learning (a "
+                     "longer run imitates them)"]

@@ -138,7 +138,8 @@ def test_a_run_killed_in_its_warm_start_imitates_only_what_it_had_not_kept(tmp_p
     week = variant(site_schema, tmp_path / "week", steps=168)  # its optimum and demonstrations take a second
     run = tmp_path / "killed"
     command = ["train", "sac", "--timesteps", "100", "--out", str(run), "--schema", str(week), "--device",
-               "cpu", *sets("warm_start.epochs=3", "warm_start.ensemble=3", "warm_start.student_epochs=3")]
+               "cpu", *sets("warm_start.epochs=3", "warm_start.ensemble=3", "warm_start.student_epochs=3",
+                            "warm_start.ensemble_min_steps=0")]  # the ensemble, however short the run
     killed = subprocess.run([sys.executable, "-c", KILLED_AFTER_AN_IMITATION, *command], cwd=ROOT,
                             capture_output=True, text=True, timeout=600)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]

@@ -224,6 +224,84 @@ def test_a_warm_start_runs_inside_its_stage_s_slot_and_later_ones_keep_theirs(tm
     assert state.stages[2].timesteps_done == int(2910 / 2 * SPEEDS["sac"])
 
 
+def test_a_machine_slower_than_calibrated_is_followed_and_the_night_still_ends_by_its_deadline(tmp_path):
+    """Other work started after the calibration: every evaluation takes twice its estimate. The night measures that
+    pace on its references and plans the rest at it, so the training slots shrink and it ends by its deadline (the
+    plan as calibrated would overrun by every later stage's extra minute)."""
+    class Busy(FakeExecutor):
+        def wait(self):
+            job = self.pending
+            if job.kind == "eval":
+                self.pending = None
+                self.calls.append(("eval", job.name))
+                self.clock.advance(2 * EVAL_S)
+                return [StageEvent(job, StageOutcome(metrics={"co2_kg_per_year": 100.0}))]
+            self.pending = None
+            limit, _ = job.slot(self.clock().timestamp())
+            self.calls.append(("train", job.name, job.target, limit, job.resume))
+            self.clock.advance(limit + 2 * EVAL_S)
+            return [StageEvent(job, StageOutcome(metrics={"timesteps": int(limit * SPEEDS[job.name]),
+                                                          "train_wall_s": limit, "warm_start_s": 0.0}))]
+
+        def report(self):
+            self.calls.append(("report",))
+            self.clock.advance(2 * REPORT_S)
+
+    clock = Clock(START)
+    deadline = START + timedelta(hours=1)
+    runner = Busy(clock)
+    state = new_state(tmp_path, deadline, clock, runner)
+    folder = state.path.parent
+    ctx = SimpleNamespace(run=RunDir(folder), site=Site(SCHEMA, folder / "schema.json", None, {}))
+    night = Night(ctx, state, SPECS, report=runner.report)
+    drive([night], runner, clock)
+    assert night.pace.factor == pytest.approx(2.0)
+    assert [s.status for s in state.stages] == [DONE] * 6
+    # What is left after the references (3600 - 2 x 120 s) less the later evaluations and report at their pace
+    # (3 x 120 + 60 s) is the training, shared 2:1:1 at half the calibrated speed.
+    limits = [c[3] for c in runner.calls if c[0] == "train"]
+    assert limits == pytest.approx([(3600 - 240 - 420) / 2, (3600 - 240 - 420) / 4, (3600 - 240 - 420) / 4], abs=1)
+    assert clock() <= deadline
+    # The schedule's plan of the stages left follows the pace: a2c was planned to end its evaluation by the report.
+    assert state.stages[-1].planned_end <= deadline.isoformat()
+
+
+def test_a_night_short_of_time_goes_lean_rather_than_skip_an_agent(tmp_path):
+    """Where the agents' evaluations as planned (the pick confirmed over held-out years in CityLearn) and the least
+    learning each keeps outlast the night, the agents left confirm on the training simulator: each trains, none is
+    skipped, and the night ends by its deadline."""
+    full, lean = 900.0, 200.0
+    specs = {name: StageSpec(spec.name, spec.kind, full, spec.weight, spec.target_steps, spec.steps_per_s,
+                             lean_fixed_s=lean) if spec.kind == "train" else spec for name, spec in SPECS.items()}
+
+    class Leaning(FakeExecutor):
+        def wait(self):
+            job = self.pending
+            if job.kind != "train":
+                return super().wait()
+            self.pending = None
+            limit, skipped = job.slot(self.clock().timestamp())
+            assert skipped is None
+            self.calls.append(("train", job.name, job.target, limit, job.lean))
+            self.clock.advance(limit + (lean if job.lean else full))
+            return [StageEvent(job, StageOutcome(metrics={"timesteps": int(limit * SPEEDS[job.name]),
+                                                          "train_wall_s": limit, "warm_start_s": 0.0}))]
+
+    clock = Clock(START)
+    deadline = START + timedelta(hours=1)
+    runner = Leaning(clock)
+    state = ScheduleState.new(tmp_path / "schedule.json", STAGES, clock(), deadline)
+    plan(state, specs, clock())
+    night = Night(SimpleNamespace(run=RunDir(tmp_path), site=Site(SCHEMA, tmp_path / "schema.json", None, {})),
+                  state, specs, report=runner.report)
+    drive([night], runner, clock)
+    trained = [c for c in runner.calls if c[0] == "train"]
+    assert night.lean and [c[4] for c in trained] == [True, True, True]
+    assert [s.status for s in state.stages] == [DONE] * 6 and clock() <= deadline
+    # 3600 s less two references, three lean evaluations and the report: 2,850 s of training, shared 2:1:1.
+    assert [c[3] for c in trained] == pytest.approx([2850 / 2, 2850 / 4, 2850 / 4], abs=1)
+
+
 def test_unused_time_goes_to_the_stages_after(tmp_path):
     clock = Clock(START)
     runner = FakeExecutor(clock, speed_factor=4.0)  # sac reaches its target in a quarter of the planned time

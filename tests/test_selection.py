@@ -6,6 +6,7 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from trainer.cli.main import cli
@@ -277,3 +278,40 @@ def test_a_stage_its_time_slot_ends_offers_its_last_policy_too(monkeypatch, buil
     curve = (tmp_path / "run" / "ppo" / "eval_curve.csv").read_text().splitlines()
     assert [row.split(",")[0] for row in curve[1:]] == ["0", "1152"]  # the first policy and the slot's last
     assert metrics["kept"]["final_step"] == 1152
+
+
+def test_a_night_short_of_time_confirms_its_pick_on_the_simulator_as_citylearn_would(monkeypatch, tiny_cfg, week_site,
+                                                                                      tmp_path):
+    """The same two policies over the same held-out year: the training simulator's figures are CityLearn's (to a
+    few hundredths of a percent on the built-in site), in seconds, and the summary says who judged."""
+    from trainer.env.citylearn import make_sb3_env
+    from trainer.learn import selection
+    from trainer.learn.agents import build_model
+    from trainer.run.folder import RunContext, RunDir
+
+    cfg = tiny_cfg.model_copy(update={"schedule": tiny_cfg.schedule.model_copy(update={"eval_days": None})})
+    env = make_sb3_env(cfg, week_site, "train", cfg.seed)
+    chosen, warm = (build_model(cfg, "sac", env, "cpu", seed, 1000) for seed in (1, 2))
+    monkeypatch.setattr(selection, "held_out_years", lambda ctx: [week_site])
+    ctx = RunContext(cfg, RunDir(tmp_path / "run"), week_site, "cpu")
+    kept = {"step": 4000, "final_step": 9000, "why": "the best on the validation window", "held_out": True,
+            "validation_co2_kg_per_year": 44_210.4}
+    in_citylearn = selection.confirm_over_the_years(ctx, "sac", chosen, warm, kept, 98.0, None)[1]
+    real_over_the_year = selection._over_the_year
+    monkeypatch.setattr(selection, "_over_the_year", None)  # not CityLearn
+    lean = selection.confirm_over_the_years(ctx, "sac", chosen, warm, kept, 98.0, None, on_simulator=True)[1]
+    assert in_citylearn["years_judged_by"] == "CityLearn" and lean["years_judged_by"] == "the training simulator"
+    assert lean["why"].endswith("on the training simulator: the night was short of time)")
+    for key in ("co2_kg_per_year", "warm_start_co2_kg_per_year"):
+        assert lean["years"][0][key] == pytest.approx(in_citylearn["years"][0][key], rel=5e-4)
+    assert lean["step"] == in_citylearn["step"]  # the same decision
+    # A site the simulator does not model is confirmed in CityLearn, as before.
+    from trainer.sim.site import Unsupported
+
+    def unsupported(*args):
+        raise Unsupported("not modelled")
+
+    monkeypatch.setattr(selection, "_over_the_year", real_over_the_year)
+    monkeypatch.setattr("trainer.learn.warm_start.pick.co2_over_the_years", unsupported)
+    assert selection.confirm_over_the_years(ctx, "sac", chosen, warm, kept, 98.0, None,
+                                            on_simulator=True)[1]["years_judged_by"] == "CityLearn"

@@ -91,7 +91,7 @@ def test_a_new_kind_is_one_row_and_every_part_of_the_night_asks_it(site_schema, 
     validation, held_out = validation_site(ctx)
     assert held_out and json.loads(validation.schema.read_text())["bootstrap_seed"] == 1000
     assert [json.loads(y.schema.read_text())["bootstrap_seed"] for y in held_out_years(ctx)] == [1000, 1001]
-    assert policy_evaluations(load_config(), site) == 6
+    assert policy_evaluations(load_config(), site) == 4
     cfg = load_config(overrides=["warm_start.extra_draws=2"])
     assert [y.data.get("bootstrap_seed") for y in demonstration_years(cfg, site, tmp_path / "draws")] == [
         None, 2000, 2001]

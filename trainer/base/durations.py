@@ -7,6 +7,8 @@ the session turns the options into a deadline, the night plans up to it.
 from __future__ import annotations
 
 import re
+import time
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from trainer.base.errors import UsageError
@@ -59,3 +61,31 @@ def deadline(budget: str | None, finish_by: str | None, now: datetime) -> dateti
     if finish_by:
         return resolve_finish_by(finish_by, now)
     return None
+
+
+@dataclass
+class TimeBox:
+    """Where a piece of work must stop (``time.monotonic()`` seconds; None: it runs to its end), and whether it
+    did: what it ended with is then its best so far, not the whole, and is not kept as the whole
+    (trainer.learn.warm_start: an imitation cut at its stage's slot is not saved for a night's other stages)."""
+
+    until: float | None = None
+    reached: bool = False
+
+    @classmethod
+    def of(cls, seconds: float | None) -> TimeBox:
+        """A box ending ``seconds`` from now (None: unbounded)."""
+        return cls(None if seconds is None else time.monotonic() + max(seconds, 0.0))
+
+    def passed(self) -> bool:
+        if self.until is not None and time.monotonic() >= self.until:
+            self.reached = True
+        return self.reached
+
+    def left_s(self) -> float | None:
+        return None if self.until is None else max(self.until - time.monotonic(), 0.0)
+
+    def part(self, share: float) -> TimeBox:
+        """A box for the first ``share`` of what is left of this one (unbounded where this one is)."""
+        left = self.left_s()
+        return TimeBox() if left is None else TimeBox.of(left * share)

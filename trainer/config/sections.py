@@ -145,6 +145,9 @@ class WarmStartConfig(Section):
                         "action, run over each year of the demonstrations, the agent's policy then imitates: one "
                         "network nearer the optimum than one imitation on average over seeds (each member costs an "
                         "imitation; 1 = a single imitation; docs/agent-quality.md).", ge=1, le=16)
+    ensemble_min_steps: int = doc("An untimed run whose agents train fewer steps than this imitates once, not the "
+                                  "ensemble (ten imitations take ~15 minutes on 2 cores, many times a short run's "
+                                  "learning); 0 = the ensemble whatever the run's length.", ge=0)
     student_epochs: int = doc("Epochs of the one network that imitates the ensemble's mean action (each as many "
                               "samples as the dataset's period): it must fit the mean closely to keep it in closed "
                               "loop: six times an imitation's 400 by default (docs/agent-quality.md).", ge=1, le=5000)
@@ -158,6 +161,9 @@ class WarmStartConfig(Section):
                           "over the held-out years (the training simulator judges; "
                           "a member's rank there is its rank over the evaluation year), not always the mean; "
                           "off: a better start that has not yet made a night end higher (docs/agent-quality.md).")
+    reuse_demonstrations: bool = doc("Reuse the optimum's replay an earlier run kept for the same data, period, seed, "
+                                     "site settings and program (the machine's cache) instead of replaying it in "
+                                     "CityLearn again (a minute a year on 2 cores).")
     learning_rate: float = doc("Adam learning rate of the imitation.", gt=0, le=1)
     batch_size: int = doc("Minibatch size of the imitation.", ge=1)
     policy_std: float = doc("PPO's and A2C's exploration standard deviation after the imitation (SB3 starts at 1, "

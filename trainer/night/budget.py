@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
 from trainer.run.schedule_file import StageKind
@@ -20,6 +20,11 @@ class StageSpec:
     target_steps: int = 0
     steps_per_s: float = 0.0        # measured training speed
     setup_s: float = 0.0            # before training, inside the stage's time limit (the warm start)
+    lean_fixed_s: float | None = None  # its evaluation when the night is short of time (None: it has no leaner)
+
+    def leaned(self) -> StageSpec:
+        """This stage as a night short of time runs it: its confirmation judged on the training simulator."""
+        return self if self.lean_fixed_s is None else replace(self, fixed_s=self.lean_fixed_s, lean_fixed_s=None)
 
     @property
     def needed_train_s(self) -> float:

@@ -62,10 +62,17 @@ class Speeds:
     # Cores' worth of other work while it measured (the load average less this process): a plan from a busy
     # calibration is pessimistic, and says so.
     busy_cores: float = 0.0
+    # Cores' worth of other work when the plan was made (not kept in the cache's meaning: each plan measures it).
+    busy_now: float = 0.0
 
     @property
     def busy(self) -> bool:
         return self.busy_cores >= BUSY_CORES
+
+    @property
+    def busier_now(self) -> bool:
+        """Other work runs now that did not while these speeds were measured: the stages will take longer."""
+        return self.busy_now >= BUSY_CORES and self.busy_now > self.busy_cores + BUSY_CORES
 
 
 def _cache_key(cfg: Config, site: Site, device: str) -> str:
@@ -95,14 +102,16 @@ def calibrate(cfg: Config, site: Site, device: str, agents: list[str], refresh: 
                         "measuring again", path=str(cache), busy_cores=round(cached.busy_cores, 1))
         cached = None
     if cached is not None and all(a in cached.train_steps_per_s for a in agents):
-        logs.get().info("calibration from cache", path=str(cache))
+        cached.busy_now = round(busy_now, 2)
+        logs.get().info("calibration from cache", path=str(cache), busy_cores_now=cached.busy_now)
         return cached
     log = logs.get()
     log.info("calibrating: measuring each agent on this machine (under a minute; later plans read the cache)",
              agents=agents, steps=CALIBRATION_STEPS, device=device)
     speeds = Speeds(eval_steps_per_s=_eval_speed(cfg, site), train_steps_per_s={},
                     measured_at=datetime.now().isoformat(timespec="seconds"),
-                    machine=f"{socket.gethostname()} ({os.cpu_count()} CPUs, {device})", busy_cores=busy_now)
+                    machine=f"{socket.gethostname()} ({os.cpu_count()} CPUs, {device})", busy_cores=busy_now,
+                    busy_now=busy_now)
     simulator = simulator_for(cfg, site)  # the night's stages train on what calibration measures
     for agent in agents:
         STOP.check("calibration")

@@ -47,8 +47,8 @@ def stage_specs(
     # Every final evaluation runs on the part learnt from and on the part held out (trainer.night.stages.judged).
     judged_steps = eval_steps + (evaluated(site.held_out.site) if site.held_out is not None else 0)
     eval_s = judged_steps / speeds.eval_steps_per_s * SAFETY
-    # A trained policy adds its forward pass to every evaluation step.
-    policy_eval_s = eval_s * 1.25
+    # A trained policy adds its forward pass to every evaluation step (one call a step: SB3's predict).
+    policy_eval_s = eval_s + judged_steps * POLICY_CALL_S * SAFETY
     # Each reference's evaluation as its row says: a multiple of the uncontrolled site's, and what it solves first.
     # One an earlier run evaluated on the same data and settings is copied (trainer.references.reuse).
     specs = {name: StageSpec(name, StageKind.EVAL, REUSED_S if reuse_references.stored(cfg, site, cfg.seed, name)
@@ -56,8 +56,14 @@ def stage_specs(
              for name, spec in REFERENCE_ROSTER.items()}
     specs["report"] = StageSpec("report", StageKind.REPORT, REPORT_S)
     agent_eval_s = policy_eval_s * policy_evaluations(cfg, site)
+    # Short of time, the pick is confirmed on the training simulator: each held-out year, the pick and its warm start
+    # side by side, one call each a step (trainer.learn.selection.confirm_over_the_years).
+    lean_eval_s = policy_eval_s * policy_evaluations(cfg, site, lean=True) + (
+        2 * HELD_OUT_YEARS * site.length * POLICY_CALL_S * SAFETY if confirms_over_years(cfg, site) else 0.0)
     if cfg.train.keep_best:  # the last policy's evaluation on the validation window, after the slot (its candidacy)
-        agent_eval_s += policy_eval_s * min(cfg.schedule.curve_eval_days * 24, eval_steps) / judged_steps
+        candidacy_s = policy_eval_s * min(cfg.schedule.curve_eval_days * 24, eval_steps) / judged_steps
+        agent_eval_s += candidacy_s
+        lean_eval_s += candidacy_s
     warm_starts = warm_start_s(cfg, site, speeds, agents, one_process)
     # The validation (learning-curve) evaluations take up to their share of a stage; with a four-week window
     # they do take it, on CityLearn and on the simulator alike (measured: a 20-minute night's SAC overran by 3 min).
@@ -65,19 +71,26 @@ def stage_specs(
     for agent in agents:
         specs[agent] = StageSpec(agent, StageKind.TRAIN, agent_eval_s, float(cfg.schedule.weights.get(agent, 1.0)),
                                  targets[agent], speeds.train_steps_per_s[agent] / SAFETY * training_share,
-                                 setup_s=warm_starts.get(agent, 0.0))
+                                 setup_s=warm_starts.get(agent, 0.0),
+                                 lean_fixed_s=lean_eval_s if lean_eval_s < agent_eval_s else None)
     return specs
 
 
-def policy_evaluations(cfg: Config, site: Site) -> int:
-    """Evaluations as long as the final one that a trained stage runs after training: its deployed policy; its warm
-    start (results.json's warm_start); and, where held-out years exist (the built-in site) and the selection keeps
-    the best, the confirmation of a pick against the warm start over two held-out years (trainer.learn.selection: four
-    more; two measured ~45 s on 2 cores, the minute a 20-minute night's last agent lost while the plan left them
-    out)."""
+def confirms_over_years(cfg: Config, site: Site) -> bool:
+    """Whether a trained stage confirms its pick against its warm start over held-out years (the built-in site's,
+    with ``train.keep_best``; trainer.learn.selection)."""
+    return cfg.warm_start.epochs > 0 and cfg.train.keep_best and site.kind.draws
+
+
+def policy_evaluations(cfg: Config, site: Site, lean: bool = False) -> int:
+    """Evaluations as long as the final one (the part learnt from and the part held out) that a trained stage runs
+    after training: its deployed policy; its warm start (results.json's warm_start); and, where it confirms its pick
+    over held-out years in CityLearn, the pick and the warm start over each (a year each, so one such evaluation a
+    year; the plan counted two a year and gave a busy 20-minute night's agents 220 s of evaluations each where they
+    took 135). ``lean``: a night short of time confirms on the training simulator (counted apart)."""
     if cfg.warm_start.epochs <= 0:
         return 1
-    return 2 + 2 * HELD_OUT_YEARS if cfg.train.keep_best and site.kind.draws else 2
+    return 2 + (HELD_OUT_YEARS if confirms_over_years(cfg, site) and not lean else 0)
 
 
 def warm_start_s(cfg: Config, site: Site, speeds: Speeds, agents: list[str],
@@ -142,17 +155,35 @@ def warm_start_s(cfg: Config, site: Site, speeds: Speeds, agents: list[str],
     return out
 
 
+def ensemble_for_size(cfg: Config, targets: dict[str, int]) -> tuple[Config, str | None]:
+    """An untimed run's config with ``warm_start.ensemble`` as its size warrants, and why it changed (None: it did
+    not): one imitation where no warm-started agent trains ``warm_start.ensemble_min_steps`` steps (ten imitations
+    take ~15 minutes on 2 cores: `trainer train sac --timesteps 2000` imitated ten members for an hour on a busy
+    machine, then learnt for seconds)."""
+    settings = cfg.warm_start
+    steps = [t for a, t in targets.items() if agent_spec(a).warm_start]
+    if settings.ensemble <= 1 or settings.epochs <= 0 or not steps or max(steps) >= settings.ensemble_min_steps:
+        return cfg, None
+    single = cfg.model_copy(update={"warm_start": settings.model_copy(update={"ensemble": 1})})
+    return single, (f"one imitation, not the mean of {settings.ensemble}: the run trains {max(steps):,} steps, "
+                    f"under warm_start.ensemble_min_steps ({settings.ensemble_min_steps:,}), and the ensemble would "
+                    f"take many times its learning (a longer run imitates them)")
+
+
 def fit_ensemble(cfg: Config, site: Site, speeds: Speeds, agents: list[str], available_s: float | None,
-                 one_process: bool = True) -> tuple[Config, str | None]:
+                 one_process: bool = True, targets: dict[str, int] | None = None) -> tuple[Config, str | None]:
     """The night's config with ``warm_start.ensemble`` as it fits, and why it changed (None: it did not).
 
-    A night without a deadline runs the configured ensemble. A timed night runs it only where its warm starts take
+    A night without a deadline runs the configured ensemble where its size warrants it (:func:`ensemble_for_size`,
+    with its ``targets``). A timed night runs it only where its warm starts take
     at most ENSEMBLE_SHARE of the time: five SAC imitations and their student took 12.4 minutes on 2 cores, more
     than half a 20-minute night (ten and a longer-fitted student, the default, about half an hour), where one
     imitation leaves the time to reinforcement learning. Smaller ensembles
     are not tried: the mean of two measured worse than its first member, of three below the best one imitation of
     five (docs/agent-quality.md)."""
     settings = cfg.warm_start
+    if available_s is None and targets is not None:
+        return ensemble_for_size(cfg, targets)
     if available_s is None or settings.ensemble <= 1 or settings.epochs <= 0:
         return cfg, None
     needed = sum(warm_start_s(cfg, site, speeds, agents, one_process).values())
@@ -221,6 +252,10 @@ def render(planned: list[PlannedStage], deadline: datetime | None, notes: list[s
         lines.append(f"  ! speeds measured while other work kept ~{speeds.busy_cores:.1f} cores busy: this plan may "
                      "give the agents less than a quiet machine would; `trainer plan --refresh` measures again "
                      "(a later plan on a quiet machine does so itself)")
+    if speeds.busier_now:
+        lines.append(f"  ! the machine is busy now (~{speeds.busy_now:.1f} cores of other work) and these speeds were "
+                     "measured when it was not: each stage will take longer; the plan is made again after every "
+                     "stage from the times measured, and each warm start stops at its part of the stage's time")
     for stage in planned:
         what = f"train {stage.planned_steps:,}/{stage.target_steps:,} steps + evaluate" if stage.target_steps else (
             "write the report" if stage.name == "report" else "evaluate")
@@ -257,6 +292,7 @@ def plan_text(cfg: Config, given: Site | None, agents: list[str], quick: bool, d
         speeds = calibrate(cfg, site, device, agents, refresh=refresh)
         targets = training_targets(cfg, agents, quick, site)
         now = datetime.now()
-        cfg, why = fit_ensemble(cfg, site, speeds, agents, (deadline - now).total_seconds() if deadline else None)
+        cfg, why = fit_ensemble(cfg, site, speeds, agents, (deadline - now).total_seconds() if deadline else None,
+                                targets=targets)
         planned, notes = build_plan(cfg, site, speeds, agents, targets, now, deadline)
     return render(planned, deadline, ([f"warm start: {why}"] if why else []) + notes, speeds)

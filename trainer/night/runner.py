@@ -35,7 +35,7 @@ def prepare(ctx: RunContext, agents: list[str], targets: dict[str, int], deadlin
     resumed = ScheduleState.load(ctx.run.schedule) if resume and ctx.run.schedule.is_file() else None
     if resumed is not None:
         deadline = resumed.deadline_dt()  # the same deadline as the night began with
-    ctx, fitted = _fit_warm_start(ctx, speeds, agents, deadline, now, one_process)
+    ctx, fitted = _fit_warm_start(ctx, speeds, agents, targets, deadline, now, one_process)
     specs = stage_specs(ctx.cfg, ctx.site, speeds, agents, targets, one_process)
     if resumed is not None:
         state = resumed
@@ -55,12 +55,12 @@ def prepare(ctx: RunContext, agents: list[str], targets: dict[str, int], deadlin
                  report=lambda: write_report(ctx.run))
 
 
-def _fit_warm_start(ctx: RunContext, speeds: Speeds, agents: list[str], deadline: datetime | None, now: datetime,
-                    one_process: bool) -> tuple[RunContext, list[str]]:
+def _fit_warm_start(ctx: RunContext, speeds: Speeds, agents: list[str], targets: dict[str, int],
+                    deadline: datetime | None, now: datetime, one_process: bool) -> tuple[RunContext, list[str]]:
     """The run with the warm start's ensemble the night's time affords (plan.fit_ensemble), written to its
     config.yaml (a resumed night and Ray's workers read it from there), and the plan's note of it."""
     available = (deadline - now).total_seconds() if deadline else None
-    fitted, why = fit_ensemble(ctx.cfg, ctx.site, speeds, agents, available, one_process)
+    fitted, why = fit_ensemble(ctx.cfg, ctx.site, speeds, agents, available, one_process, targets)
     if why is None:
         return ctx, []
     logs.get().info(f"warm start: {why}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import shutil
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +31,7 @@ from trainer.learn.trainer import summary as training_summary
 from trainer.learn.warm_start.cloning import weights_digest
 from trainer.learn.warm_start.validation import validation_part
 from trainer.night.budget import StageKind
+from trainer.night.plan import ensemble_for_size
 from trainer.night.state import StageJob, StageOutcome
 from trainer.references import reuse as reuse_references
 from trainer.references.controllers import PolicyController
@@ -123,8 +125,11 @@ def evaluate_reference(ctx: RunContext, name: str, reuse: bool = True) -> dict[s
 
 
 def train_agent(ctx: RunContext, agent: str, timesteps: int, resume: bool = False, force: bool = False,
-                callbacks: list | None = None, time_limit_s: float | None = None) -> dict[str, Any]:
-    """Train one SB3 agent (resuming from its checkpoints if asked), save it, evaluate it."""
+                callbacks: list | None = None, time_limit_s: float | None = None,
+                warm_start_s: float | None = None, lean: bool = False) -> dict[str, Any]:
+    """Train one SB3 agent (resuming from its checkpoints if asked), save it, evaluate it; within ``time_limit_s``
+    (None: to its target), its warm start within ``warm_start_s`` of it; ``lean``: the night is short of time, and
+    the pick is confirmed on the training simulator."""
     from stable_baselines3.common.utils import (
         set_random_seed,  # lazy: SB3 imports torch
     )
@@ -134,7 +139,7 @@ def train_agent(ctx: RunContext, agent: str, timesteps: int, resume: bool = Fals
     folder.root.mkdir(parents=True, exist_ok=True)
     log = logs.get().bind(agent=agent)
     set_random_seed(ctx.seed)
-    trainer = StageTrainer(ctx, handle, timesteps, callbacks, time_limit_s=time_limit_s)
+    trainer = StageTrainer(ctx, handle, timesteps, callbacks, time_limit_s=time_limit_s, warm_start_s=warm_start_s)
     log.info("training", timesteps=timesteps, device=handle.device, resume=resume, **_summary(handle.section))
     start = time.perf_counter()
     try:
@@ -145,7 +150,7 @@ def train_agent(ctx: RunContext, agent: str, timesteps: int, resume: bool = Fals
         model.logger.record("time/wall_s", round(wall, 2))
         model.logger.dump(model.num_timesteps)
         trained_steps = int(model.num_timesteps)
-        model, kept = _best_policy(ctx, handle, trainer, model)
+        model, kept = _best_policy(ctx, handle, trainer, model, lean)
         last = trainer.checkpoints.last
         _save_model(model, folder, agent, last.path if last else None)
     finally:
@@ -166,8 +171,8 @@ def train_agent(ctx: RunContext, agent: str, timesteps: int, resume: bool = Fals
     return metrics
 
 
-def _best_policy(ctx: RunContext, handle: Agent, trainer: StageTrainer,
-                 model: BaseAlgorithm) -> tuple[BaseAlgorithm, dict[str, Any] | None]:
+def _best_policy(ctx: RunContext, handle: Agent, trainer: StageTrainer, model: BaseAlgorithm,
+                 lean: bool = False) -> tuple[BaseAlgorithm, dict[str, Any] | None]:
     """The policy to deploy: the best the stage has seen on the validation window (train.keep_best), or the last."""
     agent = handle.name
     best = trainer.best
@@ -191,7 +196,7 @@ def _best_policy(ctx: RunContext, handle: Agent, trainer: StageTrainer,
                                error=str(exc))
             return model, kept
         model, kept = confirm_over_the_years(ctx, agent, model, warm, kept, best.target_pct,
-                                             _curve_figure(folder, step=0))
+                                             _curve_figure(folder, step=0), on_simulator=lean)
         logs.get().info("the deployed policy over the held-out years", agent=agent, step=kept["step"],
                         years=kept.get("years"))
     return model, kept
@@ -348,7 +353,8 @@ def run_job(ctx: RunContext, job: StageJob) -> StageOutcome:
     if skipped is not None:
         return StageOutcome(skipped=skipped)
     resume = job.resume and ctx.run.agent(job.name).checkpoints.is_dir()
-    metrics = train_agent(ctx, job.name, job.target, resume=resume, force=job.force, time_limit_s=limit)
+    metrics = train_agent(ctx, job.name, job.target, resume=resume, force=job.force, time_limit_s=limit,
+                          warm_start_s=job.warm_start_s(limit), lean=job.lean)
     return StageOutcome(metrics=metrics, time_limit_s=limit)
 
 
@@ -385,6 +391,11 @@ def train_with_baseline(ctx: RunContext, agent: str, resume: bool, force: bool) 
     if BASELINE not in done:
         record_results(ctx.run, {BASELINE: evaluate_reference(ctx, BASELINE)})
     steps = training_timesteps(ctx.cfg, agent, ctx.site)
+    sized, why = ensemble_for_size(ctx.cfg, {agent: steps})
+    if why is not None and not resume:  # written to config.yaml: a resumed run reads it from there
+        logs.get().info(f"warm start: {why}")
+        ctx.run.write_config(sized)
+        ctx = replace(ctx, cfg=sized)
     return record_results(ctx.run, {agent: train_agent(ctx, agent, steps, resume=resume, force=force)})
 
 

@@ -12,7 +12,7 @@ stage ``running`` for ``--resume`` to continue.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -38,6 +38,12 @@ if TYPE_CHECKING:
 
 # A training slot too short to be worth a model: the stage is skipped rather than run for nothing.
 MIN_TRAIN_STEPS = 100
+# A warm start leaves its stage the time for this many steps of learning at the plan's speed (or the stage's target,
+# if smaller), and at least half the training time the plan gave it: a busy machine's imitation stops at that point
+# with the best it has rather than take the learning's time (a 20-minute night's PPO trained 0 steps behind a
+# warm start that overran its slot by minutes).
+LEARNING_KEPT_STEPS = 20_000
+LEARNING_KEPT_SHARE = 0.5
 # What schedule.json keeps of a finished stage's results (results.json has them all).
 RESULT_KEYS = ("co2_kg_per_year", "co2_vs_baseline_pct", "timesteps", "steps_per_s")
 
@@ -56,6 +62,8 @@ class StageJob:
     deadline: float | None = None  # the night's deadline (POSIX seconds); None: untimed
     reserve_s: float = 0.0        # of the time left, what the stage leaves for its evaluation and the stages after
     steps_per_s: float = 0.0      # the planner's training speed
+    setup_s: float = 0.0          # the planner's estimate of its warm start, inside its slot
+    lean: bool = False            # the night is short of time: the stage confirms its pick on the training simulator
 
     def slot(self, now: float) -> tuple[float | None, str | None]:
         """Starting at ``now``: (the training stage's time limit in seconds, or None untimed; why it is skipped
@@ -67,6 +75,23 @@ class StageJob:
             return None, (f"no time left for training: {max(limit, 0):.0f} s in the plan "
                           f"(~{max(limit, 0) * self.steps_per_s:.0f} steps) before the deadline")
         return round(limit, 1), None
+
+    def learning_floor_s(self) -> float:
+        """The least learning a stage keeps: LEARNING_KEPT_STEPS (at most its target) at the plan's speed."""
+        return learning_floor_s(self.target, self.steps_per_s)
+
+    def warm_start_s(self, limit: float | None) -> float | None:
+        """Of a slot of ``limit`` seconds, the most its warm start may take (None: untimed): what leaves learning
+        LEARNING_KEPT_STEPS (at most the target) at the plan's speed and LEARNING_KEPT_SHARE of its planned time."""
+        if limit is None or self.steps_per_s <= 0:
+            return None
+        learning = max(self.learning_floor_s(), LEARNING_KEPT_SHARE * max(limit - self.setup_s, 0.0))
+        return max(limit - learning, 0.0)
+
+
+def learning_floor_s(target: int, steps_per_s: float) -> float:
+    steps = min(LEARNING_KEPT_STEPS, target) if target > 0 else LEARNING_KEPT_STEPS
+    return steps / steps_per_s if steps_per_s > 0 else 0.0
 
 
 @dataclass(frozen=True)
@@ -103,17 +128,63 @@ def _nothing(*args: Any) -> None:
     return None
 
 
+# A stage's fixed costs (its evaluations, a reference's solve) shorter than this say little of the machine's pace:
+# a reused reference is planned at a second and takes a few.
+PACE_FROM_S = 10.0
+MAX_PACE = 4.0
+PACE_WORTH_SAYING = 0.1  # a change of the pace by this much is logged with the night's new end
+
+
+@dataclass
+class Pace:
+    """How much longer than planned the night's stages take: other work started since the calibration (or a cached
+    calibration of a quiet hour) slows every evaluation and warm start. Never below 1: a plan made from measured
+    speeds is not shortened by a stage that went fast."""
+
+    planned_s: float = 0.0
+    taken_s: float = 0.0
+    said: float = 1.0  # the factor last logged
+
+    def add(self, planned_s: float, taken_s: float) -> None:
+        if planned_s >= PACE_FROM_S and taken_s > 0:
+            self.planned_s += planned_s
+            self.taken_s += taken_s
+
+    @property
+    def factor(self) -> float:
+        return 1.0 if self.planned_s <= 0 else min(max(self.taken_s / self.planned_s, 1.0), MAX_PACE)
+
+    def of(self, spec: StageSpec) -> StageSpec:
+        """``spec`` at this pace: its evaluation and warm start longer, its training slower."""
+        factor = self.factor
+        if factor == 1.0:
+            return spec
+        return replace(spec, fixed_s=spec.fixed_s * factor, setup_s=spec.setup_s * factor,
+                       steps_per_s=spec.steps_per_s / factor)
+
+
 @dataclass
 class Night:
     """One run folder's night: its stages' state, what the planner knows of each, and what it keeps."""
 
     ctx: RunContext                                  # its config, run folder and dataset
     state: ScheduleState
-    specs: dict[str, StageSpec]
+    specs: dict[str, StageSpec]                      # as planned from the calibration
     force: bool = False
     plan_text: str = ""
     keep: Callable[[str, dict[str, Any]], Any] = _nothing  # a finished stage's metrics into results.json: all of it
     report: Callable[[], Any] = _nothing                   # report.md, once every other stage has finished
+    pace: Pace = field(default_factory=Pace)
+    lean: bool = False  # short of time: the stages left confirm their picks on the training simulator
+
+    def spec(self, name: str) -> StageSpec:
+        """What the planner knows of stage ``name`` now: as calibrated, at the pace the night's stages have shown,
+        lean where the night is short of time."""
+        spec = self.pace.of(self.specs[name])
+        return spec.leaned() if self.lean else spec
+
+    def paced_specs(self) -> dict[str, StageSpec]:
+        return {name: self.spec(name) for name in self.specs}
 
 
 def plan(state: ScheduleState, specs: dict[str, StageSpec], now: datetime) -> None:
@@ -175,19 +246,30 @@ def _start(night: Night, record: StageRecord, parallel: bool, clock: Callable[[]
     state, now = night.state, clock()
     deadline = state.deadline_dt()
     resume = record.status == RUNNING
-    spec = night.specs[record.name]
+    spec = night.spec(record.name)
     reserve = spec.fixed_s
     if deadline is not None and parallel:  # side by side: its own evaluation and the report
-        reserve += sum(night.specs[s.name].fixed_s for s in state.stages if s.kind == StageKind.REPORT)
+        reserve += sum(night.spec(s.name).fixed_s for s in state.stages if s.kind == StageKind.REPORT)
     elif deadline is not None:  # one after another: what the stages after it are planned to take
         later = [s for s in state.stages[state.stages.index(record):] if s.status not in FINISHED]
-        open_specs = [night.specs[s.name] for s in later]
-        alloc = allocate(open_specs, (deadline - now).total_seconds())
-        # Its own warm start runs inside its limit; the later stages' are theirs to keep.
-        reserve = sum(s.fixed_s for s in open_specs) + sum(s.setup_s for s in open_specs[1:]) + sum(alloc[1:])
+        left = (deadline - now).total_seconds()
+        if not night.lean and _short_of_time([night.spec(s.name) for s in later], left):
+            night.lean = True
+            logs.get().warning("the night is short of time: the agents left confirm their picks on the training "
+                               "simulator, not in CityLearn (every reported figure is still CityLearn's)",
+                               left_s=round(left), pace=f"{night.pace.factor:.2f}x")
+        spec = night.spec(record.name)
+        open_specs = [night.spec(s.name) for s in later]
+        alloc = allocate(open_specs, left)
+        # Its own warm start runs inside its limit; the later stages' are theirs to keep, with the least learning
+        # each keeps (a later agent is not starved by an earlier one's slot).
+        floors = [learning_floor_s(s.target_steps, s.steps_per_s) if s.kind == StageKind.TRAIN else 0.0
+                  for s in open_specs]
+        reserve = (sum(s.fixed_s for s in open_specs) + sum(s.setup_s for s in open_specs[1:])
+                   + sum(max(a, f) for a, f in zip(alloc[1:], floors[1:])))
     job = StageJob(str(night.ctx.run.root), night.ctx.site, record.name, record.kind,
                    record.timesteps_target, resume, night.force, deadline.timestamp() if deadline else None,
-                   reserve, spec.steps_per_s)
+                   reserve, spec.steps_per_s, spec.setup_s, night.lean)
     if not parallel:  # it starts now: the slot is known
         record.time_limit_s, skipped = job.slot(now.timestamp())
         if skipped is not None:
@@ -205,6 +287,14 @@ def _start(night: Night, record: StageRecord, parallel: bool, clock: Callable[[]
                     resume=resume, time_limit_s=record.time_limit_s, ends=_clock(record.planned_end),
                     night_ends=_clock(state.stages[-1].planned_end), run=night.ctx.run.root.name)
     return job
+
+
+def _short_of_time(specs: list[StageSpec], left_s: float) -> bool:
+    """Whether the stages left, at their evaluations and warm starts as planned and the least learning each keeps,
+    outlast the time left, where a leaner evaluation exists."""
+    needed = sum(s.fixed_s + s.setup_s + (learning_floor_s(s.target_steps, s.steps_per_s)
+                                          if s.kind == StageKind.TRAIN else 0.0) for s in specs)
+    return needed > left_s and any(s.lean_fixed_s is not None for s in specs)
 
 
 def _end(night: Night, record: StageRecord, outcome: StageOutcome, clock: Callable[[], datetime]) -> None:
@@ -236,6 +326,38 @@ def _end(night: Night, record: StageRecord, outcome: StageOutcome, clock: Callab
             done.results = {k: figures.get(k) for k in RESULT_KEYS if k in figures} or None
     _finish(night.state, record, DONE, clock)
     log.info("stage done", stage=record.name, seconds=record.seconds(), run=night.ctx.run.root.name)
+    _follow_the_pace(night, record, result, clock)
+
+
+def _follow_the_pace(night: Night, record: StageRecord, result: dict[str, Any], clock: Callable[[], datetime]) -> None:
+    """Measure the machine's pace on what ``record`` took beyond its training, and plan the rest again at it (the
+    stages' slots and warm starts follow: ``_start`` reads the paced specs)."""
+    spec, taken = night.specs.get(record.name), record.seconds()
+    if spec is None or taken is None or result.get("reused_from"):
+        return
+    spec = spec.leaned() if night.lean else spec  # what it was planned to take as it ran
+    if record.kind == StageKind.TRAIN:  # its training ran to its slot: its warm start and evaluations are the news
+        if result.get("train_wall_s") is None:
+            return
+        taken -= float(result["train_wall_s"])
+        if not (result.get("warm_start") or {}).get("stopped_at_its_time"):
+            night.pace.add(spec.fixed_s + spec.setup_s, taken)
+            return _replanned(night, clock)
+        taken -= float(result.get("warm_start_s") or 0.0)  # cut at its box: only its evaluations say how fast
+    night.pace.add(spec.fixed_s, taken)
+    _replanned(night, clock)
+
+
+def _replanned(night: Night, clock: Callable[[], datetime]) -> None:
+    plan(night.state, night.paced_specs(), clock())
+    night.state.save()
+    pace = night.pace
+    if pace.factor >= pace.said + PACE_WORTH_SAYING:
+        pace.said = pace.factor
+        later = [s for s in night.state.stages if s.status not in FINISHED]
+        logs.get().warning("the night's stages take longer than calibrated (the machine is busier): the rest is "
+                           "planned again at their pace", pace=f"{pace.factor:.2f}x",
+                           next=[f"{s.name} {_clock(s.planned_start)}-{_clock(s.planned_end)}" for s in later])
 
 
 def _report(night: Night, clock: Callable[[], datetime]) -> None:

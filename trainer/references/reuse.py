@@ -38,7 +38,7 @@ def cache_folder() -> Path:
 
 
 @lru_cache(maxsize=1)
-def _program_digest() -> str:
+def program_digest() -> str:
     """The product's own source: another version may judge differently."""
     package = Path(__file__).resolve().parents[1]
     digest = hashlib.sha256(metadata.version("citylearn").encode())
@@ -53,7 +53,7 @@ def references_key(cfg: Config, site: Site, seed: int) -> str:
     held = site.held_out
     settings = cfg.to_dict()
     parts = {
-        "format": FORMAT, "program": _program_digest(), "seed": seed, "eval_days": cfg.schedule.eval_days,
+        "format": FORMAT, "program": program_digest(), "seed": seed, "eval_days": cfg.schedule.eval_days,
         "settings": {name: settings[name] for name in SECTIONS},
         "site": [site.content_digest(), site.start, site.end],
         "held_out": None if held is None else [held.site.content_digest(), held.site.start, held.site.end],

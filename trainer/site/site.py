@@ -111,7 +111,9 @@ class Site:
         """A digest of the data: the schema as read and every CSV beside or under its root (caches of what was
         computed from the site are keyed by it, not by its path's name)."""
         def digest() -> str:
-            hashed = hashlib.sha256(json.dumps(self.data, sort_keys=True).encode())
+            # Where the files lie is not what they hold: a copy of the dataset beside its schema is the same data.
+            data = {key: value for key, value in self.data.items() if key != "root_directory"}
+            hashed = hashlib.sha256(json.dumps(data, sort_keys=True).encode())
             for csv in sorted(self.root.glob("*.csv")):
                 hashed.update(csv.name.encode())
                 hashed.update(csv.read_bytes())

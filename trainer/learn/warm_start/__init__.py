@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.base import logs
+from trainer.base.durations import TimeBox
 from trainer.config.roster import agent_spec
 from trainer.config.sections import Config
 from trainer.learn.warm_start.cloning import imitate_once, imitation_key, policy_digest
@@ -73,12 +74,15 @@ __all__ = ["BehaviourCloningTerm", "Demonstrations", "SavedImitations", "demonst
 
 
 def warm_start(cfg: Config, site: Site, agent: str, model: Any, draws: Path | None = None,
-               held_out: list[Site] | None = None, saved: SavedImitations | None = None) -> dict[str, Any] | None:
+               held_out: list[Site] | None = None, saved: SavedImitations | None = None,
+               box: TimeBox | None = None) -> dict[str, Any] | None:
     """Imitate the optimum before learning (``warm_start.epochs`` > 0); None where it is off or not possible. With
     ``warm_start.ensemble`` > 1, the imitation of that many imitations' mean (:func:`distil_an_ensemble`), or with
     ``warm_start.pick_best`` whichever of it and the members does best over the ``held_out`` years
     (trainer.learn.warm_start.pick). With ``saved``, the imitations other processes of the run made are reused and
-    this one's kept for them (trainer.learn.warm_start.saved)."""
+    this one's kept for them (trainer.learn.warm_start.saved). With a ``box`` (its part of the stage's slot) it
+    stops there with the best it has: fewer epochs, fewer members (the plan sized it; a busy machine may not
+    give it what the plan measured)."""
     settings = cfg.warm_start
     log = logs.get().bind(agent=agent)
     if settings.epochs <= 0:
@@ -87,6 +91,7 @@ def warm_start(cfg: Config, site: Site, agent: str, model: Any, draws: Path | No
         log.info("warm start skipped: this agent's policy cannot imitate (its roster row)")
         return None
     parts = imitation_parts(site, draws)
+    asked = time.perf_counter()
     try:
         demos = training_demonstrations(cfg, parts.fit, cfg.seed, parts.draws)
     except OptimumUnavailable as exc:
@@ -96,7 +101,7 @@ def warm_start(cfg: Config, site: Site, agent: str, model: Any, draws: Path | No
     ensemble = None
     if settings.ensemble > 1:
         ensemble, (actor_error, critic_error), reused, members = distil_an_ensemble(cfg, site, agent, model, demos,
-                                                                                    parts, saved)
+                                                                                    parts, saved, box)
         pick = pick_the_best(cfg, agent, model, members, held_out or []) if settings.picks_a_member(agent) else None
         if pick is not None:
             ensemble["pick"] = pick
@@ -107,15 +112,18 @@ def warm_start(cfg: Config, site: Site, agent: str, model: Any, draws: Path | No
         (actor_error, critic_error), reused = imitate_once(model, demos, settings.epochs, settings.learning_rate,
                                                            settings.batch_size, cfg.seed, saved=saved,
                                                            check=policy_check(cfg, parts, agent, model),
-                                                           checked=parts.label)
+                                                           checked=parts.label, box=box)
     narrow_exploration(model, settings.policy_std)
     start_temperature(model, settings.sac_temperature)
     summary = {"steps": len(demos.actions), "periods": len(demos.periods) or 1, "epochs": settings.epochs,
                "actor_mse": round(actor_error, 5),
                "critic_mse": round(critic_error, 4),
-               "demonstrations_s": round(demos.seconds, 1), "imitation_s": round(time.perf_counter() - started, 1)}
+               # This stage's time on them: none where an earlier stage of the process, or a run before, made them.
+               "demonstrations_s": round(started - asked, 1), "imitation_s": round(time.perf_counter() - started, 1)}
     if ensemble is not None:
         summary["ensemble"] = ensemble
+    if box is not None and box.reached:
+        summary["stopped_at_its_time"] = True
     what = "the optimum"
     if ensemble is not None:
         member = (ensemble.get("pick") or {}).get("member", 0)

@@ -10,6 +10,8 @@ from typing import Any
 
 import numpy as np
 
+from trainer.base import logs
+from trainer.base.durations import TimeBox
 from trainer.base.progress import Progress
 from trainer.base.signals import STOP
 from trainer.learn.warm_start.optimum_demonstrations import Demonstrations
@@ -20,15 +22,16 @@ PROGRESS_FROM_EPOCHS = 50
 
 
 def imitate(model: Any, demos: Demonstrations, epochs: int, learning_rate: float, batch_size: int,
-            seed: int, check: Callable[[], float] | None = None) -> tuple[float, float]:
+            seed: int, check: Callable[[], float] | None = None, box: TimeBox | None = None) -> tuple[float, float]:
     """Regress the actor onto the demonstrations' actions and the critic onto their returns.
 
     Returns the last epoch's mean squared errors (actor, critic). With a ``check`` (the policy's CO2 over a
     validation part, trainer.learn.warm_start.validation), the policy is checked at its epochs and the weights of the
-    best check are kept, with their errors; it stops early after checks that do no better. SAC's actor acts with tanh
-    of its mean; PPO's and A2C's Gaussian policy with its mean (SB3 clips it to the action box). The critic
-    (PPO's and A2C's value, SAC's two Q networks and their targets) learns the demonstrations'
-    discounted returns: an untrained critic would judge the imitated policy's first steps at random,
+    best check are kept, with their errors; it stops early after checks that do no better. With a ``box`` it stops
+    after the epoch that reaches its end (at least one), checked there too: the best it has by then. SAC's actor
+    acts with tanh of its mean; PPO's and A2C's Gaussian policy with its mean (SB3 clips it to the action box). The
+    critic (PPO's and A2C's value, SAC's two Q networks and their targets) learns the demonstrations' discounted
+    returns: an untrained critic would judge the imitated policy's first steps at random,
     and the first updates would undo the imitation (measured: PPO fell from 83 % to 49 % of the
     optimum's cut in 60k steps with the actor alone warm-started).
     """
@@ -72,7 +75,11 @@ def imitate(model: Any, demos: Demonstrations, epochs: int, learning_rate: float
             critic_total += critic_loss.item() * len(batch)
         errors = (actor_total / len(order), critic_total / len(order))
         progress.update(epoch)
-        if keep is not None and keep.after(epoch, errors):
+        out_of_time = box is not None and epoch < epochs and box.passed()
+        if keep is not None and keep.after(epoch, errors, last=out_of_time):
+            break
+        if out_of_time:
+            logs.get().info("warm start: the imitation stopped at the end of its time", epoch=epoch, of=epochs)
             break
     progress.close()
     if keep is not None:
@@ -127,11 +134,13 @@ def imitation_key(model: Any, demos: Demonstrations, epochs: int, learning_rate:
 
 def imitate_once(model: Any, demos: Demonstrations, epochs: int, learning_rate: float, batch_size: int,
                  seed: int, machine: bool = True, saved: SavedImitations | None = None,
-                 check: Callable[[], float] | None = None, checked: str = "") -> tuple[tuple[float, float], bool]:
+                 check: Callable[[], float] | None = None, checked: str = "",
+                 box: TimeBox | None = None) -> tuple[tuple[float, float], bool]:
     """:func:`imitate`, or the weights an identical imitation ended with earlier in this process or, with ``saved``,
     in any process of the run (the same result to the bit: the key holds every input; without ``machine``, the
     weights of the same imitation on any device and threads). Where another process is imitating the same, it waits
-    for that one's weights (trainer.learn.warm_start.saved). Returns the errors and whether they were reused."""
+    for that one's weights (trainer.learn.warm_start.saved). Returns the errors and whether they were reused. One
+    cut short by its ``box`` is neither kept nor saved: it is not the imitation its key names."""
     key = imitation_key(model, demos, epochs, learning_rate, batch_size, seed, machine, checked)
     found = _IMITATED.get(key)
     if saved is not None:
@@ -139,13 +148,14 @@ def imitate_once(model: Any, demos: Demonstrations, epochs: int, learning_rate: 
             with saved.claim(key):  # one process imitates it; one beside it waits, then loads it
                 found = saved.load(key, like=model.policy.state_dict())
                 if found is None:
-                    errors = _imitate_and_keep(model, demos, epochs, learning_rate, batch_size, seed, key, check)
-                    saved.save(key, _IMITATED[key][0], errors)
+                    errors = _imitate_and_keep(model, demos, epochs, learning_rate, batch_size, seed, key, check, box)
+                    if key in _IMITATED:
+                        saved.save(key, _IMITATED[key][0], errors)
                     return errors, False
         elif not saved.path(key).is_file():  # imitated in this process without a run folder to keep it in
             saved.save(key, *found)
     if found is None:
-        return _imitate_and_keep(model, demos, epochs, learning_rate, batch_size, seed, key, check), False
+        return _imitate_and_keep(model, demos, epochs, learning_rate, batch_size, seed, key, check, box), False
     weights, errors = found
     _keep(key, weights, errors)
     model.policy.load_state_dict(weights)
@@ -154,9 +164,11 @@ def imitate_once(model: Any, demos: Demonstrations, epochs: int, learning_rate: 
 
 
 def _imitate_and_keep(model: Any, demos: Demonstrations, epochs: int, learning_rate: float, batch_size: int,
-                      seed: int, key: str, check: Callable[[], float] | None = None) -> tuple[float, float]:
-    errors = imitate(model, demos, epochs, learning_rate, batch_size, seed, check)
-    _keep(key, {name: t.detach().clone() for name, t in model.policy.state_dict().items()}, errors)
+                      seed: int, key: str, check: Callable[[], float] | None = None,
+                      box: TimeBox | None = None) -> tuple[float, float]:
+    errors = imitate(model, demos, epochs, learning_rate, batch_size, seed, check, box)
+    if box is None or not box.reached:
+        _keep(key, {name: t.detach().clone() for name, t in model.policy.state_dict().items()}, errors)
     return errors
 
 

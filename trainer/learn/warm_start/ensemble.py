@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from trainer.base import logs
+from trainer.base.durations import TimeBox
 from trainer.base.signals import STOP
 from trainer.config.sections import Config
 from trainer.env.citylearn import make_sb3_env
@@ -32,7 +33,7 @@ MEMBER_SEED_STEP = 1000
 
 def distil_an_ensemble(
     cfg: Config, site: Site, agent: str, model: Any, demos: Demonstrations, parts: ImitationParts,
-    saved: SavedImitations | None = None,
+    saved: SavedImitations | None = None, box: TimeBox | None = None,
 ) -> tuple[dict[str, Any], tuple[float, float], bool, list[Any]]:
     """Leave in ``model`` the imitation of ``warm_start.ensemble`` imitations' mean action (module docstring), each
     member a policy of the agent's teacher (``warm_start.teacher``: SAC's for every agent by default).
@@ -41,7 +42,8 @@ def distil_an_ensemble(
     whether an earlier stage's identical student was reused (as :func:`imitate_once`) and the members' policies.
     The global random state is put back as it was (building a member reseeds it): the stage then trains as with
     one imitation. Each member is checked on the validation part of ``parts`` where it has one (its best epochs
-    kept); the student fits the members' mean for ``warm_start.student_epochs``.
+    kept); the student fits the members' mean for ``warm_start.student_epochs``. With a ``box``, the members take
+    their share of it by epochs (no member starts after it; the first always does) and the student the rest.
     """
     import random
 
@@ -56,7 +58,11 @@ def distil_an_ensemble(
     log.info("warm start: imitating the optimum from several initial weights, then their mean action "
              "(--set warm_start.ensemble=1 for one imitation)")
     try:
-        members, errors = _imitate_members(cfg, site, teacher, str(model.device), demos, parts, saved, log)
+        box = box or TimeBox()
+        members_share = settings.ensemble * settings.epochs / (settings.ensemble * settings.epochs
+                                                               + settings.student_epochs)
+        members, errors = _imitate_members(cfg, site, teacher, str(model.device), demos, parts, saved, log,
+                                           box.part(members_share))
         started = time.perf_counter()
         labelled = _ensemble_labels(cfg, parts.fit, members, demos, parts.draws)
         log.info("warm start: the members' mean action labelled", steps=len(labelled.actions),
@@ -64,12 +70,12 @@ def distil_an_ensemble(
         # The student starts where a single imitation would: the stage's model, as it was built. Its labels agree
         # with each other (one function of the observation), so it can fit them far closer than an imitation fits
         # the optimum's, and must: in closed loop a small miss costs points (docs/agent-quality.md).
-        student, reused = imitate_once(model, labelled, settings.student_epochs, *fit[1:], seed, saved=saved)
+        student, reused = imitate_once(model, labelled, settings.student_epochs, *fit[1:], seed, saved=saved, box=box)
     finally:
         random.setstate(state[0])
         np.random.set_state(state[1])
         torch.set_rng_state(state[2])
-    return ({"members": settings.ensemble, "teacher": teacher, "members_actor_mse": [round(e[0], 5) for e in errors],
+    return ({"members": len(members), "teacher": teacher, "members_actor_mse": [round(e[0], 5) for e in errors],
              "members_critic_mse": [round(e[1], 4) for e in errors], "labelled_steps": len(labelled.actions),
              "student_epochs": settings.student_epochs},
             student, reused, members)
@@ -77,9 +83,10 @@ def distil_an_ensemble(
 
 def _imitate_members(cfg: Config, site: Site, teacher: str, device: str, demos: Demonstrations,
                      parts: ImitationParts, saved: SavedImitations | None,
-                     log: Any) -> tuple[list[Any], list[tuple[float, float]]]:
+                     log: Any, box: TimeBox) -> tuple[list[Any], list[tuple[float, float]]]:
     """The ensemble's members, each the teacher's policy imitating ``demos`` from its own seed, and their errors;
-    members another process of the night is imitating are left to it until the others are done."""
+    members another process of the night is imitating are left to it until the others are done. Those imitated
+    when the ``box`` ends (at least one) are the ensemble."""
     settings = cfg.warm_start
     fit = (settings.epochs, settings.learning_rate, settings.batch_size)
     imitated: dict[int, tuple[Any, tuple[float, float]]] = {}  # member index: its policy and errors
@@ -90,6 +97,8 @@ def _imitate_members(cfg: Config, site: Site, teacher: str, device: str, demos: 
             for k in range(settings.ensemble):  # the first is the seed's own imitation
                 if k in imitated:
                     continue
+                if imitated and box.passed():
+                    break
                 STOP.check("the warm start's ensemble")
                 started = time.perf_counter()
                 # The teacher's policy, and the night's members whichever stage imitated them first: a stage
@@ -102,16 +111,20 @@ def _imitate_members(cfg: Config, site: Site, teacher: str, device: str, demos: 
                     continue  # a stage beside this one is imitating it: the next one first
                 member_errors, reused = imitate_once(member, demos, *fit, member_seed, machine=False, saved=saved,
                                                      check=policy_check(cfg, parts, teacher, member),
-                                                     checked=parts.label)
+                                                     checked=parts.label, box=box)
                 imitated[k] = (member.policy, member_errors)
                 log.info("warm start: ensemble member imitated", member=f"{k + 1}/{settings.ensemble}",
                          actor_mse=round(member_errors[0], 5), seconds=round(time.perf_counter() - started, 1),
                          reused=reused)
+            if imitated and box.reached:
+                log.info("warm start: the members' time is up: their mean is of those imitated",
+                         imitated=len(imitated), of=settings.ensemble)
+                break
             wait = True  # those left are other processes' to finish: wait for each in turn
     finally:
         env.close()
-    members = [imitated[k][0] for k in range(settings.ensemble)]
-    errors = [imitated[k][1] for k in range(settings.ensemble)]
+    members = [imitated[k][0] for k in sorted(imitated)]
+    errors = [imitated[k][1] for k in sorted(imitated)]
     return members, errors
 
 

@@ -1,20 +1,35 @@
 """The optimum's dispatch replayed as demonstrations: over the dataset's period and, where the site draws
-other years, over those too; computed once per process for a dataset and config."""
+other years, over those too.
+
+A year's replay is a year of CityLearn (a minute on 2 cores, three on a busy one), and it depends only on the data,
+the period, the seed and the settings that shape the site and its observations: never on the agents. So it is
+computed once a process for a key of exactly those, and kept in the machine's cache
+(``trainer.base.files.cache_root() / "demonstrations"``) for later runs: a second night on the same site, each trial
+of ``trainer tune`` and each Ray worker read it instead of replaying again. ``warm_start.reuse_demonstrations:
+false`` turns the kept copy off.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import io
+import json
+import os
 import time
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
+from trainer.base import logs
+from trainer.base.files import cache_root, write_bytes_atomic
 from trainer.config.sections import Config
 from trainer.env.citylearn import make_sb3_env
 from trainer.references.optimum import OptimumReplay
 from trainer.references.optimum_model import OptimumUnavailable, site_model
 from trainer.references.physics import solve_in_physics
+from trainer.references.reuse import program_digest
 from trainer.site import Site
 from trainer.site.scenario import DRAW_SEED_OFFSET
 
@@ -51,23 +66,48 @@ class Demonstrations:
                    tuple(len(p.actions) for p in parts))
 
 
-_CACHE: dict[tuple[Any, ...], Demonstrations] = {}
+_CACHE: dict[str, Demonstrations] = {}
+_UNAVAILABLE: dict[str, str] = {}  # why not, for a dataset the optimum does not model
+
+FORMAT = 1  # bump when what is kept changes
+KEEP = 24  # replays kept in the machine's cache (a year is ~2 MB); the least recently used go first
+# The settings a replay reads: the site's (a built-in site's data is its scenario, and its content is keyed too), the
+# reward recorded with each step, the guard that shapes each action and what the policy observes.
+SECTIONS = ("seed", "scenario", "reward", "ev", "observations")
 
 
-_UNAVAILABLE: dict[tuple[Any, ...], str] = {}  # why not, for a dataset the optimum does not model
+def cache_folder() -> Path:
+    return cache_root() / "demonstrations"
+
+
+def demonstrations_key(cfg: Config, site: Site, seed: int) -> str:
+    """What a replay depends on, as one digest: the data and period (by content, so each run folder's copy of a draw
+    and another folder's copy of the dataset are one), the part it is scaled as, the seed, the settings in
+    SECTIONS and the program."""
+    settings = cfg.to_dict()
+    scaled = site.scaled_as
+    parts = {
+        "format": FORMAT, "program": program_digest(), "seed": seed,
+        "settings": {name: settings[name] for name in SECTIONS},
+        "site": [site.content_digest(), site.start, site.end],
+        "scaled_as": None if scaled is None else [scaled.content_digest(), scaled.start, scaled.end],
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:24]
 
 
 def demonstrations(cfg: Config, site: Site, seed: int) -> Demonstrations:
     """The optimum's dispatch over the dataset's whole period, replayed: what the agent would have seen and done."""
     # A period of the dataset (the imitation's, without its validation part) is other demonstrations, and a part
     # read as another site's is scaled as there.
-    scaled_as = site.scaled_as
-    key = (str(site.schema), cfg.digest(), seed, site.start, site.end,
-           None if scaled_as is None else (str(scaled_as.schema), scaled_as.start, scaled_as.end))
+    key = demonstrations_key(cfg, site, seed)
     if key in _CACHE:
         return _CACHE[key]
     if key in _UNAVAILABLE:
         raise OptimumUnavailable(_UNAVAILABLE[key])
+    kept = _recall(key) if cfg.warm_start.reuse_demonstrations else None
+    if kept is not None:
+        _CACHE[key] = kept
+        return kept
     started = time.perf_counter()
     env = make_sb3_env(cfg, site, "eval", seed)
     try:
@@ -94,7 +134,48 @@ def demonstrations(cfg: Config, site: Site, seed: int) -> Demonstrations:
                             np.clip(np.asarray(actions, dtype=np.float32), -1.0, 1.0),
                             np.asarray(rewards, dtype=np.float32), time.perf_counter() - started)
     _CACHE[key] = result
+    if cfg.warm_start.reuse_demonstrations:
+        _remember(key, result)
     return result
+
+
+def _recall(key: str) -> Demonstrations | None:
+    """A replay an earlier process kept under ``key``, or None: none kept, or a damaged one (removed, replayed)."""
+    path = cache_folder() / f"{key}.npz"
+    started = time.perf_counter()
+    try:
+        with np.load(path, allow_pickle=False) as kept:
+            replayed_s = float(kept["seconds"])
+            # Its seconds are this process's (reading it): what the stage spent on its demonstrations.
+            result = Demonstrations(kept["observations"], kept["actions"], kept["rewards"],
+                                    time.perf_counter() - started)
+        if not (len(result.observations) == len(result.actions) == len(result.rewards) > 0):
+            raise ValueError("its arrays differ in length")
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:  # cut short, a disk error: replay
+        logs.get().warning("kept demonstrations not reused: replaying the optimum again", path=str(path),
+                           reason=str(exc))
+        path.unlink(missing_ok=True)
+        return None
+    os.utime(path)  # recently used: kept longest
+    logs.get().info("demonstrations reused", steps=len(result.actions), replayed_in_s=round(replayed_s, 1),
+                    read_in_s=round(result.seconds, 2))
+    return result
+
+
+def _remember(key: str, result: Demonstrations) -> None:
+    """Keep a replay for later processes; a full or read-only cache costs only the reuse, never the stage."""
+    buffer = io.BytesIO()
+    np.savez(buffer, observations=result.observations, actions=result.actions, rewards=result.rewards,
+             seconds=np.float64(result.seconds))
+    try:
+        write_bytes_atomic(cache_folder() / f"{key}.npz", buffer.getvalue())
+        kept = sorted(cache_folder().glob("*.npz"), key=lambda p: p.stat().st_mtime)
+        for old in kept[:-KEEP]:
+            old.unlink(missing_ok=True)
+    except OSError as exc:
+        logs.get().warning("demonstrations not kept for later runs", folder=str(cache_folder()), reason=str(exc))
 
 
 def training_demonstrations(cfg: Config, site: Site, seed: int, draws: Path | None) -> Demonstrations:

@@ -109,9 +109,10 @@ class KeepBest:
         self.since_best = 0
         self.seconds = 0.0
 
-    def after(self, epoch: int, errors: tuple[float, float]) -> bool:
-        """Check after ``epoch`` (its ``errors``) where it is a check's; True when the imitation should stop."""
-        if epoch not in self.at:
+    def after(self, epoch: int, errors: tuple[float, float], last: bool = False) -> bool:
+        """Check after ``epoch`` (its ``errors``) where it is a check's, or it is the ``last`` (the imitation's time
+        is up); True when the imitation should stop."""
+        if epoch not in self.at and not last:
             return False
         started = time.perf_counter()
         self.policy.train(False)  # SB3's set_training_mode, as an evaluation leaves a policy
