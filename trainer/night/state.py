@@ -76,20 +76,18 @@ class StageJob:
                           f"(~{max(limit, 0) * self.steps_per_s:.0f} steps) before the deadline")
         return round(limit, 1), None
 
-    def learning_floor_s(self) -> float:
-        """The least learning a stage keeps: LEARNING_KEPT_STEPS (at most its target) at the plan's speed."""
-        return learning_floor_s(self.target, self.steps_per_s)
-
     def warm_start_s(self, limit: float | None) -> float | None:
         """Of a slot of ``limit`` seconds, the most its warm start may take (None: untimed): what leaves learning
         LEARNING_KEPT_STEPS (at most the target) at the plan's speed and LEARNING_KEPT_SHARE of its planned time."""
         if limit is None or self.steps_per_s <= 0:
             return None
-        learning = max(self.learning_floor_s(), LEARNING_KEPT_SHARE * max(limit - self.setup_s, 0.0))
+        learning = max(learning_floor_s(self.target, self.steps_per_s),
+                       LEARNING_KEPT_SHARE * max(limit - self.setup_s, 0.0))
         return max(limit - learning, 0.0)
 
 
 def learning_floor_s(target: int, steps_per_s: float) -> float:
+    """The least learning a training stage keeps: LEARNING_KEPT_STEPS (at most its target) at the plan's speed."""
     steps = min(LEARNING_KEPT_STEPS, target) if target > 0 else LEARNING_KEPT_STEPS
     return steps / steps_per_s if steps_per_s > 0 else 0.0
 
@@ -263,10 +261,8 @@ def _start(night: Night, record: StageRecord, parallel: bool, clock: Callable[[]
         alloc = allocate(open_specs, left)
         # Its own warm start runs inside its limit; the later stages' are theirs to keep, with the least learning
         # each keeps (a later agent is not starved by an earlier one's slot).
-        floors = [learning_floor_s(s.target_steps, s.steps_per_s) if s.kind == StageKind.TRAIN else 0.0
-                  for s in open_specs]
         reserve = (sum(s.fixed_s for s in open_specs) + sum(s.setup_s for s in open_specs[1:])
-                   + sum(max(a, f) for a, f in zip(alloc[1:], floors[1:])))
+                   + sum(max(a, _floor_s(s)) for a, s in zip(alloc[1:], open_specs[1:])))
     job = StageJob(str(night.ctx.run.root), night.ctx.site, record.name, record.kind,
                    record.timesteps_target, resume, night.force, deadline.timestamp() if deadline else None,
                    reserve, spec.steps_per_s, spec.setup_s, night.lean)
@@ -292,9 +288,12 @@ def _start(night: Night, record: StageRecord, parallel: bool, clock: Callable[[]
 def _short_of_time(specs: list[StageSpec], left_s: float) -> bool:
     """Whether the stages left, at their evaluations and warm starts as planned and the least learning each keeps,
     outlast the time left, where a leaner evaluation exists."""
-    needed = sum(s.fixed_s + s.setup_s + (learning_floor_s(s.target_steps, s.steps_per_s)
-                                          if s.kind == StageKind.TRAIN else 0.0) for s in specs)
+    needed = sum(s.fixed_s + s.setup_s + _floor_s(s) for s in specs)
     return needed > left_s and any(s.lean_fixed_s is not None for s in specs)
+
+
+def _floor_s(spec: StageSpec) -> float:
+    return learning_floor_s(spec.target_steps, spec.steps_per_s) if spec.kind == StageKind.TRAIN else 0.0
 
 
 def _end(night: Night, record: StageRecord, outcome: StageOutcome, clock: Callable[[], datetime]) -> None:
