@@ -233,6 +233,49 @@ def test_an_identical_imitation_is_reused_to_the_bit(built_in, cfg, monkeypatch)
 
 
 
+def test_an_actor_fitted_without_its_critic_ends_with_the_same_weights(week_site, cfg, monkeypatch):
+    """An ensemble's members fit their actor alone, the student its critic in its first epochs only: the actors are
+    the very weights a full imitation leaves, the critic is untouched after its epochs, and none is taken for
+    another's imitation."""
+    import math
+
+    import torch
+
+    from trainer.learn.warm_start import cloning
+
+    monkeypatch.setattr(cloning, "_IMITATED", {})
+    env = make_sb3_env(cfg, week_site, "train", cfg.seed)
+    demos = demonstrations(cfg, week_site, cfg.seed)
+    fit = (cfg.warm_start.learning_rate, cfg.warm_start.batch_size, cfg.seed)
+    for agent in ("sac", "ppo"):
+        def fresh():
+            return build_model(cfg, agent, env, "cpu", cfg.seed, 1000)
+
+        def actor(model):  # SAC's actor; PPO's policy network and its action head
+            names = ("actor.",) if agent == "sac" else ("mlp_extractor.policy_net.", "action_net.", "log_std")
+            return {n: t for n, t in model.policy.state_dict().items() if n.startswith(names)}
+
+        def critic(model):
+            names = ("critic.",) if agent == "sac" else ("mlp_extractor.value_net.", "value_net.")
+            return {n: t.clone() for n, t in model.policy.state_dict().items() if n.startswith(names)}
+
+        full, alone, first = fresh(), fresh(), fresh()
+        untouched = critic(alone)
+        full_errors = cloning.imitate(full, demos, 3, *fit)
+        alone_errors = cloning.imitate(alone, demos, 3, *fit, critic_epochs=0)
+        first_errors = cloning.imitate(first, demos, 3, *fit, critic_epochs=1)
+        assert alone_errors[0] == first_errors[0] == full_errors[0] and math.isnan(alone_errors[1])
+        assert actor(full) and all(torch.equal(actor(full)[n], t) for n, t in actor(alone).items())
+        assert all(torch.equal(actor(full)[n], t) for n, t in actor(first).items())
+        assert all(torch.equal(untouched[n], t) for n, t in critic(alone).items())
+        once = fresh()
+        assert cloning.imitate(once, demos, 1, *fit)[1] == first_errors[1]  # the critic's error: its last epoch's
+        assert all(torch.equal(critic(once)[n], t) for n, t in critic(first).items())
+    # Each is its own imitation: never reused for another.
+    keys = {cloning.imitation_key(fresh(), demos, 3, *fit, critic_epochs=c) for c in (None, 3, 5, 1, 0)}
+    assert len(keys) == 3
+
+
 def test_an_imitation_out_of_time_stops_with_what_it_has_and_is_not_kept_as_the_whole(week_site, cfg, monkeypatch,
                                                                                       tmp_path):
     """A busy machine's warm start stops at its part of the stage's slot: after the epoch that reaches it, neither

@@ -128,10 +128,12 @@ def test_sac_on_many_sites_is_costed_per_site(built_in, monkeypatch, tmp_path):
     monkeypatch.setattr(calibrate, "_off_policy_speed",
                         lambda cfg, schema, agent, device, simulator, n_envs: (1000.0, 0.02))
     monkeypatch.setattr(calibrate, "_eval_speed", lambda cfg, schema: 100.0)
-    monkeypatch.setattr(calibrate, "_imitation_speed", lambda cfg, schema, agent, device, simulator: (0.004, "p"))
+    monkeypatch.setattr(calibrate, "_imitation_speed",
+                        lambda cfg, schema, agent, device, simulator: (0.004, 0.002, "p"))
     cfg = load_config(overrides=[f"output.root={tmp_path}"])
     speeds = calibrate.calibrate(cfg, built_in, "cpu", ["sac"], refresh=True)
     assert speeds.imitation_update_s == {"sac": 0.004} and speeds.imitation_policy == {"sac": "p"}  # on by default
+    assert speeds.imitation_actor_update_s == {"sac": 0.002}
     assert speeds.train_steps_per_s["sac"] == pytest.approx(1 / (0.02 / 16 + 1 / 1000))
     on_citylearn = calibrate.calibrate(load_config(overrides=[f"output.root={tmp_path}", "train.simulator=citylearn"]),
                                        built_in, "cpu", ["sac"], refresh=True)
@@ -178,6 +180,18 @@ def test_the_plan_counts_each_warm_start_and_the_night_s_demonstrations_once(bui
     # SAC imitates the members, labels their mean and fits its student; PPO, after it, its student alone.
     assert estimate["sac"] == pytest.approx((members + student) * 0.003 * SAFETY + 4 * year + labels_s)
     assert estimate["ppo"] == pytest.approx(student * 0.001 * SAFETY)
+    # The actor alone timed too (a calibration of this version): the members fit nothing else, the student its
+    # critic in its first warm_start.student_critic_epochs (400) only.
+    actors = Speeds(eval_steps_per_s=1000.0, train_steps_per_s={}, imitation_update_s={"sac": 0.003, "ppo": 0.001},
+                    imitation_actor_update_s={"sac": 0.001, "ppo": 0.0005})
+    student_s = {"sac": (400 * 0.003 + 800 * 0.001) * an_epoch, "ppo": (400 * 0.001 + 800 * 0.0005) * an_epoch}
+    assert warm_start_s(cfg, built_in, actors, ["sac", "ppo"]) == pytest.approx(
+        {"sac": (members * 0.001 + student_s["sac"]) * SAFETY + 4 * year + labels_s, "ppo": student_s["ppo"] * SAFETY})
+    # Members that may become a stage's start (warm_start.pick_best) fit their critic too.
+    picking = load_config(overrides=[*five, "warm_start.pick_best=true"])
+    assert warm_start_s(picking, built_in, actors, ["sac"])["sac"] == pytest.approx(
+        (members * 0.003 + student_s["sac"]) * SAFETY + 4 * year + labels_s
+        + 6 * 2 * 8759 * POLICY_CALL_S * SAFETY)
     # PPO first, or alone: it imitates SAC's members at SAC's speed.
     taught_first = members * 0.003 * SAFETY + 4 * year + labels_s
     assert warm_start_s(cfg, built_in, speeds, ["ppo", "sac"]) == pytest.approx(

@@ -176,7 +176,8 @@ def summarise(trials: list[Trial]) -> dict[str, Any]:
         out["imitation"][agent] = {  # small figures (members a second, seconds a minibatch): not to two decimals
             key: (float(f"{statistics.median(values):.4g}") if (values := figures(TrialKind.IMITATION, agent, key))
                   else None)
-            for key in ("members_per_s", "member_s", "update_s", "epochs", "minibatches")}
+            for key in ("members_per_s", "member_s", "update_s", "members_with_critic_per_s", "update_with_critic_s",
+                        "epochs", "minibatches")}
     plain_env, product_env = (
         median(figures(TrialKind.ENV_PLAIN, None, "steps_per_s")),
         median(figures(TrialKind.ENV_PRODUCT, None, "steps_per_s")),
@@ -329,6 +330,10 @@ def format_report(report: dict[str, Any]) -> str:
             lines.append(f"  {agent}: {m['members_per_s']:.4f} members/s ({m['member_s']:,.1f} s each: "
                          f"{m['epochs']:,.0f} epochs of {m['minibatches'] / max(m['epochs'], 1):,.0f} minibatches, "
                          f"{1000 * m['update_s']:.2f} ms each)")
+            if m.get("members_with_critic_per_s") is not None and m["update_with_critic_s"] != m["update_s"]:
+                lines.append(f"    with its critic, as every member fitted before: "
+                             f"{m['members_with_critic_per_s']:.4f} members/s "
+                             f"({1000 * m['update_with_critic_s']:.2f} ms a minibatch, timed in turn)")
     if s.get("simulator"):
         lines += ["", "environment steps/s by sites stepped at once (training simulator, one process, random actions,"
                   " guard and reward included):",

@@ -38,6 +38,10 @@ if TYPE_CHECKING:
     from stable_baselines3.common.vec_env import VecEnv
 
 
+# Rounds of the imitation's minibatches timed, each with its critic and without in turn (the fastest of each kept).
+IMITATION_ROUNDS = 3
+
+
 def _peak_rss_mb() -> dict[str, float | None]:
     """Peak resident memory of this process (Linux and macOS; Windows has no getrusage)."""
     try:
@@ -171,22 +175,28 @@ def run_trial(trial: Trial, cfg: Config, site: Site, device: str, sizes: Sizes) 
 
 
 def _imitation_rate(agent: str, cfg: Config, site: Site, device: str, sizes: Sizes) -> dict[str, Any]:
-    """The warm start's imitation of ``agent``'s policy at its speed here: seconds a minibatch, then a member's
-    seconds and members a second (``warm_start.epochs`` over the period's demonstrations, as the night's plan counts
-    them: trainer.night.plan.warm_start_s)."""
+    """The warm start's imitation of ``agent``'s policy at its speed here: seconds a minibatch as a member fits
+    (the actor alone unless ``warm_start.members_fit_critics``) and, timed in turn with it, with its critic as the
+    version before fitted every member; then a member's seconds and members a second (``warm_start.epochs`` over the
+    period's demonstrations, as the night's plan counts them: trainer.night.plan.warm_start_s)."""
     from trainer.learn.agents import build_model  # lazy: SB3 and torch
     from trainer.learn.warm_start.cloning import imitation_update_s
 
     apply_gpu_flags(cfg.gpu, device)
     settings = cfg.warm_start
     env = make_sb3_env(cfg, site, "train", cfg.seed)
+    timed: dict[bool, list[float]] = {True: [], False: []}
     try:
         model = build_model(cfg, agent, env, device, cfg.seed, 1000)
-        update_s = imitation_update_s(model, settings.batch_size, sizes.imitation_updates)
+        for _ in range(IMITATION_ROUNDS):  # in turn: a machine that gets busier mid-trial slows both alike
+            for critic in (True, False):
+                timed[critic].append(imitation_update_s(model, settings.batch_size, sizes.imitation_updates, critic))
     finally:
         env.close()
+    update_s, with_critic_s = min(timed[settings.members_fit_critics]), min(timed[True])
     minibatches = max(settings.epochs, 1) * -(-(site.length - 1) // settings.batch_size)
     return {"update_s": update_s, "member_s": update_s * minibatches, "members_per_s": 1 / (update_s * minibatches),
+            "update_with_critic_s": with_critic_s, "members_with_critic_per_s": 1 / (with_critic_s * minibatches),
             "epochs": max(settings.epochs, 1), "minibatches": minibatches, "torch_threads": _threads()}
 
 

@@ -151,6 +151,10 @@ class WarmStartConfig(Section):
     student_epochs: int = doc("Epochs of the one network that imitates the ensemble's mean action (each as many "
                               "samples as the dataset's period): it must fit the mean closely to keep it in closed "
                               "loop: six times an imitation's 400 by default (docs/agent-quality.md).", ge=1, le=5000)
+    student_critic_epochs: int = doc("The first epochs of the student's, in which its critic (PPO's and A2C's value, "
+                                     "SAC's Q networks) fits the returns too; the actor fits all student_epochs (a "
+                                     "critic learning from rewards after needs no closer fit than one imitation's).",
+                                     ge=0, le=5000)
     teacher: TeacherName = doc(
         "Whose policy the ensemble's members are: one agent's (one ensemble a night; the others distil its members' "
         "mean, reusing them within a process), or own: each agent imitates with its own policy. SAC's imitations "
@@ -185,6 +189,12 @@ class WarmStartConfig(Section):
     def teacher_of(self, agent: str) -> str:
         """The agent whose policy ``agent``'s ensemble members are (``teacher``, or the agent itself for own)."""
         return agent if self.teacher == "own" else self.teacher
+
+    @property
+    def members_fit_critics(self) -> bool:
+        """Whether an ensemble's members fit a critic too: only where one may become a stage's start (``pick_best``);
+        otherwise only their mean action is used, and SAC's actor alone costs a third of its minibatch."""
+        return self.pick_best
 
     def picks_a_member(self, agent: str) -> bool:
         """Whether ``agent``'s warm start chooses among an ensemble's members and their mean (over the held-out

@@ -52,8 +52,10 @@ class Speeds:
     train_steps_per_s: dict[str, float]
     env_steps_per_s: dict[str, float] = field(default_factory=dict)  # off-policy agents: stepping alone
     update_s: dict[str, float] = field(default_factory=dict)  # off-policy agents: one gradient update
-    # Warm-started agents and their ensembles' teachers: one imitation minibatch.
+    # Warm-started agents and their ensembles' teachers: one imitation minibatch, and one of the actor alone (an
+    # ensemble's members and the student's epochs after its critic's; a calibration before it was kept: the first).
     imitation_update_s: dict[str, float] = field(default_factory=dict)
+    imitation_actor_update_s: dict[str, float] = field(default_factory=dict)
     # Warm-started agents: their fresh policy's digest (imitation.policy_digest). Agents that share one imitate once
     # a night: a night's PPO and A2C build the same policy, and the second reuses the first's weights.
     imitation_policy: dict[str, str] = field(default_factory=dict)
@@ -132,16 +134,17 @@ def calibrate(cfg: Config, site: Site, device: str, agents: list[str], refresh: 
             speeds.train_steps_per_s[agent] = _onpolicy_speed(cfg, site, agent_device(cfg, agent), agent,
                                                               simulator)
         if cfg.warm_start.epochs > 0 and agent_spec(agent).warm_start:
-            speeds.imitation_update_s[agent], speeds.imitation_policy[agent] = _imitation_speed(
-                cfg, site, agent, agent_device(cfg, agent), simulator)
+            (speeds.imitation_update_s[agent], speeds.imitation_actor_update_s[agent],
+             speeds.imitation_policy[agent]) = _imitation_speed(cfg, site, agent, agent_device(cfg, agent), simulator)
         log.info("calibrated", agent=agent, steps_per_s=round(speeds.train_steps_per_s[agent], 2))
     # An ensemble's members are the teacher's policy, imitated at its speed where it does not train tonight.
     if cfg.warm_start.epochs > 0 and cfg.warm_start.ensemble > 1:
         for teacher in sorted({cfg.warm_start.teacher_of(a) for a in agents if agent_spec(a).warm_start}):
             if teacher not in speeds.imitation_update_s:
                 apply_cpu_threads(cfg, teacher, simulator.in_process)
-                speeds.imitation_update_s[teacher], speeds.imitation_policy[teacher] = _imitation_speed(
-                    cfg, site, teacher, agent_device(cfg, teacher), simulator)
+                (speeds.imitation_update_s[teacher], speeds.imitation_actor_update_s[teacher],
+                 speeds.imitation_policy[teacher]) = _imitation_speed(cfg, site, teacher, agent_device(cfg, teacher),
+                                                                      simulator)
     speeds.busy_cores = round(max(speeds.busy_cores, others_load()), 2)
     if speeds.busy:
         log.warning("calibrated while other work ran: the plan may give less than the machine gives when quiet",
@@ -202,14 +205,16 @@ def _onpolicy_speed(cfg: Config, site: Site, device: str, agent: str, simulator:
         env.close()
 
 
-def _imitation_speed(cfg: Config, site: Site, agent: str, device: str, simulator: Simulator) -> tuple[float, str]:
-    """Seconds one minibatch of the warm start's imitation takes (trainer.learn.warm_start), and the digest of the
-    policy it starts from."""
+def _imitation_speed(cfg: Config, site: Site, agent: str, device: str,
+                     simulator: Simulator) -> tuple[float, float, str]:
+    """Seconds one minibatch of the warm start's imitation takes (trainer.learn.warm_start), its critic fitted too
+    and the actor alone, and the digest of the policy it starts from."""
     env = simulator.training_env(cfg, site, 1)
     try:
         model = build_model(cfg, agent, env, device, cfg.seed, CALIBRATION_STEPS)
         digest = policy_digest(model)  # before the timing trains it
-        return imitation_update_s(model, cfg.warm_start.batch_size), digest
+        batch = cfg.warm_start.batch_size
+        return imitation_update_s(model, batch), imitation_update_s(model, batch, critic=False), digest
     finally:
         env.close()
 

@@ -125,13 +125,19 @@ def warm_start_s(cfg: Config, site: Site, speeds: Speeds, agents: list[str],
     checks = sum(1 for e in CHECK_AT if e < settings.epochs) + 1
     check_s = 0.0 if check is None else checks * check.length * (1 / speeds.eval_steps_per_s + POLICY_CALL_S) * SAFETY
     out, imitated, taught = {}, set(), set()
+    def actor_update_s(agent: str, full_s: float) -> float:  # a calibration before it was kept: the full update's
+        return speeds.imitation_actor_update_s.get(agent, full_s)
+
     for agent in agents:
         if not agent_spec(agent).warm_start:
             continue
         policy = speeds.imitation_policy.get(agent)  # None from a calibration before it was recorded: imitates
         own_update_s = speeds.imitation_update_s.get(agent, 0.0)
         reused = policy in imitated
-        seconds = (0 if reused else own_epochs * minibatches_an_epoch) * own_update_s * SAFETY
+        # The student fits its critic in its first student_critic_epochs only, then the actor alone.
+        critic_epochs = own_epochs if members <= 1 else min(settings.student_critic_epochs, own_epochs)
+        own_s = (critic_epochs * own_update_s + (own_epochs - critic_epochs) * actor_update_s(agent, own_update_s))
+        seconds = (0 if reused else minibatches_an_epoch * own_s) * SAFETY
         if members <= 1 and not reused:
             seconds += check_s
         if settings.picks_a_member(agent) and not reused:
@@ -140,8 +146,9 @@ def warm_start_s(cfg: Config, site: Site, speeds: Speeds, agents: list[str],
         members_of = speeds.imitation_policy.get(teacher, teacher)  # PPO's and A2C's own members are the same
         first_taught = members_of not in taught
         if members > 1 and first_taught:
-            seconds += members * (settings.epochs * minibatches_an_epoch * speeds.imitation_update_s.get(
-                teacher, own_update_s) * SAFETY + check_s)
+            teacher_s = speeds.imitation_update_s.get(teacher, own_update_s)
+            member_update_s = teacher_s if settings.members_fit_critics else actor_update_s(teacher, teacher_s)
+            seconds += members * (settings.epochs * minibatches_an_epoch * member_update_s * SAFETY + check_s)
         if members > 1 and (first_taught or not one_process):  # each process labels the members' mean itself
             seconds += labels_s
         out[agent] = seconds + demonstrations_s

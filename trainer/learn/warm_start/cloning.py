@@ -22,10 +22,15 @@ PROGRESS_FROM_EPOCHS = 50
 
 
 def imitate(model: Any, demos: Demonstrations, epochs: int, learning_rate: float, batch_size: int,
-            seed: int, check: Callable[[], float] | None = None, box: TimeBox | None = None) -> tuple[float, float]:
+            seed: int, check: Callable[[], float] | None = None, box: TimeBox | None = None,
+            critic_epochs: int | None = None) -> tuple[float, float]:
     """Regress the actor onto the demonstrations' actions and the critic onto their returns.
 
-    Returns the last epoch's mean squared errors (actor, critic). With a ``check`` (the policy's CO2 over a
+    Returns the last epoch's mean squared errors (actor, critic; the critic's of the last epoch that fitted it).
+    ``critic_epochs`` (None: all of them) fits the critic in the first that many epochs only, 0 not at all: the
+    actor and the critic are separate networks with their own Adam moments, so the actor ends with the very same
+    weights either way, and a minibatch of SAC's actor alone costs a third of one with its two Q networks (an
+    ensemble's members need no critic: only their mean action is used). With a ``check`` (the policy's CO2 over a
     validation part, trainer.learn.warm_start.validation), the policy is checked at its epochs and the weights of the
     best check are kept, with their errors; it stops early after checks that do no better. With a ``box`` it stops
     after the epoch that reaches its end (at least one), checked there too: the best it has by then. SAC's actor
@@ -47,6 +52,8 @@ def imitate(model: Any, demos: Demonstrations, epochs: int, learning_rate: float
     generator = torch.Generator().manual_seed(seed)
     policy.set_training_mode(True)
     errors = (float("nan"), float("nan"))
+    critic_epochs = epochs if critic_epochs is None else critic_epochs
+    critic_error = float("nan")
     keep = None if check is None else KeepBest(policy, check, epochs)
     # A long imitation says how far it is (SAC's 400 epochs take minutes on a busy machine); a short one speaks only
     # when it runs past half a minute (25 epochs took 3 minutes beside other work with too many threads: issue 56).
@@ -58,22 +65,29 @@ def imitate(model: Any, demos: Demonstrations, epochs: int, learning_rate: float
         # as long with extra draws as without.
         order = torch.randperm(len(observations), generator=generator)[:demos.period_steps].to(device)
         actor_total = critic_total = 0.0
+        fit_critic = epoch <= critic_epochs
         for start in range(0, len(order), batch_size):
             batch = order[start:start + batch_size]
             obs, target_action, target_return = observations[batch], actions[batch], returns[batch]
             if sac:
                 mean, _, _ = policy.actor.get_action_dist_params(obs)
-                actor_loss = ((torch.tanh(mean) - target_action) ** 2).mean()
-                critic_loss = sum(((q - target_return) ** 2).mean() for q in policy.critic(obs, target_action))
+                loss = actor_loss = ((torch.tanh(mean) - target_action) ** 2).mean()
+                if fit_critic:
+                    critic_loss = sum(((q - target_return) ** 2).mean() for q in policy.critic(obs, target_action))
             else:
-                actor_loss = ((policy.get_distribution(obs).distribution.mean - target_action) ** 2).mean()
-                critic_loss = ((policy.predict_values(obs) - target_return) ** 2).mean()
-            optimizer.zero_grad()
-            (actor_loss + critic_loss).backward()
+                loss = actor_loss = ((policy.get_distribution(obs).distribution.mean - target_action) ** 2).mean()
+                if fit_critic:
+                    critic_loss = ((policy.predict_values(obs) - target_return) ** 2).mean()
+            if fit_critic:
+                loss = actor_loss + critic_loss
+                critic_total += critic_loss.item() * len(batch)
+            optimizer.zero_grad()  # the critic's gradients None when it does not fit: Adam leaves it as it is
+            loss.backward()
             optimizer.step()
             actor_total += actor_loss.item() * len(batch)
-            critic_total += critic_loss.item() * len(batch)
-        errors = (actor_total / len(order), critic_total / len(order))
+        if fit_critic:
+            critic_error = critic_total / len(order)
+        errors = (actor_total / len(order), critic_error)
         progress.update(epoch)
         out_of_time = box is not None and epoch < epochs and box.passed()
         if keep is not None and keep.after(epoch, errors, last=out_of_time):
@@ -120,13 +134,15 @@ def weights_digest(policy: Any, gamma: float, machine: bool = True) -> str:
 
 
 def imitation_key(model: Any, demos: Demonstrations, epochs: int, learning_rate: float, batch_size: int,
-                  seed: int, machine: bool = True, checked: str = "") -> str:
+                  seed: int, machine: bool = True, checked: str = "", critic_epochs: int | None = None) -> str:
     """A digest of everything :func:`imitate` reads: the policy (:func:`weights_digest`, with or without the
-    ``machine``), the demonstrations, the settings, the seed (its minibatches come from a generator of its own) and
-    what it is ``checked`` on (trainer.learn.warm_start.validation.ImitationParts.label)."""
+    ``machine``), the demonstrations, the settings, the seed (its minibatches come from a generator of its own),
+    what it is ``checked`` on (trainer.learn.warm_start.validation.ImitationParts.label) and the critic's epochs
+    where they are fewer than the actor's (an imitation fitting both keeps the key it always had)."""
     policy = weights_digest(model.policy, float(model.gamma), machine)
+    critic = "" if critic_epochs is None or critic_epochs >= epochs else f" critic {critic_epochs}"
     digest = hashlib.sha256(f"{policy} {epochs} {learning_rate} {batch_size} {seed} {demos.periods} {checked}"
-                            .encode())
+                            f"{critic}".encode())
     for array in (demos.observations, demos.actions, demos.rewards):
         digest.update(array.tobytes())
     return digest.hexdigest()
@@ -135,27 +151,29 @@ def imitation_key(model: Any, demos: Demonstrations, epochs: int, learning_rate:
 def imitate_once(model: Any, demos: Demonstrations, epochs: int, learning_rate: float, batch_size: int,
                  seed: int, machine: bool = True, saved: SavedImitations | None = None,
                  check: Callable[[], float] | None = None, checked: str = "",
-                 box: TimeBox | None = None) -> tuple[tuple[float, float], bool]:
+                 box: TimeBox | None = None, critic_epochs: int | None = None) -> tuple[tuple[float, float], bool]:
     """:func:`imitate`, or the weights an identical imitation ended with earlier in this process or, with ``saved``,
     in any process of the run (the same result to the bit: the key holds every input; without ``machine``, the
     weights of the same imitation on any device and threads). Where another process is imitating the same, it waits
     for that one's weights (trainer.learn.warm_start.saved). Returns the errors and whether they were reused. One
     cut short by its ``box`` is neither kept nor saved: it is not the imitation its key names."""
-    key = imitation_key(model, demos, epochs, learning_rate, batch_size, seed, machine, checked)
+    key = imitation_key(model, demos, epochs, learning_rate, batch_size, seed, machine, checked, critic_epochs)
     found = _IMITATED.get(key)
     if saved is not None:
         if found is None:
             with saved.claim(key):  # one process imitates it; one beside it waits, then loads it
                 found = saved.load(key, like=model.policy.state_dict())
                 if found is None:
-                    errors = _imitate_and_keep(model, demos, epochs, learning_rate, batch_size, seed, key, check, box)
+                    errors = _imitate_and_keep(model, demos, epochs, learning_rate, batch_size, seed, key, check, box,
+                                               critic_epochs)
                     if key in _IMITATED:
                         saved.save(key, _IMITATED[key][0], errors)
                     return errors, False
         elif not saved.path(key).is_file():  # imitated in this process without a run folder to keep it in
             saved.save(key, *found)
     if found is None:
-        return _imitate_and_keep(model, demos, epochs, learning_rate, batch_size, seed, key, check, box), False
+        return _imitate_and_keep(model, demos, epochs, learning_rate, batch_size, seed, key, check, box,
+                                 critic_epochs), False
     weights, errors = found
     _keep(key, weights, errors)
     model.policy.load_state_dict(weights)
@@ -165,8 +183,8 @@ def imitate_once(model: Any, demos: Demonstrations, epochs: int, learning_rate: 
 
 def _imitate_and_keep(model: Any, demos: Demonstrations, epochs: int, learning_rate: float, batch_size: int,
                       seed: int, key: str, check: Callable[[], float] | None = None,
-                      box: TimeBox | None = None) -> tuple[float, float]:
-    errors = imitate(model, demos, epochs, learning_rate, batch_size, seed, check, box)
+                      box: TimeBox | None = None, critic_epochs: int | None = None) -> tuple[float, float]:
+    errors = imitate(model, demos, epochs, learning_rate, batch_size, seed, check, box, critic_epochs)
     if box is None or not box.reached:
         _keep(key, {name: t.detach().clone() for name, t in model.policy.state_dict().items()}, errors)
     return errors
@@ -178,14 +196,17 @@ def _keep(key: str, weights: dict[str, Any], errors: tuple[float, float]) -> Non
     _IMITATED[key] = (weights, errors)
 
 
-def imitation_update_s(model: Any, batch_size: int, updates: int = 10) -> float:
-    """Seconds one minibatch of the imitation takes for ``model`` on this machine (the night's plan counts the
-    warm start with it). Trains ``model`` on zeros: call it on a model built to be measured."""
+def imitation_update_s(model: Any, batch_size: int, updates: int = 10, critic: bool = True) -> float:
+    """Seconds one minibatch of the imitation takes for ``model`` on this machine, its critic fitted too or (not
+    ``critic``) the actor alone, as an ensemble's members fit (the night's plan counts the warm start with it).
+    Trains ``model`` on zeros: call it on a model built to be measured."""
     obs_size, action_size = model.observation_space.shape[0], model.action_space.shape[0]
     samples = batch_size * updates
     zeros = Demonstrations(np.zeros((samples, obs_size), np.float32), np.zeros((samples, action_size), np.float32),
                            np.zeros(samples, np.float32), 0.0)
-    imitate(model, zeros, 1, 1e-4, batch_size, 0)  # warm-up: the first minibatches allocate
+    critic_epochs = None if critic else 0
+    # A warm-up first: the first minibatches allocate.
+    imitate(model, zeros, 1, 1e-4, batch_size, 0, critic_epochs=critic_epochs)
     started = time.perf_counter()
-    imitate(model, zeros, 1, 1e-4, batch_size, 0)
+    imitate(model, zeros, 1, 1e-4, batch_size, 0, critic_epochs=critic_epochs)
     return (time.perf_counter() - started) / updates

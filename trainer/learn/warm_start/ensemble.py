@@ -30,6 +30,10 @@ _DISTILLED: dict[str, Demonstrations] = {}
 # of the site's seed; these seed weights and minibatches, not sites).
 MEMBER_SEED_STEP = 1000
 
+# An epoch fitting the critic too, in epochs of the actor alone: SAC's two Q networks make a minibatch 3.2 times one of
+# its actor (11.8 against 3.7 ms on one core of the 2-core Xeon VM), PPO's value network 2.1 times.
+CRITIC_EPOCH_COST = 3.0
+
 
 def distil_an_ensemble(
     cfg: Config, site: Site, agent: str, model: Any, demos: Demonstrations, parts: ImitationParts,
@@ -59,8 +63,12 @@ def distil_an_ensemble(
              "(--set warm_start.ensemble=1 for one imitation)")
     try:
         box = box or TimeBox()
-        members_share = settings.ensemble * settings.epochs / (settings.ensemble * settings.epochs
-                                                               + settings.student_epochs)
+        # By epochs, one fitting a critic too as CRITIC_EPOCH_COST of the actor's alone.
+        member_epoch = CRITIC_EPOCH_COST if settings.members_fit_critics else 1.0
+        members_cost = settings.ensemble * settings.epochs * member_epoch
+        critic_epochs = min(settings.student_critic_epochs, settings.student_epochs)
+        student_cost = settings.student_epochs + (CRITIC_EPOCH_COST - 1.0) * critic_epochs
+        members_share = members_cost / (members_cost + student_cost)
         members, errors = _imitate_members(cfg, site, teacher, str(model.device), demos, parts, saved, log,
                                            box.part(members_share))
         started = time.perf_counter()
@@ -70,14 +78,18 @@ def distil_an_ensemble(
         # The student starts where a single imitation would: the stage's model, as it was built. Its labels agree
         # with each other (one function of the observation), so it can fit them far closer than an imitation fits
         # the optimum's, and must: in closed loop a small miss costs points (docs/agent-quality.md).
-        student, reused = imitate_once(model, labelled, settings.student_epochs, *fit[1:], seed, saved=saved, box=box)
+        student, reused = imitate_once(model, labelled, settings.student_epochs, *fit[1:], seed, saved=saved, box=box,
+                                       critic_epochs=settings.student_critic_epochs)
     finally:
         random.setstate(state[0])
         np.random.set_state(state[1])
         torch.set_rng_state(state[2])
-    return ({"members": len(members), "teacher": teacher, "members_actor_mse": [round(e[0], 5) for e in errors],
-             "members_critic_mse": [round(e[1], 4) for e in errors], "labelled_steps": len(labelled.actions),
-             "student_epochs": settings.student_epochs},
+    summary = {"members": len(members), "teacher": teacher, "members_actor_mse": [round(e[0], 5) for e in errors],
+               "labelled_steps": len(labelled.actions), "student_epochs": settings.student_epochs,
+               "student_critic_epochs": min(settings.student_critic_epochs, settings.student_epochs)}
+    if settings.members_fit_critics:
+        summary["members_critic_mse"] = [round(e[1], 4) for e in errors]
+    return (summary,
             student, reused, members)
 
 
@@ -89,6 +101,7 @@ def _imitate_members(cfg: Config, site: Site, teacher: str, device: str, demos: 
     when the ``box`` ends (at least one) are the ensemble."""
     settings = cfg.warm_start
     fit = (settings.epochs, settings.learning_rate, settings.batch_size)
+    critic_epochs = None if settings.members_fit_critics else 0
     imitated: dict[int, tuple[Any, tuple[float, float]]] = {}  # member index: its policy and errors
     env = make_sb3_env(cfg, site, "eval", cfg.seed)
     try:
@@ -107,11 +120,11 @@ def _imitate_members(cfg: Config, site: Site, teacher: str, device: str, demos: 
                 member = _fresh(cfg, teacher, env, device, member_seed)
                 if (not wait and saved is not None
                         and saved.busy(imitation_key(member, demos, *fit, member_seed, machine=False,
-                                                     checked=parts.label))):
+                                                     checked=parts.label, critic_epochs=critic_epochs))):
                     continue  # a stage beside this one is imitating it: the next one first
                 member_errors, reused = imitate_once(member, demos, *fit, member_seed, machine=False, saved=saved,
                                                      check=policy_check(cfg, parts, teacher, member),
-                                                     checked=parts.label, box=box)
+                                                     checked=parts.label, box=box, critic_epochs=critic_epochs)
                 imitated[k] = (member.policy, member_errors)
                 log.info("warm start: ensemble member imitated", member=f"{k + 1}/{settings.ensemble}",
                          actor_mse=round(member_errors[0], 5), seconds=round(time.perf_counter() - started, 1),
