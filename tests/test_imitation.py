@@ -233,7 +233,8 @@ def test_an_identical_imitation_is_reused_to_the_bit(built_in, cfg, monkeypatch)
 
 
 
-def test_an_actor_fitted_without_its_critic_ends_with_the_same_weights(week_site, cfg, monkeypatch):
+@pytest.mark.parametrize("agent", ["sac", "ppo"])
+def test_an_actor_fitted_without_its_critic_ends_with_the_same_weights(week_site, cfg, monkeypatch, agent):
     """An ensemble's members fit their actor alone, the student its critic in its first epochs only: the actors are
     the very weights a full imitation leaves, the critic is untouched after its epochs, and none is taken for
     another's imitation."""
@@ -247,31 +248,32 @@ def test_an_actor_fitted_without_its_critic_ends_with_the_same_weights(week_site
     env = make_sb3_env(cfg, week_site, "train", cfg.seed)
     demos = demonstrations(cfg, week_site, cfg.seed)
     fit = (cfg.warm_start.learning_rate, cfg.warm_start.batch_size, cfg.seed)
-    for agent in ("sac", "ppo"):
-        def fresh():
-            return build_model(cfg, agent, env, "cpu", cfg.seed, 1000)
+    # SAC's actor and its two Q networks; PPO's policy network and action head, and its value network and head.
+    actor_names = ("actor.",) if agent == "sac" else ("mlp_extractor.policy_net.", "action_net.", "log_std")
+    critic_names = ("critic.",) if agent == "sac" else ("mlp_extractor.value_net.", "value_net.")
 
-        def actor(model):  # SAC's actor; PPO's policy network and its action head
-            names = ("actor.",) if agent == "sac" else ("mlp_extractor.policy_net.", "action_net.", "log_std")
-            return {n: t for n, t in model.policy.state_dict().items() if n.startswith(names)}
+    def fresh():
+        return build_model(cfg, agent, env, "cpu", cfg.seed, 1000)
 
-        def critic(model):
-            names = ("critic.",) if agent == "sac" else ("mlp_extractor.value_net.", "value_net.")
-            return {n: t.clone() for n, t in model.policy.state_dict().items() if n.startswith(names)}
+    def part(model, names):
+        return {n: t.clone() for n, t in model.policy.state_dict().items() if n.startswith(names)}
 
-        full, alone, first = fresh(), fresh(), fresh()
-        untouched = critic(alone)
-        full_errors = cloning.imitate(full, demos, 3, *fit)
-        alone_errors = cloning.imitate(alone, demos, 3, *fit, critic_epochs=0)
-        first_errors = cloning.imitate(first, demos, 3, *fit, critic_epochs=1)
-        assert alone_errors[0] == first_errors[0] == full_errors[0] and math.isnan(alone_errors[1])
-        assert actor(full) and all(torch.equal(actor(full)[n], t) for n, t in actor(alone).items())
-        assert all(torch.equal(actor(full)[n], t) for n, t in actor(first).items())
-        assert all(torch.equal(untouched[n], t) for n, t in critic(alone).items())
-        once = fresh()
-        assert cloning.imitate(once, demos, 1, *fit)[1] == first_errors[1]  # the critic's error: its last epoch's
-        assert all(torch.equal(critic(once)[n], t) for n, t in critic(first).items())
-    # Each is its own imitation: never reused for another.
+    def same(a, b):
+        return a.keys() == b.keys() and len(a) > 0 and all(torch.equal(a[n], b[n]) for n in a)
+
+    full, alone, first = fresh(), fresh(), fresh()
+    untouched = part(alone, critic_names)
+    full_errors = cloning.imitate(full, demos, 3, *fit)
+    alone_errors = cloning.imitate(alone, demos, 3, *fit, critic_epochs=0)
+    first_errors = cloning.imitate(first, demos, 3, *fit, critic_epochs=1)
+    assert alone_errors[0] == first_errors[0] == full_errors[0] and math.isnan(alone_errors[1])
+    assert same(part(full, actor_names), part(alone, actor_names))
+    assert same(part(full, actor_names), part(first, actor_names))
+    assert same(untouched, part(alone, critic_names))
+    once = fresh()
+    assert cloning.imitate(once, demos, 1, *fit)[1] == first_errors[1]  # the critic's error: its last epoch's
+    assert same(part(once, critic_names), part(first, critic_names))
+    # Each is its own imitation: never reused for another (all epochs, or more, fit the critic as None does).
     keys = {cloning.imitation_key(fresh(), demos, 3, *fit, critic_epochs=c) for c in (None, 3, 5, 1, 0)}
     assert len(keys) == 3
 

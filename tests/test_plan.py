@@ -168,7 +168,7 @@ def test_the_plan_counts_each_warm_start_and_the_night_s_demonstrations_once(bui
 
     # 400 epochs of 8,759 samples in minibatches of 256; three more years of the built-in site; five SAC members
     # (warm_start.teacher: sac), then each agent's student's 1,200 epochs.
-    five = ["warm_start.ensemble=5", "warm_start.student_epochs=1200"]
+    five = ["warm_start.ensemble=5", "warm_start.student_epochs=1200", "warm_start.member_processes=1"]
     cfg = load_config(overrides=five)
     assert cfg.warm_start.teacher == "sac"
     speeds = Speeds(eval_steps_per_s=1000.0, train_steps_per_s={}, imitation_update_s={"sac": 0.003, "ppo": 0.001})
@@ -192,6 +192,10 @@ def test_the_plan_counts_each_warm_start_and_the_night_s_demonstrations_once(bui
     assert warm_start_s(picking, built_in, actors, ["sac"])["sac"] == pytest.approx(
         (members * 0.003 + student_s["sac"]) * SAFETY + 4 * year + labels_s
         + 6 * 2 * 8759 * POLICY_CALL_S * SAFETY)
+    # Members side by side in two processes: three rounds of the five.
+    two = load_config(overrides=[*five, "warm_start.member_processes=2"])
+    assert warm_start_s(two, built_in, speeds, ["sac"])["sac"] == pytest.approx(
+        (3 * 400 * an_epoch + student) * 0.003 * SAFETY + 4 * year + labels_s)
     # PPO first, or alone: it imitates SAC's members at SAC's speed.
     taught_first = members * 0.003 * SAFETY + 4 * year + labels_s
     assert warm_start_s(cfg, built_in, speeds, ["ppo", "sac"]) == pytest.approx(

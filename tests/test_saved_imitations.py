@@ -169,3 +169,112 @@ def test_a_run_stopped_in_its_warm_start_can_be_resumed_from_what_it_kept(tmp_pa
     SavedImitations(run.imitations).save("k", {"w": torch.ones(2)}, (0.1, 0.2))
     assert has_progress(run)  # a stop's message now says how to resume
     check_resume_config(run.root, "sac", load_config(), force=False, require_checkpoint=True)
+
+
+def test_members_imitated_beside_the_stage_are_the_ones_it_would_imitate(week_site, tmp_path, monkeypatch):
+    """A process beside the stage imitates the members from the last (one torch thread, as the stage then runs): the
+    stage loads what it saved, members equal to the bit to those it imitates itself, and no process outlives it."""
+    import multiprocessing
+
+    import torch
+    from structlog.testing import capture_logs
+
+    from trainer.base import logs
+    from trainer.base.durations import TimeBox
+    from trainer.learn.warm_start import members as beside
+    from trainer.learn.warm_start.validation import imitation_parts
+
+    monkeypatch.setattr(cloning, "_IMITATED", {})
+    monkeypatch.setattr(distilling, "_DISTILLED", {})
+    cfg = load_config(overrides=["warm_start.epochs=2", "warm_start.ensemble=3", "warm_start.student_epochs=2",
+                                 "warm_start.member_processes=1"])
+    parts = imitation_parts(week_site, None)
+    demos = demonstrations(cfg, parts.fit, cfg.seed)
+    folder = tmp_path / "imitations"
+    # The process beside, to its end: members 3 and 2.
+    process = multiprocessing.get_context("spawn").Process(
+        target=beside._imitate_members, args=(cfg, week_site, "sac", demos, parts, str(folder), [2, 1], 0))
+    process.start()
+    process.join()
+    assert process.exitcode == 0 and len(list(folder.glob("*.pt"))) == 2
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        with capture_logs() as logged:
+            members, errors = distilling._imitate_members(cfg, week_site, "sac", "cpu", demos, parts,
+                                                        SavedImitations(folder), logs.get(), TimeBox())
+        cloning._IMITATED.clear()  # a fresh process's memory: imitated here, not recalled
+        alone, alone_errors = distilling._imitate_members(cfg, week_site, "sac", "cpu", demos, parts, None,
+                                                        logs.get(), TimeBox())
+    finally:
+        torch.set_num_threads(threads)
+    assert [e["reused"] for e in logged if "member" in e] == [False, True, True]
+    assert [e[0] for e in errors] == [e[0] for e in alone_errors]  # the critics are not fitted (nan)
+    for mine, theirs in zip(members, alone):
+        assert all(torch.equal(theirs.state_dict()[n], t) for n, t in mine.state_dict().items())
+    # Started by the stage: stopped with its members' part, none left running.
+    with beside.members_beside(1, cfg, week_site, "sac", demos, parts, folder, 0) as started:
+        assert started == 1 and len(multiprocessing.active_children()) == 1
+    assert multiprocessing.active_children() == []
+
+
+def test_how_many_processes_imitate_the_members():
+    from trainer.learn.warm_start.members import MAX_PROCESSES, processes_beside
+
+    settings = load_config().warm_start
+    long = 400 * 35
+    assert processes_beside(settings, 10, long, "cpu", free=2) == 1  # a quiet 2-core machine: one beside
+    assert processes_beside(settings, 10, long, "cpu", free=1) == 0  # a busy one: none
+    assert processes_beside(settings, 10, long, "cpu", free=16) == MAX_PROCESSES - 1
+    assert processes_beside(settings, 2, long, "cpu", free=16) == 1  # never more than the members
+    assert processes_beside(settings, 10, long, "cuda", free=16) == 0  # a CUDA context a process: on the GPU, none
+    assert processes_beside(settings, 10, 25 * 35, "cpu", free=16) == 0  # --quick's: not worth a process's start
+    assert processes_beside(settings, 1, long, "cpu", free=16) == 0
+    one = load_config(overrides=["warm_start.member_processes=1"]).warm_start
+    assert processes_beside(one, 10, long, "cpu", free=16) == 0
+    three = load_config(overrides=["warm_start.member_processes=3"]).warm_start
+    assert processes_beside(three, 10, 10, "cpu", free=1) == 2  # asked for: whatever the machine
+
+
+STAGE_KILLED_MID_ENSEMBLE = """
+import multiprocessing, sys, time
+from pathlib import Path
+from trainer.config.loading import load_config
+from trainer.learn.warm_start.members import members_beside
+from trainer.learn.warm_start.optimum_demonstrations import demonstrations
+from trainer.learn.warm_start.validation import imitation_parts
+from trainer.site import Site
+
+if __name__ == "__main__":
+    cfg = load_config(overrides=["warm_start.epochs=2000", "warm_start.ensemble=16"])
+    site = Site.load(Path(sys.argv[1]))
+    parts = imitation_parts(site, None)
+    demos = demonstrations(cfg, parts.fit, cfg.seed)
+    with members_beside(1, cfg, site, "sac", demos, parts, Path(sys.argv[2]), 0):
+        print("beside:", *[p.pid for p in multiprocessing.active_children()], flush=True)
+        while True:  # the stage, killed here
+            time.sleep(1)
+"""
+
+
+def test_a_process_beside_ends_with_its_stage_when_the_stage_is_killed(week, tmp_path):
+    """SIGKILL leaves a stage no chance to stop what it started: the process beside it sees it gone and ends."""
+    import subprocess
+    import sys
+
+    import psutil
+
+    script = tmp_path / "stage.py"
+    script.write_text(STAGE_KILLED_MID_ENSEMBLE)
+    stage = subprocess.Popen([sys.executable, str(script), str(week), str(tmp_path / "imitations")],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        said = next(line for line in stage.stdout if line.startswith("beside:"))  # the log's lines before it
+        beside = psutil.Process(int(said.split()[1]))
+        assert beside.is_running()
+    finally:
+        stage.kill()
+        stage.wait()
+    beside.wait(timeout=600)  # not our child: no exit code; the timeout keeps a regression from hanging CI
+    # Left alone it would have imitated its fifteen members (~7 s each) and saved each: it stopped with its stage.
+    assert len(list((tmp_path / "imitations").glob("*.pt"))) < 15

@@ -10,12 +10,13 @@ from pathlib import Path
 from trainer.config.agents import OffPolicyConfig
 from trainer.config.roster import agent_spec
 from trainer.config.sections import Config
+from trainer.learn.warm_start.members import processes_beside
 from trainer.learn.warm_start.validation import CHECK_AT, imitation_parts
 from trainer.night.budget import PlannedStage, StageKind, StageSpec, timeline
 from trainer.night.calibrate import Speeds, calibrate
 from trainer.references import reuse as reuse_references
 from trainer.references.roster import REFERENCE_ROSTER, REFERENCES
-from trainer.run.device import apply_gpu_flags, resolve_device
+from trainer.run.device import agent_device, apply_gpu_flags, cpu_cores, resolve_device
 from trainer.run.session import site_for, training_targets
 from trainer.site import Site
 from trainer.site.holdout import hold_out
@@ -148,7 +149,12 @@ def warm_start_s(cfg: Config, site: Site, speeds: Speeds, agents: list[str],
         if members > 1 and first_taught:
             teacher_s = speeds.imitation_update_s.get(teacher, own_update_s)
             member_update_s = teacher_s if settings.members_fit_critics else actor_update_s(teacher, teacher_s)
-            seconds += members * (settings.epochs * minibatches_an_epoch * member_update_s * SAFETY + check_s)
+            # Side by side in processes of their own where cores are free (trainer.learn.warm_start.members): as many
+            # rounds as it takes, the stage's process on one thread as the others.
+            member_minibatches = settings.epochs * minibatches_an_epoch
+            free = max(1, round(cpu_cores() - speeds.busy_now))  # as the stage will find them, if no busier
+            processes = 1 + processes_beside(settings, members, member_minibatches, agent_device(cfg, teacher), free)
+            seconds += math.ceil(members / processes) * (member_minibatches * member_update_s * SAFETY + check_s)
         if members > 1 and (first_taught or not one_process):  # each process labels the members' mean itself
             seconds += labels_s
         out[agent] = seconds + demonstrations_s

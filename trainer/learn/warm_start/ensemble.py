@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +17,11 @@ from trainer.base.signals import STOP
 from trainer.config.sections import Config
 from trainer.env.citylearn import make_sb3_env
 from trainer.learn.warm_start.cloning import imitate_once, imitation_key, weights_digest
+from trainer.learn.warm_start.members import MEMBER_SEED_STEP, fresh_model, members_beside, processes_beside
 from trainer.learn.warm_start.optimum_demonstrations import Demonstrations, demonstration_years
 from trainer.learn.warm_start.saved import SavedImitations
 from trainer.learn.warm_start.validation import ImitationParts, policy_check
+from trainer.run.device import free_cores
 from trainer.site import Site
 
 # An ensemble's labels by the digest of its members, its demonstrations and its config: a night's PPO and A2C distil
@@ -26,9 +29,6 @@ from trainer.site import Site
 _DISTILLED: dict[str, Demonstrations] = {}
 
 
-# The seeds of an ensemble's members: the night's, then this far apart (the other years' draws use + 1000 to + 3000
-# of the site's seed; these seed weights and minibatches, not sites).
-MEMBER_SEED_STEP = 1000
 
 # An epoch fitting the critic too, in epochs of the actor alone: SAC's two Q networks make a minibatch 3.2 times one of
 # its actor (11.8 against 3.7 ms on one core of the 2-core Xeon VM), PPO's value network 2.1 times.
@@ -99,53 +99,65 @@ def _imitate_members(cfg: Config, site: Site, teacher: str, device: str, demos: 
     """The ensemble's members, each the teacher's policy imitating ``demos`` from its own seed, and their errors;
     members another process of the night is imitating are left to it until the others are done. Those imitated
     when the ``box`` ends (at least one) are the ensemble."""
+    import torch  # lazy: torch takes seconds to import
+
     settings = cfg.warm_start
-    fit = (settings.epochs, settings.learning_rate, settings.batch_size)
     critic_epochs = None if settings.members_fit_critics else 0
     imitated: dict[int, tuple[Any, tuple[float, float]]] = {}  # member index: its policy and errors
+    minibatches = settings.epochs * -(-demos.period_steps // settings.batch_size)
+    beside = 0 if saved is None else processes_beside(settings, settings.ensemble, minibatches, device, free_cores())
+    threads = torch.get_num_threads()
     env = make_sb3_env(cfg, site, "eval", cfg.seed)
     try:
-        wait = False  # a first pass imitates the members no other process is imitating
-        while len(imitated) < settings.ensemble:
-            for k in range(settings.ensemble):  # the first is the seed's own imitation
-                if k in imitated:
-                    continue
-                if imitated and box.passed():
-                    break
-                STOP.check("the warm start's ensemble")
-                started = time.perf_counter()
-                # The teacher's policy, and the night's members whichever stage imitated them first: a stage
-                # with other threads, on another device or in another process distils the same ones.
-                member_seed = cfg.seed + k * MEMBER_SEED_STEP
-                member = _fresh(cfg, teacher, env, device, member_seed)
-                if (not wait and saved is not None
-                        and saved.busy(imitation_key(member, demos, *fit, member_seed, machine=False,
-                                                     checked=parts.label, critic_epochs=critic_epochs))):
-                    continue  # a stage beside this one is imitating it: the next one first
-                member_errors, reused = imitate_once(member, demos, *fit, member_seed, machine=False, saved=saved,
-                                                     check=policy_check(cfg, parts, teacher, member),
-                                                     checked=parts.label, box=box, critic_epochs=critic_epochs)
-                imitated[k] = (member.policy, member_errors)
-                log.info("warm start: ensemble member imitated", member=f"{k + 1}/{settings.ensemble}",
-                         actor_mse=round(member_errors[0], 5), seconds=round(time.perf_counter() - started, 1),
-                         reused=reused)
-            if imitated and box.reached:
-                log.info("warm start: the members' time is up: their mean is of those imitated",
-                         imitated=len(imitated), of=settings.ensemble)
-                break
-            wait = True  # those left are other processes' to finish: wait for each in turn
+        with ExitStack() as stack:
+            if saved is not None and beside and stack.enter_context(
+                    members_beside(beside, cfg, site, teacher, demos, parts, saved.folder, critic_epochs)):
+                torch.set_num_threads(1)  # a core a process: threads on a core another uses wait for each other
+            _imitate_members_here(cfg, teacher, device, demos, parts, saved, log, box, env, critic_epochs, imitated)
     finally:
+        torch.set_num_threads(threads)
         env.close()
     members = [imitated[k][0] for k in sorted(imitated)]
     errors = [imitated[k][1] for k in sorted(imitated)]
     return members, errors
 
 
-def _fresh(cfg: Config, agent: str, env: Any, device: str, seed: int) -> Any:
-    from trainer.learn.agents import build_model  # lazy: SB3 and torch
-
-    # Any length: it sizes a rollout, which only a training would use.
-    return build_model(cfg, agent, env, device, seed, 1 << 30)
+def _imitate_members_here(cfg: Config, teacher: str, device: str, demos: Demonstrations, parts: ImitationParts,
+                          saved: SavedImitations | None, log: Any, box: TimeBox, env: Any,
+                          critic_epochs: int | None, imitated: dict[int, tuple[Any, tuple[float, float]]]) -> None:
+    """The members in order into ``imitated``: this process imitates those no other process holds, then loads (or
+    imitates) the rest in turn."""
+    settings = cfg.warm_start
+    fit = (settings.epochs, settings.learning_rate, settings.batch_size)
+    wait = False  # a first pass imitates the members no other process is imitating
+    while len(imitated) < settings.ensemble:
+        for k in range(settings.ensemble):  # the first is the seed's own imitation
+            if k in imitated:
+                continue
+            if imitated and box.passed():
+                break
+            STOP.check("the warm start's ensemble")
+            started = time.perf_counter()
+            # The teacher's policy, and the night's members whichever stage imitated them first: a stage
+            # with other threads, on another device or in another process distils the same ones.
+            member_seed = cfg.seed + k * MEMBER_SEED_STEP
+            member = fresh_model(cfg, teacher, env, device, member_seed)
+            if (not wait and saved is not None
+                    and saved.busy(imitation_key(member, demos, *fit, member_seed, machine=False,
+                                                 checked=parts.label, critic_epochs=critic_epochs))):
+                continue  # a stage beside this one is imitating it: the next one first
+            member_errors, reused = imitate_once(member, demos, *fit, member_seed, machine=False, saved=saved,
+                                                 check=policy_check(cfg, parts, teacher, member),
+                                                 checked=parts.label, box=box, critic_epochs=critic_epochs)
+            imitated[k] = (member.policy, member_errors)
+            log.info("warm start: ensemble member imitated", member=f"{k + 1}/{settings.ensemble}",
+                     actor_mse=round(member_errors[0], 5), seconds=round(time.perf_counter() - started, 1),
+                     reused=reused)
+        if imitated and box.reached:
+            log.info("warm start: the members' time is up: their mean is of those imitated",
+                     imitated=len(imitated), of=settings.ensemble)
+            break
+        wait = True  # those left are other processes' to finish: wait for each in turn
 
 
 def _ensemble_labels(cfg: Config, site: Site, members: list[Any], demos: Demonstrations,
