@@ -45,10 +45,11 @@ def _reused(logged) -> list[bool]:
 
 
 def _first_member_key(cfg, week_site) -> str:
-    """The key the first member's imitation is kept under: SAC's policy from the night's seed."""
+    """The key the first member's imitation is kept under: SAC's policy from the night's seed, its actor alone."""
     member = build_model(cfg, "sac", make_sb3_env(cfg, week_site, "train", cfg.seed), "cpu", cfg.seed, 1 << 30)
     fit = (cfg.warm_start.epochs, cfg.warm_start.learning_rate, cfg.warm_start.batch_size)
-    return imitation_key(member, demonstrations(cfg, week_site, cfg.seed), *fit, cfg.seed, machine=False)
+    return imitation_key(member, demonstrations(cfg, week_site, cfg.seed), *fit, cfg.seed, machine=False,
+                         critic_epochs=0)
 
 
 def test_another_process_of_the_night_loads_the_members_and_the_student_to_the_bit(week_site, cfg, new_process,
