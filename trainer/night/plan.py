@@ -16,7 +16,7 @@ from trainer.night.budget import PlannedStage, StageKind, StageSpec, timeline
 from trainer.night.calibrate import Speeds, calibrate
 from trainer.references import reuse as reuse_references
 from trainer.references.roster import REFERENCE_ROSTER, REFERENCES
-from trainer.run.device import agent_device, apply_gpu_flags, cpu_cores, resolve_device
+from trainer.run.device import agent_device, apply_gpu_flags, free_cores, resolve_device
 from trainer.run.session import site_for, training_targets
 from trainer.site import Site
 from trainer.site.holdout import hold_out
@@ -152,7 +152,7 @@ def warm_start_s(cfg: Config, site: Site, speeds: Speeds, agents: list[str],
             # Side by side in processes of their own where cores are free (trainer.learn.warm_start.members): as many
             # rounds as it takes, the stage's process on one thread as the others.
             member_minibatches = settings.epochs * minibatches_an_epoch
-            free = max(1, round(cpu_cores() - speeds.busy_now))  # as the stage will find them, if no busier
+            free = free_cores(others=speeds.busy_now)  # as the stage will find them, if no busier
             processes = 1 + processes_beside(settings, members, member_minibatches, agent_device(cfg, teacher), free)
             seconds += math.ceil(members / processes) * (member_minibatches * member_update_s * SAFETY + check_s)
         if members > 1 and (first_taught or not one_process):  # each process labels the members' mean itself

@@ -89,13 +89,13 @@ def _own_cpu_s() -> float:
     return total
 
 
-def free_cores() -> int:
+def free_cores(others: float | None = None) -> int:
     """Cores not already busy with other work: :func:`cpu_cores` less the run queue beyond this process (the
-    one-minute load average, where the OS keeps one), at least one. A second torch thread on a core another
-    process is using costs far more than it gives (issue 56: SAC's imitation 7x slower on 2 threads beside another
-    CPU-bound process than on one)."""
+    one-minute load average, where the OS keeps one; or ``others``, cores' worth measured earlier), at least one.
+    A second torch thread on a core another process is using costs far more than it gives (issue 56: SAC's
+    imitation 7x slower on 2 threads beside another CPU-bound process than on one)."""
     cores = cpu_cores()
-    return max(1, min(cores, round(cores - others_load())))
+    return max(1, min(cores, round(cores - (others_load() if others is None else others))))
 
 
 def resolve_agent(cfg: Config, name: str) -> Agent:
