@@ -308,3 +308,36 @@ def test_the_night_runs_and_records_the_ensemble_its_time_affords(built_in, tmp_
     assert notes == ["warm start: one imitation, not the mean of 10: the run trains 2,000 steps, under "
                      "warm_start.ensemble_min_steps (100,000), and the ensemble would take many times its learning (a "
                      "longer run imitates them)"]
+
+
+def test_the_built_in_site_confirms_on_the_simulator_and_a_shared_warm_start_is_evaluated_once(built_in):
+    """The stages' evaluations as the night runs them: on the built-in site the pick's confirmation runs on the
+    training simulator (train.choose_on: auto), two years of it side by side; CityLearn's four years with
+    train.choose_on: citylearn, the simulator's then only when short of time. A2C starts from PPO's imitation and
+    reuses its evaluation."""
+    from trainer.config.loading import load_config
+    from trainer.night.calibrate import Speeds
+    from trainer.night.plan import POLICY_CALL_S, SAFETY, SIM_STEP_S, stage_specs
+
+    speeds = Speeds(eval_steps_per_s=250.0, train_steps_per_s={"sac": 800.0, "ppo": 3000.0, "a2c": 6000.0},
+                    imitation_update_s={"sac": 0.003, "ppo": 0.001, "a2c": 0.001},
+                    imitation_policy={"sac": "sac 256x256", "ppo": "256x256", "a2c": "256x256"})
+    agents, targets = ["sac", "ppo", "a2c"], {"sac": 1000, "ppo": 2048, "a2c": 2048}
+    cfg = load_config()
+    year = built_in.length - 1
+    assert built_in.held_out is None  # judged on its own year alone (a night's holds another year out)
+    evaluation = year * (1 / 250.0 + POLICY_CALL_S) * SAFETY
+    candidacy = evaluation * 28 * 24 / year  # the last policy on the validation window
+    confirmed = 2 * built_in.length * (SIM_STEP_S + 2 * POLICY_CALL_S) * SAFETY  # two years, the pick and its start
+    specs = stage_specs(cfg, built_in, speeds, agents, targets)
+    assert specs["sac"].fixed_s == pytest.approx(2 * evaluation + confirmed + candidacy)
+    assert specs["sac"].lean_fixed_s is None  # nothing leaner to fall back to
+    assert specs["ppo"].fixed_s == specs["sac"].fixed_s
+    assert specs["a2c"].fixed_s == pytest.approx(specs["ppo"].fixed_s - evaluation)
+    in_citylearn = stage_specs(load_config(overrides=["train.choose_on=citylearn"]), built_in, speeds, agents,
+                               targets)
+    assert in_citylearn["sac"].fixed_s == pytest.approx(4 * evaluation + candidacy)
+    assert in_citylearn["sac"].lean_fixed_s == pytest.approx(specs["sac"].fixed_s)
+    # In processes of their own (Ray), each stage evaluates its warm start.
+    apart = stage_specs(cfg, built_in, speeds, agents, targets, one_process=False)
+    assert apart["a2c"].fixed_s == apart["ppo"].fixed_s

@@ -134,7 +134,9 @@ def test_a_policy_must_beat_its_warm_start_over_two_held_out_years_too(monkeypat
     monkeypatch.setattr(selection, "PolicyController", lambda agent, model: model)
     monkeypatch.setattr(selection, "run_episode", lambda model, env: dict(
         zip(("co2_kg_per_year", "ev_departure_soc_met_pct"), year[model.name, env.year])))
-    cfg = tiny_cfg.model_copy(update={"schedule": tiny_cfg.schedule.model_copy(update={"eval_days": None})})
+    # Confirmed in CityLearn (train.choose_on: citylearn), as a dataset the simulator does not step exactly is.
+    cfg = tiny_cfg.model_copy(update={"schedule": tiny_cfg.schedule.model_copy(update={"eval_days": None}),
+                                      "train": tiny_cfg.train.model_copy(update={"choose_on": "citylearn"})})
     ctx = RunContext(cfg, RunDir(tmp_path / "run"), replace(_unread(tmp_path), kind=BUILT_IN), "cpu")
     kept = {"step": 4000, "final_step": 9000, "why": "a later policy was worse on the validation window",
             "held_out": True, "validation_co2_kg_per_year": 44_210.4}
@@ -173,9 +175,10 @@ def test_a_policy_must_beat_its_warm_start_over_two_held_out_years_too(monkeypat
                                    "than 0.05% (44.30 against 44.48 t/yr; 44.15 against 44.10 t/yr)")
     # A short evaluation (--quick) confirms over as many days of each year, and says so; a dataset's pick is
     # confirmed on its validation part, and said so.
-    ctx = RunContext(tiny_cfg, RunDir(tmp_path / "run"), replace(_unread(tmp_path), kind=BUILT_IN), "cpu")
+    short = cfg.model_copy(update={"schedule": tiny_cfg.schedule})
+    ctx = RunContext(short, RunDir(tmp_path / "run"), replace(_unread(tmp_path), kind=BUILT_IN), "cpu")
     assert "over the first 3 days of the 2 held-out years together by more than 0.05%" in confirm()[1]["why"]
-    ctx = RunContext(tiny_cfg, RunDir(tmp_path / "run"), _unread(tmp_path), "cpu")
+    ctx = RunContext(short, RunDir(tmp_path / "run"), _unread(tmp_path), "cpu")
     assert ("over the validation part (the last days of the part learnt from, which no stage trained on) by more "
             "than 0.05%") in confirm()[1]["why"]
 
@@ -289,7 +292,9 @@ def test_a_night_short_of_time_confirms_its_pick_on_the_simulator_as_citylearn_w
     from trainer.learn.agents import build_model
     from trainer.run.folder import RunContext, RunDir
 
-    cfg = tiny_cfg.model_copy(update={"schedule": tiny_cfg.schedule.model_copy(update={"eval_days": None})})
+    # train.choose_on: citylearn, as on a dataset the simulator does not step exactly: CityLearn unless short of time
+    cfg = tiny_cfg.model_copy(update={"schedule": tiny_cfg.schedule.model_copy(update={"eval_days": None}),
+                                      "train": tiny_cfg.train.model_copy(update={"choose_on": "citylearn"})})
     env = make_sb3_env(cfg, week_site, "train", cfg.seed)
     chosen, warm = (build_model(cfg, "sac", env, "cpu", seed, 1000) for seed in (1, 2))
     monkeypatch.setattr(selection, "held_out_years", lambda ctx: [week_site])
@@ -305,6 +310,16 @@ def test_a_night_short_of_time_confirms_its_pick_on_the_simulator_as_citylearn_w
     for key in ("co2_kg_per_year", "warm_start_co2_kg_per_year"):
         assert lean["years"][0][key] == pytest.approx(in_citylearn["years"][0][key], rel=5e-4)
     assert lean["step"] == in_citylearn["step"]  # the same decision
+    # The built-in site with train.choose_on: auto (the default) is judged on the simulator in any night: its
+    # figures are CityLearn's to float roundings, and the summary says who judged, not that time was short.
+    exact = RunContext(tiny_cfg.model_copy(update={"schedule": cfg.schedule}), RunDir(tmp_path / "run"), week_site,
+                       "cpu")
+    assert week_site.kind.simulated_exactly
+    any_night = selection.confirm_over_the_years(exact, "sac", chosen, warm, kept, 98.0, None)[1]
+    assert any_night["years_judged_by"] == "the training simulator"
+    assert any_night["why"].endswith("on the training simulator)")
+    for key in ("co2_kg_per_year", "warm_start_co2_kg_per_year"):
+        assert any_night["years"][0][key] == pytest.approx(in_citylearn["years"][0][key], rel=1e-6)
     # A site the simulator does not model is confirmed in CityLearn, as before.
     from trainer.sim.site import Unsupported
 
@@ -315,3 +330,80 @@ def test_a_night_short_of_time_confirms_its_pick_on_the_simulator_as_citylearn_w
     monkeypatch.setattr("trainer.learn.warm_start.pick.co2_over_the_years", unsupported)
     assert selection.confirm_over_the_years(ctx, "sac", chosen, warm, kept, 98.0, None,
                                             on_simulator=True)[1]["years_judged_by"] == "CityLearn"
+
+
+def test_the_learning_curve_on_the_built_in_site_is_judged_on_the_simulator_as_citylearn_would(tiny_cfg, built_in,
+                                                                                              tmp_path):
+    """train.choose_on: auto judges the curve's window on the training simulator where it steps the site as
+    CityLearn does: the same CO2 (to float roundings), no EV column (the guard serves the cars there as in
+    CityLearn); citylearn keeps CityLearn's."""
+    from trainer.env.citylearn import make_sb3_env
+    from trainer.learn.agents import build_model
+    from trainer.learn.callbacks import EvalCurve
+    from trainer.run.folder import RunContext, RunDir
+    from trainer.sim.simulators import chooses_on_simulator
+    from trainer.site.kinds import SCHEMA
+
+    env = make_sb3_env(tiny_cfg, built_in, "train", tiny_cfg.seed)
+    model = build_model(tiny_cfg, "sac", env, "cpu", 3, 1000)
+    env.close()
+    rows = {}
+    for choose_on in ("auto", "citylearn"):
+        cfg = tiny_cfg.model_copy(update={"train": tiny_cfg.train.model_copy(update={"choose_on": choose_on})})
+        path = tmp_path / f"{choose_on}.csv"
+        curve = EvalCurve(RunContext(cfg, RunDir(tmp_path / choose_on), built_in, "cpu"), "sac", path)
+        curve.model, curve.num_timesteps = model, 0
+        curve.evaluate()
+        curve.close()
+        assert curve._on_simulator is (choose_on == "auto")
+        # A dataset the simulator does not step exactly (its cars' drift) keeps CityLearn whatever the setting.
+        assert not chooses_on_simulator(cfg, replace(built_in, kind=SCHEMA))
+        rows[choose_on] = path.read_text().splitlines()[1].split(",")
+    assert rows["auto"][2] == "" and rows["citylearn"][2] != ""
+    assert float(rows["auto"][1]) == pytest.approx(float(rows["citylearn"][1]), rel=1e-6)
+
+
+def test_a_warm_start_is_evaluated_once_a_run_whichever_stage_starts_from_it(monkeypatch, tiny_cfg, built_in,
+                                                                             tmp_path):
+    """A night's PPO and A2C start from the same imitation: the second stage's comparison is the first's, not two
+    more years of CityLearn; a stage that deploys its warm start compares it with its own evaluation. Other weights
+    are evaluated."""
+    from trainer.env.citylearn import make_sb3_env
+    from trainer.learn.agents import build_model
+    from trainer.night import stages
+    from trainer.run.folder import RunContext, RunDir
+
+    ctx = RunContext(tiny_cfg, RunDir(tmp_path / "run"), built_in, "cpu")
+    env = make_sb3_env(tiny_cfg, built_in, "train", tiny_cfg.seed)
+    same, other = (build_model(tiny_cfg, "ppo", env, "cpu", seed, 1000) for seed in (1, 2))
+    env.close()
+    for agent, model in (("ppo", same), ("a2c", same), ("sac", other)):
+        folder = ctx.run.agent(agent)
+        folder.root.mkdir(parents=True)
+        model.save(folder.warm_start)
+    evaluated = []
+
+    def judged(ctx, evaluate, timeseries=None):
+        evaluated.append(len(evaluated))
+        return {"co2_kg": 10.0 + len(evaluated), "co2_kg_per_year": 20.0 + len(evaluated),
+                "ev_departure_soc_met_pct": 100.0}
+
+    monkeypatch.setattr(stages, "judged", judged)
+    monkeypatch.setattr(stages, "load_model", lambda cfg, agent, path, device=None: type(same).load(path))
+    first = stages._evaluate_warm_start(ctx, resolve_agent(tiny_cfg, "ppo"))
+    assert stages._evaluate_warm_start(ctx, resolve_agent(tiny_cfg, "a2c")) == first and len(evaluated) == 1
+    assert stages._evaluate_warm_start(ctx, resolve_agent(tiny_cfg, "sac")) != first and len(evaluated) == 2
+    # Another run's stage of the same weights evaluates its own.
+    again = RunContext(tiny_cfg, RunDir(tmp_path / "other"), built_in, "cpu")
+    for agent, model in (("ppo", same), ("sac", other)):
+        folder = again.run.agent(agent)
+        folder.root.mkdir(parents=True)
+        model.save(folder.warm_start)
+    stages._evaluate_warm_start(again, resolve_agent(tiny_cfg, "ppo"))
+    assert len(evaluated) == 3
+    # A stage that deploys its warm start: the deployed policy's figures, no other evaluation.
+    deployed = {"co2_kg": 1.0, "co2_kg_per_year": 2.0, "ev_departure_soc_met_pct": 99.0,
+                "policy_digest": stages.weights_digest(other.policy, float(other.gamma), machine=False)[:16]}
+    assert stages._evaluate_warm_start(again, resolve_agent(tiny_cfg, "sac"), deployed) == {
+        "co2_kg": 1.0, "co2_kg_per_year": 2.0, "ev_departure_soc_met_pct": 99.0}
+    assert len(evaluated) == 3

@@ -210,6 +210,11 @@ class TrainConfig(Section):
         "What agents train on: vector (the training simulator, many sites as arrays in one process; "
         "docs/simulator.md), citylearn (CityLearn itself, in worker processes), or auto (vector where the dataset "
         "is one it models, else citylearn). Evaluation, references and every reported figure always use CityLearn.")
+    choose_on: Literal["auto", "citylearn"] = doc(
+        "Where the night's choices run (the learning curve that picks the policy to deploy, the pick's confirmation "
+        "over held-out years, the warm start's ensemble labels): auto, the training simulator where it steps the "
+        "site as CityLearn does (the built-in site; docs/simulator.md, \"Parity\"), CityLearn elsewhere; citylearn, "
+        "always CityLearn. Every figure in results.json and the report is CityLearn's either way.")
     keep_best: bool = doc("Deploy the best policy the stage has seen on the validation window (its warm start or a "
                           "learning-curve point; trainer.learn.selection), not merely the last one.")
     sites: int = doc("Sites the training simulator steps at once for PPO and A2C when their n_envs is 0 (the "

@@ -16,7 +16,10 @@ from trainer.base.progress import Progress
 from trainer.env.citylearn import make_sb3_env
 from trainer.judge.metrics import run_episode
 from trainer.learn.selection import BestPolicy, Candidate, record_references, validation_site
+from trainer.learn.warm_start.pick import co2_over, per_year
 from trainer.references.controllers import PolicyController
+from trainer.sim.simulators import chooses_on_simulator, judging_env
+from trainer.site import Site
 
 if TYPE_CHECKING:
     from trainer.run.folder import RunContext
@@ -51,7 +54,8 @@ class EvalCurve(BaseCallback):
     ``schedule.curve_eval_days`` of the validation window; each gives a row of ``eval_curve.csv`` (the
     report's curve) and is offered to ``BestPolicy``, which keeps the best in ``<agent>/best/``.
 
-    The evaluations run in CityLearn, the judge, and take at most ``schedule.curve_max_share`` of
+    The evaluations run in CityLearn, the judge, or on the training simulator where it steps the window as
+    CityLearn does (``train.choose_on``: the built-in site), and take at most ``schedule.curve_max_share`` of
     the stage's time: one that took d seconds is followed by at least d (1 - share) / share seconds
     of training. On CityLearn's own environments that changes nothing; on the training simulator,
     which trains thousands of steps while CityLearn evaluates a week, it keeps the curve from
@@ -72,6 +76,8 @@ class EvalCurve(BaseCallback):
         self.clock = clock
         self.best = best
         self._env = None
+        self._site: Site | None = None  # the window's site, once the first evaluation has asked
+        self._on_simulator = False  # judged on the training simulator (chooses_on_simulator), not CityLearn
         self._next = None
         self._not_before = 0.0
         self._last_evaluated: int | None = None
@@ -104,14 +110,30 @@ class EvalCurve(BaseCallback):
         self._last_evaluated = model.num_timesteps
 
     def evaluate(self) -> None:
-        if self._env is None:
-            site, held_out = validation_site(self.ctx) if self.best is not None else (self.ctx.site, False)
-            self._env = make_sb3_env(self.ctx.cfg, site, "eval", self.ctx.seed,
-                                     eval_days=self.ctx.cfg.schedule.curve_eval_days)
-            if held_out:
-                record_references(self.ctx, self._env, held_out)
+        cfg = self.ctx.cfg
+        if self._site is None:
+            self._site, held_out = validation_site(self.ctx) if self.best is not None else (self.ctx.site, False)
+            self._on_simulator = chooses_on_simulator(cfg, self._site)
+            if held_out:  # the curve's reference lines, in CityLearn once a run
+                env = make_sb3_env(cfg, self._site, "eval", self.ctx.seed, eval_days=cfg.schedule.curve_eval_days)
+                try:
+                    record_references(self.ctx, env, held_out)
+                finally:
+                    env.close()
         start = time.perf_counter()
-        metrics = run_episode(PolicyController(self.agent, self.model), self._env)
+        if self._on_simulator:
+            # The same figure as CityLearn's to float roundings, in a second; EV service is the guard's there as in
+            # CityLearn (every reachable departure met), so it is not what the curve tells apart.
+            steps = cfg.schedule.curve_eval_days * 24
+            if self._env is None:
+                self._env = judging_env(cfg, self._site, 1, steps)
+            co2 = co2_over(self._env, [self.model.policy])[0] * per_year(self._site, steps)
+            metrics = {"co2_kg_per_year": float(co2), "ev_departure_soc_met_pct": None}
+        else:
+            if self._env is None:
+                self._env = make_sb3_env(cfg, self._site, "eval", self.ctx.seed,
+                                         eval_days=cfg.schedule.curve_eval_days)
+            metrics = run_episode(PolicyController(self.agent, self.model), self._env)
         new = not self.path.exists()
         with open(self.path, "a", encoding="utf-8") as handle:
             if new:

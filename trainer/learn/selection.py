@@ -15,7 +15,8 @@ At the end the stage deploys that one.
   (``ev.target_met_pct``), then CO2. Ties keep the earlier policy.
 - **Confirmed**: a pick other than the warm start is deployed only if it also beats the warm start over two
   whole other years together (the window's and the seed + SECOND_HELD_OUT_SEED_OFFSET's), by more than
-  YEAR_MARGIN of its CO2 (``confirm_over_the_years``).
+  YEAR_MARGIN of its CO2 (``confirm_over_the_years``). On the built-in site the window and the years are judged on
+  the training simulator, which steps them as CityLearn does (trainer.sim.simulators.chooses_on_simulator).
 - **Resume** keeps the selection: ``best.json`` and its model are written atomically, and a
   resumed stage starts from them.
 """
@@ -33,6 +34,7 @@ from trainer.judge.metrics import run_episode
 from trainer.learn.warm_start.validation import validation_part
 from trainer.references.controllers import PolicyController
 from trainer.references.roster import REFERENCE_ROSTER
+from trainer.sim.simulators import chooses_on_simulator
 from trainer.site import Site
 from trainer.site.scenario import SECOND_HELD_OUT_SEED_OFFSET, VALIDATION_SEED_OFFSET
 
@@ -160,20 +162,25 @@ def _on_the_simulator(ctx: RunContext, chosen: Any, warm_start: Any,
     """The pick and its warm start over each year on the training simulator, side by side (kg CO2 a year; the EV
     guard serves every car there as in CityLearn, so EV service is not what it can tell apart); None where the
     simulator does not model the site."""
-    from trainer.learn.warm_start.pick import co2_over_the_years  # lazy: the pick imports the simulator
+    from trainer.learn.warm_start.pick import co2_per_year  # lazy: the pick imports the simulator
     from trainer.sim.site import Unsupported
 
     figures = []
     try:
         for year in years:
-            per_year = 365 * year.steps_per_day / max(year.length - 1, 1)  # a period of N steps is N - 1 steps long
-            co2 = co2_over_the_years(ctx.cfg, [year], [chosen.policy, warm_start.policy]) * per_year
+            co2 = co2_per_year(ctx.cfg, year, [chosen.policy, warm_start.policy], _eval_steps(ctx))
             figures.append((Candidate(0, float(co2[0]), None), Candidate(0, float(co2[1]), None)))
     except Unsupported as exc:
         logs.get().info("the pick is confirmed in CityLearn: the training simulator does not model this site",
                         reason=str(exc))
         return None
     return figures
+
+
+def _eval_steps(ctx: RunContext) -> int | None:
+    """The steps of a year an evaluation drives (``schedule.eval_days``; None: all of it)."""
+    days = ctx.cfg.schedule.eval_days
+    return None if days is None else days * 24
 
 
 def confirm_over_the_years(ctx: RunContext, agent: str, chosen: Any, warm_start: Any, kept: dict[str, Any],
@@ -191,10 +198,13 @@ def confirm_over_the_years(ctx: RunContext, agent: str, chosen: Any, warm_start:
     the evaluation: ``schedule.eval_days``, the whole year by default) are never the period the report scores; the
     decision is deterministic, so a resumed stage makes it alike. ``warm_start_window``: the warm start's figure on
     the window. ``on_simulator``: a night short of time judges the years on the training simulator (seconds, where
-    CityLearn takes a minute or two a year on a busy machine); the figures say so.
+    CityLearn takes a minute or two a year on a busy machine); the figures say so. Where the simulator steps the
+    years as CityLearn does (the built-in site: ``chooses_on_simulator``), they are judged there in any night.
     """
     held_out = held_out_years(ctx)
-    figures = _on_the_simulator(ctx, chosen, warm_start, held_out) if on_simulator and held_out else None
+    # Where the simulator steps the years as CityLearn does, the same figures in seconds (chooses_on_simulator).
+    exact = bool(held_out) and all(chooses_on_simulator(ctx.cfg, year) for year in held_out)
+    figures = _on_the_simulator(ctx, chosen, warm_start, held_out) if (on_simulator or exact) and held_out else None
     judged_by = "the training simulator" if figures is not None else "CityLearn"
     if figures is None:
         figures = [(_over_the_year(ctx, agent, chosen, year), _over_the_year(ctx, agent, warm_start, year))
@@ -218,7 +228,7 @@ def confirm_over_the_years(ctx: RunContext, agent: str, chosen: Any, warm_start:
     versus = "; ".join(f"{y['co2_kg_per_year'] / 1000:,.2f} against {y['warm_start_co2_kg_per_year'] / 1000:,.2f} t/yr"
                        for y in years)
     if judged_by != "CityLearn":
-        versus += f", on {judged_by}: the night was short of time"
+        versus += f", on {judged_by}" + ("" if exact else ": the night was short of time")
     # Leaving the warm start must be worth more than a tie.
     if not (misses < warm_misses or (misses == warm_misses and co2 < (1 - YEAR_MARGIN) * warm_co2)):
         curve_step = kept["step"]

@@ -18,6 +18,7 @@ from trainer.references import reuse as reuse_references
 from trainer.references.roster import REFERENCE_ROSTER, REFERENCES
 from trainer.run.device import agent_device, apply_gpu_flags, free_cores, resolve_device
 from trainer.run.session import site_for, training_targets
+from trainer.sim.simulators import chooses_on_simulator
 from trainer.site import Site
 from trainer.site.holdout import hold_out
 from trainer.site.scenario import HELD_OUT_YEARS
@@ -31,6 +32,9 @@ POLICY_CALL_S = 0.0007
 # The most of a timed night the warm starts' ensembles may take (fit_ensemble).
 ENSEMBLE_SHARE = 0.25
 REUSED_S = 1.0  # a reference's figures copied from an earlier run
+# A step of the training simulator judging a few policies side by side (trainer.sim.simulators.judging_env): ~2 ms
+# on the 2-core VM's built-in site whether one copy or a few, most of it the EV guard's small arrays.
+SIM_STEP_S = 0.002
 # Estimates are padded so the night ends by the deadline even when a stage runs a little slow.
 SAFETY = 1.15
 
@@ -56,11 +60,14 @@ def stage_specs(
                              else eval_s * spec.eval_cost + spec.solve_s)
              for name, spec in REFERENCE_ROSTER.items()}
     specs["report"] = StageSpec("report", StageKind.REPORT, REPORT_S)
-    agent_eval_s = policy_eval_s * policy_evaluations(cfg, site)
-    # Short of time, the pick is confirmed on the training simulator: each held-out year, the pick and its warm start
-    # side by side, one call each a step (trainer.learn.selection.confirm_over_the_years).
-    lean_eval_s = policy_eval_s * policy_evaluations(cfg, site, lean=True) + (
-        2 * HELD_OUT_YEARS * site.length * POLICY_CALL_S * SAFETY if confirms_over_years(cfg, site) else 0.0)
+    # Short of time, or on a site the simulator steps as CityLearn does, the pick is confirmed on the training
+    # simulator: each held-out year, the pick and its warm start side by side, one call each a step
+    # (trainer.learn.selection.confirm_over_the_years).
+    simulated_s = (HELD_OUT_YEARS * site.length * (SIM_STEP_S + 2 * POLICY_CALL_S) * SAFETY
+                   if confirms_over_years(cfg, site) else 0.0)
+    lean_eval_s = policy_eval_s * policy_evaluations(cfg, site, lean=True) + simulated_s
+    agent_eval_s = (lean_eval_s if chooses_on_simulator(cfg, site)
+                    else policy_eval_s * policy_evaluations(cfg, site))
     if cfg.train.keep_best:  # the last policy's evaluation on the validation window, after the slot (its candidacy)
         candidacy_s = policy_eval_s * min(cfg.schedule.curve_eval_days * 24, eval_steps) / judged_steps
         agent_eval_s += candidacy_s
@@ -69,11 +76,19 @@ def stage_specs(
     # The validation (learning-curve) evaluations take up to their share of a stage; with a four-week window
     # they do take it, on CityLearn and on the simulator alike (measured: a 20-minute night's SAC overran by 3 min).
     training_share = 1.0 - cfg.schedule.curve_max_share
+    started_from: set[str] = set()
     for agent in agents:
-        specs[agent] = StageSpec(agent, StageKind.TRAIN, agent_eval_s, float(cfg.schedule.weights.get(agent, 1.0)),
+        # An agent that starts from an earlier stage's warm start (A2C from PPO's imitation) reuses its evaluation in
+        # a process of both (trainer.night.stages._evaluate_warm_start).
+        policy = speeds.imitation_policy.get(agent) if agent_spec(agent).warm_start else None
+        shared_s = policy_eval_s if one_process and policy is not None and policy in started_from else 0.0
+        if policy is not None and cfg.warm_start.epochs > 0:
+            started_from.add(policy)
+        specs[agent] = StageSpec(agent, StageKind.TRAIN, agent_eval_s - shared_s,
+                                 float(cfg.schedule.weights.get(agent, 1.0)),
                                  targets[agent], speeds.train_steps_per_s[agent] / SAFETY * training_share,
                                  setup_s=warm_starts.get(agent, 0.0),
-                                 lean_fixed_s=lean_eval_s if lean_eval_s < agent_eval_s else None)
+                                 lean_fixed_s=lean_eval_s - shared_s if lean_eval_s < agent_eval_s else None)
     return specs
 
 

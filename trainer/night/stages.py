@@ -166,7 +166,7 @@ def train_agent(ctx: RunContext, agent: str, timesteps: int, resume: bool = Fals
                    ended_by="time slot" if trainer.timed_out else "target",
                    checkpoint=str(last.path) if last else None, kept=kept)
     if folder.warm_start.is_file():
-        metrics["warm_start"] = {**(metrics.get("warm_start") or {}), **_evaluate_warm_start(ctx, handle)}
+        metrics["warm_start"] = {**(metrics.get("warm_start") or {}), **_evaluate_warm_start(ctx, handle, metrics)}
     write_json_atomic(folder.metrics, metrics)
     return metrics
 
@@ -212,8 +212,15 @@ def _curve_figure(folder: AgentDir, step: int) -> float | None:
         return None
 
 
-def _evaluate_warm_start(ctx: RunContext, handle: Agent) -> dict[str, Any]:
-    """The stage's warm start evaluated like the agent (the same periods and metrics), for the report's comparison."""
+# Warm starts' evaluations by run, what it is judged on and policy: a night's PPO and A2C start from the same
+# imitation (the same weights), and the second need not drive it through CityLearn's two years again.
+_WARM_STARTS: dict[tuple[str, str], dict[str, Any]] = {}
+
+
+def _evaluate_warm_start(ctx: RunContext, handle: Agent, deployed: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The stage's warm start evaluated like the agent (the same periods and metrics), for the report's comparison:
+    the ``deployed`` policy's evaluation where the stage deploys its warm start, an earlier stage's of the same run
+    where that one started from the same weights."""
     agent = handle.name
     folder = ctx.run.agent(agent)
     try:
@@ -230,8 +237,21 @@ def _evaluate_warm_start(ctx: RunContext, handle: Agent) -> dict[str, Any]:
         finally:
             env.close()
 
-    metrics = judged(ctx, evaluate)
-    logs.get().info("evaluated the warm start", agent=agent, co2_kg_per_year=round(metrics["co2_kg_per_year"], 1))
+    digest = weights_digest(model.policy, float(model.gamma), machine=False)
+    held = ctx.site.held_out
+    key = (f"{ctx.run.root} {ctx.cfg.digest()} {ctx.site.schema} {ctx.site.start}-{ctx.site.end} "
+           f"{None if held is None else (held.site.schema, held.site.start, held.site.end)}", digest)
+    if deployed is not None and deployed.get("policy_digest") == digest[:16]:
+        metrics, how = deployed, "the policy deployed"
+    elif key in _WARM_STARTS:
+        metrics, how = _WARM_STARTS[key], "an earlier stage's of the same weights"
+    else:
+        metrics, how = judged(ctx, evaluate), None
+        if len(_WARM_STARTS) >= 4:
+            del _WARM_STARTS[next(iter(_WARM_STARTS))]
+        _WARM_STARTS[key] = metrics
+    logs.get().info("evaluated the warm start", agent=agent, co2_kg_per_year=round(metrics["co2_kg_per_year"], 1),
+                    **({"same_as": how} if how else {}))
     kept = {k: metrics[k] for k in ("co2_kg", "co2_kg_per_year", "ev_departure_soc_met_pct")}
     if "in_sample" in metrics:
         kept["in_sample"] = {k: metrics["in_sample"][k] for k in kept}

@@ -165,10 +165,25 @@ def simulator_check(cfg: Config, site: Site) -> Check:
     return Check("simulator", PASS, detail)
 
 
-def judging_env(cfg: Config, site: Site, n_envs: int) -> JudgingEnv:
-    """``n_envs`` copies of ``site``'s whole period from its start, stepped in process, reporting each step's import
-    CO2: the first in-process row that models the site. Unsupported where none does."""
+def judging_env(cfg: Config, site: Site, n_envs: int, steps: int | None = None) -> JudgingEnv:
+    """``n_envs`` copies of ``site``'s whole period (or its first ``steps``, as an evaluation's ``eval_days``) from
+    its start, stepped in process, reporting each step's import CO2: the first in-process row that models the site.
+    Unsupported where none does."""
     for row in SIMULATORS.values():
         if row.in_process and row.unmodelled(cfg, site) is None:
-            return row.make(cfg, site, n_envs, cfg.seed, None, False)  # type: ignore[return-value]
+            if steps is None:
+                return row.make(cfg, site, n_envs, cfg.seed, None, False)  # type: ignore[return-value]
+            from trainer.sim.vec_env import SimVecEnv  # lazy: reading the site steps CityLearn through its period
+
+            return SimVecEnv(cfg, site, n_envs, cfg.seed, episode_steps=steps, from_start=True)
     raise Unsupported("no in-process simulator models this dataset")
+
+
+def chooses_on_simulator(cfg: Config, site: Site) -> bool:
+    """Whether the night's choices on ``site`` (the learning curve behind the policy deployed, the pick's
+    confirmation over held-out years, the ensemble's labels) run on the training simulator rather than CityLearn:
+    ``train.choose_on`` auto, a site the simulator steps as CityLearn does (its kind's ``simulated_exactly``) and
+    models. A year there is ~1 s of arrays and the policy's calls where CityLearn takes 30-50 s on 2 cores; the
+    figures are the same to float roundings, and CityLearn still makes every figure reported."""
+    return (cfg.train.choose_on == "auto" and site.kind.simulated_exactly
+            and VECTOR.unmodelled(cfg, site) is None)

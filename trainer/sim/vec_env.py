@@ -26,9 +26,11 @@ from trainer.site import Site
 
 
 class SimVecEnv(VecEnv):
-    """``n_envs`` copies of the site in episode windows of ``episode_steps`` (None: the whole period from its start)."""
+    """``n_envs`` copies of the site in episode windows of ``episode_steps`` (None: the whole period from its start),
+    random ones unless ``from_start`` (each episode the period's first ``episode_steps``, as an evaluation's)."""
 
-    def __init__(self, cfg: Config, site: Site, n_envs: int, seed: int, episode_steps: int | None = None) -> None:
+    def __init__(self, cfg: Config, site: Site, n_envs: int, seed: int, episode_steps: int | None = None,
+                 from_start: bool = False) -> None:
         env = make_citylearn_env(cfg, site, "eval", seed)  # the whole period: CityLearn's normalisation is over it
         self.tables = tables = site_tables(env, site, seed)
         # A part of a site (its learning part) reads its observations scaled as the whole site, as every evaluation.
@@ -43,7 +45,7 @@ class SimVecEnv(VecEnv):
         self.render_mode = None  # nothing to draw; SB3 asks
         super().__init__(n_envs, arrays.observation_space, arrays.action_space)
         self.length = tables.steps if episode_steps is None else min(episode_steps, tables.steps)
-        self.random_windows = self.length < tables.steps
+        self.random_windows = self.length < tables.steps and not from_start
         self.seed_value = seed
         self.site = VectorSite(tables, n_envs)
         self.shortfalls = Shortfalls(n_envs, tables.chargers.action.size)

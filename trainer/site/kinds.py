@@ -38,6 +38,10 @@ class SiteKind:
     doc: str
     draw_year: DrawYear | None = None
     unseen_draws: bool = False  # its other years are data it never held (one can be judged on), not its own resampled
+    # The training simulator steps it as CityLearn does (docs/simulator.md, "Parity": a year of the built-in site
+    # within 7.6e-6), so what only chooses (a pick, its confirmation, the learning curve) may run there. A dataset's
+    # unplugged cars drift in CityLearn as the simulator does not draw: its choices stay in CityLearn.
+    simulated_exactly: bool = False
 
     @property
     def draws(self) -> bool:
@@ -61,7 +65,7 @@ def _draw_bootstrap(site: Drawn, folder: Path, seed_offset: int) -> Path:
 
 BUILT_IN = SiteKind("built-in", "the product's own site, generated from a scenario (the config's, or the one a "
                                 "schema it generated carries); other years are the same climate drawn again",
-                    _draw_built_in, unseen_draws=True)
+                    _draw_built_in, unseen_draws=True, simulated_exactly=True)
 SCHEMA = SiteKind("schema", "a CityLearn dataset given by its schema.json (--schema): its one period, whose days "
                             "other years resample", _draw_bootstrap)
 NAMED = SiteKind("citylearn", "a CityLearn dataset given by name (--dataset), found as CityLearn finds it: its one "

@@ -31,23 +31,46 @@ from trainer.site import Site
 _PICKED: dict[str, np.ndarray] = {}  # each candidate's CO2 by the candidates' digest (a process's few stages)
 
 
-def co2_over_the_years(cfg: Config, years: list[Site], policies: list[Any]) -> np.ndarray:
-    """kg CO2 each policy's site imports over ``years`` together, every policy acting deterministically from the
-    start of each year's period; Unsupported where the simulator does not model a year's dataset."""
+def co2_over_the_years(cfg: Config, years: list[Site], policies: list[Any], steps: int | None = None) -> np.ndarray:
+    """kg CO2 each policy's site imports over ``years`` together (each year's first ``steps``, None: all of it),
+    every policy acting deterministically from the start of each year's period; Unsupported where the simulator does
+    not model a year's dataset."""
     totals = np.zeros(len(policies))
     for year in years:
-        env = judging_env(cfg, year, len(policies))
-        observations = env.reset()
-        done = False
-        while not done:
-            STOP.check("the warm start's pick")
-            actions = np.concatenate([policy.predict(observations[i:i + 1], deterministic=True)[0]
-                                      for i, policy in enumerate(policies)])
-            observations, _, dones, _ = env.step(actions)
-            totals += env.step_import_co2
-            done = bool(dones.all())  # every candidate's episode is the whole period: they end together
-        env.close()
+        env = judging_env(cfg, year, len(policies), steps)
+        try:
+            totals += co2_over(env, policies)
+        finally:
+            env.close()
     return totals
+
+
+def co2_over(env: Any, policies: list[Any]) -> np.ndarray:
+    """kg CO2 each policy's copy of a judging ``env`` (trainer.sim.simulators.judging_env: a copy a policy) imports
+    over one episode from its start."""
+    totals = np.zeros(len(policies))
+    observations = env.reset()
+    done = False
+    while not done:
+        STOP.check("the warm start's pick")
+        actions = np.concatenate([policy.predict(observations[i:i + 1], deterministic=True)[0]
+                                  for i, policy in enumerate(policies)])
+        observations, _, dones, _ = env.step(actions)
+        totals += env.step_import_co2
+        done = bool(dones.all())  # every candidate's episode is the whole period: they end together
+    return totals
+
+
+def per_year(year: Site, steps: int | None = None) -> float:
+    """What scales kg over ``year``'s first ``steps`` (None: all of it) to kg a year, as an evaluation counts it
+    (a window of N steps is N - 1 steps long: trainer.judge.metrics)."""
+    length = year.length if steps is None else min(steps, year.length)
+    return 365 * year.steps_per_day / max(length - 1, 1)
+
+
+def co2_per_year(cfg: Config, year: Site, policies: list[Any], steps: int | None = None) -> np.ndarray:
+    """:func:`co2_over_the_years` over one year, in kg a year."""
+    return co2_over_the_years(cfg, [year], policies, steps) * per_year(year, steps)
 
 
 def pick_the_best(cfg: Config, agent: str, model: Any, members: list[Any], years: list[Site]) -> dict[str, Any] | None:
