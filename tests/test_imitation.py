@@ -420,7 +420,9 @@ def test_the_ensemble_s_labels_are_its_mean_action_where_it_goes_in_closed_loop(
 
     np.testing.assert_allclose(labelled.actions[:steps], mean(demos.observations), atol=1e-6)
     np.testing.assert_array_equal(labelled.observations[:steps], demos.observations)
-    # The second period: the mean action run through CityLearn from the year's start, each state labelled with it.
+    # The second period: the mean action run in closed loop from the year's start, each state labelled with it; on
+    # the built-in site on the training simulator (train.choose_on: auto), which steps it as CityLearn does.
+    assert distilling._Year(cfg, week_site).simulated is not None
     ours = labelled.observations[steps:]
     assert ours.shape == demos.observations.shape and not np.array_equal(ours, demos.observations)
     np.testing.assert_allclose(labelled.actions[steps:], mean(ours), atol=1e-6)
@@ -430,6 +432,14 @@ def test_the_ensemble_s_labels_are_its_mean_action_where_it_goes_in_closed_loop(
         np.testing.assert_allclose(ours[t], obs, atol=1e-6)
         obs, reward, _, _, _ = replay.step(mean(obs[None])[0])
         assert labelled.rewards[steps + t] == pytest.approx(reward)
+    # train.choose_on: citylearn labels the same states in CityLearn.
+    in_citylearn = cfg.model_copy(update={"train": cfg.train.model_copy(update={"choose_on": "citylearn"})})
+    assert distilling._Year(in_citylearn, week_site).simulated is None
+    theirs = distilling._ensemble_labels(in_citylearn, week_site, members, demos, None)
+    np.testing.assert_allclose(theirs.observations, labelled.observations, atol=1e-5)
+    np.testing.assert_allclose(theirs.actions, labelled.actions, atol=1e-5)
+    np.testing.assert_allclose(theirs.rewards, labelled.rewards, rtol=1e-5, atol=1e-6)
     # A second agent's ensemble of the same members is not run again.
     monkeypatch.setattr(distilling, "make_sb3_env", None)
+    monkeypatch.setattr(distilling, "judging_env", None)
     assert distilling._ensemble_labels(cfg, week_site, members, demos, None) is labelled

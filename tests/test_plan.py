@@ -164,7 +164,7 @@ def test_the_plan_counts_each_warm_start_and_the_night_s_demonstrations_once(bui
 
     from trainer.config.loading import load_config
     from trainer.night.calibrate import Speeds
-    from trainer.night.plan import DEMONSTRATION_SOLVE_S, POLICY_CALL_S, SAFETY, warm_start_s
+    from trainer.night.plan import DEMONSTRATION_SOLVE_S, POLICY_CALL_S, SAFETY, SIM_STEP_SHARE, warm_start_s
 
     # 400 epochs of 8,759 samples in minibatches of 256; three more years of the built-in site; five SAC members
     # (warm_start.teacher: sac), then each agent's student's 1,200 epochs.
@@ -175,7 +175,9 @@ def test_the_plan_counts_each_warm_start_and_the_night_s_demonstrations_once(bui
     an_epoch = math.ceil(8759 / 256)
     members, student = 5 * 400 * an_epoch, 1200 * an_epoch
     year = 8759 / 1000.0 * SAFETY + DEMONSTRATION_SOLVE_S
-    labels_s = (4 / 1000.0 + 5 * POLICY_CALL_S) * 8759 * SAFETY  # the members' mean action over the four years
+    # The members' mean action over the four years, on the training simulator (it steps the built-in site as
+    # CityLearn does).
+    labels_s = (4 * SIM_STEP_SHARE / 1000.0 + 5 * POLICY_CALL_S) * 8759 * SAFETY
     estimate = warm_start_s(cfg, built_in, speeds, ["sac", "ppo"])
     # SAC imitates the members, labels their mean and fits its student; PPO, after it, its student alone.
     assert estimate["sac"] == pytest.approx((members + student) * 0.003 * SAFETY + 4 * year + labels_s)
@@ -219,8 +221,9 @@ def test_the_plan_counts_each_warm_start_and_the_night_s_demonstrations_once(bui
     other = tmp_path / "schema.json"
     other.write_text(json.dumps({"simulation_start_time_step": 0, "simulation_end_time_step": 8759}))
     checks_s = 5 * 5 * 28 * 24 * (1 / 1000.0 + POLICY_CALL_S) * SAFETY
+    in_citylearn = 4 * 8759 * (1 - SIM_STEP_SHARE) / 1000.0 * SAFETY  # its labels' four years: not the simulator
     assert warm_start_s(cfg, Site.load(other), speeds, ["ppo"])["ppo"] == pytest.approx(
-        warm_start_s(cfg, built_in, speeds, ["ppo"])["ppo"] + checks_s)
+        warm_start_s(cfg, built_in, speeds, ["ppo"])["ppo"] + checks_s + in_citylearn)
     labels_of_one_year = (1 / 1000.0 + 5 * POLICY_CALL_S) * 8759 * SAFETY
     one_period = Site.load(other, SiteKind("one-period", "a dataset that draws no other year"))
     assert warm_start_s(cfg, one_period, speeds, ["ppo"])["ppo"] == pytest.approx(
@@ -317,7 +320,7 @@ def test_the_built_in_site_confirms_on_the_simulator_and_a_shared_warm_start_is_
     reuses its evaluation."""
     from trainer.config.loading import load_config
     from trainer.night.calibrate import Speeds
-    from trainer.night.plan import POLICY_CALL_S, SAFETY, SIM_STEP_S, stage_specs
+    from trainer.night.plan import POLICY_CALL_S, SAFETY, SIM_STEP_SHARE, stage_specs
 
     speeds = Speeds(eval_steps_per_s=250.0, train_steps_per_s={"sac": 800.0, "ppo": 3000.0, "a2c": 6000.0},
                     imitation_update_s={"sac": 0.003, "ppo": 0.001, "a2c": 0.001},
@@ -328,7 +331,8 @@ def test_the_built_in_site_confirms_on_the_simulator_and_a_shared_warm_start_is_
     assert built_in.held_out is None  # judged on its own year alone (a night's holds another year out)
     evaluation = year * (1 / 250.0 + POLICY_CALL_S) * SAFETY
     candidacy = evaluation * 28 * 24 / year  # the last policy on the validation window
-    confirmed = 2 * built_in.length * (SIM_STEP_S + 2 * POLICY_CALL_S) * SAFETY  # two years, the pick and its start
+    # Two years, the pick and its start side by side: a step of the simulator, a call of each.
+    confirmed = 2 * built_in.length * (SIM_STEP_SHARE / 250.0 + 2 * POLICY_CALL_S) * SAFETY
     specs = stage_specs(cfg, built_in, speeds, agents, targets)
     assert specs["sac"].fixed_s == pytest.approx(2 * evaluation + confirmed + candidacy)
     assert specs["sac"].lean_fixed_s is None  # nothing leaner to fall back to
