@@ -146,8 +146,9 @@ class WarmStartConfig(Section):
                         "network nearer the optimum than one imitation on average over seeds (each member costs an "
                         "imitation; 1 = a single imitation; docs/agent-quality.md).", ge=1, le=16)
     ensemble_min_steps: int = doc("An untimed run whose agents train fewer steps than this imitates once, not the "
-                                  "ensemble (ten imitations take ~15 minutes on 2 cores, many times a short run's "
-                                  "learning); 0 = the ensemble whatever the run's length.", ge=0)
+                                  "ensemble (its ten imitations, their labels and the student took 13.5 minutes of a "
+                                  "quiet 2-core machine, many times a short run's learning); 0 = the ensemble "
+                                  "whatever the run's length.", ge=0)
     student_epochs: int = doc("Epochs of the one network that imitates the ensemble's mean action (each as many "
                               "samples as the dataset's period): it must fit the mean closely to keep it in closed "
                               "loop: six times an imitation's 400 by default (docs/agent-quality.md).", ge=1, le=5000)

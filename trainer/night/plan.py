@@ -195,8 +195,9 @@ def warm_start_s(cfg: Config, site: Site, speeds: Speeds, agents: list[str],
 def ensemble_for_size(cfg: Config, targets: dict[str, int]) -> tuple[Config, str | None]:
     """An untimed run's config with ``warm_start.ensemble`` as its size warrants, and why it changed (None: it did
     not): one imitation where no warm-started agent trains ``warm_start.ensemble_min_steps`` steps (ten imitations
-    take ~15 minutes on 2 cores: `trainer train sac --timesteps 2000` imitated ten members for an hour on a busy
-    machine, then learnt for seconds)."""
+    took ~15 minutes on 2 cores when each fitted its critics too: `trainer train sac --timesteps 2000` imitated ten
+    members for an hour on a busy machine, then learnt for seconds; since the members fit their actor alone, side by
+    side, the ten, their labels and SAC's student take 13.5 minutes on a quiet 2-core machine, docs/benchmarks.md)."""
     settings = cfg.warm_start
     steps = [t for a, t in targets.items() if agent_spec(a).warm_start]
     if settings.ensemble <= 1 or settings.epochs <= 0 or not steps or max(steps) >= settings.ensemble_min_steps:
