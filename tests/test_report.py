@@ -214,6 +214,27 @@ def test_the_learning_curve_shows_each_agent_against_its_warm_start(tmp_path):
     assert (tmp_path / "curves.png").stat().st_size > 0
 
 
+def test_a_curve_judged_on_the_simulator_has_no_empty_ev_panel(tmp_path, monkeypatch):
+    """The built-in site's curve is judged on the training simulator, which writes no EV column: two panels, and
+    the title says who judged."""
+    import matplotlib.figure
+    import pandas as pd
+
+    from trainer.judge.plots import plot_learning_curves
+
+    run = _run(tmp_path, _results())
+    run.agent("sac").root.mkdir(parents=True, exist_ok=True)
+    saved = []
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda fig, *a, **k: saved.append(fig))
+    for ev, panels in (([None, None], 2), ([100.0, 100.0], 3)):
+        pd.DataFrame({"step": [0, 2000], "co2_kg_per_year": [44000.0, 43900.0],
+                      "ev_departure_soc_met_pct": ev}).to_csv(run.agent("sac").curve, index=False)
+        assert plot_learning_curves(run, ["sac"], tmp_path / "curves.png", 28)
+        assert len(saved[-1].axes) == panels
+        simulated = "judged on the training simulator" in saved[-1].axes[0].get_title()
+        assert simulated is (panels == 2)
+
+
 def test_agents_on_the_same_curve_all_show(tmp_path, monkeypatch):
     """PPO and A2C often deploy one imitation: their curves coincide, and each must still be seen."""
     import matplotlib.figure

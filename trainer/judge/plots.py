@@ -166,14 +166,23 @@ CURVE_LINES = ("-", "--", ":", "-.")
 def plot_learning_curves(run: RunDir, agents: list[str], path: Path, curve_days: int) -> bool:
     """Each agent's evaluations during training: CO2 on the curve's window with the references on the same
     window; the same against each agent's first point, on a scale where fine-tuning's moves of a few tenths of a
-    percent around a warm start show; and EV departures met. False (and no file) when no agent has a point yet."""
+    percent around a warm start show; and EV departures met, where the curve has them (not one judged on the training
+    simulator). False (and no file) when no agent has a point yet."""
     curves = {a: read_written_csv(run.agent(a).curve, CURVE).sort_values("step") for a in agents
               if run.agent(a).curve.is_file()}
     if not curves:
         return False
     plt = _pyplot()
-    fig, (co2_ax, change_ax, ev_ax) = plt.subplots(3, 1, figsize=(8, 7.5), sharex=True,
-                                                   gridspec_kw={"height_ratios": [3, 1.8, 1.2]})
+    # A curve judged on the training simulator has no EV column (the guard serves every reachable departure there as
+    # in CityLearn: trainer.learn.callbacks.EvalCurve): no empty panel for it.
+    with_ev = any(curve["ev_departure_soc_met_pct"].notna().any() for curve in curves.values())
+    if with_ev:
+        fig, (co2_ax, change_ax, ev_ax) = plt.subplots(3, 1, figsize=(8, 7.5), sharex=True,
+                                                       gridspec_kw={"height_ratios": [3, 1.8, 1.2]})
+    else:
+        fig, (co2_ax, change_ax) = plt.subplots(2, 1, figsize=(8, 6.3), sharex=True,
+                                                gridspec_kw={"height_ratios": [3, 1.8]})
+        ev_ax = None
     any_kept = False
     for order, (agent, curve) in enumerate(curves.items()):
         colour = COLOURS.get(agent, OTHER_COLOUR)
@@ -185,7 +194,8 @@ def plot_learning_curves(run: RunDir, agents: list[str], path: Path, curve_days:
         size = max(6 - 1.5 * order, 2.5)
         co2_ax.plot(curve["step"], curve["co2_kg_per_year"] / 1000, label=agent, markersize=size, **look)
         change_ax.plot(curve["step"], change, markersize=max(size - 3, 2), **look)
-        ev_ax.plot(curve["step"], curve["ev_departure_soc_met_pct"], markersize=size, **look)
+        if ev_ax is not None:
+            ev_ax.plot(curve["step"], curve["ev_departure_soc_met_pct"], markersize=size, **look)
         kept = kept_point(run, agent, curve)
         if kept is not None:  # the policy the agent deploys (trainer.learn.selection)
             star = {"marker": "*", "markersize": max(18 - 4 * order, 8), "color": colour, "markeredgecolor": "black",
@@ -217,16 +227,19 @@ def plot_learning_curves(run: RunDir, agents: list[str], path: Path, curve_days:
               if (run.validation_site / "schema.json").is_file() else
               "the last days of the part learnt from, which no stage trained on")
     table = "the part held out" if run.held_out_record() is not None else "the whole evaluation period"
-    co2_ax.set_title(f"Validation: {window}, per year\n"
+    judged = "" if with_ev else "judged on the training simulator, where the guard meets every reachable departure\n"
+    co2_ax.set_title(f"Validation: {window}, per year\n{judged}"
                      f"(the table covers {table}; a star: the policy deployed;\n"
                      "middle: each agent against its step 0, its warm start where it has one; below 0 is better)",
                      fontsize=10)
     co2_ax.legend(loc="best", fontsize=8)
-    ev_ax.set_ylabel("EV departures\nmet %")
-    ev_ax.set_ylim(0, 105)
-    ev_ax.set_xlabel("environment steps")
+    if ev_ax is not None:
+        ev_ax.set_ylabel("EV departures\nmet %")
+        ev_ax.set_ylim(0, 105)
+    (ev_ax or change_ax).set_xlabel("environment steps")
     for ax in (co2_ax, change_ax, ev_ax):
-        ax.grid(alpha=0.3)
+        if ax is not None:
+            ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
