@@ -323,6 +323,7 @@ def test_a_stage_no_machine_could_run_is_refused_before_any_folder(setting, mess
 
 
 
+@pytest.mark.slow
 def test_a_tune_on_ray_scores_its_trials_as_the_local_tune_does(tmp_path, week):
     """Two trials side by side on Ray, reporting into the study's journal from their workers: the same settings and
     the same scores as one after another in this process, and the same answer."""

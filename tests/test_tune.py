@@ -98,6 +98,7 @@ def _journal_trials_started(journal: Path) -> int:
     return count
 
 
+@pytest.mark.slow
 def test_a_tune_survives_a_kill_and_writes_a_config_a_night_takes(tmp_path, week):
     out = tmp_path / "tune"
     command = [sys.executable, "-m", "trainer", "tune", "ppo", "--schema", str(week), "--out", str(out), "--trials",
