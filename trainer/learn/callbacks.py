@@ -122,8 +122,8 @@ class EvalCurve(BaseCallback):
                     env.close()
         start = time.perf_counter()
         if self._on_simulator:
-            # The same figure as CityLearn's to float roundings, in a second; EV service is the guard's there as in
-            # CityLearn (every reachable departure met), so it is not what the curve tells apart.
+            # The same figure as CityLearn's to float roundings in two thirds of its time; EV service is the guard's
+            # there as in CityLearn (every reachable departure met), so it is not what the curve tells apart.
             steps = cfg.schedule.curve_eval_days * 24
             if self._env is None:
                 self._env = judging_env(cfg, self._site, 1, steps)

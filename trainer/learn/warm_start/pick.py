@@ -52,7 +52,7 @@ def co2_over(env: Any, policies: list[Any]) -> np.ndarray:
     observations = env.reset()
     done = False
     while not done:
-        STOP.check("the warm start's pick")
+        STOP.check("a run on the training simulator")
         actions = np.concatenate([policy.predict(observations[i:i + 1], deterministic=True)[0]
                                   for i, policy in enumerate(policies)])
         observations, _, dones, _ = env.step(actions)
