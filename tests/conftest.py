@@ -19,6 +19,7 @@ from trainer.site import Site
 from trainer.site.scenario import build_site
 
 _SCRATCH: str | None = None
+_OWNER = False  # whether this process made the scratch folder (and removes it)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -33,12 +34,31 @@ def pytest_configure(config):
     # The caches (the training simulator's sites, the night's calibration): the tests' own, never the user's, and
     # gone when they end; SB3's folders of a model that learns without a logger (one per learn() in the system's
     # temp folder) too. Made here, in pytest's processes only: a Ray worker that imports a test module inherits
-    # the variables and makes no folder of its own.
-    global _SCRATCH
-    _SCRATCH = tempfile.mkdtemp(prefix="pvbess-test-cache-")
-    atexit.register(shutil.rmtree, _SCRATCH, ignore_errors=True)
+    # the variables and makes no folder of its own. The xdist workers share the first process's (they start from
+    # its environment): a site read into the simulator by one (a year of CityLearn, 20 s) serves the others; its
+    # files are written whole and renamed, so two workers reading the same site at once leave one good file.
+    global _SCRATCH, _OWNER
+    inherited = os.environ.get("PVBESS_TEST_SCRATCH")
+    if inherited and os.environ.get("PYTEST_XDIST_WORKER") and os.path.isdir(inherited):
+        _SCRATCH, _OWNER = inherited, False
+    else:
+        _SCRATCH, _OWNER = tempfile.mkdtemp(prefix="pvbess-test-cache-"), True
+        atexit.register(shutil.rmtree, _SCRATCH, ignore_errors=True)
+        os.environ["PVBESS_TEST_SCRATCH"] = _SCRATCH
     os.environ["PVBESS_CACHE"] = _SCRATCH
     os.environ["SB3_LOGDIR"] = os.path.join(_SCRATCH, "sb3")
+
+def own_cache(tmp_path: Path, monkeypatch) -> Path:
+    """A cache folder (PVBESS_CACHE) of the test's own, for a test that reads what the product keeps there (a
+    calibration), but for the training simulator's sites: the session's, read once (a year of CityLearn, 20 s)."""
+    root = tmp_path / "cache"
+    shared = Path(_SCRATCH or tempfile.gettempdir()) / "pvbess-trainer" / "sim"
+    shared.mkdir(parents=True, exist_ok=True)
+    (root / "pvbess-trainer").mkdir(parents=True)
+    (root / "pvbess-trainer" / "sim").symlink_to(shared, target_is_directory=True)
+    monkeypatch.setenv("PVBESS_CACHE", str(root))
+    return root
+
 
 @pytest.fixture(autouse=True)
 def _references_kept_per_test(monkeypatch, request):
@@ -164,6 +184,6 @@ def official_ev_schema() -> Path:
 
 
 def pytest_unconfigure(config):
-    # Each xdist worker ends here too (where atexit does not run): its scratch folder goes with it.
-    if _SCRATCH is not None:
+    # Each xdist worker ends here too (where atexit does not run); the folder goes with the process that made it.
+    if _SCRATCH is not None and _OWNER:
         shutil.rmtree(_SCRATCH, ignore_errors=True)

@@ -11,6 +11,8 @@ from trainer.cli.main import cli
 from trainer.sim.simulators import VECTOR, Simulator
 from trainer.site import Site, SiteKind
 
+from .conftest import own_cache
+
 
 def plan(tmp_path, *args: str):
     return CliRunner().invoke(cli, ["plan", "--device", "cpu", "--set", f"output.root={tmp_path}",
@@ -18,7 +20,7 @@ def plan(tmp_path, *args: str):
 
 
 def test_plan_calls_out_sac_with_1024_updates_per_step(tmp_path, monkeypatch):
-    monkeypatch.setenv("PVBESS_CACHE", str(tmp_path))  # the calibration is kept in the user's cache, not the outputs
+    cache = own_cache(tmp_path, monkeypatch)  # the calibration is kept in the user's cache, not the outputs
     result = plan(tmp_path, "--budget", "10h", "--agents", "sac",
                   "--set", "sac.gradient_steps=2048", "--set", "sac.train_freq=2")
     assert result.exit_code == 0, result.output
@@ -28,7 +30,7 @@ def test_plan_calls_out_sac_with_1024_updates_per_step(tmp_path, monkeypatch):
     note = next(row for row in lines if row.strip().startswith("! sac:"))
     assert "gradient_steps=2048 / train_freq=2 = 1024 gradient updates per environment step" in note
     assert "with gradient_steps=1, train_freq=1 it would do" in note
-    cached = list((tmp_path / "pvbess-trainer" / "calibration").glob("*.json"))
+    cached = list((cache / "pvbess-trainer" / "calibration").glob("*.json"))
     assert not (tmp_path / ".calibration").exists()
     assert len(cached) == 1
     speeds = json.loads(cached[0].read_text())
@@ -36,7 +38,7 @@ def test_plan_calls_out_sac_with_1024_updates_per_step(tmp_path, monkeypatch):
 
 
 def test_second_plan_uses_the_cached_calibration(tmp_path, monkeypatch):
-    monkeypatch.setenv("PVBESS_CACHE", str(tmp_path))
+    cache_root = own_cache(tmp_path, monkeypatch)
     monkeypatch.setattr("trainer.night.calibrate.others_load", lambda: 0.0)  # a quiet machine, whatever runs beside
     many = ("--set", "a2c.timesteps=100000000")
     first = plan(tmp_path, "--budget", "30m", "--agents", "a2c", *many)
@@ -45,7 +47,7 @@ def test_second_plan_uses_the_cached_calibration(tmp_path, monkeypatch):
     # the report, under 25 minutes are left (on a loaded 2-core machine, 15 minutes left none): 100 million steps
     # would need over 65,000 steps/s (A2C does 13,000-30,000 on the training simulator on 2 cores).
     assert "! a2c:" in first.output
-    cache = next((tmp_path / "pvbess-trainer" / "calibration").glob("*.json"))
+    cache = next((cache_root / "pvbess-trainer" / "calibration").glob("*.json"))
     speeds = json.loads(cache.read_text())
     # A2C alone tonight, taught by SAC's members: the calibration times SAC's imitation too.
     assert set(speeds["imitation_update_s"]) == {"a2c", "sac"} and speeds["imitation_update_s"]["sac"] > 0

@@ -358,6 +358,9 @@ def test_the_learning_curve_on_the_built_in_site_is_judged_on_the_simulator_as_c
         assert curve._on_simulator is (choose_on == "auto")
         # A dataset the simulator does not step exactly (its cars' drift) keeps CityLearn whatever the setting.
         assert not chooses_on_simulator(cfg, replace(built_in, kind=SCHEMA))
+        # Agents that train in CityLearn are chosen there: no site is read into the simulator for the choices alone.
+        in_citylearn = cfg.model_copy(update={"train": cfg.train.model_copy(update={"simulator": "citylearn"})})
+        assert not chooses_on_simulator(in_citylearn, built_in)
         rows[choose_on] = path.read_text().splitlines()[1].split(",")
     assert rows["auto"][2] == "" and rows["citylearn"][2] != ""
     assert float(rows["auto"][1]) == pytest.approx(float(rows["citylearn"][1]), rel=1e-6)

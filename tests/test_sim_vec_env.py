@@ -130,6 +130,26 @@ def test_the_site_is_read_once_into_the_cache_and_a_damaged_file_is_read_again(s
         assert "raw" in data
 
 
+def test_a_window_judged_from_the_start_reads_only_that_window(sites, tmp_path, monkeypatch):
+    """The learning curve's copies from the period's start over its window read the site's first steps alone (a
+    year's pass took 20 s of a 48-step window): the same arrays as the whole period's first steps, kept apart."""
+    from trainer.sim import vec_env
+
+    monkeypatch.setenv("PVBESS_CACHE", str(tmp_path))
+    monkeypatch.setattr(vec_env, "_TABLES", {})
+    cfg, site = load_config(), Site.load(sites["v2g"])
+    whole = SimVecEnv(cfg, site, 1, 0).tables
+    window = SimVecEnv(cfg, site, 2, 0, episode_steps=48, from_start=True)
+    assert (window.tables.steps, window.length, whole.steps) == (48, 48, TWO_WEEKS)
+    for name in ("raw", "fixed_net", "connected", "arrival_soc", "incoming_soc", "carbon", "price"):
+        np.testing.assert_array_equal(getattr(window.tables, name), getattr(whole, name)[:48], err_msg=name)
+    assert sorted(p.name.endswith("-first48.npz") for p in (tmp_path / "pvbess-trainer" / "sim").glob("*.npz")) == [
+        False, True]
+    window.reset()
+    for _ in range(47):
+        window.step(np.zeros((2, window.action_space.shape[0])))
+
+
 def test_the_reach_table_gives_the_guard_stepping_through_the_curves_gives(sites):
     """On curved paths the guard walks a tabulated full-power step back from the goal and bisects one step: its
     actions are those of stepping every hour left through the curves, within 1e-5."""

@@ -213,8 +213,9 @@ class TrainConfig(Section):
         "is one it models, else citylearn). Evaluation, references and every reported figure always use CityLearn.")
     choose_on: Literal["auto", "citylearn"] = doc(
         "Where the night's choices run (the learning curve that picks the policy to deploy, the pick's confirmation "
-        "over held-out years, the warm start's ensemble labels): auto, the training simulator where it steps the "
-        "site as CityLearn does (the built-in site; docs/simulator.md, \"Parity\"), CityLearn elsewhere; citylearn, "
+        "over held-out years, the warm start's ensemble labels): auto, the training simulator where agents train on it "
+        "and it steps the site as CityLearn does (the built-in site; docs/simulator.md, \"Parity\"), CityLearn "
+        "elsewhere (and with train.simulator: citylearn); citylearn, "
         "always CityLearn. Every figure in results.json and the report is CityLearn's either way.")
     keep_best: bool = doc("Deploy the best policy the stage has seen on the validation window (its warm start or a "
                           "learning-curve point; trainer.learn.selection), not merely the last one.")

@@ -77,16 +77,18 @@ def _unflatten(data: Any) -> SiteTables:
     return SiteTables(**values)
 
 
-def cached_tables(env: Any, site: Site, seed: int) -> SiteTables:
-    """The site's tables from the cache, or read from ``env`` (a CityLearnEnv of the whole period) and kept."""
-    path = cache_folder() / f"{dataset_digest(site, seed)}.npz"
+def cached_tables(env: Any, site: Site, seed: int, steps: int | None = None) -> SiteTables:
+    """The site's tables (all of its period, or its first ``steps``) from the cache, or read from ``env`` (a
+    CityLearnEnv of the whole period) and kept."""
+    first = "" if steps is None or steps >= env.time_steps else f"-first{steps}"
+    path = cache_folder() / f"{dataset_digest(site, seed)}{first}.npz"
     if path.is_file():
         try:
             with np.load(path, allow_pickle=False) as data:
                 return _unflatten(data)
         except (OSError, ValueError, KeyError, TypeError) as exc:
             logs.get().warning("simulator cache unreadable: reading the site again", path=str(path), error=str(exc))
-    tables = SiteTables.read(env)
+    tables = SiteTables.read(env, steps)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_suffix(f".{os.getpid()}.partial.npz")

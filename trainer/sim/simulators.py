@@ -188,9 +188,10 @@ def judging_env(cfg: Config, site: Site, n_envs: int, steps: int | None = None) 
 def chooses_on_simulator(cfg: Config, site: Site) -> bool:
     """Whether the night's choices on ``site`` (the learning curve behind the policy deployed, the pick's
     confirmation over held-out years, the ensemble's labels) run on the training simulator rather than CityLearn:
-    ``train.choose_on`` auto, a site the simulator steps as CityLearn does (its kind's ``simulated_exactly``) and
-    models. A step of it takes 3.1 ms on 2 cores where CityLearn's takes 4.0, and it steps a few policies side by
-    side in one run where CityLearn runs each apart; the figures are the same to float roundings (2e-8 of a year's
-    CO2, docs/simulator.md), and CityLearn still makes every figure reported."""
-    return (cfg.train.choose_on == "auto" and site.kind.simulated_exactly
+    ``train.choose_on`` auto, agents training on it (``train.simulator`` not citylearn: a user who trains in CityLearn
+    chooses there too, and no site is read into the simulator for it alone), a site it steps as CityLearn does (its
+    kind's ``simulated_exactly``) and models. A step of it takes 3.1 ms on 2 cores where CityLearn's takes 4.0, and
+    it steps a few policies side by side in one run where CityLearn runs each apart; the figures are the same to
+    float roundings (2e-8 of a year's CO2, docs/simulator.md), and CityLearn still makes every figure reported."""
+    return (cfg.train.choose_on == "auto" and cfg.train.simulator != CITYLEARN.name and site.kind.simulated_exactly
             and VECTOR.unmodelled(cfg, site) is None)

@@ -32,7 +32,8 @@ class SimVecEnv(VecEnv):
     def __init__(self, cfg: Config, site: Site, n_envs: int, seed: int, episode_steps: int | None = None,
                  from_start: bool = False) -> None:
         env = make_citylearn_env(cfg, site, "eval", seed)  # the whole period: CityLearn's normalisation is over it
-        self.tables = tables = site_tables(env, site, seed)
+        # Copies judged from the start over a window read only that window of the site (its first steps).
+        self.tables = tables = site_tables(env, site, seed, episode_steps if from_start else None)
         # A part of a site (its learning part) reads its observations scaled as the whole site, as every evaluation.
         learnt = None if site.scaled_as is None else learnt_normalisation(cfg, site.scaled_as)
         arrays = CentralAgentArrays(env, None, cfg.observations, learnt)
@@ -161,16 +162,16 @@ class SimVecEnv(VecEnv):
 _TABLES: dict[tuple, SiteTables] = {}
 
 
-def site_tables(env: Any, site: Site, seed: int) -> SiteTables:
-    """The site's tables, read once per process for a dataset file as it is now (a night's stages share them),
-    and from the disk cache in later processes (trainer.sim.cache)."""
+def site_tables(env: Any, site: Site, seed: int, steps: int | None = None) -> SiteTables:
+    """The site's tables (all of its period, or its first ``steps``), read once per process for a dataset file as
+    it is now (a night's stages share them), and from the disk cache in later processes (trainer.sim.cache)."""
     from trainer.sim.cache import cached_tables  # the one place tables are kept on disk
 
     stat = site.schema.stat()
-    key = (str(site.schema.resolve()), stat.st_mtime_ns, stat.st_size, seed)
+    key = (str(site.schema.resolve()), stat.st_mtime_ns, stat.st_size, seed, steps)
     if key not in _TABLES:
         _TABLES.clear()  # one dataset at a time: a year of a 17-building site is tens of MB
-        _TABLES[key] = cached_tables(env, site, seed)
+        _TABLES[key] = cached_tables(env, site, seed, steps)
     return _TABLES[key]
 
 
