@@ -93,6 +93,32 @@ def test_the_planner_reads_no_hour_after_the_present(default_cfg, site_schema):
     env.close()
 
 
+def test_the_forecast_of_the_built_in_site_is_kept_and_a_damaged_one_drawn_again(default_cfg, tmp_path, monkeypatch):
+    """The other draws are built once: a later night (another process) reads the forecast from the cache, the same to
+    the bit, without building a year; a damaged file is drawn again and replaced."""
+    from trainer.references import planner as module
+
+    monkeypatch.setenv("PVBESS_CACHE", str(tmp_path))
+    args = (default_cfg.scenario.model_dump_json(), default_cfg.model_dump_json(), 48)
+    module._forecast.cache_clear()
+    first = module._forecast(*args)
+    kept = list((tmp_path / "pvbess-trainer" / "planner").glob("*.npz"))
+    assert len(kept) == 1 and first.steps == 47  # CityLearn ends a 48-step episode after 47
+    module._forecast.cache_clear()  # another process: only the disk is left
+    monkeypatch.setattr(module, "build_site", lambda *a: pytest.fail("a year was built again"))
+    again = module._forecast(*args)
+    assert np.array_equal(again.fixed_net_kwh, first.fixed_net_kwh) and np.array_equal(again.carbon, first.carbon)
+    assert (again.fixed_persistence, again.carbon_persistence) == (first.fixed_persistence, first.carbon_persistence)
+    monkeypatch.undo()
+    monkeypatch.setenv("PVBESS_CACHE", str(tmp_path))
+    kept[0].write_bytes(b"not an archive")
+    module._forecast.cache_clear()
+    assert np.array_equal(module._forecast(*args).carbon, first.carbon)
+    with np.load(kept[0], allow_pickle=False) as data:
+        assert np.array_equal(data["carbon"], first.carbon)
+    module._forecast.cache_clear()
+
+
 def test_the_planner_serves_every_car_and_cuts_co2_no_further_than_the_optimum(default_cfg, site_schema, built_in):
     planner, env, model = _planner_and_env(default_cfg, site_schema, 4)
     result = run_episode(planner, env)

@@ -22,17 +22,20 @@ it is a weaker reference there than on the built-in site (docs/agent-quality.md)
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
+import os
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from trainer.base.files import cache_root
 from trainer.config.sections import Config, ScenarioConfig
 from trainer.env.citylearn import ActionScale, action_slices, make_sb3_env
 from trainer.env.ev_guard import connected_sessions
@@ -49,6 +52,7 @@ from trainer.references.optimum_model import (
 from trainer.site import BUILT_IN, Site
 from trainer.site.scenario import DRAW_SEED_OFFSET, build_site
 
+FORECAST_FORMAT = 1  # bump when Forecast or the way its draws are read changes
 HORIZON_STEPS = 24  # a day: 12 hours reach 94.4 %, 24 and 48 the same 95.4 % (linear model, docs/agent-quality.md)
 FORECAST_YEARS = 3  # the other draws whose mean is the forecast
 # A learnt forecast's weight on an hour seen a step ago (its profile's half-life ~3 days): on the official 2022
@@ -232,7 +236,31 @@ class DayAheadPlanner:
 
 @lru_cache(maxsize=4)
 def _forecast(site_json: str, cfg_json: str, steps: int) -> Forecast:
-    """The mean of :data:`FORECAST_YEARS` other draws of the site (cached: every evaluation of a night asks)."""
+    """The mean of :data:`FORECAST_YEARS` other draws of the site (cached: every evaluation of a night asks), kept on
+    disk by the site's scenario, the length and the product's source: the draws are data (their loads, PV and carbon
+    depend on nothing else in the config), and building them took 4-5 s of every night's planner on 2 cores."""
+    from trainer.references.reuse import program_digest  # lazy: reuse imports the references' roster
+
+    key = json.dumps([FORECAST_FORMAT, FORECAST_YEARS, DRAW_SEED_OFFSET, steps, program_digest(), site_json])
+    path = cache_root() / "planner" / f"{hashlib.sha256(key.encode()).hexdigest()[:24]}.npz"
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            return Forecast(data["fixed_net_kwh"], data["carbon"], float(data["fixed_persistence"]),
+                            float(data["carbon_persistence"]))
+    except (OSError, ValueError, KeyError):  # not kept yet, or damaged: drawn again and replaced
+        pass
+    forecast = _drawn_forecast(site_json, cfg_json, steps)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(f".{os.getpid()}.partial.npz")
+        np.savez(partial, **asdict(forecast))
+        os.replace(partial, path)
+    except OSError:  # a full or read-only cache costs the next night the draws, nothing more
+        pass
+    return forecast
+
+
+def _drawn_forecast(site_json: str, cfg_json: str, steps: int) -> Forecast:
     cfg = Config.model_validate_json(cfg_json)
     try:
         site = ScenarioConfig.model_validate(json.loads(site_json))
