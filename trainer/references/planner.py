@@ -23,9 +23,9 @@ it is a weaker reference there than on the built-in site (docs/agent-quality.md)
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import math
-import os
 import tempfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
@@ -35,7 +35,8 @@ from typing import Any
 
 import numpy as np
 
-from trainer.base.files import cache_root
+from trainer.base import logs
+from trainer.base.files import cache_root, write_bytes_atomic
 from trainer.config.sections import Config, ScenarioConfig
 from trainer.env.citylearn import ActionScale, action_slices, make_sb3_env
 from trainer.env.ev_guard import connected_sessions
@@ -250,13 +251,12 @@ def _forecast(site_json: str, cfg_json: str, steps: int) -> Forecast:
     except (OSError, ValueError, KeyError):  # not kept yet, or damaged: drawn again and replaced
         pass
     forecast = _drawn_forecast(site_json, cfg_json, steps)
+    buffer = io.BytesIO()
+    np.savez(buffer, **asdict(forecast))
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_suffix(f".{os.getpid()}.partial.npz")
-        np.savez(partial, **asdict(forecast))
-        os.replace(partial, path)
-    except OSError:  # a full or read-only cache costs the next night the draws, nothing more
-        pass
+        write_bytes_atomic(path, buffer.getvalue())
+    except OSError as exc:  # a full or read-only cache costs the next night the draws, nothing more
+        logs.get().warning("the planner's forecast not kept for later nights", path=str(path), reason=str(exc))
     return forecast
 
 

@@ -80,7 +80,7 @@ def _unflatten(data: Any) -> SiteTables:
 def cached_tables(env: Any, site: Site, seed: int, steps: int | None = None) -> SiteTables:
     """The site's tables (all of its period, or its first ``steps``) from the cache, or read from ``env`` (a
     CityLearnEnv of the whole period) and kept."""
-    first = "" if steps is None or steps >= env.time_steps else f"-first{steps}"
+    first = "" if steps is None else f"-first{steps}"
     path = cache_folder() / f"{dataset_digest(site, seed)}{first}.npz"
     if path.is_file():
         try:

@@ -167,6 +167,8 @@ def site_tables(env: Any, site: Site, seed: int, steps: int | None = None) -> Si
     it is now (a night's stages share them), and from the disk cache in later processes (trainer.sim.cache)."""
     from trainer.sim.cache import cached_tables  # the one place tables are kept on disk
 
+    if steps is not None and steps >= env.time_steps:
+        steps = None  # a window as long as the period is the period: one read, one file
     stat = site.schema.stat()
     key = (str(site.schema.resolve()), stat.st_mtime_ns, stat.st_size, seed, steps)
     if key not in _TABLES:
