@@ -48,6 +48,7 @@ def pytest_configure(config):
     os.environ["PVBESS_CACHE"] = _SCRATCH
     os.environ["SB3_LOGDIR"] = os.path.join(_SCRATCH, "sb3")
 
+
 def own_cache(tmp_path: Path, monkeypatch) -> Path:
     """A cache folder (PVBESS_CACHE) of the test's own, for a test that reads what the product keeps there (a
     calibration), but for the training simulator's sites: the session's, read once (a year of CityLearn, 20 s)."""
