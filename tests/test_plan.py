@@ -26,7 +26,7 @@ def test_plan_calls_out_sac_with_1024_updates_per_step(tmp_path, monkeypatch):
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
     stage = next(row for row in lines if " sac " in row)
-    assert "train " in stage and "/500,000 steps" in stage
+    assert "train " in stage and "/150,000 steps" in stage
     note = next(row for row in lines if row.strip().startswith("! sac:"))
     assert "gradient_steps=2048 / train_freq=2 = 1024 gradient updates per environment step" in note
     assert "with gradient_steps=1, train_freq=1 it would do" in note

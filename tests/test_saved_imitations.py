@@ -279,3 +279,67 @@ def test_a_process_beside_ends_with_its_stage_when_the_stage_is_killed(week, tmp
     beside.wait(timeout=600)  # not our child: no exit code; the timeout keeps a regression from hanging CI
     # Left alone it would have imitated its fifteen members (~7 s each) and saved each: it stopped with its stage.
     assert len(list((tmp_path / "imitations").glob("*.pt"))) < 15
+
+
+def test_a_later_stage_s_student_imitated_beside_is_the_one_its_stage_would_imitate(week_site, tmp_path, monkeypatch):
+    """SAC's stage starts a process imitating PPO's student from the same labels (one torch thread, as PPO's stage
+    runs): PPO's stage, its model built on its own training simulator, finds it by its key and loads it, equal to
+    the bit to the student it imitates itself."""
+    import multiprocessing
+
+    from trainer.learn.agents import training_envs
+    from trainer.learn.trainer import training_env
+    from trainer.learn.warm_start import students
+    from trainer.learn.warm_start.validation import learning_part
+    from trainer.sim.simulators import simulator_for
+
+    monkeypatch.setattr(cloning, "_IMITATED", {})
+    cfg = load_config(overrides=["warm_start.epochs=2", "warm_start.student_epochs=3"])
+    labelled = demonstrations(cfg, week_site, cfg.seed)
+    folder = tmp_path / "imitations"
+    process = multiprocessing.get_context("spawn").Process(
+        target=students._imitate_students, args=(cfg, week_site, ["ppo"], labelled, str(folder)))
+    process.start()
+    process.join()
+    assert process.exitcode == 0 and len(list(folder.glob("*.pt"))) == 1
+    simulator = simulator_for(cfg, week_site)
+    env = training_env(cfg, learning_part(week_site), "ppo", training_envs(cfg, "ppo", simulator), simulator)
+    settings = cfg.warm_start
+    fit = (settings.student_epochs, settings.learning_rate, settings.batch_size, cfg.seed)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        stage = build_model(cfg, "ppo", env, "cpu", cfg.seed, 501_760)
+        errors, reused = cloning.imitate_once(stage, labelled, *fit, saved=SavedImitations(folder),
+                                              critic_epochs=settings.student_critic_epochs)
+        cloning._IMITATED.clear()
+        alone = build_model(cfg, "ppo", env, "cpu", cfg.seed, 501_760)
+        alone_errors, _ = cloning.imitate_once(alone, labelled, *fit, critic_epochs=settings.student_critic_epochs)
+    finally:
+        torch.set_num_threads(threads)
+        env.close()
+    assert reused and errors == alone_errors
+    assert all(torch.equal(alone.policy.state_dict()[n], t) for n, t in stage.policy.state_dict().items())
+
+
+def test_which_later_students_are_imitated_beside_the_first_stage(week_site, monkeypatch):
+    from trainer.learn.warm_start import students
+
+    monkeypatch.setattr(students, "free_cores", lambda: 2)
+    cfg = load_config()
+    period = 8760
+
+    def ahead(config=cfg, later=("ppo", "a2c"), device="cpu", untimed=True, steps=period):
+        return students.students_ahead(config, week_site, "sac", later, device, untimed, steps)
+
+    assert ahead() == ["ppo", "a2c"]  # A2C's is PPO's key: the process loads it, imitated once
+    assert ahead(later=("sac", "ppo", "ppo")) == ["ppo"]  # not its own; each once
+    assert ahead(untimed=False) == []  # a student cut at its slot's end is not kept: no use to the next stage
+    assert ahead(device="cuda") == []  # a CUDA context a process
+    assert ahead(steps=168) == []  # 2,400 minibatches of a week: not worth a process's start
+    assert ahead(load_config(overrides=["warm_start.member_processes=1"])) == []
+    assert ahead(load_config(overrides=["warm_start.teacher=own"])) == []  # each agent its own members
+    assert ahead(load_config(overrides=["gpu.cpu_threads=2"])) == []  # the key names the threads PPO's stage uses
+    assert ahead(load_config(overrides=["warm_start.ensemble=1"])) == []
+    monkeypatch.setattr(students, "free_cores", lambda: 1)  # a busy machine: the stages imitate their own
+    assert ahead() == []

@@ -154,7 +154,9 @@ class WarmStartConfig(Section):
                               "loop: six times an imitation's 400 by default (docs/agent-quality.md).", ge=1, le=5000)
     member_processes: int = doc("Processes that imitate the ensemble's members side by side, one torch thread "
                                 "each (trainer.learn.warm_start.members): 0 = one a core free of other work, at "
-                                "most 4, on a CPU; 1 = the stage's own process alone.", ge=0, le=16)
+                                "most 4, on a CPU, and in an untimed night the later stages' students beside the "
+                                "first's (trainer.learn.warm_start.students); 1 = the stage's own process alone.",
+                                ge=0, le=16)
     student_critic_epochs: int = doc("The first epochs of the student's, in which its critic (PPO's and A2C's value, "
                                      "SAC's Q networks) fits the returns too; the actor fits all student_epochs (a "
                                      "critic learning from rewards after needs no closer fit than one imitation's).",

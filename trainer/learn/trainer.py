@@ -59,7 +59,7 @@ class StageTrainer:
     """Train one agent to ``target`` environment steps in one run folder."""
 
     def __init__(self, ctx: RunContext, handle: Agent, target: int, callbacks: list | None = None,
-                 time_limit_s: float | None = None, warm_start_s: float | None = None):
+                 time_limit_s: float | None = None, warm_start_s: float | None = None, later: tuple[str, ...] = ()):
         agent = handle.name
         self.ctx, self.cfg, self.handle, self.agent, self.target = ctx, ctx.cfg, handle, agent, target
         self.section = handle.section
@@ -75,6 +75,7 @@ class StageTrainer:
         self.stopped_by: StopReason | None = None
         self.time_limit_at = None if time_limit_s is None else time.monotonic() + time_limit_s
         self.warm_start_limit_s = warm_start_s  # from the stage's start; its box is opened when the stage starts
+        self.later = later  # the night's training stages after this one, one after another (their students)
         self.started_at = time.monotonic()
         self.extra_callbacks = callbacks or []
         self.log = logs.get().bind(agent=agent)
@@ -184,7 +185,7 @@ class StageTrainer:
         model = build_model(self.cfg, self.agent, self.env, self.device, self.cfg.seed, self.target)
         started = time.monotonic()
         box = TimeBox(None if self.warm_start_limit_s is None else self.started_at + self.warm_start_limit_s)
-        self.warm_start = _warm_start(self.ctx, self.handle, model, self.imitations, box)
+        self.warm_start = _warm_start(self.ctx, self.handle, model, self.imitations, box, self.later)
         self.warm_start_s = time.monotonic() - started
         if self.warm_start is not None:  # evaluated like the agent at the end (results.json's warm_start)
             save_warm_start(model, self.folder)
@@ -215,11 +216,12 @@ class StageTrainer:
 
 
 def _warm_start(ctx: RunContext, handle: Agent, model: BaseAlgorithm, imitations: SavedImitations,
-                box: TimeBox) -> dict[str, Any] | None:
+                box: TimeBox, later: tuple[str, ...] = ()) -> dict[str, Any] | None:
     """A fresh model's warm start (trainer.learn.warm_start) within its ``box``, picking by the held-out years where
     it picks."""
     held_out = held_out_years(ctx) if ctx.cfg.warm_start.picks_a_member(handle.name) else []
-    return warm_start(ctx.cfg, ctx.site, handle.name, model, ctx.run.demonstration_sites, held_out, imitations, box)
+    return warm_start(ctx.cfg, ctx.site, handle.name, model, ctx.run.demonstration_sites, held_out, imitations, box,
+                      later)
 
 
 def summary(trainer: StageTrainer) -> dict[str, Any]:

@@ -64,6 +64,7 @@ class StageJob:
     steps_per_s: float = 0.0      # the planner's training speed
     setup_s: float = 0.0          # the planner's estimate of its warm start, inside its slot
     lean: bool = False            # the night is short of time: the stage confirms its pick on the training simulator
+    later: tuple[str, ...] = ()   # an untimed night's training stages after it, in this process: their students beside
 
     def slot(self, now: float) -> tuple[float | None, str | None]:
         """Starting at ``now``: (the training stage's time limit in seconds, or None untimed; why it is skipped
@@ -239,6 +240,16 @@ def _note_attempts(record: StageRecord, attempts: tuple[dict[str, Any], ...]) ->
         record.spans[-1][0] = min((a["started"] for a in attempts if (a.get("started") or "") >= begun), default=begun)
 
 
+def _later(state: ScheduleState, record: StageRecord, parallel: bool) -> tuple[str, ...]:
+    """The training stages after ``record`` an untimed night runs one after another: their warm starts may be
+    prepared beside its own (trainer.learn.warm_start.students). None on a parallel backend (each stage is its own
+    worker) or with a deadline (a student cut at its slot's end is not kept)."""
+    if parallel or state.deadline is not None:
+        return ()
+    after = state.stages[state.stages.index(record) + 1:]
+    return tuple(s.name for s in after if s.kind == StageKind.TRAIN and s.status not in FINISHED)
+
+
 def _start(night: Night, record: StageRecord, parallel: bool, clock: Callable[[], datetime]) -> StageJob | None:
     """Mark ``record`` running and make its job; None when it is skipped for lack of time instead."""
     state, now = night.state, clock()
@@ -265,7 +276,7 @@ def _start(night: Night, record: StageRecord, parallel: bool, clock: Callable[[]
                    + sum(max(a, _floor_s(s)) for a, s in zip(alloc[1:], open_specs[1:])))
     job = StageJob(str(night.ctx.run.root), night.ctx.site, record.name, record.kind,
                    record.timesteps_target, resume, night.force, deadline.timestamp() if deadline else None,
-                   reserve, spec.steps_per_s, spec.setup_s, night.lean)
+                   reserve, spec.steps_per_s, spec.setup_s, night.lean, _later(state, record, parallel))
     if not parallel:  # it starts now: the slot is known
         record.time_limit_s, skipped = job.slot(now.timestamp())
         if skipped is not None:

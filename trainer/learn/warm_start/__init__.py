@@ -75,14 +75,15 @@ __all__ = ["BehaviourCloningTerm", "Demonstrations", "SavedImitations", "demonst
 
 def warm_start(cfg: Config, site: Site, agent: str, model: Any, draws: Path | None = None,
                held_out: list[Site] | None = None, saved: SavedImitations | None = None,
-               box: TimeBox | None = None) -> dict[str, Any] | None:
+               box: TimeBox | None = None, later: tuple[str, ...] = ()) -> dict[str, Any] | None:
     """Imitate the optimum before learning (``warm_start.epochs`` > 0); None where it is off or not possible. With
     ``warm_start.ensemble`` > 1, the imitation of that many imitations' mean (:func:`distil_an_ensemble`), or with
     ``warm_start.pick_best`` whichever of it and the members does best over the ``held_out`` years
     (trainer.learn.warm_start.pick). With ``saved``, the imitations other processes of the run made are reused and
     this one's kept for them (trainer.learn.warm_start.saved). With a ``box`` (its part of the stage's slot) it
     stops there with the best it has: fewer epochs, fewer members (the plan sized it; a busy machine may not
-    give it what the plan measured)."""
+    give it what the plan measured). The ``later`` stages of the night (one after another) have their students
+    imitated beside this one's where they can (trainer.learn.warm_start.students)."""
     settings = cfg.warm_start
     log = logs.get().bind(agent=agent)
     if settings.epochs <= 0:
@@ -101,7 +102,7 @@ def warm_start(cfg: Config, site: Site, agent: str, model: Any, draws: Path | No
     ensemble = None
     if settings.ensemble > 1:
         ensemble, (actor_error, critic_error), reused, members = distil_an_ensemble(cfg, site, agent, model, demos,
-                                                                                    parts, saved, box)
+                                                                                    parts, saved, box, later)
         pick = pick_the_best(cfg, agent, model, members, held_out or []) if settings.picks_a_member(agent) else None
         if pick is not None:
             ensemble["pick"] = pick

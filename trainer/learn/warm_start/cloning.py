@@ -181,6 +181,11 @@ def imitate_once(model: Any, demos: Demonstrations, epochs: int, learning_rate: 
     return errors, True
 
 
+def already_imitated(key: str, saved: SavedImitations | None) -> bool:
+    """Whether the imitation ``key`` names ended earlier in this process or, with ``saved``, in any of the run's."""
+    return key in _IMITATED or (saved is not None and saved.path(key).is_file())
+
+
 def _imitate_and_keep(model: Any, demos: Demonstrations, epochs: int, learning_rate: float, batch_size: int,
                       seed: int, key: str, check: Callable[[], float] | None = None,
                       box: TimeBox | None = None, critic_epochs: int | None = None) -> tuple[float, float]:

@@ -16,10 +16,11 @@ from trainer.base.durations import TimeBox
 from trainer.base.signals import STOP
 from trainer.config.sections import Config
 from trainer.env.citylearn import make_sb3_env
-from trainer.learn.warm_start.cloning import imitate_once, imitation_key, weights_digest
+from trainer.learn.warm_start.cloning import already_imitated, imitate_once, imitation_key, weights_digest
 from trainer.learn.warm_start.members import MEMBER_SEED_STEP, fresh_model, members_beside, processes_beside
 from trainer.learn.warm_start.optimum_demonstrations import Demonstrations, demonstration_years
 from trainer.learn.warm_start.saved import SavedImitations
+from trainer.learn.warm_start.students import start_students, students_ahead
 from trainer.learn.warm_start.validation import ImitationParts, policy_check
 from trainer.run.device import free_cores
 from trainer.sim.simulators import chooses_on_simulator, judging_env
@@ -38,7 +39,7 @@ CRITIC_EPOCH_COST = 3.0
 
 def distil_an_ensemble(
     cfg: Config, site: Site, agent: str, model: Any, demos: Demonstrations, parts: ImitationParts,
-    saved: SavedImitations | None = None, box: TimeBox | None = None,
+    saved: SavedImitations | None = None, box: TimeBox | None = None, later: tuple[str, ...] = (),
 ) -> tuple[dict[str, Any], tuple[float, float], bool, list[Any]]:
     """Leave in ``model`` the imitation of ``warm_start.ensemble`` imitations' mean action (module docstring), each
     member a policy of the agent's teacher (``warm_start.teacher``: SAC's for every agent by default).
@@ -48,7 +49,9 @@ def distil_an_ensemble(
     The global random state is put back as it was (building a member reseeds it): the stage then trains as with
     one imitation. Each member is checked on the validation part of ``parts`` where it has one (its best epochs
     kept); the student fits the members' mean for ``warm_start.student_epochs``. With a ``box``, the members take
-    their share of it by epochs (no member starts after it; the first always does) and the student the rest.
+    their share of it by epochs (no member starts after it; the first always does) and the student the rest. The
+    ``later`` stages' students (the night's, one after another) are imitated beside this one's where a core is free
+    (trainer.learn.warm_start.students).
     """
     import random
 
@@ -76,11 +79,24 @@ def distil_an_ensemble(
         labelled = _ensemble_labels(cfg, parts.fit, members, demos, parts.draws)
         log.info("warm start: the members' mean action labelled", steps=len(labelled.actions),
                  seconds=round(time.perf_counter() - started, 1))
-        # The student starts where a single imitation would: the stage's model, as it was built. Its labels agree
-        # with each other (one function of the observation), so it can fit them far closer than an imitation fits
-        # the optimum's, and must: in closed loop a small miss costs points (docs/agent-quality.md).
-        student, reused = imitate_once(model, labelled, settings.student_epochs, *fit[1:], seed, saved=saved, box=box,
-                                       critic_epochs=settings.student_critic_epochs)
+        student_fit = (settings.student_epochs, *fit[1:], seed)
+        # A stage whose own student an earlier one made (A2C's is PPO's) has none to imitate beside the later ones'.
+        mine = imitation_key(model, labelled, *student_fit, critic_epochs=settings.student_critic_epochs)
+        ahead = [] if saved is None or already_imitated(mine, saved) else students_ahead(
+            cfg, site, agent, later, str(model.device), box.until is None, demos.period_steps)
+        beside = bool(ahead) and start_students(cfg, site, ahead, labelled, saved.folder)
+        threads = torch.get_num_threads()
+        if beside:
+            torch.set_num_threads(1)  # a core a process: threads on a core another uses wait for each other
+        try:
+            # The student starts where a single imitation would: the stage's model, as it was built. Its labels
+            # agree with each other (one function of the observation), so it can fit them far closer than an
+            # imitation fits the optimum's, and must: in closed loop a small miss costs points
+            # (docs/agent-quality.md).
+            student, reused = imitate_once(model, labelled, *student_fit, saved=saved, box=box,
+                                           critic_epochs=settings.student_critic_epochs)
+        finally:
+            torch.set_num_threads(threads)
     finally:
         random.setstate(state[0])
         np.random.set_state(state[1])
@@ -90,6 +106,8 @@ def distil_an_ensemble(
                "student_critic_epochs": min(settings.student_critic_epochs, settings.student_epochs)}
     if settings.members_fit_critics:
         summary["members_critic_mse"] = [round(e[1], 4) for e in errors]
+    if beside:
+        summary["students_beside"] = ahead  # the later stages' students, imitated in a process beside this one's
     return (summary,
             student, reused, members)
 

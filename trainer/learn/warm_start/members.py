@@ -107,7 +107,7 @@ def _imitate_members(cfg: Config, site: Site, teacher: str, demos: Demonstration
     from trainer.learn.warm_start.validation import policy_check
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the stage's to handle: it stops this process
-    threading.Thread(target=_leave_with_the_stage, daemon=True).start()
+    threading.Thread(target=leave_with_the_stage, daemon=True).start()
     logs.configure()
     logging.getLogger().setLevel(logging.WARNING)  # the stage logs each member; this process only what goes wrong
     torch.set_num_threads(1)
@@ -130,7 +130,7 @@ def _imitate_members(cfg: Config, site: Site, teacher: str, demos: Demonstration
         env.close()
 
 
-def _leave_with_the_stage() -> None:
+def leave_with_the_stage() -> None:
     """End this process when the stage's is gone (killed: nothing else would stop it). The parent's sentinel, not
     its pid: Windows gives an orphan no new parent."""
     parent = multiprocessing.parent_process()
