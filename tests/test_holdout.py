@@ -224,3 +224,29 @@ def test_an_imitation_keeps_its_best_checked_epochs_and_stops_when_checks_stop_i
             break
     assert stopped_at == 200
     assert keep.restore(stopped_at) == (0.05, 0.0) and float(net.weight.detach()) == 50.0
+
+
+def test_the_part_learnt_from_is_judged_beside_the_part_held_out_to_the_same_figures(one_year, tmp_path, monkeypatch):
+    """Where a core is free, the in-sample evaluation runs in a process beside the held-out one (the two years at
+    once); its figures are those the stage's own process gives."""
+    from trainer.base.beside import beside
+    from trainer.night import stages
+    from trainer.run.session import open_run
+
+    started = []
+
+    def watched(*args, **kwargs):
+        work = beside(*args, **kwargs)
+        started.append(work.started)
+        return work
+
+    monkeypatch.setattr(stages, "beside", watched)
+    cfg = load_config(overrides=tiny_overrides())
+    figures = {}
+    for free in (2, 1):
+        monkeypatch.setattr(stages, "free_cores_now", lambda free=free: free)
+        with open_run(cfg, "baseline", tmp_path / f"run{free}", str(one_year.schema)) as ctx:
+            figures[free] = stages.evaluate_reference(ctx, "rbc", reuse=False)
+    assert started == [True, False]
+    assert figures[2]["in_sample"] == figures[1]["in_sample"]
+    assert figures[2]["co2_kg"] == figures[1]["co2_kg"] and figures[2]["in_sample"]["co2_kg"] != figures[2]["co2_kg"]

@@ -325,7 +325,7 @@ def test_a_later_stage_s_student_imitated_beside_is_the_one_its_stage_would_imit
 def test_which_later_students_are_imitated_beside_the_first_stage(week_site, monkeypatch):
     from trainer.learn.warm_start import students
 
-    monkeypatch.setattr(students, "free_cores", lambda: 2)
+    monkeypatch.setattr(students, "free_cores_now", lambda seconds: 2)
     cfg = load_config()
     period = 8760
 
@@ -341,5 +341,5 @@ def test_which_later_students_are_imitated_beside_the_first_stage(week_site, mon
     assert ahead(load_config(overrides=["warm_start.teacher=own"])) == []  # each agent its own members
     assert ahead(load_config(overrides=["gpu.cpu_threads=2"])) == []  # the key names the threads PPO's stage uses
     assert ahead(load_config(overrides=["warm_start.ensemble=1"])) == []
-    monkeypatch.setattr(students, "free_cores", lambda: 1)  # a busy machine: the stages imitate their own
+    monkeypatch.setattr(students, "free_cores_now", lambda seconds: 1)  # a busy machine: the stages imitate their own
     assert ahead() == []

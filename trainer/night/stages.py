@@ -11,12 +11,14 @@ import shutil
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
 from trainer.base import logs
+from trainer.base.beside import beside
 from trainer.base.errors import UsageError
 from trainer.base.files import DamagedFile, read_json, write_json_atomic, write_text_atomic
 from trainer.config.roster import AGENTS, Agent
@@ -36,7 +38,7 @@ from trainer.night.state import StageJob, StageOutcome
 from trainer.references import reuse as reuse_references
 from trainer.references.controllers import PolicyController
 from trainer.references.roster import BASELINE, REFERENCE_ROSTER, REFERENCES, ReferenceUnavailable
-from trainer.run.device import agent_device, resolve_agent
+from trainer.run.device import agent_device, free_cores_now, resolve_agent
 from trainer.run.folder import AgentDir, RunContext, RunDir
 from trainer.run.session import training_timesteps
 from trainer.site import Site
@@ -68,15 +70,21 @@ IN_SAMPLE_KEYS = ("co2_kg", "co2_kg_per_year", "ev_departure_soc_met_pct", "ev_u
 
 
 def judged(ctx: RunContext, evaluate: Callable[[Site, Path | None], dict[str, Any]],
-           timeseries: Path | None = None) -> dict[str, Any]:
+           timeseries: Path | None = None, inside: Callable[[], dict[str, Any]] | None = None) -> dict[str, Any]:
     """``evaluate(site, timeseries)`` on the part the run is judged on (the figures, the timeseries) and, where
-    that is held out, on the part it learnt from too (``in_sample``, beside them)."""
+    that is held out, on the part it learnt from too (``in_sample``, beside them). ``inside``, that second
+    evaluation as a picklable function (a partial of a module-level one), runs in a process beside the first where
+    a core is free (trainer.base.beside): the two years at once, not one after the other."""
     held = ctx.site.held_out
     if held is None:
         return evaluate(ctx.site, timeseries)
-    inside = evaluate(ctx.site, None)
-    metrics = evaluate(held.site, timeseries)
-    metrics["in_sample"] = {k: inside[k] for k in IN_SAMPLE_KEYS if k in inside}
+    pending = beside(inside or partial(evaluate, ctx.site, None), free=free_cores_now() if inside else 1)
+    try:
+        metrics = evaluate(held.site, timeseries)
+        learnt = pending.result()
+    finally:
+        pending.cancel()
+    metrics["in_sample"] = {k: learnt[k] for k in IN_SAMPLE_KEYS if k in learnt}
     return metrics
 
 
@@ -100,28 +108,44 @@ def evaluate_reference(ctx: RunContext, name: str, reuse: bool = True) -> dict[s
     log.info("evaluating reference")
 
     def evaluate(site: Site, timeseries: Path | None) -> dict[str, Any]:
-        apart = "" if site is ctx.site else ", held out"
-        try:
-            # A part held out: the references that learn (the planner's forecast) learn first from the part before.
-            history = None if site is ctx.site else lambda: _history_env(ctx)
-            controller, own = REFERENCE_ROSTER[name].prepare(ctx.cfg, lambda: _eval_env(ctx, site), history)
-        except ReferenceUnavailable as exc:
-            log.warning("reference skipped", reason=str(exc))
-            return _skipped(exc)
-        env = _eval_env(ctx, site)
-        try:
-            metrics = run_episode(controller, env, timeseries, label=name + apart)
-        finally:
-            env.close()
-        return {**metrics, **own}
+        return _reference_on(ctx, name, site, timeseries, held_out=site is not ctx.site)
 
-    metrics = judged(ctx, evaluate, folder.timeseries)
+    metrics = judged(ctx, evaluate, folder.timeseries, partial(_reference_on, ctx, name, ctx.site, None, False))
     metrics.update(timesteps=0, train_wall_s=0.0, steps_per_s=None)
     write_json_atomic(folder.metrics, metrics)
     reuse_references.remember(ctx.cfg, ctx.site, ctx.seed, name, metrics, folder.timeseries, ctx.run.root)
     if metrics.get("co2_kg_per_year") is not None:
         log.info("evaluated", co2_kg_per_year=round(metrics["co2_kg_per_year"], 1), seconds=metrics["eval_wall_s"])
     return metrics
+
+
+def _reference_on(ctx: RunContext, name: str, site: Site, timeseries: Path | None, held_out: bool) -> dict[str, Any]:
+    """Reference ``name``'s evaluation on ``site`` (the part learnt from, or the part ``held_out``)."""
+    try:
+        # A part held out: the references that learn (the planner's forecast) learn first from the part before.
+        history = (lambda: _history_env(ctx)) if held_out else None
+        controller, own = REFERENCE_ROSTER[name].prepare(ctx.cfg, lambda: _eval_env(ctx, site), history)
+    except ReferenceUnavailable as exc:
+        logs.get().warning("reference skipped", agent=name, reason=str(exc))
+        return _skipped(exc)
+    env = _eval_env(ctx, site)
+    try:
+        metrics = run_episode(controller, env, timeseries, label=name + (", held out" if held_out else ""))
+    finally:
+        env.close()
+    return {**metrics, **own}
+
+
+def _policy_on(ctx: RunContext, agent: str, model: BaseAlgorithm | Path, site: Site, timeseries: Path | None,
+               label: str | None) -> dict[str, Any]:
+    """``agent``'s policy (``model``, or the model saved at that path) evaluated on ``site``."""
+    if isinstance(model, Path):
+        model = load_model(ctx.cfg, agent, model, device="cpu")  # a process beside: the CPU, as an evaluation runs
+    env = _eval_env(ctx, site)
+    try:
+        return run_episode(PolicyController(agent, model), env, timeseries, label=label)
+    finally:
+        env.close()
 
 
 def train_agent(ctx: RunContext, agent: str, timesteps: int, resume: bool = False, force: bool = False,
@@ -162,7 +186,7 @@ def train_agent(ctx: RunContext, agent: str, timesteps: int, resume: bool = Fals
     rate = round(trained_steps / learning, 2) if learning > 0 and trained_steps else None
     log.info("trained", timesteps=trained_steps, seconds=round(learning, 1), steps_per_s=rate,
              warm_start_s=round(trainer.warm_start_s, 1))
-    metrics = evaluate_model(ctx, agent, model)
+    metrics = evaluate_model(ctx, agent, model, folder.model)  # saved just above
     metrics.update(timesteps=trained_steps, train_wall_s=round(learning, 2),
                    warm_start_s=round(trainer.warm_start_s, 2), steps_per_s=rate, **training_summary(trainer),
                    ended_by="time slot" if trainer.timed_out else "target",
@@ -233,11 +257,7 @@ def _evaluate_warm_start(ctx: RunContext, handle: Agent, deployed: dict[str, Any
         return {"unreadable": str(exc)}
 
     def evaluate(site: Site, timeseries: Path | None) -> dict[str, Any]:
-        env = _eval_env(ctx, site)
-        try:
-            return run_episode(PolicyController(agent, model), env)
-        finally:
-            env.close()
+        return _policy_on(ctx, agent, model, site, None, None)
 
     digest = weights_digest(model.policy, float(model.gamma), machine=False)
     held = ctx.site.held_out
@@ -248,7 +268,8 @@ def _evaluate_warm_start(ctx: RunContext, handle: Agent, deployed: dict[str, Any
     elif key in _WARM_STARTS:
         metrics, how = _WARM_STARTS[key], "an earlier stage's of the same weights"
     else:
-        metrics, how = judged(ctx, evaluate), None
+        metrics, how = judged(ctx, evaluate, None, partial(_policy_on, ctx, agent, folder.warm_start, ctx.site, None,
+                                                           None)), None
         if len(_WARM_STARTS) >= 4:
             del _WARM_STARTS[next(iter(_WARM_STARTS))]
         _WARM_STARTS[key] = metrics
@@ -343,20 +364,19 @@ def _save_model(model: BaseAlgorithm, folder: AgentDir, agent: str, checkpoint: 
                           "free disk space") from None
 
 
-def evaluate_model(ctx: RunContext, agent: str, model: BaseAlgorithm | None = None) -> dict[str, Any]:
+def evaluate_model(ctx: RunContext, agent: str, model: BaseAlgorithm | None = None,
+                   saved_at: Path | None = None) -> dict[str, Any]:
+    """``agent``'s deployed policy judged: ``model`` (the one the run saved, read from there where not given);
+    ``saved_at``, the file that holds it, lets a process beside judge it on the part learnt from meanwhile."""
     folder = ctx.run.agent(agent)
     if model is None:
-        model = _load(ctx.run, ctx.cfg, agent)
+        model, saved_at = _load(ctx.run, ctx.cfg, agent), folder.model
 
     def evaluate(site: Site, timeseries: Path | None) -> dict[str, Any]:
-        env = _eval_env(ctx, site)
-        try:
-            return run_episode(PolicyController(agent, model), env, timeseries,
-                               label=agent if site is ctx.site else f"{agent}, held out")
-        finally:
-            env.close()
+        return _policy_on(ctx, agent, model, site, timeseries, agent if site is ctx.site else f"{agent}, held out")
 
-    metrics = judged(ctx, evaluate, folder.timeseries)
+    inside = None if saved_at is None else partial(_policy_on, ctx, agent, saved_at, ctx.site, None, None)
+    metrics = judged(ctx, evaluate, folder.timeseries, inside)
     # Two agents can deploy one policy (A2C starts from PPO's imitation; where neither trains past it, they are the
     # same weights): the report says so rather than rank them as two controllers.
     metrics["policy_digest"] = weights_digest(model.policy, float(model.gamma), machine=False)[:16]
@@ -434,7 +454,7 @@ def reevaluate(ctx: RunContext, policies: dict[str, BaseAlgorithm]) -> dict[str,
             previous = read_json(folder.metrics) if folder.metrics.is_file() else {}
         except DamagedFile:
             previous = {}
-        metrics = {**previous, **evaluate_model(ctx, agent, model)}
+        metrics = {**previous, **evaluate_model(ctx, agent, model, folder.model)}  # saved_policies read it there
         if folder.warm_start.is_file():
             warm = _evaluate_warm_start(ctx, resolve_agent(ctx.cfg, agent))
             metrics["warm_start"] = {**(previous.get("warm_start") or {}), **warm}

@@ -39,25 +39,26 @@ def others_load() -> float:
 SAMPLE_S = 0.25
 
 
-def sampled_others(seconds: float = SAMPLE_S) -> float:
+def sampled_others(seconds: float = SAMPLE_S, children: bool = False) -> float:
     """Cores' worth of CPU that other processes used (and a hypervisor stole) on this process's cores over the next
-    ``seconds``, this process and its children left out: what the next minutes will most likely have free."""
+    ``seconds``, this process and (unless ``children``) its children left out: what the next minutes will most
+    likely have free."""
     import time
 
     import psutil  # lazy: only a stage start samples
 
     try:
-        t0, busy0, own0 = _cpu_now()
+        t0, busy0, own0 = _cpu_now(children)
         time.sleep(seconds)
-        t1, busy1, own1 = _cpu_now()
+        t1, busy1, own1 = _cpu_now(children)
     except (psutil.Error, OSError):
         return 0.0
     return max((busy1 - busy0) - (own1 - own0), 0.0) / max(t1 - t0, 1e-3)
 
 
-def _cpu_now() -> tuple[float, float, float]:
+def _cpu_now(children: bool = False) -> tuple[float, float, float]:
     """(a monotonic clock, the CPU seconds this process's cores spent busy or stolen, this process tree's CPU
-    seconds)."""
+    seconds: this process's alone where its ``children`` count as other work)."""
     import time
 
     import psutil  # lazy: only a stage start samples
@@ -66,7 +67,7 @@ def _cpu_now() -> tuple[float, float, float]:
     mine = _cores_of_this_process(len(cores))
     total = sum(sum(cores[i]) for i in mine)
     idle = sum(cores[i].idle + getattr(cores[i], "iowait", 0.0) for i in mine)
-    return time.monotonic(), total - idle, _own_cpu_s()
+    return time.monotonic(), total - idle, _own_cpu_s(children)
 
 
 def _cores_of_this_process(count: int) -> list[int]:
@@ -76,17 +77,26 @@ def _cores_of_this_process(count: int) -> list[int]:
         return list(range(count))
 
 
-def _own_cpu_s() -> float:
+def _own_cpu_s(children_apart: bool = False) -> float:
     import psutil  # lazy: only a stage start samples
 
     total = 0.0
-    for process in (psutil.Process(), *psutil.Process().children(recursive=True)):
+    this = psutil.Process()
+    for process in (this, *([] if children_apart else this.children(recursive=True))):
         try:
             times = process.cpu_times()
         except psutil.Error:  # a child that ended between the listing and the read
             continue
         total += times.user + times.system
     return total
+
+
+def free_cores_now(seconds: float = SAMPLE_S) -> int:
+    """Cores free for a process beside this one, from what the cores did over the next ``seconds`` alone (not the
+    load average: a minute after this process's own processes beside it ended, it still counts them), this
+    process's children counted as busy: at least one."""
+    cores = cpu_cores()
+    return max(1, min(cores, round(cores - sampled_others(seconds, children=True))))
 
 
 def free_cores(others: float | None = None) -> int:

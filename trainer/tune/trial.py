@@ -109,7 +109,7 @@ def train_once(cfg: Config, agent: str, schema: Path, folder: Path, shared: Path
         if judge:
             best_path = ctx.run.agent(agent).best_model
             deployed = stages.load_model(ctx.cfg, agent, best_path, device=handle.device, fix="run the tune again")
-            result["held_out"] = stages.evaluate_model(ctx, agent, deployed)
+            result["held_out"] = stages.evaluate_model(ctx, agent, deployed, best_path)
             result["references"] = {name: stages.evaluate_reference(ctx, name) for name in ("baseline", "optimum")}
         else:
             _slim(ctx.run, agent)

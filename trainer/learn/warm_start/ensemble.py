@@ -124,10 +124,12 @@ def _imitate_members(cfg: Config, site: Site, teacher: str, device: str, demos: 
     critic_epochs = None if settings.members_fit_critics else 0
     imitated: dict[int, tuple[Any, tuple[float, float]]] = {}  # member index: its policy and errors
     minibatches = settings.epochs * -(-demos.period_steps // settings.batch_size)
-    beside = 0 if saved is None else processes_beside(settings, settings.ensemble, minibatches, device, free_cores())
     threads = torch.get_num_threads()
     env = make_sb3_env(cfg, site, "eval", cfg.seed)
     try:
+        # None where an earlier stage (or run) kept them all: a process's start (~10 s) would find nothing to do.
+        beside = 0 if saved is None or _all_kept(cfg, teacher, device, demos, parts, saved, env, critic_epochs) else \
+            processes_beside(settings, settings.ensemble, minibatches, device, free_cores())
         with ExitStack() as stack:
             if saved is not None and beside and stack.enter_context(
                     members_beside(beside, cfg, site, teacher, demos, parts, saved.folder, critic_epochs)):
@@ -139,6 +141,21 @@ def _imitate_members(cfg: Config, site: Site, teacher: str, device: str, demos: 
     members = [imitated[k][0] for k in sorted(imitated)]
     errors = [imitated[k][1] for k in sorted(imitated)]
     return members, errors
+
+
+def _all_kept(cfg: Config, teacher: str, device: str, demos: Demonstrations, parts: ImitationParts,
+              saved: SavedImitations, env: Any, critic_epochs: int | None) -> bool:
+    """Whether every member of the ensemble is kept in the run folder already."""
+    settings = cfg.warm_start
+    fit = (settings.epochs, settings.learning_rate, settings.batch_size)
+    for k in range(settings.ensemble):
+        member_seed = cfg.seed + k * MEMBER_SEED_STEP
+        member = fresh_model(cfg, teacher, env, device, member_seed)
+        key = imitation_key(member, demos, *fit, member_seed, machine=False, checked=parts.label,
+                            critic_epochs=critic_epochs)
+        if not already_imitated(key, saved):
+            return False
+    return True
 
 
 def _imitate_members_here(cfg: Config, teacher: str, device: str, demos: Demonstrations, parts: ImitationParts,

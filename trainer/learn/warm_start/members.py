@@ -20,7 +20,6 @@ service manager's SIGTERM are the stage's to handle), and when the stage's proce
 from __future__ import annotations
 
 import multiprocessing
-import os
 import signal
 import threading
 from collections.abc import Iterator
@@ -29,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.base import logs
+from trainer.base.beside import leave_with_the_parent
 from trainer.config.sections import Config, WarmStartConfig
 from trainer.learn.warm_start.optimum_demonstrations import Demonstrations
 from trainer.learn.warm_start.saved import SavedImitations
@@ -107,7 +107,7 @@ def _imitate_members(cfg: Config, site: Site, teacher: str, demos: Demonstration
     from trainer.learn.warm_start.validation import policy_check
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the stage's to handle: it stops this process
-    threading.Thread(target=leave_with_the_stage, daemon=True).start()
+    threading.Thread(target=leave_with_the_parent, daemon=True).start()
     logs.configure()
     logging.getLogger().setLevel(logging.WARNING)  # the stage logs each member; this process only what goes wrong
     torch.set_num_threads(1)
@@ -128,16 +128,6 @@ def _imitate_members(cfg: Config, site: Site, teacher: str, demos: Demonstration
                          critic_epochs=critic_epochs)
     finally:
         env.close()
-
-
-def leave_with_the_stage() -> None:
-    """End this process when the stage's is gone (killed: nothing else would stop it). The parent's sentinel, not
-    its pid: Windows gives an orphan no new parent."""
-    parent = multiprocessing.parent_process()
-    if parent is None:  # not a process beside a stage: nothing to follow
-        return
-    parent.join()
-    os._exit(1)
 
 
 def fresh_model(cfg: Config, agent: str, env: Any, device: str, seed: int) -> Any:

@@ -23,14 +23,16 @@ from pathlib import Path
 from typing import Any
 
 from trainer.base import logs
+from trainer.base.beside import leave_with_the_parent
 from trainer.config.roster import agent_spec
 from trainer.config.sections import Config
-from trainer.learn.warm_start.members import MIN_MINIBATCHES, fresh_model, leave_with_the_stage
+from trainer.learn.warm_start.members import MIN_MINIBATCHES, fresh_model
 from trainer.learn.warm_start.optimum_demonstrations import Demonstrations
-from trainer.run.device import cpu_threads_for, free_cores
+from trainer.run.device import cpu_threads_for, free_cores_now
 from trainer.sim.simulators import simulator_for
 from trainer.site import Site
 
+FREE_SAMPLE_S = 1.0  # how long the cores are watched before a process is started beside the stage (once a night)
 # The processes started, so that a test (or a caller that must) can wait for them; each ends by itself.
 STARTED: list[Any] = []
 
@@ -44,7 +46,7 @@ def students_ahead(cfg: Config, site: Site, agent: str, later: tuple[str, ...], 
     settings = cfg.warm_start
     minibatches = settings.student_epochs * period_steps / settings.batch_size  # full ones: a week's is not worth it
     if (not untimed or device != "cpu" or settings.ensemble <= 1 or settings.member_processes == 1
-            or minibatches < MIN_MINIBATCHES or free_cores() < 2):
+            or minibatches < MIN_MINIBATCHES or free_cores_now(FREE_SAMPLE_S) < 2):
         return []
     teacher, in_process = settings.teacher_of(agent), simulator_for(cfg, site).in_process
     return [a for a in dict.fromkeys(later)
@@ -82,7 +84,7 @@ def _imitate_students(cfg: Config, site: Site, agents: list[str], labelled: Demo
     from trainer.learn.warm_start.saved import SavedImitations
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the night's to handle: its end ends this process
-    threading.Thread(target=leave_with_the_stage, daemon=True).start()
+    threading.Thread(target=leave_with_the_parent, daemon=True).start()
     logs.configure()
     logging.getLogger().setLevel(logging.WARNING)  # the stages log their students; this process what goes wrong
     torch.set_num_threads(1)
