@@ -241,6 +241,7 @@ def test_the_part_learnt_from_is_judged_beside_the_part_held_out_to_the_same_fig
         return work
 
     monkeypatch.setattr(stages, "beside", watched)
+    monkeypatch.setattr(stages, "MIN_STEPS", 24)  # three days are worth a process here
     cfg = load_config(overrides=tiny_overrides())
     figures = {}
     for free in (2, 1):

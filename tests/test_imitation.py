@@ -443,3 +443,26 @@ def test_the_ensemble_s_labels_are_its_mean_action_where_it_goes_in_closed_loop(
     monkeypatch.setattr(distilling, "make_sb3_env", None)
     monkeypatch.setattr(distilling, "judging_env", None)
     assert distilling._ensemble_labels(cfg, week_site, members, demos, None) is labelled
+
+
+def test_the_ensemble_s_years_in_closed_loop_beside_this_process_are_labelled_as_here(week_site, tmp_path,
+                                                                                     monkeypatch):
+    """Where a core is free, half the years' closed loops run in a process beside the stage's: the labels are the
+    ones one process gives, to float roundings (one torch thread there)."""
+    from trainer.learn.warm_start import ensemble as distilling
+
+    monkeypatch.setattr(distilling, "_DISTILLED", {})
+    monkeypatch.setattr(distilling, "MIN_STEPS", 100)  # a week's loop is worth a process here
+    cfg = load_config(overrides=["warm_start.epochs=2", "warm_start.extra_draws=1"])
+    env = make_sb3_env(cfg, week_site, "train", cfg.seed)
+    members = [build_model(cfg, "sac", env, "cpu", seed, 1000).policy for seed in (1, 2)]
+    demos = demonstrations(cfg, week_site, cfg.seed)
+    labelled = {}
+    for free in (2, 1):
+        monkeypatch.setattr(distilling, "free_cores_now", lambda free=free: free)
+        distilling._DISTILLED.clear()
+        labelled[free] = distilling._ensemble_labels(cfg, week_site, members, demos, tmp_path / "draws")
+    assert labelled[2].periods == labelled[1].periods and len(labelled[2].periods) == 3  # the demonstrations, 2 years
+    np.testing.assert_allclose(labelled[2].observations, labelled[1].observations, atol=1e-6)
+    np.testing.assert_allclose(labelled[2].actions, labelled[1].actions, atol=1e-6)
+    np.testing.assert_allclose(labelled[2].rewards, labelled[1].rewards, atol=1e-6)

@@ -386,7 +386,7 @@ def test_a_warm_start_is_evaluated_once_a_run_whichever_stage_starts_from_it(mon
         model.save(folder.warm_start)
     evaluated = []
 
-    def judged(ctx, evaluate, timeseries=None):
+    def judged(ctx, evaluate, timeseries=None, inside=None):
         evaluated.append(len(evaluated))
         return {"co2_kg": 10.0 + len(evaluated), "co2_kg_per_year": 20.0 + len(evaluated),
                 "ev_departure_soc_met_pct": 100.0}

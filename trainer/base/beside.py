@@ -26,6 +26,8 @@ from trainer.base.signals import STOP
 
 T = TypeVar("T")
 
+# Work shorter than this many steps of CityLearn (~7 s on the 2-core VM) does not pay a process's start (~5 s).
+MIN_STEPS = 2_000
 POLL_S = 1.0  # how often the wait for the process beside looks for a stop request
 STOP_WAIT_S = 5.0  # how long a process beside is given to end when stopped, before it is killed
 
@@ -103,7 +105,7 @@ def beside(fn: Callable[..., T], *args: Any, free: int) -> Beside[T]:
 def _work(reply: Any, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
     """The process beside: the work on one torch thread (the caller's process uses the other core), its result or
     its exception sent back."""
-    import logging
+    import logging  # lazy: only a process beside sets its level
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the caller's to handle: it stops this process
     threading.Thread(target=leave_with_the_parent, daemon=True).start()

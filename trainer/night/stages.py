@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from trainer.base import logs
-from trainer.base.beside import beside
+from trainer.base.beside import MIN_STEPS, beside
 from trainer.base.errors import UsageError
 from trainer.base.files import DamagedFile, read_json, write_json_atomic, write_text_atomic
 from trainer.config.roster import AGENTS, Agent
@@ -78,7 +78,10 @@ def judged(ctx: RunContext, evaluate: Callable[[Site, Path | None], dict[str, An
     held = ctx.site.held_out
     if held is None:
         return evaluate(ctx.site, timeseries)
-    pending = beside(inside or partial(evaluate, ctx.site, None), free=free_cores_now() if inside else 1)
+    days = ctx.cfg.schedule.eval_days
+    steps = ctx.site.length if days is None else min(ctx.site.length, days * 24)
+    worth = inside is not None and steps >= MIN_STEPS  # a test's few days: not worth a process's start
+    pending = beside(inside or partial(evaluate, ctx.site, None), free=free_cores_now() if worth else 1)
     try:
         metrics = evaluate(held.site, timeseries)
         learnt = pending.result()

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from trainer.base import logs
+from trainer.base.beside import MIN_STEPS, beside
 from trainer.base.durations import TimeBox
 from trainer.base.signals import STOP
 from trainer.config.sections import Config
@@ -22,7 +23,7 @@ from trainer.learn.warm_start.optimum_demonstrations import Demonstrations, demo
 from trainer.learn.warm_start.saved import SavedImitations
 from trainer.learn.warm_start.students import start_students, students_ahead
 from trainer.learn.warm_start.validation import ImitationParts, policy_check
-from trainer.run.device import free_cores
+from trainer.run.device import free_cores, free_cores_now
 from trainer.sim.simulators import chooses_on_simulator, judging_env
 from trainer.site import Site
 
@@ -208,21 +209,47 @@ def _ensemble_labels(cfg: Config, site: Site, members: list[Any], demos: Demonst
     if key in _DISTILLED:
         return _DISTILLED[key]
 
-    def mean_action(observations: np.ndarray) -> np.ndarray:
-        actions = [member.predict(observations, deterministic=True)[0] for member in members]
-        return np.clip(np.mean(actions, axis=0), -1.0, 1.0).astype(np.float32)
+    parts = [Demonstrations(demos.observations, _mean_action(members, demos.observations), demos.rewards, 0.0)]
+    years = demonstration_years(cfg, site, draws)
+    # Each year's closed loop is a core's Python: where a core is free, half of them run in a process beside this one.
+    half = (len(years) + 1) // 2
+    if len(years) > 1 and site.length * (len(years) - half) >= MIN_STEPS and free_cores_now() >= 2:
+        pending = beside(_closed_loop, cfg, years[half:], members, free=2)
+        try:
+            runs = _closed_loop(cfg, years[:half], members) + pending.result("the warm start's ensemble")
+        finally:
+            pending.cancel()
+    else:
+        runs = _closed_loop(cfg, years, members)
+    parts += runs
+    joined = Demonstrations.joined(parts)
+    # The demonstrations' own periods first (an epoch draws as many samples as the dataset's period), then the
+    # ensemble's years.
+    labelled = Demonstrations(joined.observations, joined.actions, joined.rewards, 0.0,
+                              (*(demos.periods or (len(demos.actions),)), *joined.periods[1:]))
+    if len(_DISTILLED) >= 2:
+        del _DISTILLED[next(iter(_DISTILLED))]
+    _DISTILLED[key] = labelled
+    return labelled
 
-    parts = [Demonstrations(demos.observations, mean_action(demos.observations), demos.rewards, 0.0)]
-    # The years side by side, so that each member acts on all of them at once (a policy's call costs as much for a
-    # few states as for one).
-    envs = [_Year(cfg, year) for year in demonstration_years(cfg, site, draws)]
+
+def _mean_action(members: list[Any], observations: np.ndarray) -> np.ndarray:
+    actions = [member.predict(observations, deterministic=True)[0] for member in members]
+    return np.clip(np.mean(actions, axis=0), -1.0, 1.0).astype(np.float32)
+
+
+def _closed_loop(cfg: Config, years: list[Site], members: list[Any]) -> list[Demonstrations]:
+    """The members' mean action run over each of ``years`` from its start: each state it meets, labelled with that
+    action, and the reward it earned there. The years side by side, so that each member acts on all of them at once
+    (a policy's call costs as much for a few states as for one)."""
+    envs = [_Year(cfg, year) for year in years]
     try:
         obs = [env.reset() for env in envs]
         runs: list[tuple[list, list, list]] = [([], [], []) for _ in envs]
         running = list(range(len(envs)))
         while running:
             STOP.check("the warm start's ensemble")
-            actions = mean_action(np.stack([obs[i] for i in running]))
+            actions = _mean_action(members, np.stack([obs[i] for i in running]))
             for i, action in zip(list(running), actions):
                 runs[i][0].append(obs[i])
                 runs[i][1].append(action)
@@ -233,17 +260,8 @@ def _ensemble_labels(cfg: Config, site: Site, members: list[Any], demos: Demonst
     finally:
         for env in envs:
             env.close()
-    parts += [Demonstrations(np.asarray(o, np.float32), np.asarray(a, np.float32), np.asarray(r, np.float32), 0.0)
-              for o, a, r in runs]
-    joined = Demonstrations.joined(parts)
-    # The demonstrations' own periods first (an epoch draws as many samples as the dataset's period), then the
-    # ensemble's years.
-    labelled = Demonstrations(joined.observations, joined.actions, joined.rewards, 0.0,
-                              (*(demos.periods or (len(demos.actions),)), *joined.periods[1:]))
-    if len(_DISTILLED) >= 2:
-        del _DISTILLED[next(iter(_DISTILLED))]
-    _DISTILLED[key] = labelled
-    return labelled
+    return [Demonstrations(np.asarray(o, np.float32), np.asarray(a, np.float32), np.asarray(r, np.float32), 0.0)
+            for o, a, r in runs]
 
 
 class _Year:
