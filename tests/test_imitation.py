@@ -453,7 +453,9 @@ def test_the_ensemble_s_years_in_closed_loop_beside_this_process_are_labelled_as
 
     monkeypatch.setattr(distilling, "_DISTILLED", {})
     monkeypatch.setattr(distilling, "MIN_STEPS", 100)  # a week's loop is worth a process here
-    cfg = load_config(overrides=["warm_start.epochs=2", "warm_start.extra_draws=1"])
+    # Two years of the demonstrations, each the week (a drawn year would read a whole year into the simulator).
+    monkeypatch.setattr(distilling, "demonstration_years", lambda cfg, site, draws: [site, site])
+    cfg = load_config(overrides=["warm_start.epochs=2"])
     env = make_sb3_env(cfg, week_site, "train", cfg.seed)
     members = [build_model(cfg, "sac", env, "cpu", seed, 1000).policy for seed in (1, 2)]
     demos = demonstrations(cfg, week_site, cfg.seed)

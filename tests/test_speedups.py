@@ -236,7 +236,7 @@ def test_torch_threads_follow_the_agent_unless_set(default_cfg, monkeypatch):
 
     monkeypatch.setattr("trainer.run.device.cpu_cores", lambda: 6)
     monkeypatch.setattr("os.getloadavg", lambda: (1.0, 1.0, 1.0))  # this process alone: every core free
-    monkeypatch.setattr("trainer.run.device.sampled_others", lambda: 0.0)
+    monkeypatch.setattr("trainer.run.device.sampled_others", lambda *args, **kwargs: 0.0)
     assert default_cfg.gpu.cpu_threads == 0
     assert [cpu_threads_for(default_cfg, a) for a in ("sac", "ppo", "a2c")] == [1, 1, 1]  # workers beside each
     alone = load_config(overrides=["sac.learn_while_stepping=false"])
@@ -253,7 +253,7 @@ def test_torch_threads_follow_the_agent_unless_set(default_cfg, monkeypatch):
     assert cpu_threads_for(alone, "sac") == 1
     # Another process started moments ago: the load average does not show it yet, the CPU it used does.
     monkeypatch.setattr("os.getloadavg", lambda: (1.2, 1.0, 1.0))
-    monkeypatch.setattr("trainer.run.device.sampled_others", lambda: 5.0)
+    monkeypatch.setattr("trainer.run.device.sampled_others", lambda *args, **kwargs: 5.0)
     assert cpu_threads_for(alone, "sac") == 1
 
 
@@ -270,8 +270,8 @@ def test_the_cpu_others_used_leaves_this_process_and_its_children_out(monkeypatc
                      [Times(10.5, 0, 5, 0, 0), Times(3, 0, 20.4, 0, 1.1), Times(0.5, 0, 0, 0, 0)]])
     clock, own = iter([100.0, 100.5]), iter([7.0, 7.25])
     monkeypatch.setattr("psutil.cpu_times", lambda percpu: next(readings))
-    monkeypatch.setattr(device, "_own_cpu_s", lambda: next(own))
+    monkeypatch.setattr(device, "_own_cpu_s", lambda *args: next(own))
     monkeypatch.setattr(device, "_cores_of_this_process", lambda count: [0, 1])
     real = device._cpu_now
-    monkeypatch.setattr(device, "_cpu_now", lambda: (next(clock), *real()[1:]))
+    monkeypatch.setattr(device, "_cpu_now", lambda *args: (next(clock), *real(*args)[1:]))
     assert device.sampled_others(seconds=0) == pytest.approx((0.5 + 0.1 - 0.25) / 0.5)
