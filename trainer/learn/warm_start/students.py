@@ -20,7 +20,6 @@ import multiprocessing
 import signal
 import threading
 from pathlib import Path
-from typing import Any
 
 from trainer.base import logs
 from trainer.base.beside import leave_with_the_parent
@@ -33,8 +32,6 @@ from trainer.sim.simulators import simulator_for
 from trainer.site import Site
 
 FREE_SAMPLE_S = 1.0  # how long the cores are watched before a process is started beside the stage (once a night)
-# The processes started, so that a test (or a caller that must) can wait for them; each ends by itself.
-STARTED: list[Any] = []
 
 
 def students_ahead(cfg: Config, site: Site, agent: str, later: tuple[str, ...], device: str, untimed: bool,
@@ -66,7 +63,6 @@ def start_students(cfg: Config, site: Site, agents: list[str], labelled: Demonst
         logs.get().warning("the later stages' students could not be imitated beside this one: each imitates its own",
                            error=f"{type(exc).__name__}: {exc}")
         return False
-    STARTED.append(process)
     logs.get().info("warm start: the later stages' students imitated beside this one", agents=agents,
                     fix="--set warm_start.member_processes=1 keeps every imitation in its stage's process")
     return True
