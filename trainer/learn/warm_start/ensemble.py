@@ -18,7 +18,7 @@ from trainer.base.signals import STOP
 from trainer.config.sections import Config
 from trainer.env.citylearn import make_sb3_env
 from trainer.learn.warm_start.cloning import already_imitated, imitate_once, imitation_key, weights_digest
-from trainer.learn.warm_start.members import MEMBER_SEED_STEP, fresh_model, members_beside, processes_beside
+from trainer.learn.warm_start.members import member_and_key, members_beside, processes_beside
 from trainer.learn.warm_start.optimum_demonstrations import Demonstrations, demonstration_years
 from trainer.learn.warm_start.saved import SavedImitations
 from trainer.learn.warm_start.students import start_students, students_ahead
@@ -147,16 +147,8 @@ def _imitate_members(cfg: Config, site: Site, teacher: str, device: str, demos: 
 def _all_kept(cfg: Config, teacher: str, device: str, demos: Demonstrations, parts: ImitationParts,
               saved: SavedImitations, env: Any, critic_epochs: int | None) -> bool:
     """Whether every member of the ensemble is kept in the run folder already."""
-    settings = cfg.warm_start
-    fit = (settings.epochs, settings.learning_rate, settings.batch_size)
-    for k in range(settings.ensemble):
-        member_seed = cfg.seed + k * MEMBER_SEED_STEP
-        member = fresh_model(cfg, teacher, env, device, member_seed)
-        key = imitation_key(member, demos, *fit, member_seed, machine=False, checked=parts.label,
-                            critic_epochs=critic_epochs)
-        if not already_imitated(key, saved):
-            return False
-    return True
+    return all(already_imitated(member_and_key(cfg, k, teacher, env, device, demos, parts, critic_epochs)[2], saved)
+               for k in range(cfg.warm_start.ensemble))
 
 
 def _imitate_members_here(cfg: Config, teacher: str, device: str, demos: Demonstrations, parts: ImitationParts,
@@ -177,11 +169,8 @@ def _imitate_members_here(cfg: Config, teacher: str, device: str, demos: Demonst
             started = time.perf_counter()
             # The teacher's policy, and the night's members whichever stage imitated them first: a stage
             # with other threads, on another device or in another process distils the same ones.
-            member_seed = cfg.seed + k * MEMBER_SEED_STEP
-            member = fresh_model(cfg, teacher, env, device, member_seed)
-            if (not wait and saved is not None
-                    and saved.busy(imitation_key(member, demos, *fit, member_seed, machine=False,
-                                                 checked=parts.label, critic_epochs=critic_epochs))):
+            member, member_seed, key = member_and_key(cfg, k, teacher, env, device, demos, parts, critic_epochs)
+            if not wait and saved is not None and saved.busy(key):
                 continue  # a stage beside this one is imitating it: the next one first
             member_errors, reused = imitate_once(member, demos, *fit, member_seed, machine=False, saved=saved,
                                                  check=policy_check(cfg, parts, teacher, member),

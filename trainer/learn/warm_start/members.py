@@ -30,6 +30,7 @@ from typing import Any
 from trainer.base import logs
 from trainer.base.beside import leave_with_the_parent
 from trainer.config.sections import Config, WarmStartConfig
+from trainer.learn.warm_start.cloning import imitate_once, imitation_key
 from trainer.learn.warm_start.optimum_demonstrations import Demonstrations
 from trainer.learn.warm_start.saved import SavedImitations
 from trainer.learn.warm_start.validation import ImitationParts
@@ -103,7 +104,6 @@ def _imitate_members(cfg: Config, site: Site, teacher: str, demos: Demonstration
     import torch  # lazy: torch takes seconds to import
 
     from trainer.env.citylearn import make_sb3_env
-    from trainer.learn.warm_start.cloning import imitate_once, imitation_key
     from trainer.learn.warm_start.validation import policy_check
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the stage's to handle: it stops this process
@@ -117,10 +117,7 @@ def _imitate_members(cfg: Config, site: Site, teacher: str, demos: Demonstration
     env = make_sb3_env(cfg, site, "eval", cfg.seed)
     try:
         for k in order:
-            member_seed = cfg.seed + k * MEMBER_SEED_STEP
-            member = fresh_model(cfg, teacher, env, "cpu", member_seed)
-            key = imitation_key(member, demos, *fit, member_seed, machine=False, checked=parts.label,
-                                critic_epochs=critic_epochs)
+            member, member_seed, key = member_and_key(cfg, k, teacher, env, "cpu", demos, parts, critic_epochs)
             if saved.busy(key) or saved.path(key).is_file():
                 continue
             imitate_once(member, demos, *fit, member_seed, machine=False, saved=saved,
@@ -128,6 +125,18 @@ def _imitate_members(cfg: Config, site: Site, teacher: str, demos: Demonstration
                          critic_epochs=critic_epochs)
     finally:
         env.close()
+
+
+def member_and_key(cfg: Config, k: int, teacher: str, env: Any, device: str, demos: Demonstrations,
+                   parts: ImitationParts, critic_epochs: int | None) -> tuple[Any, int, str]:
+    """Member ``k`` of the ensemble as it starts (the teacher's model from its seed), its seed and the key its
+    imitation is kept under (the same on any device and threads: trainer.learn.warm_start.cloning)."""
+    settings = cfg.warm_start
+    member_seed = cfg.seed + k * MEMBER_SEED_STEP
+    member = fresh_model(cfg, teacher, env, device, member_seed)
+    key = imitation_key(member, demos, settings.epochs, settings.learning_rate, settings.batch_size, member_seed,
+                        machine=False, checked=parts.label, critic_epochs=critic_epochs)
+    return member, member_seed, key
 
 
 def fresh_model(cfg: Config, agent: str, env: Any, device: str, seed: int) -> Any:
