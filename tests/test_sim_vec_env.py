@@ -150,6 +150,26 @@ def test_a_window_judged_from_the_start_reads_only_that_window(sites, tmp_path, 
         window.step(np.zeros((2, window.action_space.shape[0])))
 
 
+def test_a_part_of_a_dataset_is_simulated_on_its_own_days_after_the_whole(sites, tmp_path, monkeypatch):
+    """A dataset's parts are one schema file over other steps (the part learnt from, its validation part): each is
+    simulated on its own days, whatever part this process simulated before (a part once took the whole period's
+    tables, and a pick was confirmed on the wrong days)."""
+    from trainer.sim import vec_env
+
+    monkeypatch.setenv("PVBESS_CACHE", str(tmp_path))
+    monkeypatch.setattr(vec_env, "_TABLES", {})
+    cfg, site = load_config(), Site.load(sites["v2g"])
+    later_days = site.period(site.start + 96, site.start + 191)
+    alone = SimVecEnv(cfg, later_days, 1, 0).tables
+    monkeypatch.setenv("PVBESS_CACHE", str(tmp_path / "another-machine"))
+    vec_env._TABLES.clear()
+    whole = SimVecEnv(cfg, site, 1, 0).tables
+    after_the_whole = SimVecEnv(cfg, later_days, 1, 0).tables
+    assert (whole.steps, after_the_whole.steps) == (TWO_WEEKS, 96)
+    for name in ("raw", "fixed_net", "connected", "incoming_soc", "carbon", "price"):
+        np.testing.assert_array_equal(getattr(after_the_whole, name), getattr(alone, name), err_msg=name)
+
+
 def test_the_reach_table_gives_the_guard_stepping_through_the_curves_gives(sites):
     """On curved paths the guard walks a tabulated full-power step back from the goal and bisects one step: its
     actions are those of stepping every hour left through the curves, within 1e-5."""

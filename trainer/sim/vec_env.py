@@ -170,7 +170,10 @@ def site_tables(env: Any, site: Site, seed: int, steps: int | None = None) -> Si
     if steps is not None and steps >= env.time_steps:
         steps = None  # a window as long as the period is the period: one read, one file
     stat = site.schema.stat()
-    key = (str(site.schema.resolve()), stat.st_mtime_ns, stat.st_size, seed, steps)
+    # The period too: a dataset's parts (the part learnt from, its validation part) are one schema file read over
+    # other steps, and a part's tables taken for another's judged it on the wrong days (the disk cache's key, the
+    # site's content digest, holds the period already).
+    key = (str(site.schema.resolve()), stat.st_mtime_ns, stat.st_size, seed, steps, site.start, site.end)
     if key not in _TABLES:
         _TABLES.clear()  # one dataset at a time: a year of a 17-building site is tens of MB
         _TABLES[key] = cached_tables(env, site, seed, steps)
