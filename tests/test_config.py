@@ -130,12 +130,13 @@ def test_a_quick_night_evaluates_its_short_window_unless_a_shorter_one_is_set():
     assert quick_night(load_config(overrides=["schedule.eval_days=3"])).schedule.eval_days == 3
     assert load_config().schedule.eval_days is None  # a full night still evaluates the whole period
     # Its warm start imitates the dataset's own year, briefly; a full night's is four years for 400 epochs, ten
-    # times, and their student's 2,400.
+    # times, and their student's 1,200 at a decaying rate.
     quick = quick_night(load_config()).warm_start
     assert (quick.epochs, quick.extra_draws, quick.ensemble, quick.sac_critic_updates) == (25, 0, 1, 0)
     assert quick_night(load_config(overrides=["warm_start.epochs=0"])).warm_start.epochs == 0  # off stays off
     full = load_config().warm_start
-    assert (full.epochs, full.extra_draws, full.ensemble, full.student_epochs) == (400, 3, 10, 2400)
+    assert (full.epochs, full.extra_draws, full.ensemble, full.student_epochs, full.student_decay) == \
+        (400, 3, 10, 1200, True)
     assert load_config().warm_start.sac_critic_updates == 2000
 
 

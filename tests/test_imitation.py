@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -188,6 +189,40 @@ def test_a_replay_is_kept_for_later_processes_and_a_damaged_one_is_replayed_agai
     assert not list((tmp_path / "kept").glob("*.npz"))
 
 
+def test_the_later_years_replay_beside_this_process_to_the_same_demonstrations(week_site, monkeypatch):
+    """Where a core is free, the later half of the years still to replay replay in a process beside the stage's:
+    the same arrays as one process's, kept in this process as if replayed here."""
+    from trainer.base.beside import beside
+    from trainer.learn.warm_start import optimum_demonstrations as replays
+
+    started = []
+
+    def watched(*args, **kwargs):
+        work = beside(*args, **kwargs)
+        started.append(work.started)
+        return work
+
+    cfg = load_config(overrides=["warm_start.reuse_demonstrations=false"])  # the process beside keeps nothing
+    years = [week_site, week_site.period(week_site.start, week_site.start + 95),
+             week_site.period(week_site.start + 24, week_site.start + 119)]
+    monkeypatch.setattr(replays, "beside", watched)
+    monkeypatch.setattr(replays, "MIN_STEPS", 24)  # a few days are worth a process here
+    out = {}
+    for free in (2, 1):
+        monkeypatch.setattr(replays, "_CACHE", {})
+        monkeypatch.setattr(replays, "free_cores_now", lambda free=free: free)
+        out[free] = replays._replays(cfg, years, cfg.seed)
+        if free == 2:  # kept here: asked again, nothing replays
+            with monkeypatch.context() as no_citylearn:
+                no_citylearn.setattr(replays, "make_sb3_env", None)
+                assert all(a is b for a, b in zip(replays._replays(cfg, years, cfg.seed), out[2]))
+    assert started == [True, False]
+    assert [len(d.actions) for d in out[2]] == [167, 95, 95]  # a period's steps, less its last
+    for there, here in zip(out[2], out[1]):
+        for name in ("observations", "actions", "rewards"):
+            assert np.array_equal(getattr(there, name), getattr(here, name))
+
+
 def test_a_kind_that_draws_no_other_year_draws_nothing(tmp_path):
     schema = tmp_path / "schema.json"
     schema.write_text(json.dumps({"buildings": {}}))
@@ -360,7 +395,7 @@ def test_the_warm_start_imitates_its_ensemble_s_mean_and_the_stage_goes_on_as_wi
     assert ensemble["student_epochs"] == 5
     assert summary["actor_mse"] == round(cloning.imitate(
         build_model(several, agent, env, "cpu", several.seed, 1000), labelled, 5, several.warm_start.learning_rate,
-        several.warm_start.batch_size, several.seed)[0], 5)
+        several.warm_start.batch_size, several.seed, decay=several.warm_start.student_decay)[0], 5)
     # Minutes of work on a real site: the log says what is happening, member by member, and how to have one.
     progress = [e for e in logged if e["event"].startswith("warm start")]
     assert "warm_start.ensemble=1" in progress[0]["event"]
@@ -468,3 +503,34 @@ def test_the_ensemble_s_years_in_closed_loop_beside_this_process_are_labelled_as
     np.testing.assert_allclose(labelled[2].observations, labelled[1].observations, atol=1e-6)
     np.testing.assert_allclose(labelled[2].actions, labelled[1].actions, atol=1e-6)
     np.testing.assert_allclose(labelled[2].rewards, labelled[1].rewards, atol=1e-6)
+
+
+def test_a_decaying_rate_fits_closer_in_as_many_epochs_and_is_its_own_imitation(week_site, cfg, monkeypatch):
+    """warm_start.student_decay: the learning rate falls to 0 over the epochs (a cosine). Its first epoch is a
+    constant rate's first, to the bit; over the whole fit it ends closer to the demonstrations; and it is never taken
+    for the constant rate's imitation."""
+    import torch
+
+    from trainer.learn.warm_start import cloning
+
+    monkeypatch.setattr(cloning, "_IMITATED", {})
+    env = make_sb3_env(cfg, week_site, "train", cfg.seed)
+    demos = demonstrations(cfg, week_site, cfg.seed)
+    fit = (cfg.warm_start.learning_rate, cfg.warm_start.batch_size, cfg.seed)
+
+    def fresh():
+        return build_model(cfg, "sac", env, "cpu", cfg.seed, 1000)
+
+    one, one_decayed = fresh(), fresh()
+    assert cloning.imitate(one, demos, 1, *fit, critic_epochs=0)[0] == \
+        cloning.imitate(one_decayed, demos, 1, *fit, critic_epochs=0, decay=True)[0]
+    assert all(torch.equal(t, one_decayed.policy.state_dict()[n]) for n, t in one.policy.state_dict().items())
+    # A student's labels: one function of the observation (here another policy's actions). At the end of its fit a
+    # constant rate keeps stepping around them; the decayed one settles on them.
+    teacher = build_model(cfg, "sac", env, "cpu", cfg.seed + 1, 1000).policy
+    labels = replace(demos, actions=teacher.predict(demos.observations, deterministic=True)[0].astype(np.float32))
+    constant = cloning.imitate(fresh(), labels, 100, 0.001, 16, cfg.seed, critic_epochs=0)[0]
+    decayed = cloning.imitate(fresh(), labels, 100, 0.001, 16, cfg.seed, critic_epochs=0, decay=True)[0]
+    assert decayed < 0.5 * constant  # measured: 5.4e-7 against 4.9e-6
+    keys = {cloning.imitation_key(fresh(), demos, 30, *fit, critic_epochs=0, decay=d) for d in (False, True)}
+    assert len(keys) == 2

@@ -292,9 +292,10 @@ def test_a_resumed_night_may_refit_the_warm_start_s_ensemble_but_not_its_imitati
     # written before they existed.
     older = load_config().to_dict()
     del older["warm_start"]["pick_best"], older["warm_start"]["student_epochs"]
-    del older["warm_start"]["student_critic_epochs"]
+    del older["warm_start"]["student_critic_epochs"], older["warm_start"]["student_decay"]
     assert training_view(older, "sac") == training_view(load_config(overrides=[
-        "warm_start.pick_best=false", "warm_start.student_epochs=400", "warm_start.student_critic_epochs=2400"])
+        "warm_start.pick_best=false", "warm_start.student_epochs=400", "warm_start.student_critic_epochs=2400",
+        "warm_start.student_decay=true"])
         .to_dict(), "sac") == training_view(before, "sac")
     assert training_view(load_config(overrides=["warm_start.sac_bc_alpha=0.5"]).to_dict(), "sac") != \
         training_view(before, "sac")

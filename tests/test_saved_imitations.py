@@ -311,10 +311,12 @@ def test_a_later_stage_s_student_imitated_beside_is_the_one_its_stage_would_imit
         torch.set_num_threads(1)
         stage = build_model(cfg, "ppo", env, "cpu", cfg.seed, 501_760)
         errors, reused = cloning.imitate_once(stage, labelled, *fit, saved=SavedImitations(folder),
-                                              critic_epochs=settings.student_critic_epochs)
+                                              critic_epochs=settings.student_critic_epochs,
+                                              decay=settings.student_decay)
         cloning._IMITATED.clear()
         alone = build_model(cfg, "ppo", env, "cpu", cfg.seed, 501_760)
-        alone_errors, _ = cloning.imitate_once(alone, labelled, *fit, critic_epochs=settings.student_critic_epochs)
+        alone_errors, _ = cloning.imitate_once(alone, labelled, *fit, critic_epochs=settings.student_critic_epochs,
+                                               decay=settings.student_decay)
     finally:
         torch.set_num_threads(threads)
         env.close()

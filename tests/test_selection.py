@@ -332,6 +332,42 @@ def test_a_night_short_of_time_confirms_its_pick_on_the_simulator_as_citylearn_w
                                             on_simulator=True)[1]["years_judged_by"] == "CityLearn"
 
 
+def test_the_pick_s_later_held_out_years_are_judged_beside_this_process_to_the_same_figures(monkeypatch, tiny_cfg,
+                                                                                             week_site, tmp_path):
+    """Where a core is free, the later half of the held-out years run on the simulator in a process beside the
+    stage's: the figures and the decision one process gives."""
+    from trainer.base.beside import beside
+    from trainer.env.citylearn import make_sb3_env
+    from trainer.learn import selection
+    from trainer.learn.agents import build_model
+    from trainer.run.folder import RunContext, RunDir
+
+    started = []
+
+    def watched(*args, **kwargs):
+        work = beside(*args, **kwargs)
+        started.append(work.started)
+        return work
+
+    cfg = tiny_cfg.model_copy(update={"schedule": tiny_cfg.schedule.model_copy(update={"eval_days": None})})
+    env = make_sb3_env(cfg, week_site, "train", cfg.seed)
+    chosen, warm = (build_model(cfg, "sac", env, "cpu", seed, 1000) for seed in (1, 2))
+    second = week_site.period(week_site.start, week_site.start + 95)
+    monkeypatch.setattr(selection, "held_out_years", lambda ctx: [week_site, second])
+    monkeypatch.setattr(selection, "beside", watched)
+    monkeypatch.setattr(selection, "MIN_STEPS", 24)  # a few days are worth a process here
+    ctx = RunContext(cfg, RunDir(tmp_path / "run"), week_site, "cpu")
+    kept = {"step": 4000, "final_step": 9000, "why": "the best on the validation window", "held_out": True,
+            "validation_co2_kg_per_year": 44_210.4}
+    judged = {}
+    for free in (2, 1):
+        monkeypatch.setattr(selection, "free_cores_now", lambda free=free: free)
+        judged[free] = selection.confirm_over_the_years(ctx, "sac", chosen, warm, kept, 98.0, None)[1]
+    assert started == [True, False]
+    assert len(judged[2]["years"]) == 2 and judged[2]["years"][0] != judged[2]["years"][1]
+    assert judged[2] == judged[1]
+
+
 def test_the_learning_curve_on_the_built_in_site_is_judged_on_the_simulator_as_citylearn_would(tiny_cfg, built_in,
                                                                                               tmp_path):
     """train.choose_on: auto judges the curve's window on the training simulator where it steps the site as

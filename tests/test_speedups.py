@@ -245,16 +245,44 @@ def test_torch_threads_follow_the_agent_unless_set(default_cfg, monkeypatch):
     assert simulated == [6, 1, 1]  # no worker beside SAC on the training simulator
     fixed = load_config(overrides=["gpu.cpu_threads=3"])
     assert [cpu_threads_for(fixed, a) for a in ("sac", "ppo", "a2c")] == [3, 3, 3]
-    # Beside other work (a load of 3.4: this process and 2.4 cores of others' work), SAC takes the cores left;
-    # on a machine others keep busy, one; a set number stays as set.
-    monkeypatch.setattr("os.getloadavg", lambda: (3.4, 1.0, 1.0))
+    # Beside other work (2.4 cores of others' work over the sample), SAC takes the cores left; on a machine others
+    # keep busy, one; a set number stays as set.
+    monkeypatch.setattr("trainer.run.device.sampled_others", lambda *args, **kwargs: 2.4)
     assert cpu_threads_for(alone, "sac") == 4 and cpu_threads_for(fixed, "sac") == 3
+    monkeypatch.setattr("trainer.run.device.sampled_others", lambda *args, **kwargs: 5.5)
+    assert cpu_threads_for(alone, "sac") == 1
+    # What the cores do now, not the load average: a minute after the processes a stage before ran beside this one
+    # ended, it still counts them (a night's SAC trained on one thread of two free).
     monkeypatch.setattr("os.getloadavg", lambda: (9.0, 9.0, 9.0))
-    assert cpu_threads_for(alone, "sac") == 1
-    # Another process started moments ago: the load average does not show it yet, the CPU it used does.
-    monkeypatch.setattr("os.getloadavg", lambda: (1.2, 1.0, 1.0))
-    monkeypatch.setattr("trainer.run.device.sampled_others", lambda *args, **kwargs: 5.0)
-    assert cpu_threads_for(alone, "sac") == 1
+    monkeypatch.setattr("trainer.run.device.sampled_others", lambda *args, **kwargs: 0.0)
+    assert cpu_threads_for(alone, "sac") == 6
+
+
+def test_a_stage_s_threads_follow_the_cores_other_work_leaves_while_it_trains(monkeypatch):
+    """SAC's threads, one per free core, are looked at again every half minute while it trains: what the cores did
+    since the last look (this process's children counted as other work) sets them."""
+    import torch
+
+    from trainer.learn.callbacks import ThreadsFollowCores
+    from trainer.run import device
+
+    # The cores' busy seconds and this process's own, at each look: over the first 10 s the others used 10 s of CPU
+    # (one core of two), over the next 10 s nothing.
+    looks = iter([(0.0, 0.0, 0.0), (10.0, 20.0, 10.0), (20.0, 30.0, 20.0)])
+    monkeypatch.setattr(device, "_cpu_now", lambda children=False: next(looks))
+    monkeypatch.setattr(device, "cpu_cores", lambda: 2)
+    clock = iter([0.0, 40.0, 40.0, 50.0, 80.0, 80.0])
+    monkeypatch.setattr("trainer.learn.callbacks.time.monotonic", lambda: next(clock))
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        follow = ThreadsFollowCores("sac")
+        follow._on_training_start()  # the first look
+        assert follow._on_step() and torch.get_num_threads() == 1  # 40 s on: the other core was busy
+        assert follow._on_step() and torch.get_num_threads() == 1  # 50 s: not yet time to look
+        assert follow._on_step() and torch.get_num_threads() == 2  # 80 s: it was free again
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_the_cpu_others_used_leaves_this_process_and_its_children_out(monkeypatch):

@@ -151,7 +151,8 @@ class WarmStartConfig(Section):
                                   "whatever the run's length.", ge=0)
     student_epochs: int = doc("Epochs of the one network that imitates the ensemble's mean action (each as many "
                               "samples as the dataset's period): it must fit the mean closely to keep it in closed "
-                              "loop: six times an imitation's 400 by default (docs/agent-quality.md).", ge=1, le=5000)
+                              "loop: three times an imitation's 400 by default, at a decaying rate "
+                              "(student_decay; docs/agent-quality.md).", ge=1, le=5000)
     member_processes: int = doc("Processes that imitate the ensemble's members side by side, one torch thread "
                                 "each (trainer.learn.warm_start.members): 0 = one a core free of other work, at "
                                 "most 4, on a CPU, and in an untimed night the later stages' students beside the "
@@ -161,6 +162,9 @@ class WarmStartConfig(Section):
                                      "SAC's Q networks) fits the returns too; the actor fits all student_epochs (a "
                                      "critic learning from rewards after needs no closer fit than one imitation's).",
                                      ge=0, le=5000)
+    student_decay: bool = doc("The student's learning rate falls from learning_rate to 0 over its epochs (a "
+                              "cosine): it fits the members' mean closer in half the epochs of a constant rate "
+                              "(docs/agent-quality.md); false: constant, as an imitation's.")
     teacher: TeacherName = doc(
         "Whose policy the ensemble's members are: one agent's (one ensemble a night; the others distil its members' "
         "mean, reusing them within a process), or own: each agent imitates with its own policy. SAC's imitations "

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from stable_baselines3.common.callbacks import BaseCallback
 
+from trainer.base import logs
 from trainer.base.progress import Progress
 from trainer.env.citylearn import make_sb3_env
 from trainer.judge.metrics import run_episode
@@ -44,6 +45,41 @@ class ProgressCallback(BaseCallback):
     def _on_training_end(self) -> None:
         if self._progress is not None:
             self._progress.close()
+
+
+class ThreadsFollowCores(BaseCallback):
+    """An agent whose torch threads are one per free core (trainer.run.device.cpu_threads_for) keeps them so while
+    it trains: every ``every_s`` it looks at what the cores did since its last look and sets torch's threads to the
+    cores other work left free. The stage's start fixed them at what it found then: in a night, SAC's stage began
+    while the later stages' students were still being imitated beside it, and trained 150,000 steps on one thread
+    after that process had ended; beside work that starts later, a second thread would wait on the busy core (issue
+    56: 7x slower). A thread more or less changes float roundings, not what is learnt."""
+
+    EVERY_S = 30.0
+
+    def __init__(self, agent: str, every_s: float = EVERY_S):
+        super().__init__()
+        self.agent, self.every_s = agent, every_s
+        self._watch: Any = None
+        self._next = 0.0
+
+    def _on_training_start(self) -> None:
+        from trainer.run.device import CoresWatch
+
+        self._watch, self._next = CoresWatch(), time.monotonic() + self.every_s
+
+    def _on_step(self) -> bool:
+        if self._watch is None or time.monotonic() < self._next:
+            return True
+        import torch  # lazy: torch takes seconds to import
+
+        self._next = time.monotonic() + self.every_s
+        free, threads = self._watch.free(), torch.get_num_threads()
+        if free is not None and free != threads:
+            torch.set_num_threads(free)
+            logs.get().info("torch threads follow the cores free of other work", agent=self.agent, before=threads,
+                            now=free, step=self.num_timesteps)
+        return True
 
 
 class EvalCurve(BaseCallback):

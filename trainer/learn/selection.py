@@ -28,17 +28,20 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from trainer.base import logs
+from trainer.base.beside import MIN_STEPS, beside
 from trainer.base.files import write_json_atomic
 from trainer.env.citylearn import make_sb3_env
 from trainer.judge.metrics import run_episode
 from trainer.learn.warm_start.validation import validation_part
 from trainer.references.controllers import PolicyController
 from trainer.references.roster import REFERENCE_ROSTER
+from trainer.run.device import free_cores_now
 from trainer.sim.simulators import chooses_on_simulator
 from trainer.site import Site
 from trainer.site.scenario import SECOND_HELD_OUT_SEED_OFFSET, VALIDATION_SEED_OFFSET
 
 if TYPE_CHECKING:
+    from trainer.config.sections import Config
     from trainer.run.folder import AgentDir, RunContext
 
 # A policy beats its warm start over the held-out years (together) only by more than this share of the warm start's
@@ -162,19 +165,37 @@ def _on_the_simulator(ctx: RunContext, chosen: Any, warm_start: Any,
     """The pick and its warm start over each year on the training simulator, side by side (kg CO2 a year; the EV
     guard serves every car there as in CityLearn, so EV service is not what it can tell apart); None where the
     simulator does not model the site."""
-    from trainer.learn.warm_start.pick import co2_per_year  # lazy: the pick imports the simulator
-    from trainer.sim.site import Unsupported
+    import torch  # lazy: torch takes seconds to import
 
-    figures = []
+    from trainer.sim.site import Unsupported  # lazy: the simulator imports torch
+
+    policies, steps = [chosen.policy, warm_start.policy], _eval_steps(ctx)
+    # Each year is a core's Python: where a core is free, the later half run in a process beside this one, each
+    # process on one torch thread (two policies' calls on a few sites gain nothing from a second).
+    half = (len(years) + 1) // 2
+    worth = len(years) > 1 and min(steps or year.length for year in years[half:]) >= MIN_STEPS
+    threads = torch.get_num_threads()
     try:
-        for year in years:
-            co2 = co2_per_year(ctx.cfg, year, [chosen.policy, warm_start.policy], _eval_steps(ctx))
-            figures.append((Candidate(0, float(co2[0]), None), Candidate(0, float(co2[1]), None)))
+        torch.set_num_threads(1)
+        pending = beside(_co2_over, ctx.cfg, years[half:], policies, steps, free=free_cores_now() if worth else 1)
+        try:
+            co2 = _co2_over(ctx.cfg, years[:half], policies, steps) + pending.result("the pick's confirmation")
+        finally:
+            pending.cancel()
     except Unsupported as exc:
         logs.get().info("the pick is confirmed in CityLearn: the training simulator does not model this site",
                         reason=str(exc))
         return None
-    return figures
+    finally:
+        torch.set_num_threads(threads)
+    return [(Candidate(0, float(year[0]), None), Candidate(0, float(year[1]), None)) for year in co2]
+
+
+def _co2_over(cfg: Config, years: list[Site], policies: list[Any], steps: int | None) -> list[Any]:
+    """Each policy's kg CO2 a year over each of ``years`` on the training simulator, side by side."""
+    from trainer.learn.warm_start.pick import co2_per_year  # lazy: the pick imports the simulator
+
+    return [co2_per_year(cfg, year, policies, steps) for year in years]
 
 
 def _eval_steps(ctx: RunContext) -> int | None:

@@ -17,6 +17,7 @@ docs/reliability.md for what each promise means and the test that backs it.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from trainer.base import logs
@@ -43,7 +44,7 @@ from trainer.learn.state import EpisodeTracker, Sizes, StopReason
 from trainer.learn.warm_start import keep_near_demonstrations, warm_start
 from trainer.learn.warm_start.saved import SavedImitations
 from trainer.learn.warm_start.validation import learning_part
-from trainer.run.device import apply_cpu_threads
+from trainer.run.device import apply_cpu_threads, follows_free_cores
 from trainer.run.folder import AgentDir
 from trainer.sim.simulators import Simulator, simulator_for
 from trainer.site import Site
@@ -59,7 +60,8 @@ class StageTrainer:
     """Train one agent to ``target`` environment steps in one run folder."""
 
     def __init__(self, ctx: RunContext, handle: Agent, target: int, callbacks: list | None = None,
-                 time_limit_s: float | None = None, warm_start_s: float | None = None, later: tuple[str, ...] = ()):
+                 time_limit_s: float | None = None, warm_start_s: float | None = None, later: tuple[str, ...] = (),
+                 warm_started: Callable[[], None] | None = None):
         agent = handle.name
         self.ctx, self.cfg, self.handle, self.agent, self.target = ctx, ctx.cfg, handle, agent, target
         self.section = handle.section
@@ -76,6 +78,7 @@ class StageTrainer:
         self.time_limit_at = None if time_limit_s is None else time.monotonic() + time_limit_s
         self.warm_start_limit_s = warm_start_s  # from the stage's start; its box is opened when the stage starts
         self.later = later  # the night's training stages after this one, one after another (their students)
+        self.warm_started = warm_started  # called once the warm start is saved, before the stage learns
         self.started_at = time.monotonic()
         self.extra_callbacks = callbacks or []
         self.log = logs.get().bind(agent=agent)
@@ -148,7 +151,7 @@ class StageTrainer:
         if remaining <= 0:
             return
         # Lazy: these subclass SB3's callbacks, and SB3 (with torch) takes seconds to import.
-        from trainer.learn.callbacks import EvalCurve, ProgressCallback
+        from trainer.learn.callbacks import EvalCurve, ProgressCallback, ThreadsFollowCores
         from trainer.learn.guard import CheckpointGuard
 
         guard = CheckpointGuard(self.checkpoints, self.episodes, self.section.checkpoint_freq_steps, self.time_limit_at,
@@ -157,6 +160,8 @@ class StageTrainer:
             self.curve.close()
         curve = self.curve = EvalCurve(self.ctx, self.agent, self.folder.curve, best=self.best)
         callbacks = [ProgressCallback(self.agent, self.target), guard, curve, *self.extra_callbacks]
+        if self.device == "cpu" and follows_free_cores(self.cfg, self.agent, self.simulator.in_process):
+            callbacks.append(ThreadsFollowCores(self.agent))
         STOP.check(f"{self.agent}'s start-up")  # the workers and the warm start took a while
         try:
             with STOP.while_training():
@@ -189,6 +194,8 @@ class StageTrainer:
         self.warm_start_s = time.monotonic() - started
         if self.warm_start is not None:  # evaluated like the agent at the end (results.json's warm_start)
             save_warm_start(model, self.folder)
+            if self.warm_started is not None:
+                self.warm_started()
         self.checkpoints.last_checkpoint_step = 0
         return self._ready(model)
 

@@ -99,6 +99,33 @@ def free_cores_now(seconds: float = SAMPLE_S) -> int:
     return max(1, min(cores, round(cores - sampled_others(seconds, children=True))))
 
 
+class CoresWatch:
+    """Cores free of other work over the time since the last look (this process's children counted as other work),
+    without waiting: a stage that adjusts its threads while it trains looks every half minute at what the cores did
+    since (trainer.learn.callbacks.ThreadsFollowCores)."""
+
+    def __init__(self) -> None:
+        self._last: tuple[float, float, float] | None = self._now()
+
+    def free(self) -> int | None:
+        """Cores free since the last look (at least one), or None where this machine does not say."""
+        now, last = self._now(), self._last
+        self._last = now
+        if now is None or last is None or now[0] - last[0] <= 0:
+            return None
+        others = max((now[1] - last[1]) - (now[2] - last[2]), 0.0) / (now[0] - last[0])
+        return max(1, min(cpu_cores(), round(cpu_cores() - others)))
+
+    @staticmethod
+    def _now() -> tuple[float, float, float] | None:
+        import psutil  # lazy: only a stage start samples
+
+        try:
+            return _cpu_now(children=True)
+        except (psutil.Error, OSError):
+            return None
+
+
 def free_cores(others: float | None = None) -> int:
     """Cores not already busy with other work: :func:`cpu_cores` less the run queue beyond this process (the
     one-minute load average, where the OS keeps one; or ``others``, cores' worth measured earlier), at least one.
@@ -141,13 +168,21 @@ def cpu_threads_for(cfg: Config, agent: str, in_process: bool = False) -> int:
     with a CityLearn worker stepping beside it training ran ~20% slower than on one thread; on 16
     simulated sites 2 threads train 1.27x faster. PPO's and A2C's small networks lose from a second
     thread (PPO on 64 simulated sites: 10,600 steps/s on one, 8,300 on two). One per core means one per free core
-    (:func:`free_cores`): on cores other work keeps busy, threads wait for each other.
+    (:func:`free_cores_now`, the cores' own use over a moment, this process's children counted busy: the load
+    average still counts for a minute the processes a stage before ran beside it, and a night's SAC trained on one
+    thread where two were free): on cores other work keeps busy, threads wait for each other.
     """
     if cfg.gpu.cpu_threads:
         return cfg.gpu.cpu_threads
+    return free_cores_now() if follows_free_cores(cfg, agent, in_process) else 1
+
+
+def follows_free_cores(cfg: Config, agent: str, in_process: bool = False) -> bool:
+    """Whether ``agent``'s torch threads are one per free core (:func:`cpu_threads_for`), and so follow them while it
+    trains: an off-policy agent (SAC) stepping its environments itself, threads not set (``gpu.cpu_threads: 0``)."""
     section = cfg.agent(agent)
     alone = in_process or not section.learns_while_stepping
-    return free_cores() if isinstance(section, OffPolicyConfig) and alone else 1
+    return not cfg.gpu.cpu_threads and isinstance(section, OffPolicyConfig) and alone
 
 
 def apply_cpu_threads(cfg: Config, agent: str, in_process: bool = False) -> int:

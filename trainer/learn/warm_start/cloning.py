@@ -23,7 +23,7 @@ PROGRESS_FROM_EPOCHS = 50
 
 def imitate(model: Any, demos: Demonstrations, epochs: int, learning_rate: float, batch_size: int,
             seed: int, check: Callable[[], float] | None = None, box: TimeBox | None = None,
-            critic_epochs: int | None = None) -> tuple[float, float]:
+            critic_epochs: int | None = None, decay: bool = False) -> tuple[float, float]:
     """Regress the actor onto the demonstrations' actions and the critic onto their returns.
 
     Returns the last epoch's mean squared errors (actor, critic; the critic's of the last epoch that fitted it).
@@ -33,7 +33,10 @@ def imitate(model: Any, demos: Demonstrations, epochs: int, learning_rate: float
     ensemble's members need no critic: only their mean action is used). With a ``check`` (the policy's CO2 over a
     validation part, trainer.learn.warm_start.validation), the policy is checked at its epochs and the weights of the
     best check are kept, with their errors; it stops early after checks that do no better. With a ``box`` it stops
-    after the epoch that reaches its end (at least one), checked there too: the best it has by then. SAC's actor
+    after the epoch that reaches its end (at least one), checked there too: the best it has by then. With ``decay``
+    the learning rate falls from ``learning_rate`` to 0 over the epochs (a cosine): a student fitting labels that
+    are one function of the observation ends far closer to them in as many epochs (a constant rate leaves Adam's
+    steps as large at the end as at the start; docs/agent-quality.md). SAC's actor
     acts with tanh of its mean; PPO's and A2C's Gaussian policy with its mean (SB3 clips it to the action box). The
     critic (PPO's and A2C's value, SAC's two Q networks and their targets) learns the demonstrations' discounted
     returns: an untrained critic would judge the imitated policy's first steps at random,
@@ -45,6 +48,7 @@ def imitate(model: Any, demos: Demonstrations, epochs: int, learning_rate: float
     policy = model.policy
     sac = hasattr(policy, "actor") and hasattr(policy.actor, "get_action_dist_params")
     optimizer = torch.optim.Adam(policy.parameters(), lr=learning_rate)
+    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=epochs) if decay else None
     device = policy.device
     observations = torch.as_tensor(demos.observations, device=device)
     actions = torch.as_tensor(demos.actions, device=device)
@@ -85,6 +89,8 @@ def imitate(model: Any, demos: Demonstrations, epochs: int, learning_rate: float
             loss.backward()
             optimizer.step()
             actor_total += actor_loss.item() * len(batch)
+        if schedule is not None:
+            schedule.step()
         if fit_critic:
             critic_error = critic_total / len(order)
         errors = (actor_total / len(order), critic_error)
@@ -134,13 +140,16 @@ def weights_digest(policy: Any, gamma: float, machine: bool = True) -> str:
 
 
 def imitation_key(model: Any, demos: Demonstrations, epochs: int, learning_rate: float, batch_size: int,
-                  seed: int, machine: bool = True, checked: str = "", critic_epochs: int | None = None) -> str:
+                  seed: int, machine: bool = True, checked: str = "", critic_epochs: int | None = None,
+                  decay: bool = False) -> str:
     """A digest of everything :func:`imitate` reads: the policy (:func:`weights_digest`, with or without the
     ``machine``), the demonstrations, the settings, the seed (its minibatches come from a generator of its own),
     what it is ``checked`` on (trainer.learn.warm_start.validation.ImitationParts.label) and the critic's epochs
-    where they are fewer than the actor's (an imitation fitting both keeps the key it always had)."""
+    where they are fewer than the actor's and the ``decay`` where it decays (an imitation without either keeps the
+    key it always had)."""
     policy = weights_digest(model.policy, float(model.gamma), machine)
     critic = "" if critic_epochs is None or critic_epochs >= epochs else f" critic {critic_epochs}"
+    critic += " cosine" if decay else ""
     digest = hashlib.sha256(f"{policy} {epochs} {learning_rate} {batch_size} {seed} {demos.periods} {checked}"
                             f"{critic}".encode())
     for array in (demos.observations, demos.actions, demos.rewards):
@@ -151,13 +160,14 @@ def imitation_key(model: Any, demos: Demonstrations, epochs: int, learning_rate:
 def imitate_once(model: Any, demos: Demonstrations, epochs: int, learning_rate: float, batch_size: int,
                  seed: int, machine: bool = True, saved: SavedImitations | None = None,
                  check: Callable[[], float] | None = None, checked: str = "",
-                 box: TimeBox | None = None, critic_epochs: int | None = None) -> tuple[tuple[float, float], bool]:
+                 box: TimeBox | None = None, critic_epochs: int | None = None,
+                 decay: bool = False) -> tuple[tuple[float, float], bool]:
     """:func:`imitate`, or the weights an identical imitation ended with earlier in this process or, with ``saved``,
     in any process of the run (the same result to the bit: the key holds every input; without ``machine``, the
     weights of the same imitation on any device and threads). Where another process is imitating the same, it waits
     for that one's weights (trainer.learn.warm_start.saved). Returns the errors and whether they were reused. One
     cut short by its ``box`` is neither kept nor saved: it is not the imitation its key names."""
-    key = imitation_key(model, demos, epochs, learning_rate, batch_size, seed, machine, checked, critic_epochs)
+    key = imitation_key(model, demos, epochs, learning_rate, batch_size, seed, machine, checked, critic_epochs, decay)
     found = _IMITATED.get(key)
     if saved is not None:
         if found is None:
@@ -165,7 +175,7 @@ def imitate_once(model: Any, demos: Demonstrations, epochs: int, learning_rate: 
                 found = saved.load(key, like=model.policy.state_dict())
                 if found is None:
                     errors = _imitate_and_keep(model, demos, epochs, learning_rate, batch_size, seed, key, check, box,
-                                               critic_epochs)
+                                               critic_epochs, decay)
                     if key in _IMITATED:
                         saved.save(key, _IMITATED[key][0], errors)
                     return errors, False
@@ -173,7 +183,7 @@ def imitate_once(model: Any, demos: Demonstrations, epochs: int, learning_rate: 
             saved.save(key, *found)
     if found is None:
         return _imitate_and_keep(model, demos, epochs, learning_rate, batch_size, seed, key, check, box,
-                                 critic_epochs), False
+                                 critic_epochs, decay), False
     weights, errors = found
     _keep(key, weights, errors)
     model.policy.load_state_dict(weights)
@@ -188,8 +198,9 @@ def already_imitated(key: str, saved: SavedImitations | None) -> bool:
 
 def _imitate_and_keep(model: Any, demos: Demonstrations, epochs: int, learning_rate: float, batch_size: int,
                       seed: int, key: str, check: Callable[[], float] | None = None,
-                      box: TimeBox | None = None, critic_epochs: int | None = None) -> tuple[float, float]:
-    errors = imitate(model, demos, epochs, learning_rate, batch_size, seed, check, box, critic_epochs)
+                      box: TimeBox | None = None, critic_epochs: int | None = None,
+                      decay: bool = False) -> tuple[float, float]:
+    errors = imitate(model, demos, epochs, learning_rate, batch_size, seed, check, box, critic_epochs, decay)
     if box is None or not box.reached:
         _keep(key, {name: t.detach().clone() for name, t in model.policy.state_dict().items()}, errors)
     return errors

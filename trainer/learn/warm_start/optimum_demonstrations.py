@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from trainer.base import logs
+from trainer.base.beside import MIN_STEPS, beside
 from trainer.base.files import cache_root, write_bytes_atomic
 from trainer.config.sections import Config
 from trainer.env.citylearn import make_sb3_env
@@ -30,6 +31,7 @@ from trainer.references.optimum import OptimumReplay
 from trainer.references.optimum_model import OptimumUnavailable, site_model
 from trainer.references.physics import solve_in_physics
 from trainer.references.reuse import program_digest
+from trainer.run.device import free_cores_now
 from trainer.site import Site
 from trainer.site.scenario import DRAW_SEED_OFFSET
 
@@ -186,8 +188,37 @@ def training_demonstrations(cfg: Config, site: Site, seed: int, draws: Path | No
     far depends on its initialisation (measured: SAC's imitation of one year reached 85.8-91.9 % of the optimum's cut
     over three seeds; with three more years 91.2-93.7 %; docs/agent-quality.md).
     """
-    parts = [demonstrations(cfg, year, seed) for year in demonstration_years(cfg, site, draws)]
+    parts = _replays(cfg, demonstration_years(cfg, site, draws), seed)
     return parts[0] if len(parts) == 1 else Demonstrations.joined(parts)
+
+
+def _replays(cfg: Config, years: list[Site], seed: int) -> list[Demonstrations]:
+    """Each year's :func:`demonstrations`. A year's replay is a core's pure Python: where two or more are still to
+    replay (none in this process or the machine's cache) and a core is free, the later half replay in a process
+    beside this one (the same arrays: the replay is deterministic) and are kept here as if replayed here."""
+    todo = [year for year in years if not _replayed(cfg, year, seed)]
+    later = todo[(len(todo) + 1) // 2:]
+    if not later or sum(year.length for year in later) < MIN_STEPS:
+        return [demonstrations(cfg, year, seed) for year in years]
+    pending = beside(_replay_all, cfg, later, seed, free=free_cores_now())
+    try:
+        here = {id(year): demonstrations(cfg, year, seed) for year in years if year not in later}
+        there = dict(zip(map(id, later), pending.result("the warm start's demonstrations")))
+    finally:
+        pending.cancel()
+    for year in later:
+        _CACHE[demonstrations_key(cfg, year, seed)] = there[id(year)]
+    return [(here | there)[id(year)] for year in years]
+
+
+def _replay_all(cfg: Config, years: list[Site], seed: int) -> list[Demonstrations]:
+    return [demonstrations(cfg, year, seed) for year in years]
+
+
+def _replayed(cfg: Config, year: Site, seed: int) -> bool:
+    """Whether ``year``'s replay is in this process or (reused) in the machine's cache: nothing to replay."""
+    key = demonstrations_key(cfg, year, seed)
+    return key in _CACHE or (cfg.warm_start.reuse_demonstrations and (cache_folder() / f"{key}.npz").is_file())
 
 
 def demonstration_years(cfg: Config, site: Site, draws: Path | None) -> list[Site]:

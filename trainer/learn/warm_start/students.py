@@ -91,6 +91,7 @@ def _imitate_students(cfg: Config, site: Site, agents: list[str], labelled: Demo
         for agent in agents:
             model = fresh_model(cfg, agent, env, "cpu", cfg.seed)
             imitate_once(model, labelled, settings.student_epochs, settings.learning_rate, settings.batch_size,
-                         cfg.seed, saved=saved, critic_epochs=settings.student_critic_epochs)
+                         cfg.seed, saved=saved, critic_epochs=settings.student_critic_epochs,
+                         decay=settings.student_decay)
     finally:
         env.close()
