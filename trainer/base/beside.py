@@ -83,7 +83,7 @@ class Beside(Generic[T]):
 
 
 def beside(fn: Callable[..., T], *args: Any, free: int) -> Beside[T]:
-    """Start ``fn(*args)`` in a spawned process where ``free`` cores (trainer.run.device.free_cores) leave one for
+    """Start ``fn(*args)`` in a spawned process where ``free`` cores (trainer.run.device.free_cores_now) leave one for
     it; otherwise (or where it cannot start) it runs here when :meth:`Beside.result` is called."""
     if free < 2:
         return Beside(fn, args)

@@ -23,7 +23,7 @@ from trainer.learn.warm_start.optimum_demonstrations import Demonstrations, demo
 from trainer.learn.warm_start.saved import SavedImitations
 from trainer.learn.warm_start.students import start_students, students_ahead
 from trainer.learn.warm_start.validation import ImitationParts, policy_check
-from trainer.run.device import free_cores, free_cores_now
+from trainer.run.device import free_cores_now
 from trainer.sim.simulators import chooses_on_simulator, judging_env
 from trainer.site import Site
 
@@ -130,8 +130,10 @@ def _imitate_members(cfg: Config, site: Site, teacher: str, device: str, demos: 
     env = make_sb3_env(cfg, site, "eval", cfg.seed)
     try:
         # None where an earlier stage (or run) kept them all: a process's start (~10 s) would find nothing to do.
+        # The cores free now, not the load average: a minute after the references' processes beside them ended, it
+        # still counted them, and a night imitated its ten members in one process (6.7 min where two took 4.6).
         beside = 0 if saved is None or _all_kept(cfg, teacher, device, demos, parts, saved, env, critic_epochs) else \
-            processes_beside(settings, settings.ensemble, minibatches, device, free_cores())
+            processes_beside(settings, settings.ensemble, minibatches, device, free_cores_now())
         with ExitStack() as stack:
             if saved is not None and beside and stack.enter_context(
                     members_beside(beside, cfg, site, teacher, demos, parts, saved.folder, critic_epochs)):

@@ -2,11 +2,12 @@
 
 A night's ensemble teaches every agent (``warm_start.teacher``: SAC's members): SAC's stage labels the members' mean
 action and imitates it for its own policy (its student), then PPO's stage imitates the same labels for its policy
-(A2C's is the same network from the same seed: it reuses PPO's). A student is minutes of one core (2,400 epochs:
-SAC's 6 min, PPO's 7.4 on the 2-core VM, docs/benchmarks.md), and PPO's needs nothing PPO's stage makes. So where a
-core is free, SAC's stage starts one process that imitates the later stages' students from the same labels while it
-imitates its own, and keeps them in the run folder (trainer.learn.warm_start.saved) under the keys those stages then
-ask for: each loads its student, or waits for the process that holds it.
+(A2C's is the same network from the same seed: it reuses PPO's). A student is minutes of one core (2,400 epochs at
+a constant rate: SAC's 6 min, PPO's 7.4 on the 2-core VM, docs/benchmarks.md; the default 1,200 decaying, about
+half), and PPO's needs nothing PPO's stage makes. So where a core is free, SAC's stage starts one process that
+imitates the later stages' students from the same labels while it imitates its own, and keeps them in the run
+folder (trainer.learn.warm_start.saved) under the keys those stages then ask for: each loads its student, or waits
+for the process that holds it.
 
 Only in an untimed stage (a timed one's student stops at its slot's end, and one cut short is not kept), on a CPU,
 with a core free, and for a later stage that will imitate on one torch thread (the key names the threads: a stage on
