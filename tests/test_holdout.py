@@ -253,35 +253,33 @@ def test_the_part_learnt_from_is_judged_beside_the_part_held_out_to_the_same_fig
     assert figures[2]["co2_kg"] == figures[1]["co2_kg"] and figures[2]["in_sample"]["co2_kg"] != figures[2]["co2_kg"]
 
 
-def test_a_stage_s_warm_start_is_judged_beside_its_learning_to_the_same_figures(one_year, tmp_path, monkeypatch):
-    """A stage on one torch thread (PPO's) judges its warm start in a process beside its learning where a core is
-    free, from the moment it is saved: the figures the evaluation after the learning gives. SAC's stage, whose
-    threads take the free cores, and a warm start an earlier stage judged, start no process."""
+def test_a_warm_start_a_stage_deployed_is_not_judged_again_for_a_later_stage_of_the_same_weights(one_year, tmp_path,
+                                                                                              monkeypatch):
+    """PPO's stage deploys its warm start where learning did not beat it; A2C's starts from the same weights: its
+    warm start's figures are the deployed policy's, not another two years of CityLearn."""
     from trainer.learn.agents import build_model
     from trainer.learn.trainer import save_warm_start
+    from trainer.learn.warm_start.cloning import weights_digest
     from trainer.night import stages
     from trainer.run.device import resolve_agent
     from trainer.run.session import open_run
 
-    monkeypatch.setattr(stages, "MIN_STEPS", 24)  # three days are worth a process here
+    monkeypatch.setattr(stages, "_WARM_STARTS", {})
     cfg = load_config(overrides=tiny_overrides())
-    figures, started = {}, {}
-    for free in (2, 1):
-        monkeypatch.setattr(stages, "free_cores_now", lambda free=free: free)
-        monkeypatch.setattr(stages, "_WARM_STARTS", {})
-        with open_run(cfg, "train", tmp_path / f"run{free}", str(one_year.schema)) as ctx:
-            for agent in ("ppo", "sac"):
-                env = make_sb3_env(cfg, ctx.site, "train", cfg.seed)
-                save_warm_start(build_model(cfg, agent, env, "cpu", cfg.seed, 1000), ctx.run.agent(agent))
-                handle = resolve_agent(cfg, agent)
-                with stages.WarmStartBeside(ctx, handle) as early:
-                    early.start()
-                    started[free, agent] = early.pending is not None and early.pending.started
-                    figures[free, agent] = stages._evaluate_warm_start(ctx, handle, None, early)
-                    if agent == "ppo":  # judged: the same weights again start nothing
-                        again = stages.WarmStartBeside(ctx, handle)
-                        again.start()
-                        assert again.pending is None
-    assert started == {(2, "ppo"): True, (2, "sac"): False, (1, "ppo"): False, (1, "sac"): False}
-    assert figures[2, "ppo"] == figures[1, "ppo"] and "in_sample" in figures[2, "ppo"]
-    assert figures[2, "ppo"]["co2_kg"] != figures[2, "ppo"]["in_sample"]["co2_kg"]
+    with open_run(cfg, "train", tmp_path / "run", str(one_year.schema)) as ctx:
+        env = make_sb3_env(cfg, ctx.site, "train", cfg.seed)
+        ppo = build_model(cfg, "ppo", env, "cpu", cfg.seed, 1000)
+        a2c = build_model(cfg, "a2c", env, "cpu", cfg.seed, 1000)
+        a2c.policy.load_state_dict(ppo.policy.state_dict())
+        save_warm_start(ppo, ctx.run.agent("ppo"))
+        save_warm_start(a2c, ctx.run.agent("a2c"))
+        digest = weights_digest(ppo.policy, float(ppo.gamma), machine=False)
+        deployed = {"policy_digest": digest[:16], "co2_kg": 1.5, "co2_kg_per_year": 2.5,
+                    "ev_departure_soc_met_pct": 100.0, "in_sample": {"co2_kg": 3.5, "co2_kg_per_year": 4.5,
+                                                                    "ev_departure_soc_met_pct": 99.0}}
+        monkeypatch.setattr(stages, "judged", lambda *args, **kwargs: pytest.fail("judged again"))
+        ppo_start = stages._evaluate_warm_start(ctx, resolve_agent(cfg, "ppo"), deployed)
+        a2c_start = stages._evaluate_warm_start(ctx, resolve_agent(cfg, "a2c"), {"policy_digest": "another"})
+    assert ppo_start == a2c_start == {"co2_kg": 1.5, "co2_kg_per_year": 2.5, "ev_departure_soc_met_pct": 100.0,
+                                      "in_sample": {"co2_kg": 3.5, "co2_kg_per_year": 4.5,
+                                                    "ev_departure_soc_met_pct": 99.0}}

@@ -17,7 +17,6 @@ docs/reliability.md for what each promise means and the test that backs it.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from trainer.base import logs
@@ -60,8 +59,7 @@ class StageTrainer:
     """Train one agent to ``target`` environment steps in one run folder."""
 
     def __init__(self, ctx: RunContext, handle: Agent, target: int, callbacks: list | None = None,
-                 time_limit_s: float | None = None, warm_start_s: float | None = None, later: tuple[str, ...] = (),
-                 warm_started: Callable[[], None] | None = None):
+                 time_limit_s: float | None = None, warm_start_s: float | None = None, later: tuple[str, ...] = ()):
         agent = handle.name
         self.ctx, self.cfg, self.handle, self.agent, self.target = ctx, ctx.cfg, handle, agent, target
         self.section = handle.section
@@ -78,7 +76,6 @@ class StageTrainer:
         self.time_limit_at = None if time_limit_s is None else time.monotonic() + time_limit_s
         self.warm_start_limit_s = warm_start_s  # from the stage's start; its box is opened when the stage starts
         self.later = later  # the night's training stages after this one, one after another (their students)
-        self.warm_started = warm_started  # called once the warm start is saved, before the stage learns
         self.started_at = time.monotonic()
         self.extra_callbacks = callbacks or []
         self.log = logs.get().bind(agent=agent)
@@ -194,8 +191,6 @@ class StageTrainer:
         self.warm_start_s = time.monotonic() - started
         if self.warm_start is not None:  # evaluated like the agent at the end (results.json's warm_start)
             save_warm_start(model, self.folder)
-            if self.warm_started is not None:
-                self.warm_started()
         self.checkpoints.last_checkpoint_step = 0
         return self._ready(model)
 

@@ -38,10 +38,9 @@ from trainer.night.state import StageJob, StageOutcome
 from trainer.references import reuse as reuse_references
 from trainer.references.controllers import PolicyController
 from trainer.references.roster import BASELINE, REFERENCE_ROSTER, REFERENCES, ReferenceUnavailable
-from trainer.run.device import agent_device, follows_free_cores, free_cores_now, resolve_agent
+from trainer.run.device import agent_device, free_cores_now, resolve_agent
 from trainer.run.folder import AgentDir, RunContext, RunDir
 from trainer.run.session import training_timesteps
-from trainer.sim.simulators import simulator_for
 from trainer.site import Site
 from trainer.site.scenario import UNSEEN_YEAR_SEED_OFFSET
 
@@ -168,17 +167,9 @@ def train_agent(ctx: RunContext, agent: str, timesteps: int, resume: bool = Fals
     folder.root.mkdir(parents=True, exist_ok=True)
     log = logs.get().bind(agent=agent)
     set_random_seed(ctx.seed)
-    early = WarmStartBeside(ctx, handle)
     trainer = StageTrainer(ctx, handle, timesteps, callbacks, time_limit_s=time_limit_s, warm_start_s=warm_start_s,
-                           later=later, warm_started=early.start)
+                           later=later)
     log.info("training", timesteps=timesteps, device=handle.device, resume=resume, **_summary(handle.section))
-    with early:
-        return _train_and_judge(ctx, handle, trainer, resume, force, lean, early)
-
-
-def _train_and_judge(ctx: RunContext, handle: Agent, trainer: StageTrainer, resume: bool, force: bool, lean: bool,
-                     early: WarmStartBeside) -> dict[str, Any]:
-    agent, folder, log = handle.name, trainer.folder, logs.get().bind(agent=handle.name)
     start = time.perf_counter()
     try:
         model = trainer.train(resume=resume, force=force)
@@ -204,63 +195,9 @@ def _train_and_judge(ctx: RunContext, handle: Agent, trainer: StageTrainer, resu
                    ended_by="time slot" if trainer.timed_out else "target",
                    checkpoint=str(last.path) if last else None, kept=kept)
     if folder.warm_start.is_file():
-        metrics["warm_start"] = {**(metrics.get("warm_start") or {}),
-                                 **_evaluate_warm_start(ctx, handle, metrics, early)}
+        metrics["warm_start"] = {**(metrics.get("warm_start") or {}), **_evaluate_warm_start(ctx, handle, metrics)}
     write_json_atomic(folder.metrics, metrics)
     return metrics
-
-
-class WarmStartBeside:
-    """A fresh stage's warm start judged (both parts, one after the other) in a process beside its learning, from the
-    moment it is saved: a stage training on one torch thread (PPO's, A2C's) leaves a core free for the minutes it
-    learns, and the warm start's evaluation (~45 s on the 2-core VM) otherwise ran after it. Not where the stage's
-    threads follow the free cores (SAC: they would share one), where an earlier stage judged the same weights (A2C
-    starts from PPO's), where no core is free, or for a test's few days; those judge it after the learning, as
-    before. A context: the process is stopped when the stage ends, whatever way."""
-
-    def __init__(self, ctx: RunContext, handle: Agent) -> None:
-        self.ctx, self.handle = ctx, handle
-        self.pending: Any = None
-
-    def start(self) -> None:
-        ctx, agent = self.ctx, self.handle.name
-        if self.pending is not None or ctx.site.held_out is None:
-            return
-        steps = ctx.site.length if ctx.cfg.schedule.eval_days is None else min(ctx.site.length,
-                                                                                ctx.cfg.schedule.eval_days * 24)
-        in_process = simulator_for(ctx.cfg, ctx.site).in_process
-        threads = ctx.cfg.gpu.cpu_threads or (0 if follows_free_cores(ctx.cfg, agent, in_process) else 1)
-        if threads != 1 or steps < MIN_STEPS:
-            return
-        path = ctx.run.agent(agent).warm_start
-        try:
-            model = load_model(ctx.cfg, agent, path, device="cpu")
-        except DamagedFile:  # the evaluation after the learning says so
-            return
-        if _warm_start_key(ctx, model) in _WARM_STARTS:
-            return
-        free = free_cores_now()
-        if free >= 2:
-            self.pending = beside(_judged_saved, ctx, agent, path, free=free)
-
-    def result(self) -> dict[str, Any] | None:
-        """The warm start's figures where they were judged beside, else None."""
-        if self.pending is None or not self.pending.started:
-            return None
-        return self.pending.result(f"{self.handle.name}'s warm start judged beside its learning")
-
-    def __enter__(self) -> WarmStartBeside:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.pending is not None:
-            self.pending.cancel()
-
-
-def _judged_saved(ctx: RunContext, agent: str, path: Path) -> dict[str, Any]:
-    """The policy saved at ``path`` judged as :func:`judged` judges it, both parts in this process."""
-    model = load_model(ctx.cfg, agent, path, device="cpu")
-    return judged(ctx, lambda site, timeseries: _policy_on(ctx, agent, model, site, None, None))
 
 
 def _warm_start_key(ctx: RunContext, model: BaseAlgorithm) -> tuple[str, str]:
@@ -317,11 +254,10 @@ def _curve_figure(folder: AgentDir, step: int) -> float | None:
 _WARM_STARTS: dict[tuple[str, str], dict[str, Any]] = {}
 
 
-def _evaluate_warm_start(ctx: RunContext, handle: Agent, deployed: dict[str, Any] | None = None,
-                         early: WarmStartBeside | None = None) -> dict[str, Any]:
+def _evaluate_warm_start(ctx: RunContext, handle: Agent, deployed: dict[str, Any] | None = None) -> dict[str, Any]:
     """The stage's warm start evaluated like the agent (the same periods and metrics), for the report's comparison:
     the ``deployed`` policy's evaluation where the stage deploys its warm start, an earlier stage's of the same run
-    where that one started from the same weights, or the one judged ``early``, beside the stage's learning."""
+    where that one started from the same weights (or deployed them: A2C starts from PPO's)."""
     agent = handle.name
     folder = ctx.run.agent(agent)
     try:
@@ -335,23 +271,19 @@ def _evaluate_warm_start(ctx: RunContext, handle: Agent, deployed: dict[str, Any
         return _policy_on(ctx, agent, model, site, None, None)
 
     key = _warm_start_key(ctx, model)
-    where = {}
     if deployed is not None and deployed.get("policy_digest") == key[1][:16]:
-        metrics, where = deployed, {"same_as": "the policy deployed"}
+        metrics, how = deployed, "the policy deployed"
     elif key in _WARM_STARTS:
-        metrics, where = _WARM_STARTS[key], {"same_as": "an earlier stage's of the same weights"}
+        metrics, how = _WARM_STARTS[key], "an earlier stage's of the same weights"
     else:
-        metrics = None if early is None else early.result()
-        if metrics is None:
-            metrics = judged(ctx, evaluate, None, partial(_policy_on, ctx, agent, folder.warm_start, ctx.site, None,
-                                                          None))
-        else:
-            where = {"judged": "beside the stage's learning"}
+        metrics, how = judged(ctx, evaluate, None, partial(_policy_on, ctx, agent, folder.warm_start, ctx.site, None,
+                                                           None)), None
+    if key not in _WARM_STARTS:  # the deployed policy's figures too: a later stage starting from it reads them
         if len(_WARM_STARTS) >= 4:
             del _WARM_STARTS[next(iter(_WARM_STARTS))]
         _WARM_STARTS[key] = metrics
     logs.get().info("evaluated the warm start", agent=agent, co2_kg_per_year=round(metrics["co2_kg_per_year"], 1),
-                    **where)
+                    **({"same_as": how} if how else {}))
     kept = {k: metrics[k] for k in ("co2_kg", "co2_kg_per_year", "ev_departure_soc_met_pct")}
     if "in_sample" in metrics:
         kept["in_sample"] = {k: metrics["in_sample"][k] for k in kept}
