@@ -50,10 +50,10 @@ class ProgressCallback(BaseCallback):
 class ThreadsFollowCores(BaseCallback):
     """An agent whose torch threads are one per free core (trainer.run.device.cpu_threads_for) keeps them so while
     it trains: every ``every_s`` it looks at what the cores did since its last look and sets torch's threads to the
-    cores other work left free. The stage's start fixed them at what it found then: in a night, SAC's stage began
-    while the later stages' students were still being imitated beside it, and trained 150,000 steps on one thread
-    after that process had ended; beside work that starts later, a second thread would wait on the busy core (issue
-    56: 7x slower). A thread more or less changes float roundings, not what is learnt."""
+    cores other work left free. The stage's start fixed them at what it found then: work beside it that ends
+    later (a later stage's student imitated beside SAC's) would leave a core idle for the minutes it learns, and
+    beside work that starts later a second thread waits on the busy core (issue 56: 7x slower). A thread more or
+    less changes float roundings, not what is learnt."""
 
     EVERY_S = 30.0
 
