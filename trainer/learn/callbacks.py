@@ -19,6 +19,7 @@ from trainer.judge.metrics import run_episode
 from trainer.learn.selection import BestPolicy, Candidate, record_references, validation_site
 from trainer.learn.warm_start.pick import co2_over, per_year
 from trainer.references.controllers import PolicyController
+from trainer.run.device import CoresWatch
 from trainer.sim.simulators import chooses_on_simulator, judging_env
 from trainer.site import Site
 
@@ -64,8 +65,6 @@ class ThreadsFollowCores(BaseCallback):
         self._next = 0.0
 
     def _on_training_start(self) -> None:
-        from trainer.run.device import CoresWatch
-
         self._watch, self._next = CoresWatch(), time.monotonic() + self.every_s
 
     def _on_step(self) -> bool:
