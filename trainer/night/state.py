@@ -79,11 +79,14 @@ class StageJob:
 
     def warm_start_s(self, limit: float | None) -> float | None:
         """Of a slot of ``limit`` seconds, the most its warm start may take (None: untimed): what leaves learning
-        LEARNING_KEPT_STEPS (at most the target) at the plan's speed and LEARNING_KEPT_SHARE of its planned time."""
+        LEARNING_KEPT_STEPS (at most the target) at the plan's speed and LEARNING_KEPT_SHARE of its planned time; in
+        a slot shorter than its planned warm start and that learning, their shares of it."""
         if limit is None or self.steps_per_s <= 0:
             return None
-        learning = max(learning_floor_s(self.target, self.steps_per_s),
-                       LEARNING_KEPT_SHARE * max(limit - self.setup_s, 0.0))
+        floor = learning_floor_s(self.target, self.steps_per_s)
+        if self.setup_s > 0 and limit < self.setup_s + floor:  # a slot short of both (_fair_reserve): shares
+            return limit * self.setup_s / (self.setup_s + floor)
+        learning = max(floor, LEARNING_KEPT_SHARE * max(limit - self.setup_s, 0.0))
         return max(limit - learning, 0.0)
 
 
@@ -274,6 +277,7 @@ def _start(night: Night, record: StageRecord, parallel: bool, clock: Callable[[]
         # each keeps (a later agent is not starved by an earlier one's slot).
         reserve = (sum(s.fixed_s for s in open_specs) + sum(s.setup_s for s in open_specs[1:])
                    + sum(max(a, _floor_s(s)) for a, s in zip(alloc[1:], open_specs[1:])))
+        reserve = min(reserve, _fair_reserve(open_specs, alloc, left))
     job = StageJob(str(night.ctx.run.root), night.ctx.site, record.name, record.kind,
                    record.timesteps_target, resume, night.force, deadline.timestamp() if deadline else None,
                    reserve, spec.steps_per_s, spec.setup_s, night.lean, _later(state, record, parallel))
@@ -301,6 +305,21 @@ def _short_of_time(specs: list[StageSpec], left_s: float) -> bool:
     outlast the time left, where a leaner evaluation exists."""
     needed = sum(s.fixed_s + s.setup_s + _floor_s(s) for s in specs)
     return needed > left_s and any(s.lean_fixed_s is not None for s in specs)
+
+
+def _fair_reserve(specs: list[StageSpec], alloc: list[float], left_s: float) -> float:
+    """What the first of ``specs`` leaves the others. Where their warm starts and least learning do not all fit:
+    every evaluation as planned (they cannot be shortened), and of the time beside them each stage's share in
+    proportion to its warm start and least learning, so that each stops its warm start early and learns a little.
+    Without it the first stage kept nothing and was skipped: a 20-minute night beside other work (its references
+    twice as slow as calibrated) skipped SAC with 16 of its minutes ahead. Otherwise (everything fits, or no stage
+    warm-starts: the training is shared by weight) the later stages' warm starts and learning as allocated."""
+    least = [s.setup_s + _floor_s(s) for s in specs]
+    fixed = sum(s.fixed_s for s in specs)
+    spare = left_s - fixed
+    if spare <= 0 or sum(least) <= spare or not any(s.setup_s > 0 for s in specs):
+        return fixed + sum(s.setup_s + max(a, _floor_s(s)) for a, s in zip(alloc[1:], specs[1:]))
+    return fixed + spare * sum(least[1:]) / sum(least)
 
 
 def _floor_s(spec: StageSpec) -> float:
