@@ -283,3 +283,30 @@ def test_a_warm_start_a_stage_deployed_is_not_judged_again_for_a_later_stage_of_
     assert ppo_start == a2c_start == {"co2_kg": 1.5, "co2_kg_per_year": 2.5, "ev_departure_soc_met_pct": 100.0,
                                       "in_sample": {"co2_kg": 3.5, "co2_kg_per_year": 4.5,
                                                     "ev_departure_soc_met_pct": 99.0}}
+
+
+def test_a_night_short_of_time_leaves_its_warm_start_s_evaluation_to_trainer_evaluate(one_year, tmp_path, monkeypatch):
+    """Short of time (lean), a stage does not spend two years of CityLearn on its warm start, a comparison for the
+    report (74 s an agent in a busy 20-minute night): results.json and the report say so and how to add it; the
+    warm start a stage deployed keeps its figures (they cost nothing)."""
+    from trainer.judge.report import _deployed
+    from trainer.learn.agents import build_model
+    from trainer.learn.trainer import save_warm_start
+    from trainer.night import stages
+    from trainer.run.device import resolve_agent
+    from trainer.run.session import open_run
+
+    monkeypatch.setattr(stages, "_WARM_STARTS", {})
+    monkeypatch.setattr(stages, "judged", lambda *args, **kwargs: pytest.fail("evaluated in a lean night"))
+    cfg = load_config(overrides=tiny_overrides())
+    with open_run(cfg, "train", tmp_path / "run", str(one_year.schema)) as ctx:
+        env = make_sb3_env(cfg, ctx.site, "train", cfg.seed)
+        save_warm_start(build_model(cfg, "ppo", env, "cpu", cfg.seed, 1000), ctx.run.agent("ppo"))
+        warm = stages._evaluate_warm_start(ctx, resolve_agent(cfg, "ppo"), {"policy_digest": "another"}, lean=True)
+        root = ctx.run.root
+    assert warm == {"not_evaluated": f"the night was short of time; `trainer evaluate {root}` evaluates it"}
+    metrics = {"co2_kg_per_year": 30_000.0, "warm_start": warm,
+               "kept": {"step": 800, "final_step": 1000, "why": "it did best", "validation_co2_kg_per_year": 29_000.0}}
+    [line] = [row for row in _deployed({"ppo": metrics}) if row.startswith("- **ppo**")]
+    assert line.endswith(f"Warm start alone: not evaluated (the night was short of time; `trainer evaluate {root}` "
+                         "evaluates it).")

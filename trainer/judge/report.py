@@ -278,6 +278,8 @@ def _deployed(results: dict[str, dict[str, Any]]) -> list[str]:
                 imitation = ""
             line += (f" Warm start alone{imitation}: {warm['co2_kg_per_year']:,.0f} kg/yr; deployed: "
                      f"{metrics['co2_kg_per_year']:,.0f} kg/yr.")
+        elif warm.get("not_evaluated"):
+            line += f" Warm start alone: not evaluated ({warm['not_evaluated']})."
         rows.append(line)
     if not rows:
         return []

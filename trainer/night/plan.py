@@ -67,9 +67,10 @@ def stage_specs(
     # (trainer.learn.selection.confirm_over_the_years).
     simulated_s = (HELD_OUT_YEARS * site.length * (sim_step_s(speeds) + 2 * POLICY_CALL_S) * SAFETY
                    if confirms_over_years(cfg, site) else 0.0)
+    on_simulator = chooses_on_simulator(cfg, site)
     lean_eval_s = policy_eval_s * policy_evaluations(cfg, site, lean=True) + simulated_s
-    agent_eval_s = (lean_eval_s if chooses_on_simulator(cfg, site)
-                    else policy_eval_s * policy_evaluations(cfg, site))
+    agent_eval_s = (policy_eval_s * policy_evaluations(cfg, site, on_simulator=on_simulator)
+                    + (simulated_s if on_simulator else 0.0))
     if cfg.train.keep_best:  # the last policy's evaluation on the validation window, after the slot (its candidacy)
         candidacy_s = policy_eval_s * min(cfg.schedule.curve_eval_days * 24, eval_steps) / judged_steps
         agent_eval_s += candidacy_s
@@ -90,7 +91,7 @@ def stage_specs(
                                  float(cfg.schedule.weights.get(agent, 1.0)),
                                  targets[agent], speeds.train_steps_per_s[agent] / SAFETY * training_share,
                                  setup_s=warm_starts.get(agent, 0.0),
-                                 lean_fixed_s=lean_eval_s - shared_s if lean_eval_s < agent_eval_s else None)
+                                 lean_fixed_s=lean_eval_s if lean_eval_s < agent_eval_s - shared_s else None)
     return specs
 
 
@@ -105,15 +106,17 @@ def confirms_over_years(cfg: Config, site: Site) -> bool:
     return cfg.warm_start.epochs > 0 and cfg.train.keep_best and site.kind.draws
 
 
-def policy_evaluations(cfg: Config, site: Site, lean: bool = False) -> int:
+def policy_evaluations(cfg: Config, site: Site, lean: bool = False, on_simulator: bool = False) -> int:
     """Evaluations as long as the final one (the part learnt from and the part held out) that a trained stage runs
     after training: its deployed policy; its warm start (results.json's warm_start); and, where it confirms its pick
     over held-out years in CityLearn, the pick and the warm start over each (a year each, so one such evaluation a
     year; the plan counted two a year and gave a busy 20-minute night's agents 220 s of evaluations each where they
-    took 135). ``lean``: a night short of time confirms on the training simulator (counted apart)."""
-    if cfg.warm_start.epochs <= 0:
+    took 135). ``on_simulator``: the pick is confirmed on the training simulator (counted apart). ``lean``: a night
+    short of time confirms there too and leaves the warm start's evaluation, a comparison for the report, to
+    ``trainer evaluate`` (a busy 20-minute night's agents spent 74 s each on it)."""
+    if cfg.warm_start.epochs <= 0 or lean:
         return 1
-    return 2 + (HELD_OUT_YEARS if confirms_over_years(cfg, site) and not lean else 0)
+    return 2 + (HELD_OUT_YEARS if confirms_over_years(cfg, site) and not on_simulator else 0)
 
 
 def warm_start_s(cfg: Config, site: Site, speeds: Speeds, agents: list[str],

@@ -195,7 +195,8 @@ def train_agent(ctx: RunContext, agent: str, timesteps: int, resume: bool = Fals
                    ended_by="time slot" if trainer.timed_out else "target",
                    checkpoint=str(last.path) if last else None, kept=kept)
     if folder.warm_start.is_file():
-        metrics["warm_start"] = {**(metrics.get("warm_start") or {}), **_evaluate_warm_start(ctx, handle, metrics)}
+        metrics["warm_start"] = {**(metrics.get("warm_start") or {}),
+                                 **_evaluate_warm_start(ctx, handle, metrics, lean=lean)}
     write_json_atomic(folder.metrics, metrics)
     return metrics
 
@@ -254,10 +255,12 @@ def _curve_figure(folder: AgentDir, step: int) -> float | None:
 _WARM_STARTS: dict[tuple[str, str], dict[str, Any]] = {}
 
 
-def _evaluate_warm_start(ctx: RunContext, handle: Agent, deployed: dict[str, Any] | None = None) -> dict[str, Any]:
+def _evaluate_warm_start(ctx: RunContext, handle: Agent, deployed: dict[str, Any] | None = None,
+                         lean: bool = False) -> dict[str, Any]:
     """The stage's warm start evaluated like the agent (the same periods and metrics), for the report's comparison:
     the ``deployed`` policy's evaluation where the stage deploys its warm start, an earlier stage's of the same run
-    where that one started from the same weights (or deployed them: A2C starts from PPO's)."""
+    where that one started from the same weights (or deployed them: A2C starts from PPO's). ``lean``: a night short
+    of time evaluates it only where that costs nothing (`trainer evaluate RUN` evaluates it later)."""
     agent = handle.name
     folder = ctx.run.agent(agent)
     try:
@@ -275,6 +278,11 @@ def _evaluate_warm_start(ctx: RunContext, handle: Agent, deployed: dict[str, Any
         metrics, how = deployed, "the policy deployed"
     elif key in _WARM_STARTS:
         metrics, how = _WARM_STARTS[key], "an earlier stage's of the same weights"
+    elif lean:
+        why = f"the night was short of time; `trainer evaluate {ctx.run.root}` evaluates it"
+        logs.get().info("the warm start is not evaluated: the night is short of time", agent=agent,
+                        fix=f"trainer evaluate {ctx.run.root}")
+        return {"not_evaluated": why}
     else:
         metrics, how = judged(ctx, evaluate, None, partial(_policy_on, ctx, agent, folder.warm_start, ctx.site, None,
                                                            None)), None
@@ -466,7 +474,8 @@ def reevaluate(ctx: RunContext, policies: dict[str, BaseAlgorithm]) -> dict[str,
         metrics = {**previous, **evaluate_model(ctx, agent, model, folder.model)}  # saved_policies read it there
         if folder.warm_start.is_file():
             warm = _evaluate_warm_start(ctx, resolve_agent(ctx.cfg, agent))
-            metrics["warm_start"] = {**(previous.get("warm_start") or {}), **warm}
+            before = {k: v for k, v in (previous.get("warm_start") or {}).items() if k != "not_evaluated"}
+            metrics["warm_start"] = {**before, **warm}
         write_json_atomic(folder.metrics, metrics)
         new[agent] = metrics
     return record_results(ctx.run, new, rebuild=True)
