@@ -312,7 +312,7 @@ def _fair_reserve(specs: list[StageSpec], alloc: list[float], left_s: float) -> 
     every evaluation as planned (they cannot be shortened), and of the time beside them each stage's share in
     proportion to its warm start and least learning, so that each stops its warm start early and learns a little.
     Without it the first stage kept nothing and was skipped: a 20-minute night beside other work (its references
-    twice as slow as calibrated) skipped SAC with 16 of its minutes ahead. Otherwise (everything fits, or no stage
+    twice as slow as calibrated) skipped SAC with 13 of its 20 minutes ahead. Otherwise (everything fits, or no stage
     warm-starts: the training is shared by weight) the later stages' warm starts and learning as allocated."""
     least = [s.setup_s + _floor_s(s) for s in specs]
     fixed = sum(s.fixed_s for s in specs)
