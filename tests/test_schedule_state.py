@@ -225,14 +225,14 @@ def test_a_warm_start_runs_inside_its_stage_s_slot_and_later_ones_keep_theirs(tm
 
 
 def test_warm_starts_longer_than_the_night_shrink_in_proportion_and_no_agent_is_skipped(tmp_path):
-    """Warm starts of 1,500 s each (a busy machine's pace) and the least learning each agent keeps do not fit in the
-    hour: each training stage gets the time beside the evaluations in proportion to its warm start and learning,
-    stops its warm start at its share and learns. Before, sac's slot kept nothing for itself (the later stages'
-    warm starts and learning took 3,610 s of the 3,480 left) and it was skipped."""
-    setup = 1500.0
-    specs_with_setup = {name: StageSpec(spec.name, spec.kind, spec.fixed_s, spec.weight, spec.target_steps,
-                                        spec.steps_per_s, setup_s=setup if spec.kind == "train" else 0.0)
-                        for name, spec in SPECS.items()}
+    """Warm starts of 1,500 s each (a busy machine's pace) and the least learning each agent keeps (20,000 steps:
+    200 s at 100 steps/s) do not fit in the hour: each training stage gets the time beside the evaluations in
+    proportion to its warm start and learning, stops its warm start where it would leave less than that learning,
+    and learns. Before, sac's slot kept nothing for itself (the later stages' warm starts and learning took 3,610 s
+    of the 3,480 left) and it was skipped."""
+    setup, speed = 1500.0, 100.0
+    specs = {name: StageSpec(spec.name, spec.kind, spec.fixed_s, spec.weight, spec.target_steps, speed,
+                             setup_s=setup) if spec.kind == "train" else spec for name, spec in SPECS.items()}
     warm_starts = []
 
     class WarmStarting(FakeExecutor):
@@ -246,28 +246,25 @@ def test_warm_starts_longer_than_the_night_shrink_in_proportion_and_no_agent_is_
             self.pending = None
             warm = min(setup, job.warm_start_s(limit))  # it stops at its part of the slot
             warm_starts.append(warm)
-            seconds = min(job.target / SPEEDS[job.name], limit - warm)
+            seconds = min(job.target / speed, limit - warm)
             self.clock.advance(warm + seconds + EVAL_S)
-            return [StageEvent(job, StageOutcome(metrics={"timesteps": int(seconds * SPEEDS[job.name]),
+            return [StageEvent(job, StageOutcome(metrics={"timesteps": round(seconds * speed),
                                                           "checkpoint": f"{job.name}/checkpoints/x"}))]
 
     clock = Clock(START)
     deadline = START + timedelta(hours=1)
     runner = WarmStarting(clock)
     state = ScheduleState.new(tmp_path / "schedule.json", STAGES, clock(), deadline)
-    plan(state, specs_with_setup, clock())
+    plan(state, specs, clock())
     ctx = SimpleNamespace(run=RunDir(tmp_path), site=Site(SCHEMA, tmp_path / "schema.json", None, {}))
-    drive([Night(ctx, state, specs_with_setup, report=runner.report)], runner, clock)
+    drive([Night(ctx, state, specs, report=runner.report)], runner, clock)
     assert [s.status for s in state.stages] == [DONE] * 6 and clock() <= deadline
-    # 3,480 s left after the references, 210 s of them evaluations and the report: sac's 1,500 s warm start and
-    # 2,000 s of least learning against ppo's and a2c's 1,500 + 200 s each, so 3,270 x 3,500 / 6,900 s for sac;
-    # then ppo and a2c halve what is left beside their evaluations and the report.
+    # 3,480 s left after the references, 210 s of them evaluations and the report: three agents needing 1,700 s
+    # each share 3,270 s, so 1,090 s each (a2c takes what is left: the same).
     limits = [c[3] for c in runner.calls if c[0] == "train"]
-    assert limits == pytest.approx([3270 * 3500 / 6900, 805.65, 805.65], abs=0.2)
-    # Each warm start its share of its slot (1,500 of 3,500 s; of 1,700 s), each agent learning after it.
-    assert warm_starts == pytest.approx([limits[0] * 1500 / 3500, limits[1] * 1500 / 1700, limits[2] * 1500 / 1700],
-                                        abs=0.1)
-    assert [s.timesteps_done for s in state.stages[2:5]] == [9478, 9477, 9478]  # 947.8 s at 10 steps/s; 94.78 at 100
+    assert limits == pytest.approx([1090, 1090, 1090], abs=0.2)
+    assert warm_starts == pytest.approx([890, 890, 890], abs=0.2)  # each stops 200 s before its slot's end
+    assert [s.timesteps_done for s in state.stages[2:5]] == [20_000, 20_000, 20_000]
 
 
 def test_a_machine_slower_than_calibrated_is_followed_and_the_night_still_ends_by_its_deadline(tmp_path):

@@ -79,14 +79,11 @@ class StageJob:
 
     def warm_start_s(self, limit: float | None) -> float | None:
         """Of a slot of ``limit`` seconds, the most its warm start may take (None: untimed): what leaves learning
-        LEARNING_KEPT_STEPS (at most the target) at the plan's speed and LEARNING_KEPT_SHARE of its planned time; in
-        a slot shorter than its planned warm start and that learning, their shares of it."""
+        LEARNING_KEPT_STEPS (at most the target) at the plan's speed and LEARNING_KEPT_SHARE of its planned time."""
         if limit is None or self.steps_per_s <= 0:
             return None
-        floor = learning_floor_s(self.target, self.steps_per_s)
-        if self.setup_s > 0 and limit < self.setup_s + floor:  # a slot short of both (_fair_reserve): shares
-            return limit * self.setup_s / (self.setup_s + floor)
-        learning = max(floor, LEARNING_KEPT_SHARE * max(limit - self.setup_s, 0.0))
+        learning = max(learning_floor_s(self.target, self.steps_per_s),
+                       LEARNING_KEPT_SHARE * max(limit - self.setup_s, 0.0))
         return max(limit - learning, 0.0)
 
 
