@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from datetime import datetime, timedelta
 from types import SimpleNamespace
 
@@ -95,6 +96,22 @@ def new_state(tmp_path, deadline: datetime | None, clock: Clock, runner=None) ->
     plan(state, SPECS, clock())
     state.save()
     return state
+
+
+def with_warm_starts(setup_s: float, steps_per_s: float | None = None) -> dict[str, StageSpec]:
+    """SPECS with a warm start of ``setup_s`` before each training stage (and every agent at ``steps_per_s``)."""
+    return {name: replace(spec, setup_s=setup_s, steps_per_s=steps_per_s or spec.steps_per_s)
+            if spec.kind == "train" else spec for name, spec in SPECS.items()}
+
+
+def one_night(tmp_path, specs: dict[str, StageSpec], runner, clock: Clock, deadline: datetime) -> Night:
+    """A night of STAGES planned from ``specs`` and driven on ``runner`` to its end."""
+    state = ScheduleState.new(tmp_path / "schedule.json", STAGES, clock(), deadline)
+    plan(state, specs, clock())
+    night = Night(SimpleNamespace(run=RunDir(tmp_path), site=Site(SCHEMA, tmp_path / "schema.json", None, {})),
+                  state, specs, report=runner.report)
+    drive([night], runner, clock)
+    return night
 
 
 def run(state: ScheduleState, executor: FakeExecutor, clock: Clock) -> ScheduleState:
@@ -191,9 +208,6 @@ def test_timed_schedule_ends_by_the_deadline_and_stages_end_on_time(tmp_path):
 
 def test_a_warm_start_runs_inside_its_stage_s_slot_and_later_ones_keep_theirs(tmp_path):
     setup = 120.0  # each training stage's warm start, before it trains
-    specs_with_setup = {name: StageSpec(spec.name, spec.kind, spec.fixed_s, spec.weight, spec.target_steps,
-                                        spec.steps_per_s, setup_s=setup if spec.kind == "train" else 0.0)
-                        for name, spec in SPECS.items()}
 
     class WarmStarting(FakeExecutor):
         def wait(self):
@@ -212,10 +226,7 @@ def test_a_warm_start_runs_inside_its_stage_s_slot_and_later_ones_keep_theirs(tm
     clock = Clock(START)
     deadline = START + timedelta(hours=1)
     runner = WarmStarting(clock)
-    state = ScheduleState.new(tmp_path / "schedule.json", STAGES, clock(), deadline)
-    plan(state, specs_with_setup, clock())
-    ctx = SimpleNamespace(run=RunDir(tmp_path), site=Site(SCHEMA, tmp_path / "schema.json", None, {}))
-    drive([Night(ctx, state, specs_with_setup, report=runner.report)], runner, clock)
+    state = one_night(tmp_path, with_warm_starts(setup), runner, clock, deadline).state
     assert [s.status for s in state.stages] == [DONE] * 6 and clock() <= deadline
     # 3600 s - 5 evaluations x 60 s - 30 s report - 3 warm starts x 120 s = 2910 s of training, split 2:1:1;
     # sac's slot holds its own warm start and its training, and leaves ppo's and a2c's warm starts to them.
@@ -231,8 +242,6 @@ def test_warm_starts_longer_than_the_night_shrink_in_proportion_and_no_agent_is_
     and learns. Before, sac's slot kept nothing for itself (the later stages' warm starts and learning took 3,610 s
     of the 3,480 left) and it was skipped."""
     setup, speed = 1500.0, 100.0
-    specs = {name: StageSpec(spec.name, spec.kind, spec.fixed_s, spec.weight, spec.target_steps, speed,
-                             setup_s=setup) if spec.kind == "train" else spec for name, spec in SPECS.items()}
     warm_starts = []
 
     class WarmStarting(FakeExecutor):
@@ -254,10 +263,7 @@ def test_warm_starts_longer_than_the_night_shrink_in_proportion_and_no_agent_is_
     clock = Clock(START)
     deadline = START + timedelta(hours=1)
     runner = WarmStarting(clock)
-    state = ScheduleState.new(tmp_path / "schedule.json", STAGES, clock(), deadline)
-    plan(state, specs, clock())
-    ctx = SimpleNamespace(run=RunDir(tmp_path), site=Site(SCHEMA, tmp_path / "schema.json", None, {}))
-    drive([Night(ctx, state, specs, report=runner.report)], runner, clock)
+    state = one_night(tmp_path, with_warm_starts(setup, speed), runner, clock, deadline).state
     assert [s.status for s in state.stages] == [DONE] * 6 and clock() <= deadline
     # 3,480 s left after the references, 210 s of them evaluations and the report: three agents needing 1,700 s
     # each share 3,270 s, so 1,090 s each (a2c takes what is left: the same).
@@ -333,11 +339,8 @@ def test_a_night_short_of_time_goes_lean_rather_than_skip_an_agent(tmp_path):
     clock = Clock(START)
     deadline = START + timedelta(hours=1)
     runner = Leaning(clock)
-    state = ScheduleState.new(tmp_path / "schedule.json", STAGES, clock(), deadline)
-    plan(state, specs, clock())
-    night = Night(SimpleNamespace(run=RunDir(tmp_path), site=Site(SCHEMA, tmp_path / "schema.json", None, {})),
-                  state, specs, report=runner.report)
-    drive([night], runner, clock)
+    night = one_night(tmp_path, specs, runner, clock, deadline)
+    state = night.state
     trained = [c for c in runner.calls if c[0] == "train"]
     assert night.lean and [c[4] for c in trained] == [True, True, True]
     assert [s.status for s in state.stages] == [DONE] * 6 and clock() <= deadline
