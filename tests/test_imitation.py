@@ -223,6 +223,73 @@ def test_the_later_years_replay_beside_this_process_to_the_same_demonstrations(w
             assert np.array_equal(getattr(there, name), getattr(here, name))
 
 
+def test_a_timed_warm_start_imitates_the_other_years_that_fit_its_slot_and_fine_tunes_near_those(week_site,
+                                                                                                   monkeypatch):
+    """On a busy machine four years' replays outlasted a 132 s slot and SAC trained 0 steps: in a box, the other
+    years join, in order, while their replays fit half of it (a year costs what the dataset's did); one replayed
+    already costs nothing; fine-tuning stays near the years imitated."""
+    from trainer.base.durations import TimeBox
+    from trainer.learn.warm_start import optimum_demonstrations as replays
+
+    cfg = load_config(overrides=["warm_start.reuse_demonstrations=false"])
+    years = [week_site, week_site.period(week_site.start, week_site.start + 95),
+             week_site.period(week_site.start + 24, week_site.start + 119)]
+    monkeypatch.setattr(replays, "demonstration_years", lambda config, site, draws: years)
+    monkeypatch.setattr(replays, "_CACHE", {})
+    monkeypatch.setattr(replays, "free_cores_now", lambda: 1)  # one process: the replays' order is this one's
+    own = replays.demonstrations(cfg, week_site, cfg.seed)
+    assert own.replay_s > 0 and own.periods == ()
+    # Its replay as a busy machine's, so that the boxes below are minutes: no assertion on how fast this one is.
+    replays._CACHE[replays.demonstrations_key(cfg, week_site, cfg.seed)] = replace(own, replay_s=1000.0)
+    a_year_s = 1000.0 * 96 / 168
+
+    def imitated(box=None, replayed_only=False):
+        return replays.training_demonstrations(cfg, week_site, cfg.seed, None, box, replayed_only).periods or (167,)
+
+    assert imitated(TimeBox.of(2 * 0.9 * a_year_s)) == (167,)  # its half is short of one more year's replay
+    assert imitated(replayed_only=True) == (167,)
+    assert imitated(TimeBox.of(2 * 1.5 * a_year_s)) == (167, 95)
+    assert imitated(TimeBox.of(0.0)) == (167, 95)  # replayed: free
+    assert imitated(replayed_only=True) == (167, 95)
+    assert imitated(TimeBox()) == (167, 95, 95)  # untimed: every year
+    assert imitated(replayed_only=True) == (167, 95, 95)
+
+
+def test_the_optimum_reference_s_run_over_the_part_learnt_from_is_kept_as_the_warm_start_s_demonstrations(
+        week_site, tmp_path, monkeypatch):
+    """The references' optimum replays the plan the demonstrations replay, in the same environment: its run over the
+    part learnt from is kept as them (a year of CityLearn less for the night's first warm start), to the bit; its run
+    over a part held out, or over part of a period, never is."""
+    from trainer.learn.warm_start import optimum_demonstrations as replays
+    from trainer.night import stages
+    from trainer.run.folder import RunContext, RunDir
+
+    cfg = load_config(overrides=["warm_start.epochs=20"])
+    monkeypatch.setattr(replays, "cache_folder", lambda: tmp_path / "kept")
+    monkeypatch.setattr(replays, "_CACHE", {})
+    replayed = demonstrations(cfg, week_site, cfg.seed)
+    for kept in (tmp_path / "kept").glob("*.npz"):
+        kept.unlink()
+    monkeypatch.setattr(replays, "_CACHE", {})
+
+    ctx = RunContext(cfg, RunDir(tmp_path / "run"), week_site, "cpu")
+    stages._reference_on(ctx, "optimum", week_site, None, held_out=True)
+    stages._reference_on(ctx, "rbc", week_site, None, held_out=False)
+    assert not replays._CACHE and not list((tmp_path / "kept").glob("*.npz"))
+    stages._reference_on(ctx, "optimum", week_site, None, held_out=False)
+    monkeypatch.setattr(replays, "_CACHE", {})  # a later process: the machine's cache
+    monkeypatch.setattr(replays, "make_sb3_env", None)  # no replay
+    adopted = demonstrations(cfg, week_site, cfg.seed)
+    for name in ("observations", "actions", "rewards"):
+        assert np.array_equal(getattr(adopted, name), getattr(replayed, name))
+    assert adopted.replay_s > 0  # what the year would cost to replay: the warm start sizes its other years by it
+
+    trajectory = [(o, a, r) for o, a, r in zip(replayed.observations, replayed.actions, replayed.rewards)]
+    assert not replays.adopt_replay(cfg, week_site, cfg.seed, trajectory[:-1], 1.0)  # three evaluation days of seven
+    assert not replays.adopt_replay(load_config(overrides=["warm_start.epochs=0"]), week_site, cfg.seed, trajectory,
+                                    1.0)  # no warm start: nothing to keep
+
+
 def test_a_kind_that_draws_no_other_year_draws_nothing(tmp_path):
     schema = tmp_path / "schema.json"
     schema.write_text(json.dumps({"buildings": {}}))
@@ -493,13 +560,15 @@ def test_the_ensemble_s_years_in_closed_loop_beside_this_process_are_labelled_as
     cfg = load_config(overrides=["warm_start.epochs=2"])
     env = make_sb3_env(cfg, week_site, "train", cfg.seed)
     members = [build_model(cfg, "sac", env, "cpu", seed, 1000).policy for seed in (1, 2)]
-    demos = demonstrations(cfg, week_site, cfg.seed)
+    week = demonstrations(cfg, week_site, cfg.seed)
+    demos = type(week).joined([week, week])  # the two years imitated
     labelled = {}
     for free in (2, 1):
         monkeypatch.setattr(distilling, "free_cores_now", lambda free=free: free)
         distilling._DISTILLED.clear()
         labelled[free] = distilling._ensemble_labels(cfg, week_site, members, demos, tmp_path / "draws")
-    assert labelled[2].periods == labelled[1].periods and len(labelled[2].periods) == 3  # the demonstrations, 2 years
+    # The demonstrations' two years, then each year's closed loop.
+    assert labelled[2].periods == labelled[1].periods and len(labelled[2].periods) == 4
     np.testing.assert_allclose(labelled[2].observations, labelled[1].observations, atol=1e-6)
     np.testing.assert_allclose(labelled[2].actions, labelled[1].actions, atol=1e-6)
     np.testing.assert_allclose(labelled[2].rewards, labelled[1].rewards, atol=1e-6)

@@ -405,3 +405,8 @@ def action_slices(env: CityLearnEnv) -> list[tuple[int, list[str]]]:
         out.append((offset, names))
         offset += len(names)
     return out
+
+
+def action_layout(env: CityLearnEnv) -> list[tuple[int, str]]:
+    """(building index, action name) of each action in the central agent's flat action vector."""
+    return [(b, name) for b, (_, names) in enumerate(action_slices(env)) for name in names]

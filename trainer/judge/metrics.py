@@ -74,9 +74,11 @@ def _finite(value: float) -> float | None:
 
 
 def run_episode(controller: Controller, sb3_env: gymnasium.Env, timeseries_path: Path | None = None,
-                label: str | None = None) -> dict[str, Any]:
+                label: str | None = None, trajectory: list[tuple[np.ndarray, np.ndarray, float]] | None = None
+                ) -> dict[str, Any]:
     """Run ``controller`` over the evaluation env's whole episode and compute the metrics; with a ``label``, show
-    the evaluation's progress (a stage's evaluation; the learning curve's short ones stay quiet)."""
+    the evaluation's progress (a stage's evaluation; the learning curve's short ones stay quiet). ``trajectory``
+    gets each step's observation, action and reward (the optimum's replay: the warm start's demonstrations)."""
     env = sb3_env.unwrapped
     arrays = central_arrays(sb3_env)
     if arrays is not None:
@@ -110,7 +112,10 @@ def run_episode(controller: Controller, sb3_env: gymnasium.Env, timeseries_path:
                             (charger.connected_electric_vehicle, float(sim.electric_vehicle_required_soc_departure[t]))
                         )
             action = controller.act(obs, env)
-            obs, _, terminated, truncated, _ = sb3_env.step(action)
+            seen = obs
+            obs, reward, terminated, truncated, _ = sb3_env.step(action)
+            if trajectory is not None:
+                trajectory.append((seen, action, reward))
             steps += 1
             for ev, required in leaving:
                 soc = float(ev.battery.soc[t])

@@ -30,8 +30,9 @@ from trainer.learn.recovery import StageFailed
 from trainer.learn.selection import confirm_over_the_years, kept_summary, validation_site
 from trainer.learn.trainer import StageTrainer
 from trainer.learn.trainer import summary as training_summary
+from trainer.learn.warm_start import adopt_replay
 from trainer.learn.warm_start.cloning import weights_digest
-from trainer.learn.warm_start.validation import validation_part
+from trainer.learn.warm_start.validation import learning_part, validation_part
 from trainer.night.budget import StageKind
 from trainer.night.plan import ensemble_for_size
 from trainer.night.state import StageJob, StageOutcome
@@ -132,10 +133,18 @@ def _reference_on(ctx: RunContext, name: str, site: Site, timeseries: Path | Non
         logs.get().warning("reference skipped", agent=name, reason=str(exc))
         return _skipped(exc)
     env = _eval_env(ctx, site)
+    # The optimum's run over the part learnt from is the warm start's demonstrations of it, where the warm start
+    # imitates all of that part (not a dataset it keeps validation days of): a year's replay less for the first
+    # stage. Never the part held out, which nothing learns from.
+    demonstrates = REFERENCE_ROSTER[name].demonstrates and not held_out and learning_part(site) is site
+    trajectory: list | None = [] if demonstrates else None
     try:
-        metrics = run_episode(controller, env, timeseries, label=name + (", held out" if held_out else ""))
+        metrics = run_episode(controller, env, timeseries, label=name + (", held out" if held_out else ""),
+                              trajectory=trajectory)
     finally:
         env.close()
+    if trajectory:
+        adopt_replay(ctx.cfg, site, ctx.seed, trajectory, metrics["eval_wall_s"])
     return {**metrics, **own}
 
 

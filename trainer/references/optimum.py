@@ -34,6 +34,7 @@ model) simulation, are outside the model: :class:`OptimumUnavailable` says which
 
 from __future__ import annotations
 
+import bisect
 import math
 import time
 from dataclasses import dataclass
@@ -41,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from trainer.env.citylearn import ActionScale, action_slices
+from trainer.env.citylearn import ActionScale, action_layout
 from trainer.references.optimum_model import (
     EV_ACTION_PREFIX,
     BatteryModel,
@@ -283,39 +284,55 @@ class OptimumReplay:
 
     def __init__(self, solution: Solution, sessions: tuple[EvSession, ...] | list[EvSession] = ()) -> None:
         self.solution = solution
-        self.deadlines: dict[str, list[tuple[int, int, float, ChargingPath]]] = {}
-        for session in sessions:
+        # Per charger, its sessions' first steps in order, and each session's deadlines (its interim needs, then its
+        # departure: step, kWh stored by then, path): a step finds its session by bisection, not by a walk through the
+        # year's sessions (a walk was half of the replay's own time).
+        self.firsts: dict[str, list[int]] = {}
+        self.deadlines: dict[tuple[str, int], list[tuple[int, float, ChargingPath]]] = {}
+        for session in sorted(sessions, key=lambda s: s.steps[0]):
             if session.path is None:
                 continue
             first = session.steps[0]
             for k, need in (*session.interim_needs, (len(session.steps) - 1, session.need_kwh)):
                 if need > 0:
-                    self.deadlines.setdefault(session.charger, []).append(
-                        (first, first + k, session.arrival_kwh + need, session.path))
+                    if (session.charger, first) not in self.deadlines:
+                        self.firsts.setdefault(session.charger, []).append(first)
+                    self.deadlines.setdefault((session.charger, first), []).append(
+                        (first + k, session.arrival_kwh + need, session.path))
+        self._on: Any = None  # the environment :meth:`act` last read its layout from
+        self._layout: list[tuple[int, str, Any]] = []  # each action's building, name and charger (None: not one)
+        self._scale: ActionScale | None = None
 
     def _served(self, charger: Any, t: int, action: float) -> float:
         """``action`` raised to the least that serves the car connected to ``charger`` by its next deadline."""
         ev = charger.connected_electric_vehicle
-        for first, deadline, goal, path in self.deadlines.get(charger.charger_id, ()):
-            if ev is not None and first <= t <= deadline:
+        firsts = self.firsts.get(charger.charger_id, [])
+        session = bisect.bisect_right(firsts, t) - 1  # the one session a step can be in: the last begun by then
+        if ev is None or session < 0:
+            return action
+        for deadline, goal, path in self.deadlines[(charger.charger_id, firsts[session])]:
+            if t <= deadline:
                 energy = max(float(ev.battery.energy_init), path.min_soc * path.capacity_kwh)
                 return minimum_action(path, energy, goal, deadline - t, action)
         return action
 
     def act(self, obs: np.ndarray, env: Any) -> np.ndarray:
+        if self._on is not env:  # read once per environment: its actions' names and scale do not change
+            chargers = {f"{EV_ACTION_PREFIX}{c.charger_id}": c for b in env.buildings
+                        for c in b.electric_vehicle_chargers or []}
+            self._on, self._scale = env, ActionScale.of(env)
+            self._layout = [(b, name, chargers.get(name)) for b, name in action_layout(env)]
         t = env.time_step
         native: list[float] = []
-        for b, ((_, names), building) in enumerate(zip(action_slices(env), env.buildings)):
-            chargers = {f"{EV_ACTION_PREFIX}{c.charger_id}": c for c in building.electric_vehicle_chargers or []}
-            for name in names:
-                if name == "electrical_storage" and b in self.solution.battery_actions:
-                    series = self.solution.battery_actions[b]
-                elif name.startswith(EV_ACTION_PREFIX):
-                    series = self.solution.ev_actions.get(name[len(EV_ACTION_PREFIX):])
-                else:
-                    series = None
-                action = float(np.clip(series[t], -1.0, 1.0)) if series is not None and t < len(series) else 0.0
-                if name in chargers:
-                    action = self._served(chargers[name], t, action)
-                native.append(action)
-        return ActionScale.of(env).to_agent(native)
+        for b, name, charger in self._layout:
+            if name == "electrical_storage" and b in self.solution.battery_actions:
+                series = self.solution.battery_actions[b]
+            elif name.startswith(EV_ACTION_PREFIX):
+                series = self.solution.ev_actions.get(name[len(EV_ACTION_PREFIX):])
+            else:
+                series = None
+            action = float(np.clip(series[t], -1.0, 1.0)) if series is not None and t < len(series) else 0.0
+            if charger is not None:
+                action = self._served(charger, t, action)
+            native.append(action)
+        return self._scale.to_agent(native)

@@ -46,6 +46,8 @@ class ReferenceSpec:
     eval_cost: float = 1.0   # its evaluation's time as a multiple of the uncontrolled site's (the night's plan)
     solve_s: float = 0.0     # seconds it needs before its evaluation (the night's plan)
     on_curve: bool = False   # drawn beside each learning curve (evaluated on the validation window too)
+    # Its run over the part learnt from is the warm start's demonstrations of it (the optimum's replay): kept for them.
+    demonstrates: bool = False
 
 
 def _stateless(controller: type) -> Prepare:
@@ -96,7 +98,7 @@ REFERENCE_ROSTER: dict[str, ReferenceSpec] = {spec.name: spec for spec in (
     ReferenceSpec(BASELINE, "#7f7f7f", _stateless(UncontrolledBaseline), on_curve=True),
     ReferenceSpec("rbc", "#bcbd22", _stateless(RuleBasedController), eval_cost=1.1, on_curve=True),
     # A year of the built-in site solves in ~1-2 s on 2 cores; padded for larger sites.
-    ReferenceSpec("optimum", "#9467bd", _optimum, eval_cost=1.1, solve_s=10.0),
+    ReferenceSpec("optimum", "#9467bd", _optimum, eval_cost=1.1, solve_s=10.0, demonstrates=True),
     # A small program every step: a year took 50-55 s on 2 cores where the uncontrolled site takes 20-27; its
     # forecast reads three other years of the site first (~2 s; padded for larger sites).
     ReferenceSpec("planner", "#17becf", _planner, eval_cost=2.0, solve_s=15.0),

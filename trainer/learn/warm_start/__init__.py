@@ -61,7 +61,12 @@ from trainer.learn.warm_start.fine_tune import (
     start_temperature,
     time_with_the_term,
 )
-from trainer.learn.warm_start.optimum_demonstrations import Demonstrations, demonstrations, training_demonstrations
+from trainer.learn.warm_start.optimum_demonstrations import (
+    Demonstrations,
+    adopt_replay,
+    demonstrations,
+    training_demonstrations,
+)
 from trainer.learn.warm_start.pick import pick_the_best
 from trainer.learn.warm_start.saved import SavedImitations
 from trainer.learn.warm_start.validation import imitation_parts, policy_check
@@ -69,9 +74,9 @@ from trainer.references.optimum_model import OptimumUnavailable
 from trainer.site import Site
 
 # The package's doors: the warm start, and what the night's other parts (the plan's calibration, the stage) call.
-__all__ = ["BehaviourCloningTerm", "Demonstrations", "SavedImitations", "demonstrations", "imitation_key",
-           "keep_near_demonstrations", "policy_digest", "time_with_the_term", "training_demonstrations",
-           "warm_start"]
+__all__ = ["BehaviourCloningTerm", "Demonstrations", "SavedImitations", "adopt_replay", "demonstrations",
+           "imitation_key", "keep_near_demonstrations", "policy_digest", "time_with_the_term",
+           "training_demonstrations", "warm_start"]
 
 
 def warm_start(cfg: Config, site: Site, agent: str, model: Any, draws: Path | None = None,
@@ -95,7 +100,7 @@ def warm_start(cfg: Config, site: Site, agent: str, model: Any, draws: Path | No
     parts = imitation_parts(site, draws)
     asked = time.perf_counter()
     try:
-        demos = training_demonstrations(cfg, parts.fit, cfg.seed, parts.draws)
+        demos = training_demonstrations(cfg, parts.fit, cfg.seed, parts.draws, box)
     except OptimumUnavailable as exc:
         log.warning("warm start skipped: the optimum is not available for this dataset", reason=str(exc))
         return None

@@ -202,7 +202,7 @@ def _ensemble_labels(cfg: Config, site: Site, members: list[Any], demos: Demonst
         return _DISTILLED[key]
 
     parts = [Demonstrations(demos.observations, _mean_action(members, demos.observations), demos.rewards, 0.0)]
-    years = demonstration_years(cfg, site, draws)
+    years = demonstration_years(cfg, site, draws)[:len(demos.periods) or 1]  # those imitated (a timed slot: fewer)
     # Each year's closed loop is a core's Python: where a core is free, half of them run in a process beside this one.
     half = (len(years) + 1) // 2
     if len(years) > 1 and site.length * (len(years) - half) >= MIN_STEPS and free_cores_now() >= 2:

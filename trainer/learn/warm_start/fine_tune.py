@@ -130,7 +130,7 @@ def keep_near_demonstrations(cfg: Config, site: Site, agent: str, model: Any, dr
         return False
     try:
         parts = imitation_parts(site, draws)  # the warm start's own demonstrations (computed once a process)
-        demos = training_demonstrations(cfg, parts.fit, cfg.seed, parts.draws)
+        demos = training_demonstrations(cfg, parts.fit, cfg.seed, parts.draws, replayed_only=True)
     except OptimumUnavailable:
         return False  # the warm start said so
     log = logs.get().bind(agent=agent, strength=strength, steps=len(demos.actions))

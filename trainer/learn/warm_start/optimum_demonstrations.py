@@ -18,12 +18,14 @@ import os
 import time
 import zipfile
 from dataclasses import dataclass
+from itertools import takewhile
 from pathlib import Path
 
 import numpy as np
 
 from trainer.base import logs
 from trainer.base.beside import MIN_STEPS, beside
+from trainer.base.durations import TimeBox
 from trainer.base.files import cache_root, write_bytes_atomic
 from trainer.config.sections import Config
 from trainer.env.citylearn import make_sb3_env
@@ -43,6 +45,7 @@ class Demonstrations:
     rewards: np.ndarray  # (steps,) the product's reward for each step
     seconds: float
     periods: tuple[int, ...] = ()  # steps of each period, in order (the dataset's, then each draw's); () = one
+    replay_s: float = 0.0  # what replaying them cost: measured here, or when a kept copy was replayed
 
     @property
     def period_steps(self) -> int:
@@ -65,13 +68,15 @@ class Demonstrations:
     def joined(cls, parts: list[Demonstrations]) -> Demonstrations:
         return cls(np.concatenate([p.observations for p in parts]), np.concatenate([p.actions for p in parts]),
                    np.concatenate([p.rewards for p in parts]), sum(p.seconds for p in parts),
-                   tuple(len(p.actions) for p in parts))
+                   tuple(len(p.actions) for p in parts), sum(p.replay_s for p in parts))
 
 
 _CACHE: dict[str, Demonstrations] = {}
 _UNAVAILABLE: dict[str, str] = {}  # why not, for a dataset the optimum does not model
 
 FORMAT = 1  # bump when what is kept changes
+# The most of a timed warm start's slot its other years' replays may take: the imitation needs the rest.
+DEMONSTRATIONS_SHARE = 0.5
 KEEP = 24  # replays kept in the machine's cache (a year is ~2 MB); the least recently used go first
 # The settings a replay reads: the site's (a built-in site's data is its scenario, and its content is keyed too), the
 # reward recorded with each step, the guard that shapes each action and what the policy observes.
@@ -111,16 +116,51 @@ def demonstrations(cfg: Config, site: Site, seed: int) -> Demonstrations:
         _CACHE[key] = kept
         return kept
     started = time.perf_counter()
+    try:
+        observations, actions, rewards = _replay(cfg, site, seed)
+    except OptimumUnavailable as exc:
+        _UNAVAILABLE[key] = str(exc)
+        raise
+    seconds = time.perf_counter() - started
+    result = Demonstrations(np.asarray(observations, dtype=np.float32),
+                            np.clip(np.asarray(actions, dtype=np.float32), -1.0, 1.0),
+                            np.asarray(rewards, dtype=np.float32), seconds, replay_s=seconds)
+    _CACHE[key] = result
+    if cfg.warm_start.reuse_demonstrations:
+        _remember(key, result)
+    return result
+
+
+def adopt_replay(cfg: Config, site: Site, seed: int, trajectory: list[tuple[np.ndarray, np.ndarray, float]],
+                 seconds: float) -> bool:
+    """Keep the optimum's run over ``site`` that a reference evaluation made (trainer.judge.metrics.run_episode's
+    ``trajectory``: the same environment and plan as :func:`demonstrations` replays, so the same arrays) as its
+    demonstrations, for this process and later ones: the night's first warm start then replays no year of the data
+    it learns from. Only a whole period's run, and only where there is a warm start; True where it was kept."""
+    if cfg.warm_start.epochs <= 0 or len(trajectory) != site.length - 1:
+        return False
+    key = demonstrations_key(cfg, site, seed)
+    observations, actions, rewards = zip(*trajectory)
+    result = Demonstrations(np.asarray(observations, dtype=np.float32),
+                            np.clip(np.asarray(actions, dtype=np.float32), -1.0, 1.0),
+                            np.asarray(rewards, dtype=np.float32), 0.0, replay_s=seconds)
+    _CACHE[key] = result
+    if cfg.warm_start.reuse_demonstrations:
+        _remember(key, result)
+    return True
+
+
+Steps = tuple[list[np.ndarray], list[np.ndarray], list[float]]  # each step's observation, action and reward
+
+
+def _replay(cfg: Config, site: Site, seed: int) -> Steps:
+    """The optimum's plan (the one that holds in CityLearn's curves, as the reference replays) stepped through
+    CityLearn: a year of the built-in site is ~26 s of a core, twice that beside another process."""
     env = make_sb3_env(cfg, site, "eval", seed)
     try:
         env.reset()
-        try:
-            model = site_model(env.unwrapped, cfg.ev.margin_soc)
-            plan = solve_in_physics(model).plan  # the plan that holds in CityLearn's curves, as the reference replays
-        except OptimumUnavailable as exc:
-            _UNAVAILABLE[key] = str(exc)
-            raise
-        replay = OptimumReplay(plan, model.sessions)
+        model = site_model(env.unwrapped, cfg.ev.margin_soc)
+        replay = OptimumReplay(solve_in_physics(model).plan, model.sessions)
         obs, _ = env.reset()
         observations, actions, rewards, done = [], [], [], False
         while not done:
@@ -132,13 +172,7 @@ def demonstrations(cfg: Config, site: Site, seed: int) -> Demonstrations:
             done = terminated or truncated
     finally:
         env.close()
-    result = Demonstrations(np.asarray(observations, dtype=np.float32),
-                            np.clip(np.asarray(actions, dtype=np.float32), -1.0, 1.0),
-                            np.asarray(rewards, dtype=np.float32), time.perf_counter() - started)
-    _CACHE[key] = result
-    if cfg.warm_start.reuse_demonstrations:
-        _remember(key, result)
-    return result
+    return observations, actions, rewards
 
 
 def _recall(key: str) -> Demonstrations | None:
@@ -150,7 +184,7 @@ def _recall(key: str) -> Demonstrations | None:
             replayed_s = float(kept["seconds"])
             # Its seconds are this process's (reading it): what the stage spent on its demonstrations.
             result = Demonstrations(kept["observations"], kept["actions"], kept["rewards"],
-                                    time.perf_counter() - started)
+                                    time.perf_counter() - started, replay_s=replayed_s)
         if not (len(result.observations) == len(result.actions) == len(result.rewards) > 0):
             raise ValueError("its arrays differ in length")
     except FileNotFoundError:
@@ -170,7 +204,7 @@ def _remember(key: str, result: Demonstrations) -> None:
     """Keep a replay for later processes; a full or read-only cache costs only the reuse, never the stage."""
     buffer = io.BytesIO()
     np.savez(buffer, observations=result.observations, actions=result.actions, rewards=result.rewards,
-             seconds=np.float64(result.seconds))
+             seconds=np.float64(result.replay_s))
     try:
         write_bytes_atomic(cache_folder() / f"{key}.npz", buffer.getvalue())
         kept = sorted(cache_folder().glob("*.npz"), key=lambda p: p.stat().st_mtime)
@@ -180,16 +214,47 @@ def _remember(key: str, result: Demonstrations) -> None:
         logs.get().warning("demonstrations not kept for later runs", folder=str(cache_folder()), reason=str(exc))
 
 
-def training_demonstrations(cfg: Config, site: Site, seed: int, draws: Path | None) -> Demonstrations:
+def training_demonstrations(cfg: Config, site: Site, seed: int, draws: Path | None, box: TimeBox | None = None,
+                            replayed_only: bool = False) -> Demonstrations:
     """The dataset's demonstrations and those of ``warm_start.extra_draws`` other years of it (the built-in site's
     climate drawn again, a dataset's own days resampled; built once under ``draws``; None: the dataset's alone).
 
     One year's demonstrations are a single trajectory: a policy fitted to them drifts off it in closed loop, and how
     far depends on its initialisation (measured: SAC's imitation of one year reached 85.8-91.9 % of the optimum's cut
     over three seeds; with three more years 91.2-93.7 %; docs/agent-quality.md).
+
+    A warm start in a ``box`` (a timed night's slot) takes the other years, in order, only while their replays fit
+    DEMONSTRATIONS_SHARE of it, so that its imitation and its stage's learning keep the rest: on a busy machine four
+    years' replays outlasted a whole 132 s slot and the agent trained 0 steps. ``replayed_only``: the dataset's year and
+    the years after it already replayed (what the stage's warm start imitated: its fine-tuning stays near those).
     """
-    parts = _replays(cfg, demonstration_years(cfg, site, draws), seed)
+    years = demonstration_years(cfg, site, draws)
+    if replayed_only:
+        years = years[:1] + list(takewhile(lambda year: _replayed(cfg, year, seed), years[1:]))
+    elif box is not None and box.until is not None and len(years) > 1:
+        years = _years_in_time(cfg, years, seed, box)
+    parts = _replays(cfg, years, seed)
     return parts[0] if len(parts) == 1 else Demonstrations.joined(parts)
+
+
+def _years_in_time(cfg: Config, years: list[Site], seed: int, box: TimeBox) -> list[Site]:
+    """The dataset's year (always) and the next years, in order, while those still to replay fit their share of
+    ``box``: each costs what the dataset's replay cost (measured now, or when it was kept); one already replayed
+    costs nothing."""
+    budget = (box.left_s() or 0.0) * DEMONSTRATIONS_SHARE
+    started = time.perf_counter()
+    own = demonstrations(cfg, years[0], seed)
+    a_year_s = own.replay_s * years[1].length / max(years[0].length, 1)
+    chosen, ahead_s = years[:1], time.perf_counter() - started
+    for year in years[1:]:
+        if not _replayed(cfg, year, seed):
+            if ahead_s + a_year_s > budget:
+                logs.get().info("warm start: fewer years imitated, to fit its time", years=len(chosen),
+                                of=len(years), a_year_s=round(a_year_s, 1), share_s=round(budget, 1))
+                break
+            ahead_s += a_year_s
+        chosen.append(year)
+    return chosen
 
 
 def _replays(cfg: Config, years: list[Site], seed: int) -> list[Demonstrations]:
