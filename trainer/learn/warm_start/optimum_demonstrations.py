@@ -1,12 +1,14 @@
 """The optimum's dispatch replayed as demonstrations: over the dataset's period and, where the site draws
 other years, over those too.
 
-A year's replay is a year of CityLearn (a minute on 2 cores, three on a busy one), and it depends only on the data,
-the period, the seed and the settings that shape the site and its observations: never on the agents. So it is
+A year's replay is a year of CityLearn (half a minute on 2 cores, a minute on a busy one), and it depends only on the
+data, the period, the seed and the settings that shape the site and its observations: never on the agents. So it is
 computed once a process for a key of exactly those, and kept in the machine's cache
 (``trainer.base.files.cache_root() / "demonstrations"``) for later runs: a second night on the same site, each trial
 of ``trainer tune`` and each Ray worker read it instead of replaying again. ``warm_start.reuse_demonstrations:
-false`` turns the kept copy off.
+false`` turns the kept copy off. The optimum reference's run over the part a night learns from is that replay
+already (:func:`adopt_replay`). They stay in CityLearn: the training simulator steps one copy of a site no faster
+(docs/benchmarks.md, "The warm start's demonstrations").
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import json
 import os
 import time
 import zipfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import takewhile
 from pathlib import Path
@@ -122,13 +125,7 @@ def demonstrations(cfg: Config, site: Site, seed: int) -> Demonstrations:
         _UNAVAILABLE[key] = str(exc)
         raise
     seconds = time.perf_counter() - started
-    result = Demonstrations(np.asarray(observations, dtype=np.float32),
-                            np.clip(np.asarray(actions, dtype=np.float32), -1.0, 1.0),
-                            np.asarray(rewards, dtype=np.float32), seconds, replay_s=seconds)
-    _CACHE[key] = result
-    if cfg.warm_start.reuse_demonstrations:
-        _remember(key, result)
-    return result
+    return _keep(cfg, key, observations, actions, rewards, seconds, seconds)
 
 
 def adopt_replay(cfg: Config, site: Site, seed: int, trajectory: list[tuple[np.ndarray, np.ndarray, float]],
@@ -139,15 +136,22 @@ def adopt_replay(cfg: Config, site: Site, seed: int, trajectory: list[tuple[np.n
     it learns from. Only a whole period's run, and only where there is a warm start; True where it was kept."""
     if cfg.warm_start.epochs <= 0 or len(trajectory) != site.length - 1:
         return False
-    key = demonstrations_key(cfg, site, seed)
     observations, actions, rewards = zip(*trajectory)
+    _keep(cfg, demonstrations_key(cfg, site, seed), observations, actions, rewards, 0.0, seconds)
+    return True
+
+
+def _keep(cfg: Config, key: str, observations: Sequence[np.ndarray], actions: Sequence[np.ndarray],
+          rewards: Sequence[float], seconds: float, replay_s: float) -> Demonstrations:
+    """A replay's steps as demonstrations, kept in this process and (``warm_start.reuse_demonstrations``) the
+    machine's cache under ``key``."""
     result = Demonstrations(np.asarray(observations, dtype=np.float32),
                             np.clip(np.asarray(actions, dtype=np.float32), -1.0, 1.0),
-                            np.asarray(rewards, dtype=np.float32), 0.0, replay_s=seconds)
+                            np.asarray(rewards, dtype=np.float32), seconds, replay_s=replay_s)
     _CACHE[key] = result
     if cfg.warm_start.reuse_demonstrations:
         _remember(key, result)
-    return True
+    return result
 
 
 Steps = tuple[list[np.ndarray], list[np.ndarray], list[float]]  # each step's observation, action and reward
@@ -155,7 +159,7 @@ Steps = tuple[list[np.ndarray], list[np.ndarray], list[float]]  # each step's ob
 
 def _replay(cfg: Config, site: Site, seed: int) -> Steps:
     """The optimum's plan (the one that holds in CityLearn's curves, as the reference replays) stepped through
-    CityLearn: a year of the built-in site is ~26 s of a core, twice that beside another process."""
+    CityLearn: a year of the built-in site is ~29 s of a core, about twice that beside another process."""
     env = make_sb3_env(cfg, site, "eval", seed)
     try:
         env.reset()
