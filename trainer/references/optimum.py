@@ -286,7 +286,7 @@ class OptimumReplay:
         self.solution = solution
         # Per charger, its sessions' first steps in order, and each session's deadlines (its interim needs, then its
         # departure: step, kWh stored by then, path): a step finds its session by bisection, not by a walk through the
-        # year's sessions (a walk was half of the replay's own time).
+        # year's sessions (in a profile of a year's replay the walk was a quarter of the controller's own time).
         self.firsts: dict[str, list[int]] = {}
         self.deadlines: dict[tuple[str, int], list[tuple[int, float, ChargingPath]]] = {}
         for session in sorted(sessions, key=lambda s: s.steps[0]):
