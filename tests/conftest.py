@@ -85,6 +85,7 @@ TINY = (
     "warm_start.epochs=0",  # its demonstrations replay a whole year: tests/test_imitation.py covers it
     "warm_start.extra_draws=0",  # each draw builds and replays another year: tests/test_imitation.py covers one
     "warm_start.ensemble=1",  # its mean runs over whole years: tests/test_imitation.py covers it on a week
+    "train.patience=0",  # each stage to its target: tests/test_selection.py covers a flat curve's early end
 )
 
 

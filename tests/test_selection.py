@@ -90,6 +90,34 @@ def test_a_stage_that_unlearns_deploys_its_warm_start(tmp_path):
     assert (run / "plots" / "learning_curves.png").stat().st_size > 0
 
 
+def test_a_flat_curve_ends_the_stage_early_and_a_resume_does_not_train_on(tmp_path):
+    # The wrecked policy never beats its warm start (step 0): with a patience of 30 % of 2,048 steps (614), the
+    # curve's point at step 1,024 is the first that far from the best, and the stage ends there.
+    # Every curve point evaluated (curve_max_share 1: none skipped for the time it takes).
+    run = _train(tmp_path, "ppo.learning_rate=0.5", "train.patience=0.3", "schedule.curve_max_share=1")
+    ppo = json.loads((run / "results.json").read_text())["ppo"]
+    steps = [int(line.split(",")[0]) for line in (run / "ppo" / "eval_curve.csv").read_text().splitlines()[1:]]
+    assert steps == [0, 512, 1024]  # no evaluation after the one that found it flat
+    assert ppo["ended_by"] == "flat curve" and 1024 < ppo["timesteps"] < 1024 + 128  # the step that returned False
+    assert ppo["kept"]["step"] == 0 and ppo["kept"]["final_step"] == ppo["timesteps"]
+    assert ppo["kept"]["ended_early"] == {"target": 2048, "patience_steps": 614}
+    assert ppo["warm_start"]["co2_kg"] == ppo["co2_kg"]  # the warm start deployed, as a stage run to its end would
+    events = [json.loads(line) for line in (run / "logs" / "trainer.jsonl").read_text().splitlines()]
+    ended = next(e for e in events if e["event"].startswith("no better policy on the validation window"))
+    assert (ended["step"], ended["best_step"], ended["target"]) == (1024, 0, 2048)
+    assert "train.patience=0" in ended["fix"]
+    assert CliRunner().invoke(cli, ["report", str(run)]).exit_code == 0
+    report = (run / "report.md").read_text()
+    assert (f"Its stage ended at step {ppo['timesteps']:,} of 2,048: no better policy on the window for 614 steps "
+            "(train.patience).") in report
+    # Resumed from its last checkpoint, the stage finds its curve as flat as it left it: it learns nothing more.
+    result = CliRunner().invoke(cli, ["train", "ppo", "--resume", str(run), "--device", "cpu"])
+    assert result.exit_code == 0, result.output
+    again = json.loads((run / "results.json").read_text())["ppo"]
+    assert again["timesteps"] == ppo["timesteps"] and again["ended_by"] == "flat curve"
+    assert [int(line.split(",")[0]) for line in (run / "ppo" / "eval_curve.csv").read_text().splitlines()[1:]] == steps
+
+
 def test_without_keep_best_the_last_policy_is_deployed(tmp_path):
     run = _train(tmp_path, "ppo.learning_rate=0.5", "train.keep_best=false")
     ppo = json.loads((run / "results.json").read_text())["ppo"]
@@ -232,7 +260,7 @@ def test_an_unreadable_warm_start_leaves_the_window_s_pick_deployed(monkeypatch,
     monkeypatch.setattr(stages, "load_model", load)
     monkeypatch.setattr(stages, "confirm_over_the_years", confirm)
     sac = resolve_agent(tiny_cfg, "sac")
-    model, kept = stages._best_policy(ctx, sac, SimpleNamespace(best=best), SimpleNamespace(num_timesteps=9000))
+    model, kept = stages._best_policy(ctx, sac, SimpleNamespace(best=best, ended_flat=False), SimpleNamespace(num_timesteps=9000))
     assert model == "the window's pick" and kept["step"] == 4000 and "years" not in kept
 
 

@@ -225,6 +225,9 @@ class TrainConfig(Section):
         "always CityLearn. Every figure in results.json and the report is CityLearn's either way.")
     keep_best: bool = doc("Deploy the best policy the stage has seen on the validation window (its warm start or a "
                           "learning-curve point; trainer.learn.selection), not merely the last one.")
+    patience: float = doc("End a stage once this share of its timesteps has passed without a better policy on the "
+                          "validation window (with keep_best, which deploys the best seen: the steps after it only "
+                          "cost time); 0 = train to the target.", ge=0, le=1)
     sites: int = doc("Sites the training simulator steps at once for PPO and A2C when their n_envs is 0 (the "
                      "largest divisor of n_steps up to this; docs/simulator.md).", ge=1, le=4096)
 

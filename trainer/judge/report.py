@@ -264,6 +264,10 @@ def _deployed(results: dict[str, dict[str, Any]]) -> list[str]:
         if kept.get("last_validation_co2_kg_per_year") is not None and kept["step"] != kept["final_step"]:
             line += f", the last policy {kept['last_validation_co2_kg_per_year'] / 1000:,.2f}"
         line += ")."
+        early = kept.get("ended_early")
+        if early:
+            line += (f" Its stage ended at step {kept['final_step']:,} of {early['target']:,}: no better policy on the "
+                     f"window for {early['patience_steps']:,} steps (train.patience).")
         if isinstance(warm.get("co2_kg_per_year"), (int, float)):
             ensemble = warm.get("ensemble") or {}
             members, picked = ensemble.get("members"), (ensemble.get("pick") or {}).get("member")

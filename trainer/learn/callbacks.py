@@ -96,12 +96,16 @@ class EvalCurve(BaseCallback):
     which trains thousands of steps while CityLearn evaluates a week, it keeps the curve from
     becoming the stage. The first and last evaluations are never skipped.
 
+    With ``patience_steps``, an evaluation after which the best policy is that many steps old ends the
+    stage (``flat_at``): the next step returns False, before anything more is learnt, so the policy the stage
+    ends with is the one just evaluated.
+
     Runs at rollout starts, after the Guard has taken its snapshot, and draws no random
     numbers (deterministic actions, its own environment), so it leaves resumes exact.
     """
 
     def __init__(self, ctx: RunContext, agent: str, path: Path, clock: Callable[[], float] = time.perf_counter,
-                 best: BestPolicy | None = None):
+                 best: BestPolicy | None = None, patience_steps: int | None = None):
         super().__init__()
         self.ctx = ctx
         self.agent = agent
@@ -116,6 +120,8 @@ class EvalCurve(BaseCallback):
         self._next = None
         self._not_before = 0.0
         self._last_evaluated: int | None = None
+        self.patience_steps = patience_steps
+        self.flat_at: int | None = None  # the step whose evaluation found the curve flat for patience_steps
 
     def _on_training_start(self) -> None:
         self._next = (self.num_timesteps // self.every + 1) * self.every
@@ -134,12 +140,14 @@ class EvalCurve(BaseCallback):
         self._last_evaluated = self.num_timesteps
         took = self.clock() - started
         self._not_before = self.clock() + took * (1 - self.share) / self.share
+        if self.best is not None and self.best.flat(self.num_timesteps, self.patience_steps):
+            self.flat_at = self.num_timesteps
 
     def finish(self, model: Any) -> None:
         """After learn(): the last policy is a candidate too (unless it was just evaluated). A stage that its time
         slot ended has rewound ``model.num_timesteps`` to its last checkpoint, whose policy the model holds."""
-        if self.best is None or self._last_evaluated == model.num_timesteps:
-            return
+        if self.best is None or self._last_evaluated == model.num_timesteps or self.flat_at is not None:
+            return  # (a flat curve's stage ended before learning from the policy it had just evaluated)
         self.model, self.num_timesteps = model, model.num_timesteps
         self.evaluate()
         self._last_evaluated = model.num_timesteps
@@ -181,9 +189,10 @@ class EvalCurve(BaseCallback):
                                                   None if ev is None else float(ev)))
 
     def _on_step(self) -> bool:
-        return True
+        return self.flat_at is None
 
     def close(self) -> None:
         if self._env is not None:
             self._env.close()
             self._env = None
+

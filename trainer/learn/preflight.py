@@ -48,8 +48,9 @@ def training_view(config: dict[str, Any], agent: str) -> dict[str, Any]:
     view.setdefault("train", {"simulator": "citylearn"})  # checkpoints from before the choice trained on CityLearn
     # Checkpoints from before held-out periods learnt from all of their data (such a run resumes with share 0).
     view.setdefault("holdout", {"share": 0.0, "eval_schema": None, "eval_dataset": None})
-    if isinstance(view["train"], dict):  # which policy is deployed is chosen after training
-        view["train"] = {k: v for k, v in view["train"].items() if k != "keep_best"}
+    # Which policy is deployed is chosen after training; when a stage stops (a flat curve) is like its length.
+    if isinstance(view["train"], dict):
+        view["train"] = {k: v for k, v in view["train"].items() if k not in ("keep_best", "patience")}
     if isinstance(view.get("warm_start"), dict):
         # The ensemble, its student's epochs (its critic's too, its decay) and its pick shape a fresh start only (a
         # resumed night may refit the ensemble; a checkpoint from before them has no key for them).

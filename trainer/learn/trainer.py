@@ -84,6 +84,9 @@ class StageTrainer:
         self.warm_start: dict[str, Any] | None = None
         self.warm_start_s = 0.0  # the stage's own time in its warm start (demonstrations it computed, imitation)
         self.best = BestPolicy(self.folder, self.cfg.ev.target_met_pct) if self.cfg.train.keep_best else None
+        # With keep_best the stage ends once its curve is flat this long (train.patience): the best seen deploys.
+        self.patience_steps = int(self.cfg.train.patience * target) if self.best is not None else None
+        self.ended_flat = False  # ended by a flat curve, before its target
         self.curve = self._sb3_logger = None
 
     @property
@@ -147,6 +150,10 @@ class StageTrainer:
         remaining = self.target - model.num_timesteps
         if remaining <= 0:
             return
+        if model.num_timesteps > 0 and self.best is not None and self.best.flat(model.num_timesteps,
+                                                                                self.patience_steps):
+            self.ended_flat = True  # resumed after its curve had gone flat: as the stage run straight ended
+            return
         # Lazy: these subclass SB3's callbacks, and SB3 (with torch) takes seconds to import.
         from trainer.learn.callbacks import EvalCurve, ProgressCallback, ThreadsFollowCores
         from trainer.learn.guard import CheckpointGuard
@@ -155,7 +162,8 @@ class StageTrainer:
                                 self.rel.checkpoint_min_interval_s)
         if self.curve is not None:
             self.curve.close()
-        curve = self.curve = EvalCurve(self.ctx, self.agent, self.folder.curve, best=self.best)
+        curve = self.curve = EvalCurve(self.ctx, self.agent, self.folder.curve, best=self.best,
+                                       patience_steps=self.patience_steps)
         callbacks = [ProgressCallback(self.agent, self.target), guard, curve, *self.extra_callbacks]
         if self.device == "cpu" and follows_free_cores(self.cfg, self.agent, self.simulator.in_process):
             callbacks.append(ThreadsFollowCores(self.agent))
@@ -168,6 +176,11 @@ class StageTrainer:
             self.stopped_by = guard.stopped_by
         if self.timed_out:
             self.log.info("time slot used up", step=self.checkpoints.last_checkpoint_step, target=self.target)
+        elif curve.flat_at is not None and self.best is not None and self.best.best is not None:
+            self.ended_flat = True
+            self.log.info("no better policy on the validation window for a while: the stage ends early",
+                          step=curve.flat_at, target=self.target, best_step=self.best.best.step,
+                          fix="--set train.patience=0 trains every stage to its target")
 
     def _ready(self, model: BaseAlgorithm) -> BaseAlgorithm:
         """One SB3 logger per stage (another would truncate progress.csv), the current sizes, the stepping worker."""

@@ -201,7 +201,7 @@ def train_agent(ctx: RunContext, agent: str, timesteps: int, resume: bool = Fals
     metrics = evaluate_model(ctx, agent, model, folder.model)  # saved just above
     metrics.update(timesteps=trained_steps, train_wall_s=round(learning, 2),
                    warm_start_s=round(trainer.warm_start_s, 2), steps_per_s=rate, **training_summary(trainer),
-                   ended_by="time slot" if trainer.timed_out else "target",
+                   ended_by=("time slot" if trainer.timed_out else "flat curve" if trainer.ended_flat else "target"),
                    checkpoint=str(last.path) if last else None, kept=kept)
     if folder.warm_start.is_file():
         metrics["warm_start"] = {**(metrics.get("warm_start") or {}),
@@ -226,6 +226,8 @@ def _best_policy(ctx: RunContext, handle: Agent, trainer: StageTrainer, model: B
     if best is None or best.best is None:
         return model, None
     kept = kept_summary(best, int(model.num_timesteps), validation_site(ctx)[1])
+    if trainer.ended_flat:  # the report says why the stage ended before its target
+        kept["ended_early"] = {"target": trainer.target, "patience_steps": trainer.patience_steps}
     if validation_part(ctx.site) is not None:  # what the report calls the window: a dataset's own last days
         kept["window"] = "the validation part, the last days of the part learnt from, which no stage trained on"
     if best.best.step != model.num_timesteps:

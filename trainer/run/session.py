@@ -256,11 +256,12 @@ def quick_night(cfg: Config) -> Config:
     warm start imitates the dataset's own period once for schedule.quick_warm_start_epochs (a smoke run, not the
     best).
     SAC's few quick updates all move its actor (its critics-first phase would outlast them: a smoke run runs the
-    whole update)."""
+    whole update), and each stage trains its few steps whatever its curve (train.patience: a smoke run runs it all)."""
     days = min(cfg.schedule.quick_eval_days, cfg.schedule.eval_days or cfg.schedule.quick_eval_days)
     epochs = min(cfg.schedule.quick_warm_start_epochs, cfg.warm_start.epochs)
     return cfg.model_copy(update={
         "schedule": cfg.schedule.model_copy(update={"eval_days": days}),
+        "train": cfg.train.model_copy(update={"patience": 0.0}),
         "warm_start": cfg.warm_start.model_copy(update={"epochs": epochs, "extra_draws": 0, "ensemble": 1,
                                                         "sac_critic_updates": 0})})
 
