@@ -260,7 +260,8 @@ def test_an_unreadable_warm_start_leaves_the_window_s_pick_deployed(monkeypatch,
     monkeypatch.setattr(stages, "load_model", load)
     monkeypatch.setattr(stages, "confirm_over_the_years", confirm)
     sac = resolve_agent(tiny_cfg, "sac")
-    model, kept = stages._best_policy(ctx, sac, SimpleNamespace(best=best, ended_flat=False), SimpleNamespace(num_timesteps=9000))
+    model, kept = stages._best_policy(ctx, sac, SimpleNamespace(best=best, ended_flat=False),
+                                      SimpleNamespace(num_timesteps=9000))
     assert model == "the window's pick" and kept["step"] == 4000 and "years" not in kept
 
 

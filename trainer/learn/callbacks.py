@@ -195,4 +195,3 @@ class EvalCurve(BaseCallback):
         if self._env is not None:
             self._env.close()
             self._env = None
-

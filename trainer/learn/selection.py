@@ -20,7 +20,7 @@ At the end the stage deploys that one.
 - **A flat curve ends the stage** (``train.patience``): once that share of the stage's timesteps has passed with
   no better policy on the window, the steps after it would only cost time, since the best seen is what deploys.
   On the built-in site's default night PPO's best came at step 43,008 of 501,760 and A2C's at 147,456 of 401,408
-  (docs/benchmarks.md); the later points differed from it by the window's noise.
+  (docs/agent-quality.md); the later points differed from it by the window's noise.
 - **Resume** keeps the selection: ``best.json`` and its model are written atomically, and a
   resumed stage starts from them.
 """
