@@ -17,8 +17,7 @@ main() {
   "${PVBESS_VENV}/bin/ruff" check trainer monitor tests
   # One worker per core, at most four (each imports torch and CityLearn, and many start nights of their own);
   # a later -n in the arguments wins: -n 0 runs everything in this process, as a debugger wants.
-  # worksteal: an idle worker takes queued tests from a busy one, so a few long tests do not end the run alone.
-  exec "${PVBESS_VENV}/bin/python" -m pytest -n auto --maxprocesses 4 --dist worksteal "$@"
+  exec "${PVBESS_VENV}/bin/python" -m pytest -n auto --maxprocesses 4 "$@"
 }
 
 main "$@"
