@@ -267,7 +267,7 @@ def _deployed(results: dict[str, dict[str, Any]]) -> list[str]:
         early = kept.get("ended_early")
         if early:
             line += (f" Its stage ended at step {kept['final_step']:,} of {early['target']:,}: no better policy on the "
-                     f"window for {early['patience_steps']:,} steps (train.patience).")
+                     f"window in {early['patience_steps']:,} steps or more (train.patience).")
         if isinstance(warm.get("co2_kg_per_year"), (int, float)):
             ensemble = warm.get("ensemble") or {}
             members, picked = ensemble.get("members"), (ensemble.get("pick") or {}).get("member")
