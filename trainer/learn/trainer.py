@@ -176,7 +176,8 @@ class StageTrainer:
             self.stopped_by = guard.stopped_by
         if self.timed_out:
             self.log.info("time slot used up", step=self.checkpoints.last_checkpoint_step, target=self.target)
-        elif curve.flat_at is not None and self.best is not None and self.best.best is not None:
+        elif curve.flat_at is not None:  # set only where a best policy exists (BestPolicy.flat)
+            assert self.best is not None and self.best.best is not None
             self.ended_flat = True
             self.log.info("no better policy on the validation window for a while: the stage ends early",
                           step=curve.flat_at, target=self.target, best_step=self.best.best.step,
