@@ -77,7 +77,8 @@ def test_the_plain_sac_makes_the_products_updates_per_environment_step(gradient_
 def test_quick_benchmark_produces_every_figure(tmp_path, week):
     out = tmp_path / "bench.json"
     # On a week of the built-in site (the training simulator reads a week, not a year), SAC and PPO: an off-policy
-    # and an on-policy agent, each trial a fresh interpreter (~8 s, most of it imports); A2C takes PPO's path.
+    # and an on-policy agent, each trial a process forked from one that imported torch, SB3 and CityLearn; A2C takes
+    # PPO's path.
     proc = subprocess.run(
         [sys.executable, "-m", "trainer", "benchmark", "--quick", "--device", "cpu", "--sweep", "3", "--agents",
          "sac,ppo", "--schema", str(week), "--json", str(out)],
@@ -118,3 +119,22 @@ def test_a_sweep_that_is_not_counts_is_refused_before_measuring(sweep):
     result = CliRunner().invoke(cli, ["benchmark", "--quick", "--sweep", sweep])
     assert result.exit_code == 2
     assert "expected comma-separated counts from 1 to 256, e.g. 1,4,16; got" in result.output
+
+
+@pytest.mark.parametrize("forkserver", [True, False], ids=["forked", "fresh interpreter"])
+def test_a_failed_trial_is_an_error_that_names_it_and_its_last_line(forkserver, tmp_path, week_site, monkeypatch):
+    """A trial's own failure (here a config the trial cannot read) comes back as its error, whichever way the
+    platform starts it (no forkserver on Windows: a fresh interpreter)."""
+    import multiprocessing
+
+    from trainer.benchmark import TrialKind
+    from trainer.benchmark.measure import measure
+
+    if not forkserver:
+        monkeypatch.setattr(multiprocessing, "get_all_start_methods", lambda: ["spawn"])
+    config = tmp_path / "config.json"
+    config.write_text('{"seed": "not a number"}')
+    result = measure(Trial(TrialKind.SIMULATOR, n_envs=1), config, week_site, "cpu", Sizes.quick())
+    assert list(result) == ["error"]
+    assert result["error"].startswith("simulator failed (exit 1): ")
+    assert "errors.pydantic.dev" in result["error"]  # the last line of the trial's own traceback

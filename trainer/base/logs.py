@@ -37,6 +37,12 @@ def _console_fields(logger: Any, method: str, event: dict[str, Any]) -> dict[str
     return event
 
 
+def _product_debug_only(record: logging.LogRecord) -> bool:
+    """The file keeps the product's debug lines, and the libraries' from INFO up: at DEBUG they wrote a pair of
+    lines for every lock taken (filelock: most of a tune's log) and three for every process that imported pydot."""
+    return record.levelno >= logging.INFO or record.name == "trainer" or record.name.startswith("trainer.")
+
+
 def configure(log_file: Path | None = None, verbose: bool = False) -> None:
     """(Re)configure logging; call again with the run folder's log file once it exists."""
     root = logging.getLogger()
@@ -68,6 +74,7 @@ def configure(log_file: Path | None = None, verbose: bool = False) -> None:
             processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, _timestamp_with_offset,
                         structlog.processors.format_exc_info, structlog.processors.JSONRenderer()],
         ))
+        file_handler.addFilter(_product_debug_only)
         file_handler._pvbess = True  # type: ignore[attr-defined]
         root.addHandler(file_handler)
 

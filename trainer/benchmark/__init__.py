@@ -8,14 +8,12 @@ FastSAC, the training simulator, checkpoints and callbacks included). Both get t
 hyperparameters: PPO the same rollout size (the product splits it over its environments), A2C the
 same steps per environment per update.
 
-- ``trial``: one measurement, in a fresh process (what runs inside the child).
+- ``spec``: what a trial is (its kind, the sizes it runs at, its result).
+- ``trial``: one measurement, in a process of its own (what runs inside the child).
 - ``measure``: the parent: which trials, in which order, their summary and the tables.
 """
 
 from trainer.benchmark.measure import (
-                                       Sizes,
-                                       Trial,
-                                       TrialKind,
                                        format_learning,
                                        format_report,
                                        plan_trials,
@@ -25,6 +23,7 @@ from trainer.benchmark.measure import (
                                        run_learning_check,
                                        summarise,
 )
+from trainer.benchmark.spec import Sizes, Trial, TrialKind
 
 __all__ = ["Sizes", "Trial", "TrialKind", "format_learning", "format_report", "plan_trials", "progress_line",
            "run_benchmark", "run_command", "run_learning_check", "summarise"]

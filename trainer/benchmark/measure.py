@@ -1,4 +1,4 @@
-"""The benchmark's parent: plan the trials, run each in its own process, summarise and format.
+"""The benchmark's parent: plan the trials, run each in a process of its own, summarise and format.
 
 Pairs run interleaved (plain, product, plain, product...) and the ratio is taken of the medians,
 so a noisy machine still gives a fair ratio.
@@ -7,6 +7,7 @@ so a noisy machine still gives a fair ratio.
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import platform
 import statistics
@@ -15,68 +16,19 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
-from enum import StrEnum
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 from trainer.base.errors import UsageError
 from trainer.base.files import write_json_atomic
+from trainer.benchmark.spec import Sizes, Trial, TrialKind
 from trainer.config.roster import AGENTS, agent_spec
 from trainer.config.sections import Config
 from trainer.learn.agents import ENVS_PER_CORE
 from trainer.run.device import cpu_cores, resolve_device
 from trainer.run.session import site_for
 from trainer.site import Site
-
-
-class TrialKind(StrEnum):
-    ENV_PLAIN = "env_plain"          # CityLearn's quickstart environment, random actions
-    ENV_PRODUCT = "env_product"      # the product's environment, random actions
-    PLAIN = "plain"                  # an agent trained by SB3's own loop
-    PRODUCT = "product"              # an agent trained by the night's StageTrainer
-    SWEEP = "sweep"                  # the product's environments at n_envs in parallel
-    SIMULATOR = "simulator"          # the training simulator's n_envs sites in one process, random actions
-    LEARN_PLAIN = "learn_plain"      # --learning: CO2 after training with SB3's own loop
-    LEARN_PRODUCT = "learn_product"  # --learning: CO2 after training with the product
-    IMITATION = "imitation"          # the warm start: one imitation of a year (an ensemble's member), product only
-
-
-@dataclass(frozen=True)
-class Sizes:
-    """How much each measurement runs: defaults fit the whole benchmark in about 5 minutes on 2 cores."""
-
-    env_steps: int = 600
-    onpolicy_steps: int = 6144  # three of PPO's 2,048-step rollouts
-    onpolicy_rollout: int | None = None  # None: the config's n_steps
-    sac_steps: int = 1000
-    sac_learning_starts: int = 100
-    sac_updates: int = 50
-    repeats: int = 2
-    sweep: tuple[int, ...] | None = None  # None: 1, 2, 4 ... up to the automatic choice's 4 per core
-    simulator: tuple[int, ...] = (1, 64, 256, 1024)  # sites stepped at once by the training simulator
-    # The product's warm start before the clock: one epoch of one year keeps the imitation term its updates
-    # carry; 0 leaves it out (its demonstrations replay a year in CityLearn: half a minute a trial on 2 cores).
-    imitation_epochs: int = 1
-    imitation_updates: int = 20  # minibatches timed for the warm start's members a second
-
-    @classmethod
-    def quick(cls) -> Sizes:
-        """A smoke run for CI: every figure produced, none of them meaningful."""
-        return cls(env_steps=60, onpolicy_steps=64, onpolicy_rollout=32, sac_steps=60, sac_learning_starts=30,
-                   sac_updates=5, repeats=1, sweep=(1, 2), simulator=(1, 8), imitation_epochs=0,
-                   imitation_updates=2)
-
-
-@dataclass
-class Trial:
-    """One measurement, run in its own process by :func:`run_trial`."""
-
-    kind: TrialKind
-    agent: str | None = None
-    n_envs: int = 1
-    seed: int = 0  # which config: the learning check varies it
-    result: dict[str, Any] = field(default_factory=dict)
 
 
 def _bench_config(cfg: Config, sizes: Sizes) -> Config:
@@ -98,20 +50,64 @@ def _bench_config(cfg: Config, sizes: Sizes) -> Config:
     return Config.model_validate(data)
 
 
+# What every trial imports, both sides alike: a trial forked from a server that has imported these starts in a
+# fraction of a second, where a fresh interpreter spends 4-8 s of a 2-core machine on them (the quick benchmark's
+# eleven trials: most of its time). The product's own modules are not among them: the plain side never imports them.
+TRIAL_PRELOAD = ["torch", "stable_baselines3", "citylearn.citylearn"]
+
+
 def measure(trial: Trial, config_path: Path, site: Site, device: str, sizes: Sizes) -> dict[str, Any]:
-    """Run one trial in a fresh interpreter; its last stdout line is the JSON result."""
+    """Run one trial in a process of its own and return its result (or its error). Where the platform has a
+    forkserver (not Windows), the process is forked from one that imported TRIAL_PRELOAD, nothing else run in it;
+    otherwise it is a fresh interpreter (``python -m trainer.benchmark.trial SPEC``, its last stdout line the
+    result). Either way peak memory and whatever a trial warms up belong to that trial alone."""
     spec = json.dumps({"trial": asdict(trial), "config": str(config_path), "schema": str(site.schema),
                        "device": device, "sizes": asdict(sizes)})
     started = time.perf_counter()
+    if "forkserver" in multiprocessing.get_all_start_methods():
+        result = _forked(spec)
+    else:
+        result = _interpreter(spec)
+    if "error" not in result:
+        result["wall_s"] = round(time.perf_counter() - started, 1)
+    return result
+
+
+def _failed(trial_spec: str, code: int | None, stderr: str) -> dict[str, Any]:
+    trial = json.loads(trial_spec)["trial"]
+    tail = (stderr.strip().splitlines() or ["no output"])[-1]
+    name = " ".join(part for part in (trial["kind"], trial["agent"]) if part)
+    return {"error": f"{name} failed (exit {code}): {tail}"}
+
+
+def _interpreter(spec: str) -> dict[str, Any]:
     proc = subprocess.run([sys.executable, "-m", "trainer.benchmark.trial", spec], capture_output=True, text=True,
                           env={**os.environ, "CITYLEARN_OFFLINE": "1"})
     lines = proc.stdout.strip().splitlines()
     if proc.returncode != 0 or not lines:
-        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        return {"error": f"{trial.kind} {trial.agent or ''} failed (exit {proc.returncode}): {tail}"}
-    result = json.loads(lines[-1])
-    result["wall_s"] = round(time.perf_counter() - started, 1)
-    return result
+        return _failed(spec, proc.returncode, proc.stderr)
+    return json.loads(lines[-1])
+
+
+def _forked(spec: str) -> dict[str, Any]:
+    from trainer.benchmark.trial import forked_child  # lazy: it imports torch, which this process needs not
+
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(TRIAL_PRELOAD)  # read once, when the first trial starts the server
+    receive, send = context.Pipe(duplex=False)
+    with tempfile.TemporaryDirectory() as tmp:
+        output = Path(tmp) / "output.txt"  # the child's stdout and stderr: a failure's last line names it
+        process = context.Process(target=forked_child, args=(spec, send, str(output)), name="benchmark-trial")
+        process.start()
+        send.close()  # the child holds its own end: EOF here once it exits, whatever becomes of it
+        try:
+            result = receive.recv()
+        except EOFError:
+            result = None
+        process.join()
+        if process.exitcode != 0 or result is None:
+            return _failed(spec, process.exitcode, output.read_text(encoding="utf-8") if output.exists() else "")
+    return json.loads(result)
 
 
 def plan_trials(agents: list[str], sizes: Sizes, cores: int) -> list[Trial]:

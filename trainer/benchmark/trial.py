@@ -1,4 +1,6 @@
-"""One benchmark measurement, run in a fresh Python process (``python -m trainer.benchmark.trial SPEC``).
+"""One benchmark measurement, run in a process of its own: forked from a server that imported only the libraries
+both sides use (trainer.benchmark.measure.TRIAL_PRELOAD), or where there is no forkserver a fresh interpreter
+(``python -m trainer.benchmark.trial SPEC``).
 
 Each trial times one side (the plain SB3 recipe or the product) in a process of its own, so peak
 RSS belongs to it alone and nothing warmed up by one side helps the other.
@@ -7,6 +9,7 @@ RSS belongs to it alone and nothing warmed up by one side helps the other.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import tempfile
 import time
@@ -20,7 +23,7 @@ import psutil
 from stable_baselines3.common.callbacks import BaseCallback
 
 from trainer.base import logs
-from trainer.benchmark.measure import Sizes, Trial, TrialKind
+from trainer.benchmark.spec import Sizes, Trial, TrialKind
 from trainer.config.agents import OffPolicyConfig
 from trainer.config.roster import agent_spec
 from trainer.config.sections import Config
@@ -34,6 +37,8 @@ from trainer.sim.simulators import CITYLEARN, VECTOR, simulator_for
 from trainer.site import Site
 
 if TYPE_CHECKING:
+    from multiprocessing.connection import Connection
+
     from stable_baselines3.common.base_class import BaseAlgorithm
     from stable_baselines3.common.vec_env import VecEnv
 
@@ -305,10 +310,8 @@ def _threads() -> int:
     return torch.get_num_threads()
 
 
-def _child_main(spec_json: str) -> None:
-
+def _result(spec_json: str) -> dict[str, Any]:
     spec = json.loads(spec_json)
-    logs.configure()  # to stderr, which the parent keeps for an error's last line
     cfg = Config.model_validate(json.loads(Path(spec["config"]).read_text(encoding="utf-8")))
     sizes = Sizes(**{**spec["sizes"], "sweep": tuple(spec["sizes"]["sweep"]) if spec["sizes"]["sweep"] else None,
                      "simulator": tuple(spec["sizes"]["simulator"])})
@@ -316,7 +319,24 @@ def _child_main(spec_json: str) -> None:
     trial.kind = TrialKind(trial.kind)
     result = run_trial(trial, cfg, Site.load(Path(spec["schema"]), fallback=cfg.scenario), spec["device"], sizes)
     result.update(_peak_rss_mb())
-    print(json.dumps(result))
+    return result
+
+
+def forked_child(spec_json: str, send: Connection, output: str) -> None:
+    """A trial forked from measure()'s server: its output (logs, a traceback) to the parent's file, not to the
+    benchmark's console, and its result sent back as JSON."""
+    os.environ["CITYLEARN_OFFLINE"] = "1"  # as the fresh interpreter's: a trial never downloads
+    with open(output, "w", encoding="utf-8") as sink:
+        os.dup2(sink.fileno(), 1)
+        os.dup2(sink.fileno(), 2)
+    logs.configure()
+    send.send(json.dumps(_result(spec_json)))
+    send.close()
+
+
+def _child_main(spec_json: str) -> None:
+    logs.configure()  # to stderr, which the parent keeps for an error's last line
+    print(json.dumps(_result(spec_json)))
 
 
 if __name__ == "__main__":  # a child of measure(); the guard also keeps SubprocVecEnv's forkserver safe
