@@ -115,6 +115,9 @@ def test_a_killed_stage_runs_again_from_its_checkpoint_and_ctrl_c_then_lets_the_
     assert next(s for s in schedule["stages"] if s["name"] == "ppo")["timesteps_done"] == 1200
     results = json.loads((out / "results.json").read_text())
     assert list(results) == ["baseline", "rbc", "optimum", "planner", "ppo"] and (out / "report.md").is_file()
+    # The resume measured the night's agent alone, not the config's whole roster.
+    measured = [e["agents"] for e in _log_events(out, "trainer") if e["event"].startswith("calibrating")]
+    assert measured and all(agents == ["ppo"] for agents in measured), measured
     assert {p.name for p in (out / "logs").iterdir()} >= {"trainer.jsonl", "ppo.jsonl", "baseline.jsonl"}
 
 
@@ -163,18 +166,20 @@ def test_the_sweep_summary_gives_mean_and_sd_per_agent():
 
 
 @pytest.mark.slow
-def test_a_local_seed_sweep_makes_one_run_per_seed_and_a_summary(tmp_path):
+def test_a_seed_sweep_makes_one_run_per_seed_and_ray_gives_a_seed_the_local_backend_s_results(tmp_path):
+    """A local seed sweep: one run folder per seed and a summary. Then one of its seeds on Ray: the same results
+    and, but for times, speeds and where each stage ran, the same schedule.json (one driver owns the stages' lives)."""
+    # On CityLearn: a seed's site is read into the training simulator in two whole-year passes (~45 s), which is
+    # not what either part checks. One environment on both backends, whatever this machine's cores.
+    sets = tiny_overrides("schedule.quick_timesteps={a2c: 300}", "schedule.quick_eval_days=1", "a2c.n_steps=100",
+                          "a2c.n_envs=1", "train.simulator=citylearn", "ray.num_cpus={a2c: 1, eval: 1}")
+    args = ["--quick", "--agents", "a2c", "--device", "cpu", *[a for o in sets for a in ("--set", o)]]
     from click.testing import CliRunner
 
     from trainer.cli.main import cli
 
-    # On CityLearn: a seed's site is read into the training simulator in two whole-year passes (~45 s), which is
-    # not what a sweep adds.
-    sets = tiny_overrides("schedule.quick_timesteps={a2c: 200}", "schedule.quick_eval_days=1",
-                          "train.simulator=citylearn")
     out = tmp_path / "sweep"
-    result = CliRunner().invoke(cli, ["night", "--quick", "--agents", "a2c", "--seeds", "3,4", "--out", str(out),
-                                      "--device", "cpu", *[a for o in sets for a in ("--set", o)]])
+    result = CliRunner().invoke(cli, ["night", "--seeds", "3,4", "--out", str(out), *args])
     assert result.exit_code == 0, result.output
     assert sorted(p.name for p in out.iterdir()) == ["seed-3", "seed-4", "sweep.json", "sweep.md"]
     assert json.loads((out / "sweep.json").read_text())["seeds"] == [3, 4]
@@ -184,27 +189,19 @@ def test_a_local_seed_sweep_makes_one_run_per_seed_and_a_summary(tmp_path):
         assert "seed: " + str(seed) in (run / "config.yaml").read_text()
     assert "| a2c | 2 |" in (out / "sweep.md").read_text()
 
-
-@pytest.mark.slow
-def test_ray_gives_the_local_backend_s_results_with_the_same_seed(tmp_path):
-    # Four environments on both backends, whatever this machine's cores (a local night sizes from them).
-    sets = tiny_overrides("schedule.quick_timesteps={a2c: 300}", "schedule.quick_eval_days=1", "a2c.n_steps=100",
-                          "a2c.n_envs=4", "ray.num_cpus={a2c: 2, eval: 1}")
+    on_ray = tmp_path / "ray"
+    proc = subprocess.run([sys.executable, "-m", "trainer", "night", "--backend", "ray", "--seed", "3", "--out",
+                           str(on_ray), *args], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
     results, schedules = {}, {}
-    for backend in ("local", "ray"):
-        out = tmp_path / backend
-        proc = subprocess.run([sys.executable, "-m", "trainer", "night", "--backend", backend, "--quick", "--agents",
-                               "a2c", "--out", str(out), "--device", "cpu", *[a for o in sets for a in ("--set", o)]],
-                              cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        results[backend] = json.loads((out / "results.json").read_text())
+    for backend, run in (("local", out / "seed-3"), ("ray", on_ray)):
+        results[backend] = json.loads((run / "results.json").read_text())
         schedules[backend] = [{**{k: s[k] for k in ("name", "kind", "status", "timesteps_target", "timesteps_done",
                                                     "error")},
                                "results": {k: v for k, v in (s["results"] or {}).items() if k != "steps_per_s"}}
-                              for s in json.loads((out / "schedule.json").read_text())["stages"]]
+                              for s in json.loads((run / "schedule.json").read_text())["stages"]]
     assert list(results["local"]) == list(results["ray"]) == ["baseline", "rbc", "optimum", "planner", "a2c"]
     assert {k: v["co2_kg"] for k, v in results["local"].items()} == {k: v["co2_kg"] for k, v in results["ray"].items()}
-    # One driver owns the stages' lives: the same schedule.json on both, but for times, speeds, where each ran.
     assert schedules["local"] == schedules["ray"]
     assert [s["status"] for s in schedules["ray"]] == ["done"] * 6
 
