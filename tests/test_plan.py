@@ -291,6 +291,33 @@ def test_a_timed_night_runs_the_warm_start_s_ensemble_only_where_it_fits(built_i
     assert fit_ensemble(one, built_in, speeds, ["sac"], 60.0) == (one, None)
 
 
+def test_a_timed_night_its_targets_end_early_runs_the_ensemble_in_the_time_they_leave(built_in):
+    from trainer.config.loading import load_config
+    from trainer.night.calibrate import Speeds
+    from trainer.night.plan import (
+        ENSEMBLE_SHARE,
+        ENSEMBLE_SPARE,
+        fit_ensemble,
+        human_duration,
+        untimed_night_s,
+        warm_start_s,
+    )
+
+    cfg, agents, targets = load_config(), ["sac", "ppo"], {"sac": 20_000, "ppo": 50_000}
+    speeds = Speeds(eval_steps_per_s=400.0, train_steps_per_s={"sac": 1000.0, "ppo": 5000.0},
+                    imitation_update_s={"sac": 0.006, "ppo": 0.002})
+    whole = untimed_night_s(cfg, built_in, speeds, agents, targets)
+    available = whole / ENSEMBLE_SPARE
+    # The ensemble takes more than its share of this night, but the night with it ends before its deadline.
+    assert sum(warm_start_s(cfg, built_in, speeds, agents).values()) > ENSEMBLE_SHARE * available
+    assert fit_ensemble(cfg, built_in, speeds, agents, available, targets=targets) == (
+        cfg, f"the mean of {cfg.warm_start.ensemble} imitations: with it every agent still reaches its timesteps in "
+             f"~{human_duration(whole)} of the night's {human_duration(available)}")
+    # A tenth less time: the agents would not all reach their targets with it, so one imitation.
+    fitted, why = fit_ensemble(cfg, built_in, speeds, agents, 0.9 * available, targets=targets)
+    assert fitted.warm_start.ensemble == 1 and why.startswith("one imitation, not the mean of")
+
+
 def test_the_night_runs_and_records_the_ensemble_its_time_affords(built_in, tmp_path):
     from datetime import datetime, timedelta
 
@@ -302,7 +329,7 @@ def test_the_night_runs_and_records_the_ensemble_its_time_affords(built_in, tmp_
     run = RunDir(tmp_path / "run")
     run.create(load_config(), ["trainer", "night"], "cpu")
     ctx = RunContext(load_config(), run, built_in, "cpu")
-    speeds = Speeds(eval_steps_per_s=400.0, train_steps_per_s={}, imitation_update_s={"sac": 0.006})
+    speeds = Speeds(eval_steps_per_s=400.0, train_steps_per_s={"sac": 500.0}, imitation_update_s={"sac": 0.006})
     now = datetime(2026, 11, 26, 22, 0)
     full = {"sac": 500_000}
     fitted, notes = _fit_warm_start(ctx, speeds, ["sac"], full, now + timedelta(minutes=20), now, True)

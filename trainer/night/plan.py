@@ -29,8 +29,11 @@ DEMONSTRATION_SOLVE_S = 3.0
 # One call of a policy on a few states (SB3's predict): ~0.7 ms for SAC's 256x256 and PPO's 64x64 alike on 2 loaded
 # cores, most of it SB3's own; the warm start's ensemble makes one call a member a step.
 POLICY_CALL_S = 0.0007
-# The most of a timed night the warm starts' ensembles may take (fit_ensemble).
+# The most of a timed night the warm starts' ensembles may take (fit_ensemble)...
 ENSEMBLE_SHARE = 0.25
+# ...unless the whole night with them, every agent to its target, fits in this share of its time: then its targets
+# end it, not its deadline, and the time they leave imitates the ensemble (the rest is for what calibration misjudged).
+ENSEMBLE_SPARE = 0.8
 REUSED_S = 1.0  # a reference's figures copied from an earlier run
 # A step of the training simulator judging one policy or a few side by side (trainer.sim.simulators.judging_env), as
 # a share of a CityLearn evaluation step at the calibrated rate: both are Python-bound. Measured on the 2-core VM's
@@ -219,9 +222,11 @@ def fit_ensemble(cfg: Config, site: Site, speeds: Speeds, agents: list[str], ava
     with its ``targets``). A timed night runs it only where its warm starts take
     at most ENSEMBLE_SHARE of the time: five SAC imitations and their student took 12.4 minutes on 2 cores, more
     than half a 20-minute night (ten and a longer-fitted student, the default, about half an hour), where one
-    imitation leaves the time to reinforcement learning. Smaller ensembles
-    are not tried: the mean of two measured worse than its first member, of three below the best one imitation of
-    five (docs/agent-quality.md)."""
+    imitation leaves the time to reinforcement learning; or where the whole night with them (:func:`untimed_night_s`)
+    fits in ENSEMBLE_SPARE of the time, so that one imitation would leave the night's end idle (an official EV
+    building on a fast 2-core machine: every agent at its target 7 minutes before a 20-minute deadline). Smaller
+    ensembles are not tried: the mean of two measured worse than its first member, of three below the best one
+    imitation of five (docs/agent-quality.md)."""
     settings = cfg.warm_start
     if available_s is None and targets is not None:
         return ensemble_for_size(cfg, targets)
@@ -230,10 +235,23 @@ def fit_ensemble(cfg: Config, site: Site, speeds: Speeds, agents: list[str], ava
     needed = sum(warm_start_s(cfg, site, speeds, agents, one_process).values())
     if needed <= ENSEMBLE_SHARE * available_s:
         return cfg, None
+    if targets is not None:
+        whole_s = untimed_night_s(cfg, site, speeds, agents, targets, one_process)
+        if whole_s <= ENSEMBLE_SPARE * available_s:  # the agents' targets end this night, not its deadline
+            return cfg, (f"the mean of {settings.ensemble} imitations: with it every agent still reaches its "
+                         f"timesteps in ~{human_duration(whole_s)} of the night's {human_duration(available_s)}")
     single = cfg.model_copy(update={"warm_start": settings.model_copy(update={"ensemble": 1})})
     return single, (f"one imitation, not the mean of {settings.ensemble}: with it the warm starts would take "
                     f"~{human_duration(needed)}, over {ENSEMBLE_SHARE:.0%} of the night's "
                     f"{human_duration(available_s)} (a longer night runs it)")
+
+
+def untimed_night_s(cfg: Config, site: Site, speeds: Speeds, agents: list[str], targets: dict[str, int],
+                    one_process: bool = True) -> float:
+    """How long the night would take with every stage whole: its warm starts, each agent to its target, every
+    evaluation (padded, as the plan pads them)."""
+    specs = stage_specs(cfg, site, speeds, agents, targets, one_process)
+    return sum(spec.setup_s + spec.fixed_s + spec.needed_train_s for spec in specs.values())
 
 
 def fit_warnings(cfg: Config, speeds: Speeds, planned: list[PlannedStage]) -> list[str]:
