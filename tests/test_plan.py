@@ -166,7 +166,14 @@ def test_the_plan_counts_each_warm_start_and_the_night_s_demonstrations_once(bui
 
     from trainer.config.loading import load_config
     from trainer.night.calibrate import Speeds
-    from trainer.night.plan import DEMONSTRATION_SOLVE_S, POLICY_CALL_S, SAFETY, SIM_STEP_SHARE, warm_start_s
+    from trainer.night.plan import (
+        CHECKED_EPOCHS_SHARE,
+        DEMONSTRATION_SOLVE_S,
+        POLICY_CALL_S,
+        SAFETY,
+        SIM_STEP_SHARE,
+        warm_start_s,
+    )
 
     # 400 epochs of 8,759 samples in minibatches of 256; three more years of the built-in site; five SAC members
     # (warm_start.teacher: sac), then each agent's student's 1,200 epochs.
@@ -219,17 +226,23 @@ def test_the_plan_counts_each_warm_start_and_the_night_s_demonstrations_once(bui
         {"sac": estimate["sac"] + pick_s, "ppo": estimate["ppo"]})
     # A dataset resamples its own days into as many years; a kind that draws none has its one year; with the warm
     # start off there is nothing to count.
-    # Each member of a dataset's imitation also drives its last 28 days at 25, 50, 100, 200 and 400 epochs.
+    # Each member of a dataset's imitation also drives its last 28 days at 25, 50, 100, 200 and 400 epochs, and
+    # stops after two of them no better than its best: counted at CHECKED_EPOCHS_SHARE of its epochs.
     other = tmp_path / "schema.json"
     other.write_text(json.dumps({"simulation_start_time_step": 0, "simulation_end_time_step": 8759}))
     checks_s = 5 * 5 * 28 * 24 * (1 / 1000.0 + POLICY_CALL_S) * SAFETY
     in_citylearn = 4 * 8759 * (1 - SIM_STEP_SHARE) / 1000.0 * SAFETY  # its labels' four years: not the simulator
+    unchecked = (1 - CHECKED_EPOCHS_SHARE) * members * 0.003 * SAFETY
     assert warm_start_s(cfg, Site.load(other), speeds, ["ppo"])["ppo"] == pytest.approx(
-        warm_start_s(cfg, built_in, speeds, ["ppo"])["ppo"] + checks_s + in_citylearn)
+        warm_start_s(cfg, built_in, speeds, ["ppo"])["ppo"] + checks_s + in_citylearn - unchecked)
     labels_of_one_year = (1 / 1000.0 + 5 * POLICY_CALL_S) * 8759 * SAFETY
     one_period = Site.load(other, SiteKind("one-period", "a dataset that draws no other year"))
     assert warm_start_s(cfg, one_period, speeds, ["ppo"])["ppo"] == pytest.approx(
-        student * 0.001 * SAFETY + members * 0.003 * SAFETY + year + labels_of_one_year + checks_s)
+        student * 0.001 * SAFETY + CHECKED_EPOCHS_SHARE * members * 0.003 * SAFETY + year + labels_of_one_year
+        + checks_s)
+    # The one imitation is checked too (the student, fitted to the members' labels, is not).
+    assert warm_start_s(one, one_period, speeds, ["ppo"])["ppo"] == pytest.approx(
+        CHECKED_EPOCHS_SHARE * single * 0.001 * SAFETY + year + 5 * 28 * 24 * (1 / 1000.0 + POLICY_CALL_S) * SAFETY)
     off = load_config(overrides=["warm_start.epochs=0"])
     assert warm_start_s(off, built_in, speeds, ["sac", "ppo"]) == {}
     # A2C starts from PPO's policy: the night fits that student once, whichever comes first.
@@ -303,19 +316,26 @@ def test_a_timed_night_its_targets_end_early_runs_the_ensemble_in_the_time_they_
         warm_start_s,
     )
 
-    cfg, agents, targets = load_config(), ["sac", "ppo"], {"sac": 20_000, "ppo": 50_000}
+    cfg, agents, targets = load_config(), ["sac", "ppo"], {"sac": 50_000, "ppo": 125_000}
     speeds = Speeds(eval_steps_per_s=400.0, train_steps_per_s={"sac": 1000.0, "ppo": 5000.0},
                     imitation_update_s={"sac": 0.006, "ppo": 0.002})
-    whole = untimed_night_s(cfg, built_in, speeds, agents, targets)
+    # Each agent owed the share of its target at which a flat curve may end its stage (train.patience, 40 %).
+    assert cfg.train.patience == 0.4
+    whole = untimed_night_s(cfg, built_in, speeds, agents, {"sac": 20_000, "ppo": 50_000})
     available = whole / ENSEMBLE_SPARE
-    # The ensemble takes more than its share of this night, but the night with it ends before its deadline.
+    # The ensemble takes more than its share of this night, but the night with it gives every agent those steps.
     assert sum(warm_start_s(cfg, built_in, speeds, agents).values()) > ENSEMBLE_SHARE * available
     assert fit_ensemble(cfg, built_in, speeds, agents, available, targets=targets) == (
-        cfg, f"the mean of {cfg.warm_start.ensemble} imitations: with it every agent still reaches its timesteps in "
-             f"~{human_duration(whole)} of the night's {human_duration(available)}")
-    # A tenth less time: the agents would not all reach their targets with it, so one imitation.
+        cfg, f"the mean of {cfg.warm_start.ensemble} imitations: with it every agent still reaches 40% of its "
+             f"timesteps (train.patience) in ~{human_duration(whole)} of the night's {human_duration(available)}")
+    # A tenth less time: the agents would not all reach them with it, so one imitation.
     fitted, why = fit_ensemble(cfg, built_in, speeds, agents, 0.9 * available, targets=targets)
     assert fitted.warm_start.ensemble == 1 and why.startswith("one imitation, not the mean of")
+    # Without train.patience every stage runs to its target, and the night owes each its whole target.
+    whole = load_config(overrides=["train.patience=0"])
+    long_enough = untimed_night_s(whole, built_in, speeds, agents, targets) / ENSEMBLE_SPARE
+    assert fit_ensemble(whole, built_in, speeds, agents, long_enough, targets=targets)[0] == whole
+    assert fit_ensemble(whole, built_in, speeds, agents, available, targets=targets)[0].warm_start.ensemble == 1
 
 
 def test_the_night_runs_and_records_the_ensemble_its_time_affords(built_in, tmp_path):

@@ -29,6 +29,10 @@ DEMONSTRATION_SOLVE_S = 3.0
 # One call of a policy on a few states (SB3's predict): ~0.7 ms for SAC's 256x256 and PPO's 64x64 alike on 2 loaded
 # cores, most of it SB3's own; the warm start's ensemble makes one call a member a step.
 POLICY_CALL_S = 0.0007
+# An imitation checked on a validation part (a dataset of one period) stops after two checks no better than its best
+# (trainer.learn.warm_start.validation): on an official EV building (Building_5, 2026-11-30) ten members ran 100 to 400
+# of their 400 epochs, 160 on average, and a night's single imitations 100 and 200. The plan counts this share of them.
+CHECKED_EPOCHS_SHARE = 0.5
 # The most of a timed night the warm starts' ensembles may take (fit_ensemble)...
 ENSEMBLE_SHARE = 0.25
 # ...unless the whole night with them, every agent to its target, fits in this share of its time: then its targets
@@ -151,10 +155,12 @@ def warm_start_s(cfg: Config, site: Site, speeds: Speeds, agents: list[str],
     labels_s = 0.0 if members <= 1 else (years * year_step_s + members * POLICY_CALL_S) * period * SAFETY
     pick_s = (members + 1) * HELD_OUT_YEARS * period * POLICY_CALL_S * SAFETY if site.kind.draws else 0.0
     # Each imitation of the optimum (the one, or each member) drives its validation part at its checks
-    # (trainer.learn.warm_start.validation); counted as though it ran all its epochs.
+    # (trainer.learn.warm_start.validation), every check counted; and stops after two no better than its best: it
+    # is counted at CHECKED_EPOCHS_SHARE of its epochs.
     check = imitation_parts(site, None).check
     checks = sum(1 for e in CHECK_AT if e < settings.epochs) + 1
     check_s = 0.0 if check is None else checks * check.length * (1 / speeds.eval_steps_per_s + POLICY_CALL_S) * SAFETY
+    checked = 1.0 if check is None else CHECKED_EPOCHS_SHARE
     out, imitated, taught = {}, set(), set()
     def actor_update_s(agent: str, full_s: float) -> float:  # a calibration before it was kept: the full update's
         return speeds.imitation_actor_update_s.get(agent, full_s)
@@ -168,6 +174,8 @@ def warm_start_s(cfg: Config, site: Site, speeds: Speeds, agents: list[str],
         # The student fits its critic in its first student_critic_epochs only, then the actor alone.
         critic_epochs = own_epochs if members <= 1 else min(settings.student_critic_epochs, own_epochs)
         own_s = (critic_epochs * own_update_s + (own_epochs - critic_epochs) * actor_update_s(agent, own_update_s))
+        if members <= 1:  # the one imitation is checked, the student (of the members' labels) is not
+            own_s *= checked
         seconds = (0 if reused else minibatches_an_epoch * own_s) * SAFETY
         if members <= 1 and not reused:
             seconds += check_s
@@ -181,7 +189,7 @@ def warm_start_s(cfg: Config, site: Site, speeds: Speeds, agents: list[str],
             member_update_s = teacher_s if settings.members_fit_critics else actor_update_s(teacher, teacher_s)
             # Side by side in processes of their own where cores are free (trainer.learn.warm_start.members): as many
             # rounds as it takes, the stage's process on one thread as the others.
-            member_minibatches = settings.epochs * minibatches_an_epoch
+            member_minibatches = settings.epochs * checked * minibatches_an_epoch
             free = free_cores(others=speeds.busy_now)  # as the stage will find them, if no busier
             processes = 1 + processes_beside(settings, members, member_minibatches, agent_device(cfg, teacher), free)
             seconds += math.ceil(members / processes) * (member_minibatches * member_update_s * SAFETY + check_s)
@@ -222,11 +230,13 @@ def fit_ensemble(cfg: Config, site: Site, speeds: Speeds, agents: list[str], ava
     with its ``targets``). A timed night runs it only where its warm starts take
     at most ENSEMBLE_SHARE of the time: five SAC imitations and their student took 12.4 minutes on 2 cores, more
     than half a 20-minute night (ten and a longer-fitted student, the default, about half an hour), where one
-    imitation leaves the time to reinforcement learning; or where the whole night with them (:func:`untimed_night_s`)
-    fits in ENSEMBLE_SPARE of the time, so that one imitation would leave the night's end idle (an official EV
-    building on a fast 2-core machine: every agent at its target 7 minutes before a 20-minute deadline). Smaller
-    ensembles are not tried: the mean of two measured worse than its first member, of three below the best one
-    imitation of five (docs/agent-quality.md)."""
+    imitation leaves the time to reinforcement learning; or where the whole night with them (:func:`untimed_night_s`),
+    each agent trained as far as a flat curve may end its stage (``train.patience`` of its target), fits in
+    ENSEMBLE_SPARE of the time. On the official EV buildings (2026-11-30, seed 2) the ensemble's warm start was worth
+    2-4 points of the optimum's cut over the months held out (Building_4's best 76 -> 79 %, Building_5's 77 -> 79 %),
+    and the untimed nights with it took 8-10 minutes on a 2-core machine, where a 20-minute night with one imitation
+    ended after 7, its curves flat. Smaller ensembles are not tried: the mean of two measured worse than its first
+    member, of three below the best one imitation of five (docs/agent-quality.md)."""
     settings = cfg.warm_start
     if available_s is None and targets is not None:
         return ensemble_for_size(cfg, targets)
@@ -236,10 +246,14 @@ def fit_ensemble(cfg: Config, site: Site, speeds: Speeds, agents: list[str], ava
     if needed <= ENSEMBLE_SHARE * available_s:
         return cfg, None
     if targets is not None:
-        whole_s = untimed_night_s(cfg, site, speeds, agents, targets, one_process)
-        if whole_s <= ENSEMBLE_SPARE * available_s:  # the agents' targets end this night, not its deadline
-            return cfg, (f"the mean of {settings.ensemble} imitations: with it every agent still reaches its "
-                         f"timesteps in ~{human_duration(whole_s)} of the night's {human_duration(available_s)}")
+        # Each agent as far as a flat curve may end its stage (train.patience): the steps the night owes it.
+        share = cfg.train.patience or 1.0
+        owed = {agent: int(steps * share) for agent, steps in targets.items()}
+        whole_s = untimed_night_s(cfg, site, speeds, agents, owed, one_process)
+        if whole_s <= ENSEMBLE_SPARE * available_s:
+            reach = "its timesteps" if share >= 1.0 else f"{share:.0%} of its timesteps (train.patience)"
+            return cfg, (f"the mean of {settings.ensemble} imitations: with it every agent still reaches {reach} in "
+                         f"~{human_duration(whole_s)} of the night's {human_duration(available_s)}")
     single = cfg.model_copy(update={"warm_start": settings.model_copy(update={"ensemble": 1})})
     return single, (f"one imitation, not the mean of {settings.ensemble}: with it the warm starts would take "
                     f"~{human_duration(needed)}, over {ENSEMBLE_SHARE:.0%} of the night's "
