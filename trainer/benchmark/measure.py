@@ -64,32 +64,28 @@ def measure(trial: Trial, config_path: Path, site: Site, device: str, sizes: Siz
     spec = json.dumps({"trial": asdict(trial), "config": str(config_path), "schema": str(site.schema),
                        "device": device, "sizes": asdict(sizes)})
     started = time.perf_counter()
-    if "forkserver" in multiprocessing.get_all_start_methods():
-        result = _forked(spec)
-    else:
-        result = _interpreter(spec)
-    if "error" not in result:
-        result["wall_s"] = round(time.perf_counter() - started, 1)
+    forked = "forkserver" in multiprocessing.get_all_start_methods()
+    result, code, output = _forked(spec) if forked else _interpreter(spec)
+    if result is None:
+        tail = (output.strip().splitlines() or ["no output"])[-1]
+        name = " ".join(part for part in (trial.kind, trial.agent) if part)
+        return {"error": f"{name} failed (exit {code}): {tail}"}
+    result["wall_s"] = round(time.perf_counter() - started, 1)
     return result
 
 
-def _failed(trial_spec: str, code: int | None, stderr: str) -> dict[str, Any]:
-    trial = json.loads(trial_spec)["trial"]
-    tail = (stderr.strip().splitlines() or ["no output"])[-1]
-    name = " ".join(part for part in (trial["kind"], trial["agent"]) if part)
-    return {"error": f"{name} failed (exit {code}): {tail}"}
-
-
-def _interpreter(spec: str) -> dict[str, Any]:
+def _interpreter(spec: str) -> tuple[dict[str, Any] | None, int | None, str]:
+    """The result (None where the trial failed), its exit code and its stderr."""
     proc = subprocess.run([sys.executable, "-m", "trainer.benchmark.trial", spec], capture_output=True, text=True,
                           env={**os.environ, "CITYLEARN_OFFLINE": "1"})
     lines = proc.stdout.strip().splitlines()
     if proc.returncode != 0 or not lines:
-        return _failed(spec, proc.returncode, proc.stderr)
-    return json.loads(lines[-1])
+        return None, proc.returncode, proc.stderr
+    return json.loads(lines[-1]), proc.returncode, proc.stderr
 
 
-def _forked(spec: str) -> dict[str, Any]:
+def _forked(spec: str) -> tuple[dict[str, Any] | None, int | None, str]:
+    """As :func:`_interpreter`, forked from the server; its output is its stdout and stderr together."""
     from trainer.benchmark.trial import forked_child  # lazy: it imports torch, which this process needs not
 
     context = multiprocessing.get_context("forkserver")
@@ -105,9 +101,10 @@ def _forked(spec: str) -> dict[str, Any]:
         except EOFError:
             result = None
         process.join()
-        if process.exitcode != 0 or result is None:
-            return _failed(spec, process.exitcode, output.read_text(encoding="utf-8") if output.exists() else "")
-    return json.loads(result)
+        printed = output.read_text(encoding="utf-8") if output.exists() else ""
+    if process.exitcode != 0 or result is None:
+        return None, process.exitcode, printed
+    return json.loads(result), process.exitcode, printed
 
 
 def plan_trials(agents: list[str], sizes: Sizes, cores: int) -> list[Trial]:
