@@ -9,7 +9,7 @@ import torch
 from stable_baselines3 import PPO
 from stable_baselines3.common.logger import configure
 
-from trainer.learn.fast_ppo import FastPPO, numpy_step_unsupported
+from trainer.learn.fast_ppo import FastPPO, PolicyArrays, numpy_step_unsupported
 from trainer.learn.warm_start import BehaviourCloningTerm
 
 # 128-step rollouts in minibatches of 48 end each epoch on a short one, on purpose: SB3 warns of it.
@@ -67,6 +67,28 @@ def test_numpy_update_equals_sb3s_within_float32_rounding(activation, settings):
                 "train/approx_kl", "train/clip_fraction", "train/std", "train/explained_variance"):
         assert ours.logger.name_to_value[key] == pytest.approx(theirs.logger.name_to_value[key], rel=1e-4, abs=1e-6)
     assert ours.logger.name_to_value["train/n_updates"] == theirs.logger.name_to_value["train/n_updates"] == 12
+
+
+@pytest.mark.parametrize("activation", [torch.nn.Tanh, torch.nn.ReLU])
+def test_the_numpy_forward_pass_that_collects_rollouts_is_the_policy_s_own_with_the_same_noise(activation):
+    model = _trained(FastPPO, activation, rollouts=1)  # weights moved from their start
+    obs = torch.from_numpy(np.random.default_rng(1).standard_normal((64, 7)).astype(np.float32))
+    for deterministic in (False, True):
+        torch.manual_seed(5)
+        with torch.no_grad():  # as SB3 collects
+            theirs = model.policy.forward(obs, deterministic)
+        torch.manual_seed(5)
+        ours = PolicyArrays(model.policy).act(obs, deterministic)
+        for mine, sb3 in zip(ours, theirs):
+            assert mine.dtype == sb3.dtype == torch.float32 and mine.shape == sb3.shape
+            assert float((mine - sb3).abs().max()) < 1e-5
+        if not deterministic:  # the same draws of noise, not merely the same mean
+            assert float(theirs[0].std()) > 0.5
+    # During a rollout the policy's forward is the numpy one; after it, the class's own again.
+    seen = []
+    model.policy.register_forward_hook(lambda module, args, out: seen.append(module.forward.__name__))
+    model.learn(128)
+    assert seen and set(seen) == {"act"} and model.policy.forward.__name__ == "forward"
 
 
 def test_a_behaviour_cloning_term_on_the_optimizer_adds_to_the_numpy_gradient():
