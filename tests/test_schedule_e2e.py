@@ -65,6 +65,15 @@ def test_stop_mid_sac_then_resume_finishes_by_the_same_deadline(tmp_path):
     stopped_span = before["stages"][4]["spans"]
     assert len(stopped_span) == 1 and stopped_span[0][1] is not None  # the stop signal ended its stretch
 
+    # Other agents than the night's: refused before anything is touched (a resume runs its schedule's stages).
+    other = subprocess.run([sys.executable, "-m", "trainer", "night", "--resume", str(out), "--quick", "--device",
+                            "cpu", "--agents", "ppo"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert other.returncode == 2, other.stderr[-3000:]
+    assert other.stderr.strip().splitlines()[-1] == (
+        f"error: {out} is a night of sac, ppo, a2c, not --agents ppo: resume it without --agents, or start a new "
+        "night (another --out) for ppo")
+    assert json.loads((out / "schedule.json").read_text()) == before
+
     resumed = subprocess.run(
         [sys.executable, "-m", "trainer", "schedule", "--resume", str(out), "--quick", "--device", "cpu"],
         cwd=ROOT,

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from trainer.base.errors import UsageError
 from trainer.config.sections import Config
 from trainer.learn.preflight import check_resume_config, memory_checks
 from trainer.night import runner, sweep
@@ -84,7 +85,12 @@ def run_request(request: NightRequest, say: Callable[[str], None],
         trained = [s.name for s in ScheduleState.load(schedule).stages if s.kind == StageKind.TRAIN]
         # Its agents are the night's, not the config's whole roster: a night of PPO alone, resumed, calibrated SAC
         # and A2C as well (measured: 7 s of a test's 10 s resume; a minute of a real night's).
-        chosen = trained if request.agents is None and trained else chosen
+        if request.agents is not None and trained and set(chosen) != set(trained):
+            # The schedule's stages are what a resume runs: other agents would be checked and calibrated, not
+            # trained, and the night would say nothing of it.
+            raise UsageError(f"{out} is a night of {', '.join(trained)}, not --agents {request.agents}: resume it "
+                             f"without --agents, or start a new night (another --out) for {', '.join(chosen)}")
+        chosen = trained or chosen
     for agent in chosen if resuming else ():
         check_resume_config(Path(str(out)), agent, cfg, request.force)
     with session.open_run(cfg, "night", out, request.schema, request.dataset, resuming=resuming,
