@@ -98,13 +98,19 @@ def test_a_behaviour_cloning_term_on_the_optimizer_adds_to_the_numpy_gradient():
     observations = rng.standard_normal((200, 7)).astype(np.float32)
     actions = np.clip(-observations[:, 3:6], -1, 1)  # away from what the reward asks: the term pulls against it
 
+    autograd_passes = []
+
     def attach(model):
-        BehaviourCloningTerm(model.policy, observations, actions, weight=5.0, batch_size=32)
+        term = BehaviourCloningTerm(model.policy, observations, actions, weight=5.0, batch_size=32)
+        torch_loss = term.loss
+        term.loss = lambda index=None: autograd_passes.append(type(model).__name__) or torch_loss(index)
 
     settings = {"learning_rate": 0.01}
     ours, theirs = _trained(FastPPO, before_learning=attach, **settings), _trained(PPO, before_learning=attach,
                                                                                     **settings)
     assert numpy_step_unsupported(ours) is None
+    # SB3's update adds the term by autograd at each of its 36 steps; FastPPO's in numpy (the same batches).
+    assert autograd_passes == ["PPO"] * 36
     assert _largest_difference(ours, theirs) < 2e-5
     assert _largest_difference(ours, _trained(FastPPO, **settings)) > 0.05  # the term changed the update
 

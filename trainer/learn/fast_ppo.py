@@ -23,6 +23,7 @@ clipping, no KL early stop. Any other model trains with SB3's own ``train`` (log
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,6 +35,7 @@ from stable_baselines3.common.torch_layers import FlattenExtractor
 from stable_baselines3.common.utils import explained_variance
 
 from trainer.base import logs
+from trainer.learn.warm_start.fine_tune import attached_term
 
 _ACTIVATIONS = (torch.nn.Tanh, torch.nn.ReLU)
 _HALF_LOG_2PI = np.float32(0.5 * math.log(2 * math.pi))
@@ -78,6 +80,11 @@ class FastPPO(PPO):
         self._update_learning_rate(self.policy.optimizer)
         clip_range = float(self.clip_range(self._current_progress_remaining))  # type: ignore[operator]
         net = PolicyArrays(self.policy)
+        term = attached_term(self.policy.optimizer)  # the warm start's behaviour-cloning term, in numpy too
+        with term.in_numpy(net) if term is not None else nullcontext():
+            self._update(net, clip_range)
+
+    def _update(self, net: PolicyArrays, clip_range: float) -> None:
         buffer = self.rollout_buffer
         names = ("observations", "actions", "log_probs", "advantages", "returns")
         pg_losses, value_losses, entropy_losses, clip_fractions, approx_kls = [], [], [], [], []
@@ -270,17 +277,33 @@ class PolicyArrays:
             outputs.append(np.tanh(z, out=z) if self.tanh else np.maximum(z, 0, out=z))
         return outputs
 
-    def _backward(self, layers: list, head: tuple, outputs: list[np.ndarray], d_out: np.ndarray) -> None:
-        """Back-propagate ``d_out`` (d loss / d the head's output) into every gradient of the head and layers."""
+    def add_imitation_gradient(self, obs: np.ndarray, target: np.ndarray, weight: float) -> None:
+        """Add the gradient of ``weight`` x the mean squared distance of the policy's mean action to ``target`` (the
+        warm start's behaviour-cloning term, trainer.learn.warm_start.BehaviourCloningTerm) to the gradients."""
+        pi = self._forward(self.pi_layers, obs.reshape(len(obs), -1).astype(np.float32, copy=False))
+        mean = self._head(self.action_head, pi[-1])
+        d_mean = (mean - target.astype(np.float32, copy=False)) * np.float32(2 * weight / mean.size)
+        self._backward(self.pi_layers, self.action_head, pi, d_mean, add=True)
+
+    def _backward(self, layers: list, head: tuple, outputs: list[np.ndarray], d_out: np.ndarray,
+                  add: bool = False) -> None:
+        """Back-propagate ``d_out`` (d loss / d the head's output) into every gradient of the head and layers: written
+        over them, or with ``add`` added to them."""
+        def put(d_weight: np.ndarray, d_bias: np.ndarray, grad: np.ndarray, inputs: np.ndarray) -> None:
+            if add:
+                d_weight += grad.T @ inputs
+                d_bias += grad.sum(axis=0)
+            else:
+                np.matmul(grad.T, inputs, out=d_weight)
+                grad.sum(axis=0, out=d_bias)
+
         weight, _, d_weight, d_bias = head
-        np.matmul(d_out.T, outputs[-1], out=d_weight)
-        d_out.sum(axis=0, out=d_bias)
+        put(d_weight, d_bias, d_out, outputs[-1])
         grad = d_out @ weight
         for i in range(len(layers) - 1, -1, -1):
             activation = outputs[i + 1]
             grad *= (1 - activation * activation) if self.tanh else (activation > 0)
             weight, _, d_weight, d_bias = layers[i]
-            np.matmul(grad.T, outputs[i], out=d_weight)
-            grad.sum(axis=0, out=d_bias)
+            put(d_weight, d_bias, grad, outputs[i])
             if i:
                 grad = grad @ weight

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import math
 import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -52,8 +54,15 @@ def start_temperature(model: Any, temperature: float) -> None:
             log_temperature.fill_(math.log(temperature))
 
 
-# Each optimizer's hook handle (not the term: the term holds the policy, which would keep the key alive).
-_ATTACHED: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+# Each optimizer's hook handle and a weak reference to its term (the term holds the policy, which would keep the
+# key alive; the optimizer's hook keeps the term).
+_ATTACHED: weakref.WeakKeyDictionary[Any, tuple[Any, weakref.ref]] = weakref.WeakKeyDictionary()
+
+
+def attached_term(optimizer: Any) -> BehaviourCloningTerm | None:
+    """The behaviour-cloning term hooked on ``optimizer``, if any."""
+    entry = _ATTACHED.get(optimizer)
+    return entry[1]() if entry is not None else None
 
 
 class BehaviourCloningTerm:
@@ -66,7 +75,9 @@ class BehaviourCloningTerm:
     the warm start (docs/agent-quality.md). Hooked before torch's ``Optimizer.step`` (after SB3 or
     FastPPO has clipped the policy gradient; FastPPO's gradients are torch views of its numpy arrays, and
     autograd adds to them in place), so neither loop is touched; batches are drawn with torch's global
-    generator, which a checkpoint saves: a resume draws the same ones.
+    generator, which a checkpoint saves: a resume draws the same ones. During FastPPO's numpy update
+    (:meth:`in_numpy`) the term's gradient is added in numpy too: in torch it cost as much as the rest of that
+    update (6.3 of 13.9 s of PPO's updates on Building_5, per-operation overhead; docs/benchmarks.md).
     """
 
     def __init__(self, policy: Any, observations: np.ndarray, actions: np.ndarray, weight: float,
@@ -78,22 +89,43 @@ class BehaviourCloningTerm:
         self.actions = torch.as_tensor(actions, device=policy.device)
         self.weight = weight
         self.batch_size = min(batch_size, len(observations))
+        self._arrays: Any = None  # FastPPO's PolicyArrays while its numpy update runs (in_numpy)
         previous = _ATTACHED.get(policy.optimizer)
         if previous is not None:  # attached again to the same optimizer: this term replaces that one
-            previous.remove()
-        _ATTACHED[policy.optimizer] = policy.optimizer.register_step_pre_hook(self._before_step)
+            previous[0].remove()
+        _ATTACHED[policy.optimizer] = (policy.optimizer.register_step_pre_hook(self._before_step), weakref.ref(self))
 
-    def loss(self) -> Any:
-        import torch  # lazy: torch takes seconds to import
+    @contextmanager
+    def in_numpy(self, arrays: Any) -> Iterator[None]:
+        """While inside, add the term's gradient with ``arrays`` (trainer.learn.fast_ppo.PolicyArrays, whose gradients
+        are the policy's) instead of torch's autograd: the same batches, the same gradient within float32 rounding."""
+        self._arrays = arrays
+        try:
+            yield
+        finally:
+            self._arrays = None
 
-        index = torch.randint(len(self.observations), (self.batch_size,)).to(self.observations.device)
+    def loss(self, index: Any = None) -> Any:
+        """The term on a batch of the demonstrations (``index``: drawn when not given), as a torch loss."""
         policy = self.policy
+        index = self._draw() if index is None else index
         features = policy.extract_features(self.observations[index], policy.pi_features_extractor)
         mean = policy.action_net(policy.mlp_extractor.forward_actor(features))
         return self.weight * ((mean - self.actions[index]) ** 2).mean()
 
+    def _draw(self) -> Any:
+        import torch  # lazy: torch takes seconds to import
+
+        return torch.randint(len(self.observations), (self.batch_size,)).to(self.observations.device)
+
     def _before_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        self.loss().backward()  # adds to the gradients the step is about to apply
+        # Adds to the gradients the step is about to apply.
+        index = self._draw()
+        if self._arrays is None:
+            self.loss(index).backward()
+            return
+        rows = index.numpy()
+        self._arrays.add_imitation_gradient(self.observations.numpy()[rows], self.actions.numpy()[rows], self.weight)
 
 
 def term_strength(cfg: Config, agent: str) -> float:
@@ -104,8 +136,8 @@ def term_strength(cfg: Config, agent: str) -> float:
 
 def time_with_the_term(cfg: Config, agent: str, model: Any) -> None:
     """Hook a behaviour-cloning term on stand-in demonstrations onto an on-policy ``model`` whose stage will carry
-    one, so that a calibration times the update the stage runs (on PPO's numpy minibatch the term's torch pass
-    costs ~70 % more update; docs/benchmarks.md)."""
+    one, so that a calibration times the update the stage runs (the term adds about half of PPO's numpy gradient
+    to each minibatch, A2C's torch pass more; docs/benchmarks.md)."""
     strength = term_strength(cfg, agent)
     if strength <= 0 or agent_spec(agent).off_policy:
         return
