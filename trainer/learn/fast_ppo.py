@@ -63,7 +63,7 @@ class FastPPO(PPO):
         # torch's: a few calls a rollout.
         if numpy_step_unsupported(self) is not None:
             return super().collect_rollouts(env, callback, rollout_buffer, n_rollout_steps)
-        self.policy.forward = PolicyArrays(self.policy).act  # type: ignore[method-assign]
+        self.policy.forward = PolicyArrays(self.policy, gradients=False).act  # type: ignore[method-assign]
         try:
             return super().collect_rollouts(env, callback, rollout_buffer, n_rollout_steps)
         finally:
@@ -169,22 +169,22 @@ class PolicyArrays:
 
     The gradients live in one flat array (clipping by global norm is then one dot product); each
     parameter's ``.grad`` is a torch view of its slice, so the policy's optimizer steps from them.
-    Built at the start of each rollout (for :meth:`act`) and each ``train`` call: a load or a resume may have
-    replaced the tensors.
+    Built at the start of each rollout (for :meth:`act`, ``gradients=False``: the policy's ``.grad`` left as it is)
+    and each ``train`` call: a load or a resume may have replaced the tensors.
     """
 
-    def __init__(self, policy: ActorCriticPolicy):
+    def __init__(self, policy: ActorCriticPolicy, gradients: bool = True):
         params = list(policy.parameters())
-        self.grads = np.zeros(sum(p.numel() for p in params), np.float32)
-        grad_of: dict[int, np.ndarray] = {}
+        self.grads = np.zeros(sum(p.numel() for p in params) if gradients else 0, np.float32)
+        grad_of: dict[int, np.ndarray | None] = {id(param): None for param in params}
         offset = 0
-        for param in params:
+        for param in params if gradients else ():
             view = self.grads[offset:offset + param.numel()].reshape(tuple(param.shape))
             param.grad = torch.from_numpy(view)
             grad_of[id(param)] = view
             offset += param.numel()
 
-        def pair(linear: torch.nn.Linear) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        def pair(linear: torch.nn.Linear) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
             return (linear.weight.detach().numpy(), linear.bias.detach().numpy(),
                     grad_of[id(linear.weight)], grad_of[id(linear.bias)])
 
@@ -227,11 +227,8 @@ class PolicyArrays:
         n, dims = len(obs), actions.shape[1]
         pi = self._forward(self.pi_layers, obs)
         vf = self._forward(self.vf_layers, obs)
-        weight, bias, _, _ = self.action_head
-        mean = pi[-1] @ weight.T
-        mean += bias
-        weight, bias, _, _ = self.value_head
-        values = (vf[-1] @ weight.T)[:, 0] + bias[0]
+        mean = self._head(self.action_head, pi[-1])
+        values = self._head(self.value_head, vf[-1])[:, 0]
 
         # The diagonal Gaussian's log-probability and entropy (torch.distributions.Normal, summed over actions).
         inv_var = np.exp(-2 * self.log_std)
