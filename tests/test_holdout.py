@@ -162,6 +162,19 @@ def test_the_report_leads_with_held_out_figures_and_names_what_falls_below_rbc(t
     assert "**Held out, ppo (+60 points; rbc -5) lose more than 5 points" in section
 
 
+def test_an_agent_that_loses_little_held_out_is_not_named_because_the_rbc_gains_there():
+    from trainer.judge.report import _in_sample
+
+    # Building_4 seed 1's night: SAC 80 % in-sample and 79 % held out, the RBC 44 % and 52 % (each part's own optimum).
+    results = {"rbc": {"co2_share_of_optimum_pct": 52.0, "in_sample": {"co2_share_of_optimum_pct": 44.0}},
+               "sac": {"co2_share_of_optimum_pct": 79.0, "in_sample": {"co2_share_of_optimum_pct": 80.0}},
+               "ppo": {"co2_share_of_optimum_pct": 70.0, "in_sample": {"co2_share_of_optimum_pct": 81.0}}}
+    text = "\n".join(_in_sample(results))
+    assert "| sac | 79% | 80% | +1 |" in text and "| rbc | 52% | 44% | -8 |" in text
+    assert "**Held out, ppo (+11 points; rbc -8) lose more than 5 points, and more than 5 beyond" in text
+    assert "sac (" not in text
+
+
 def test_a_run_from_before_held_out_periods_resumes_and_is_re_evaluated_with_nothing_held_out(tmp_path):
     from trainer.learn.preflight import config_diff, training_view
     from trainer.run.session import made_with_holdout, resolve_for_resume

@@ -236,14 +236,16 @@ def _in_sample(results: dict[str, dict[str, Any]]) -> list[str]:
                      f"{_pct(m.get('ev_departure_soc_met_pct'), '.1f')} | "
                      f"{_pct(inside.get('ev_departure_soc_met_pct'), '.1f')} |")
     # The rule-based controller learnt nothing: its gap is what the two parts differ by (season, cars), the rest of
-    # an agent's is what it learnt of the period it trained on.
+    # an agent's is what it learnt of the period it trained on. An agent is named where it loses more than the bar
+    # both in itself and beyond the RBC: on the official EV buildings the RBC's share rises 4-9 points on the months
+    # held out while the agents' fall 1-3, and naming those would be a false alarm.
     level = gaps.get("rbc") or 0.0
     wide = [f"{name} ({gap:+.0f} points; rbc {level:+.0f})" for name, gap in gaps.items()
-            if name in AGENTS and gap is not None and gap - level > GAP_WORTH_SAYING]
+            if name in AGENTS and gap is not None and min(gap, gap - level) > GAP_WORTH_SAYING]
     if wide:
-        lines += ["", f"**Held out, {', '.join(wide)} lose more than {GAP_WORTH_SAYING:g} points beyond what the "
-                      "rule-based controller, which learnt nothing, loses between the two parts**: part of what they "
-                      "learnt was the period itself."]
+        lines += ["", f"**Held out, {', '.join(wide)} lose more than {GAP_WORTH_SAYING:g} points, and more than "
+                      f"{GAP_WORTH_SAYING:g} beyond what the rule-based controller, which learnt nothing, loses "
+                      "between the two parts**: part of what they learnt was the period itself."]
     return [*lines, ""]
 
 
