@@ -11,7 +11,8 @@ from stable_baselines3 import SAC
 
 from trainer.base.errors import ConfigError
 from trainer.config.loading import load_config
-from trainer.env.citylearn import CentralAgentArrays, make_citylearn_env
+from trainer.config.sections import ONE_PERIOD_IGNORED
+from trainer.env.citylearn import CentralAgentArrays, central_arrays, make_citylearn_env, make_sb3_env
 from trainer.learn.agents import MAX_AUTO_ENVS, apply_sizes, training_envs
 from trainer.learn.fast_sac import FastSAC
 from trainer.sim.simulators import CITYLEARN, VECTOR
@@ -64,6 +65,34 @@ def test_ignored_observations_are_left_out_of_what_the_policy_reads_and_a_misspe
     with pytest.raises(ConfigError, match=r"observations.ignore names 'monht', which this dataset does not observe"):
         CentralAgentArrays(make_citylearn_env(cfg, Site.load(site_schema), "eval", 0, eval_days=2),
                            seen=cfg.observations)
+
+
+def _read(cfg, site) -> tuple[set[str], list[str]]:
+    """The observations a policy on ``site`` reads (by CityLearn's name), and the raw list it is given."""
+    env = make_sb3_env(cfg, site, "eval", 0, eval_days=2)
+    try:
+        env.reset()
+        plan = central_arrays(env).plan
+        return {f.observation for f in plan.features}, plan.names
+    finally:
+        env.close()
+
+
+def test_a_dataset_of_one_period_is_read_without_its_month_and_weather_and_the_built_in_site_with_them(
+        built_in, official_ev_schema):
+    auto, every = load_config(), load_config(overrides=["observations.ignore=[]"])
+    assert auto.observations.ignore == "auto"  # the default
+    dataset = Site.load(official_ev_schema)
+    read, raw = _read(auto, dataset)
+    all_read, _ = _read(every, dataset)
+    left_out = all_read - read
+    assert left_out == {"month", "outdoor_dry_bulb_temperature", "outdoor_relative_humidity",
+                        *(f"outdoor_{w}_predicted_{h}" for w in ("dry_bulb_temperature", "relative_humidity")
+                          for h in (1, 2, 3))} == ONE_PERIOD_IGNORED
+    assert {"hour", "day_type", "direct_solar_irradiance_predicted_1", "Building_4.electrical_storage_soc"} <= read
+    assert left_out <= set(raw)  # still read from CityLearn (an export checks them), not given to the policy
+    assert _read(auto, built_in)[0] == _read(every, built_in)[0]  # drawn years show every month: nothing left out
+    assert "month" in _read(auto, built_in)[0]
 
 
 class _Box(gymnasium.Env):

@@ -153,12 +153,12 @@ class CentralAgentArrays(gymnasium.Wrapper):
 
     def __init__(
         self, env: CityLearnEnv, guard: EvServiceGuard | None = None, seen: ObservationsConfig | None = None,
-        learnt: NormalisationPlan | None = None,
+        learnt: NormalisationPlan | None = None, site: Site | None = None,
     ):
         super().__init__(env)
         seen = seen or ObservationsConfig(carbon_ahead_hours=[], ignore=[])
         self.carbon_ahead = np.asarray(seen.carbon_ahead_hours, dtype=int)
-        self.ignored = frozenset(seen.ignore)
+        self.ignored = ignored_observations(seen, site)
         # Every feature is min-max scaled to [0, 1] (cos/sin to [-1, 1] before it), as CityLearn's own wrapper
         # declares; its space is not asked, for it knows nothing of the features added or left out here.
         size = len((learnt or NormalisationPlan(env.unwrapped, self.carbon_ahead, self.ignored)).features)
@@ -219,6 +219,14 @@ class CentralAgentArrays(gymnasium.Wrapper):
         """Make the next ``reset`` start episode ``index`` (its window is a function of seed and index)."""
         # CityLearn keeps the counter private and increments it on reset.
         self.env.unwrapped.episode_tracker._EpisodeTracker__episode = index - 1
+
+
+def ignored_observations(seen: ObservationsConfig, site: Site | None) -> frozenset[str]:
+    """What the policy does not read on ``site`` (``observations.ignore``; ``auto`` asks the site's kind: a dataset
+    has one period, the built-in site draws years). No site: what the config names, auto none."""
+    if site is None:
+        return seen.ignored(one_period=False, observed=frozenset())
+    return seen.ignored(one_period=not site.kind.unseen_draws, observed=site.observed)
 
 
 def carbon_ahead_name(hours: int) -> str:
@@ -325,7 +333,7 @@ def make_sb3_env(cfg: Config, site: Site, purpose: Purpose, seed: int, eval_days
     learnt = None if site.scaled_as is None else learnt_normalisation(cfg, site.scaled_as)
     env = make_citylearn_env(cfg, site, purpose, seed, eval_days)
     guard = EvServiceGuard.of(cfg.ev)
-    return Monitor(CentralAgentArrays(env, guard, cfg.observations, learnt))
+    return Monitor(CentralAgentArrays(env, guard, cfg.observations, learnt, site))
 
 
 def learnt_normalisation(cfg: Config, site: Site) -> NormalisationPlan:
@@ -342,7 +350,8 @@ def learnt_normalisation(cfg: Config, site: Site) -> NormalisationPlan:
             env.close()
 
     seen = cfg.observations
-    return site.remember(("normalisation", tuple(seen.carbon_ahead_hours), tuple(seen.ignore)), measure)
+    ignored = tuple(sorted(ignored_observations(seen, site)))
+    return site.remember(("normalisation", tuple(seen.carbon_ahead_hours), ignored), measure)
 
 
 def policy_sizes(cfg: Config, site: Site) -> tuple[int, int]:
@@ -354,7 +363,8 @@ def policy_sizes(cfg: Config, site: Site) -> tuple[int, int]:
         finally:
             env.close()
 
-    return site.remember(("policy sizes", tuple(cfg.observations.carbon_ahead_hours)), measure)
+    ignored = tuple(sorted(ignored_observations(cfg.observations, site)))
+    return site.remember(("policy sizes", tuple(cfg.observations.carbon_ahead_hours), ignored), measure)
 
 
 # CityLearn seeds episode window k with random_seed x (k + 1): a prime stride between the seeds of

@@ -148,7 +148,7 @@ def _build(ctx: RunContext, agent: str, model: Any, staging: Path, log: Any) -> 
     learnt = learnt_normalisation(cfg, ctx.site)
     env = make_citylearn_env(cfg, judged, "eval", ctx.seed, eval_days=cfg.schedule.eval_days)
     try:
-        arrays = CentralAgentArrays(env, None, cfg.observations, learnt)
+        arrays = CentralAgentArrays(env, None, cfg.observations, learnt, judged)
         arrays.reset()
         plan = arrays.plan
         assert plan is not None  # reset made it

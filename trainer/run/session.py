@@ -421,8 +421,8 @@ def same_dataset(run: RunDir, given: Site | None) -> None:
 
 def check_ignored(site: Site | None, seen: ObservationsConfig) -> None:
     """Refuse an ``observations.ignore`` name the dataset does not observe, before anything is written."""
-    if site is None or not seen.ignore:
-        return
+    if site is None or seen.ignore == "auto" or not seen.ignore:
+        return  # auto leaves out only what the site observes
     unknown = sorted(set(seen.ignore) - site.observed)
     if unknown:
         raise ConfigError(f"observations.ignore names {', '.join(map(repr, unknown))}, which {site.schema} does not "

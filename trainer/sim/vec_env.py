@@ -36,7 +36,7 @@ class SimVecEnv(VecEnv):
         self.tables = tables = site_tables(env, site, seed, episode_steps if from_start else None)
         # A part of a site (its learning part) reads its observations scaled as the whole site, as every evaluation.
         learnt = None if site.scaled_as is None else learnt_normalisation(cfg, site.scaled_as)
-        arrays = CentralAgentArrays(env, None, cfg.observations, learnt)
+        arrays = CentralAgentArrays(env, None, cfg.observations, learnt, site)
         arrays.reset()
         self.plan, self.scale, self.carbon_ahead = arrays.plan, arrays.scale, arrays.carbon_ahead
         self.reward = _RewardTerms(cfg, env, tables)
