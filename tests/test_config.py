@@ -48,6 +48,11 @@ def test_choice_lists_the_valid_values():
                                                   "'a2c' or 'own'; got 'sak'")
 
 
+def test_a_list_or_a_word_names_both():
+    assert error_of("observations.ignore=autoo") == (
+        "config key 'observations.ignore': input should be a valid list or 'auto'; got 'autoo'")
+
+
 def test_timesteps_and_episodes_together_are_refused():
     assert error_of("ppo.episodes=3") == (
         "config key 'ppo': set only one of timesteps (500000) or episodes (3); set the other to null"

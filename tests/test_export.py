@@ -23,10 +23,11 @@ from .conftest import tiny_overrides
 
 pytest.importorskip("onnxruntime", reason="trainer export needs the export extra (pip install -e '.[export]')")
 
-# Each algorithm on a short window; PPO with the carbon look-ahead among its observations, A2C on the V2G site, so
-# the exported guard also meets discharging cars (and its validation year is a V2G site too: built from the site's
-# own scenario, not the run's config).
-CASES = {"sac": ("site_schema", 200, ()), "ppo": ("site_schema", 256, ("observations.carbon_ahead_hours=[3,12]",)),
+# Each algorithm on a short window; SAC reading neither the month nor the day type, PPO with the carbon look-ahead
+# among its observations, A2C on the V2G site, so the exported guard also meets discharging cars (and its validation
+# year is a V2G site too: built from the site's own scenario, not the run's config).
+CASES = {"sac": ("site_schema", 200, ("observations.ignore=[month,day_type]",)),
+         "ppo": ("site_schema", 256, ("observations.carbon_ahead_hours=[3,12]",)),
          "a2c": ("v2g_schema", 200, ())}
 # What a process running controller.py may not import: everything but numpy, onnxruntime and the stdlib.
 BLOCKED = ("torch", "stable_baselines3", "citylearn", "trainer", "gymnasium", "pandas", "onnx", "onnxscript",
@@ -90,6 +91,11 @@ def test_the_export_acts_as_the_product_did_in_citylearn(agent, exports):
     assert all(o["unit"] == "kg CO2 per kWh from the grid" for o in ahead)
     clipped = [f["observation"] for f in spec["features"] if f["clip"]]
     assert clipped == [o["name"] for o in ahead]  # the look-ahead is scaled as the current intensity, clipped
+    # An observation the policy does not read is still in the raw list, checked by the range CityLearn defines it in.
+    read = {f["observation"] for f in spec["features"]}
+    checked = {o["name"]: o["valid"] for o in spec["observations"]}
+    assert ({"month", "day_type"} & read == set()) == (agent == "sac")
+    assert checked["month"][0] <= 1 and checked["month"][1] >= 12 and checked["day_type"][1] >= 7
 
 
 @pytest.mark.parametrize("agent", list(CASES))

@@ -118,7 +118,7 @@ _UNION_MEMBERS = ("float", "int", "str", "bool", "none", "list", "dict")
 def _key_path(error: dict[str, Any]) -> tuple[Any, ...]:
     """The config key an error is about (without the union member or validator pydantic adds to its loc)."""
     return tuple(p for p in error["loc"] if not (isinstance(p, str) and (
-        p.startswith(("function-", "literal[")) or p in _UNION_MEMBERS)))
+        p.startswith(("function-", "literal[", "list[", "dict[")) or p in _UNION_MEMBERS)))
 
 
 def _format_error(loc: tuple[Any, ...], errors: list[dict[str, Any]]) -> str:

@@ -267,6 +267,8 @@ class NormalisationPlan:
         shared, seen = set(env.shared_observations), set()
         self.names: list[str] = []  # the raw list's positions
         self.features: list[Feature] = []
+        # What an ignored observation would have given the policy: an export still checks its readings by this range.
+        self.unread: list[Feature] = []
         for i, building in enumerate(env.buildings):
             lows, highs = building.periodic_normalized_observation_space_limits
             for key in building.observations(normalize=False, periodic_normalization=False):
@@ -276,14 +278,14 @@ class NormalisationPlan:
                     seen.add(key)
                 name = key if key in shared else raw_observation_name(building.name, key, len(env.buildings))
                 self.names.append(name)
-                if key in ignored:
-                    continue  # read (the raw list stays CityLearn's) but not a feature: observations.ignore
+                # Read (the raw list stays CityLearn's) but not a feature where ignored: observations.ignore.
+                kept = self.unread if key in ignored else self.features
                 if key in periodic:  # expands to (cos, sin), in that order
                     period = float(max(periodic[key]))
-                    self.features += [Feature(name, t, period, float(lows[f"{key}_{t}"]), float(highs[f"{key}_{t}"]))
-                                      for t in ("cos", "sin")]
+                    kept += [Feature(name, t, period, float(lows[f"{key}_{t}"]), float(highs[f"{key}_{t}"]))
+                             for t in ("cos", "sin")]
                 else:
-                    self.features.append(Feature(name, "identity", 0.0, float(lows[key]), float(highs[key])))
+                    kept.append(Feature(name, "identity", 0.0, float(lows[key]), float(highs[key])))
         unknown = sorted(ignored - {key for b in env.buildings for key in b.observations(normalize=False,
                                                                                            periodic_normalization=False)})
         if unknown:

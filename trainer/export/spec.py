@@ -92,7 +92,7 @@ def observations(env: CityLearnEnv, plan: NormalisationPlan, currency: str) -> l
     """Each raw observation: its name, unit and the range the controller accepts."""
     periodic = env.buildings[0].get_periodic_observation_metadata()
     limits: dict[str, tuple[float, float]] = {}
-    for feature in plan.features:
+    for feature in [*plan.features, *plan.unread]:  # an observation the policy does not read is checked all the same
         key = feature.observation
         if feature.transform == "identity":
             limits[key] = (feature.low, feature.high)
