@@ -13,6 +13,7 @@ from click.testing import CliRunner
 from trainer.base.errors import DatasetError
 from trainer.cli.main import cli
 from trainer.config.loading import load_config
+from trainer.config.sections import ONE_PERIOD_IGNORED
 from trainer.env.citylearn import central_arrays, make_sb3_env
 from trainer.judge.metrics import compare_to_baseline
 from trainer.judge.report import write_report
@@ -102,6 +103,8 @@ def test_results_are_held_out_figures_with_the_in_sample_ones_beside(one_year, t
     results = json.loads((out / "results.json").read_text())
     record = json.loads((out / "held-out.json").read_text())
     assert (record["first_step"], record["last_step"]) == (6576, 8759)
+    # A dataset of one period: the policy does not read its month and weather (observations.ignore: auto).
+    assert "month" in record["unread"] and record["unread"] == sorted(ONE_PERIOD_IGNORED & one_year.observed)
     for name in ("baseline", "rbc", "optimum"):
         assert results[name]["in_sample"]["co2_kg"] != results[name]["co2_kg"]  # two periods, two figures
     # Each part's share is against its own optimum: the optimum's replay of each reaches about all of its bound.
@@ -117,7 +120,8 @@ def test_results_are_held_out_figures_with_the_in_sample_ones_beside(one_year, t
     assert result.exit_code == 0, result.output
     assert not any("in_sample" in m for m in json.loads((flat / "results.json").read_text()).values())
     assert yaml.safe_load((flat / "config.yaml").read_text())["holdout"]["share"] == 0
-    assert "Every figure here is in-sample" in write_report(RunDir(flat)).read_text()
+    report = write_report(RunDir(flat)).read_text()
+    assert "Every figure here is in-sample" in report and "The agents do not read `month`, " in report
 
 
 @pytest.mark.parametrize("value", ["70%", "half", "-5%"])
@@ -148,7 +152,8 @@ def test_the_report_leads_with_held_out_figures_and_names_what_falls_below_rbc(t
     run.root.mkdir()
     (run.root / "results.json").write_text(json.dumps(_results(True)))
     (run.root / "held-out.json").write_text(json.dumps({"held_out": "the last 91 days (May-July)",
-                                                        "learnt_from": "the first 274 days"}))
+                                                        "learnt_from": "the first 274 days",
+                                                        "unread": ["month", "outdoor_relative_humidity"]}))
     text = write_report(run).read_text()
     headline = text.split("## Results")[0]
     assert "**Best agent: ppo**, 2,600 kg CO2/year (-13.3% against the uncontrolled baseline, 33% of the optimum's" \
@@ -156,6 +161,7 @@ def test_the_report_leads_with_held_out_figures_and_names_what_falls_below_rbc(t
     assert "**On the held-out data it does worse than the rule-based controller** (2,600 against 2,500" in headline
     assert "*Every figure here is held out: judged on the last 91 days (May-July); the agents learnt from the first " \
            "274 days." in headline
+    assert "The agents do not read `month`, `outdoor_relative_humidity` (`observations.ignore`)" in headline
     section = text.split("## Held out and in-sample")[1]
     # ppo: 400 of the held-out 1,200 kg cut, 1,400 of the in-sample 1,500; rbc 500 of 1,200, 550 of 1,500
     assert "| ppo | 33% | 93% | +60 |" in section and "| rbc | 42% | 37% | -5 |" in section

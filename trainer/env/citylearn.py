@@ -222,11 +222,8 @@ class CentralAgentArrays(gymnasium.Wrapper):
 
 
 def ignored_observations(seen: ObservationsConfig, site: Site | None) -> frozenset[str]:
-    """What the policy does not read on ``site`` (``observations.ignore``; ``auto`` asks the site's kind: a dataset
-    has one period, the built-in site draws years). No site: what the config names, auto none."""
-    if site is None:
-        return seen.ignored(one_period=False, observed=frozenset())
-    return seen.ignored(one_period=not site.kind.unseen_draws, observed=site.observed)
+    """What the policy does not read on ``site`` (:meth:`Site.unread`). No site: what the config names, auto none."""
+    return site.unread(seen) if site is not None else seen.ignored(one_period=False, observed=frozenset())
 
 
 def carbon_ahead_name(hours: int) -> str:

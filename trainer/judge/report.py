@@ -87,17 +87,19 @@ PEAK_WORTH_SAYING = 1.1  # the headline names a peak import this much above the 
 
 
 def _judged_on(run: RunDir, results: dict[str, dict[str, Any]]) -> list[str]:
-    """What the figures are: held out, and from what, or in-sample."""
-    record = run.held_out_record()
+    """What the figures are: held out, and from what, or in-sample; and what the agents do not read."""
+    record, unread = run.held_out_record(), run.unread_observations()
+    reads = (f" The agents do not read {', '.join(f'`{name}`' for name in unread)} (`observations.ignore`): a "
+             "calendar they would tell the months of the one period apart by (docs/scenario.md)." if unread else "")
     if record is None:
         if run.held_out.is_file():  # a run that held nothing out (a run before held-out periods says nothing)
             return ["", "*Every figure here is in-sample: the run held nothing out (`--holdout none`), so the "
                         "agents are judged on the period they learnt from, which flatters them; on data they never "
-                        "saw they may do worse.*"]
+                        f"saw they may do worse.{reads}*"]
         return []
     return ["", f"*Every figure here is held out: judged on {record['held_out']}; the agents learnt from "
                 f"{record['learnt_from']}. The figures on the part they learnt from are under \"Held out and "
-                "in-sample\".*"]
+                f"in-sample\".{reads}*"]
 
 
 def _below_rbc(results: dict[str, dict[str, Any]], name: str) -> str | None:

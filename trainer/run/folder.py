@@ -136,6 +136,16 @@ class RunDir:
             return None
         return record if record.get("held_out") else None
 
+    def unread_observations(self) -> list[str]:
+        """The observations the run's agents do not read (``held-out.json``'s ``unread``); [] where it names none, or
+        the file is damaged."""
+        try:
+            record = read_typed(self.held_out, dict[str, Any]) if self.held_out.is_file() else {}
+        except DamagedFile:
+            return []
+        unread = record.get("unread")
+        return [str(name) for name in unread] if isinstance(unread, list) else []
+
     def plot(self, name: str) -> Path:
         """One of the report's plots (``report.PLOTS``, or gpu.png) under plots/."""
         return self.plots / name

@@ -333,16 +333,21 @@ def judged_apart(cfg: Config, run: RunDir, site: Site) -> Site:
     """The run's site as the part it learns from, carrying the part it is judged on (``cfg.holdout``), recorded in
     held-out.json for the report."""
     site = hold_out(site, cfg.holdout, run.unseen_year_site)
-    record_held_out(run, site)
+    record_held_out(run, site, cfg.observations)
     return site
 
 
-def record_held_out(run: RunDir, site: Site) -> None:
-    """held-out.json: what ``site`` is judged on, for the report; logged."""
+def record_held_out(run: RunDir, site: Site, seen: ObservationsConfig) -> None:
+    """held-out.json: what ``site`` is judged on, and the observations the policy does not read (``seen``'s on this
+    site), for the report; logged."""
+    unread = site.unread(seen)
     held = site.held_out
-    record = {"held_out": None, "learnt_from": None} if held is None else {
+    record: dict[str, Any] = {"held_out": None, "learnt_from": None} if held is None else {
         "held_out": held.what, "learnt_from": held.learnt_from, "schema": str(held.site.schema),
         "first_step": held.site.start, "last_step": held.site.end}
+    if unread:
+        record["unread"] = sorted(unread)
+        logs.get().info("observations the agents do not read (observations.ignore)", unread=sorted(unread))
     if _read_json_or_none(run.held_out) != record:  # a re-evaluation leaves the same record's file as it was
         write_json_atomic(run.held_out, record)
     if held is not None:
@@ -452,7 +457,7 @@ def reopen_run(run_dir: str | Path, device: str,
         if check is not None:
             check(ctx)
         logs.configure(run.log_file)
-        record_held_out(run, ctx.site)
+        record_held_out(run, ctx.site, cfg.observations)
         yield ctx
     finally:
         lock.release()

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 from trainer.base.errors import DatasetError
 from trainer.base.files import DamagedFile
-from trainer.config.sections import ScenarioConfig
+from trainer.config.sections import ObservationsConfig, ScenarioConfig
 from trainer.site.datasets import check_dataset, check_name, find_dataset, read_schema
 from trainer.site.kinds import BUILT_IN, NAMED, SCHEMA, SiteKind, kind_of
 from trainer.site.scenario import SCHEMA_FILE
@@ -98,6 +98,11 @@ class Site:
         """The observations the schema makes active (CityLearn's names, without a building's)."""
         return frozenset(name for name, spec in (self.data.get("observations") or {}).items()
                          if isinstance(spec, Mapping) and spec.get("active"))
+
+    def unread(self, seen: ObservationsConfig) -> frozenset[str]:
+        """What a policy on this site does not read (``observations.ignore``; ``auto`` asks the kind: a dataset has
+        one period, whose months a policy would tell apart, the built-in site draws years that show every month)."""
+        return seen.ignored(one_period=not self.kind.unseen_draws, observed=self.observed)
 
     @property
     def root(self) -> Path:
