@@ -130,21 +130,21 @@ class RunDir:
     def held_out_record(self) -> dict[str, Any] | None:
         """What the run judged on and learnt from (``held-out.json``), or None where it held nothing out, predates
         held-out periods, or the file is damaged (the report and its plots then say nothing of it)."""
-        try:
-            record = read_typed(self.held_out, dict[str, Any]) if self.held_out.is_file() else {}
-        except DamagedFile:
-            return None
+        record = self._held_out_file()
         return record if record.get("held_out") else None
 
     def unread_observations(self) -> list[str]:
         """The observations the run's agents do not read (``held-out.json``'s ``unread``); [] where it names none, or
         the file is damaged."""
-        try:
-            record = read_typed(self.held_out, dict[str, Any]) if self.held_out.is_file() else {}
-        except DamagedFile:
-            return []
-        unread = record.get("unread")
+        unread = self._held_out_file().get("unread")
         return [str(name) for name in unread] if isinstance(unread, list) else []
+
+    def _held_out_file(self) -> dict[str, Any]:
+        """``held-out.json`` as read; {} where there is none or it is damaged."""
+        try:
+            return read_typed(self.held_out, dict[str, Any]) if self.held_out.is_file() else {}
+        except DamagedFile:
+            return {}
 
     def plot(self, name: str) -> Path:
         """One of the report's plots (``report.PLOTS``, or gpu.png) under plots/."""
