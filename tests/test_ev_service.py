@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
+from trainer.base.errors import ConfigError
 from trainer.config.loading import load_config
 from trainer.env.citylearn import ActionScale, CentralAgentArrays, make_citylearn_env, make_sb3_env
 from trainer.env.ev_guard import connected_sessions
@@ -136,3 +139,30 @@ def test_carbon_ahead_observations_are_the_datasets_own_values(built_in):
     expected = (carbon[[t + 1, t + 6, min(t + 24, len(carbon) - 1)]] - low) / (high - low)
     assert obs[-3:] == pytest.approx(expected, rel=1e-5)
     assert env.observation_space.contains(obs)
+
+
+def test_load_look_back_is_the_meter_s_past_and_a_site_without_a_load_reading_is_refused(built_in, site_schema,
+                                                                                            tmp_path):
+    cfg = load_config(overrides=["observations.load_ago_hours=[2,24]"])
+    env = make_sb3_env(cfg, built_in, "eval", 0, eval_days=3)
+    plain = make_sb3_env(load_config(), built_in, "eval", 0, eval_days=3)
+    assert env.observation_space.shape[0] == plain.observation_space.shape[0] + 2
+    obs, _ = env.reset()
+    building = env.unwrapped.buildings[0]
+    load = np.asarray(building.energy_simulation.non_shiftable_load, dtype=float)
+    lows, highs = building.periodic_normalized_observation_space_limits
+    low, high = lows["non_shiftable_load"], highs["non_shiftable_load"]
+    assert obs[-2:] == pytest.approx((load[[0, 0]] - low) / (high - low), rel=1e-5)  # no past yet: the first hour
+    for _ in range(30):
+        obs, *_ = env.step(np.zeros(5, dtype=np.float32))
+    t = env.unwrapped.time_step
+    assert env.env.raw[-2:] == pytest.approx(load[[t - 2, t - 24]])
+    assert obs[-2:] == pytest.approx((load[[t - 2, t - 24]] - low) / (high - low), rel=1e-5)
+    assert env.env.plan.names[-2:] == ["non_shiftable_load_ago_2h", "non_shiftable_load_ago_24h"]
+
+    schema = json.loads(site_schema.read_text())
+    schema["observations"]["non_shiftable_load"]["active"] = False
+    bare = tmp_path / "schema.json"
+    bare.write_text(json.dumps({**schema, "root_directory": str(site_schema.parent)}))
+    with pytest.raises(ConfigError, match="load_ago_hours needs the site to observe 'non_shiftable_load'"):
+        make_sb3_env(cfg, Site.load(bare), "eval", 0, eval_days=3).reset()

@@ -24,10 +24,12 @@ from .conftest import tiny_overrides
 pytest.importorskip("onnxruntime", reason="trainer export needs the export extra (pip install -e '.[export]')")
 
 # Each algorithm on a short window; SAC reading neither the month nor the day type, PPO with the carbon look-ahead
-# among its observations, A2C on the V2G site, so the exported guard also meets discharging cars (and its validation
-# year is a V2G site too: built from the site's own scenario, not the run's config).
+# and the load's look-back among its observations, A2C on the V2G site, so the exported guard also meets
+# discharging cars (and its validation year is a V2G site too: built from the site's own scenario, not the run's
+# config).
 CASES = {"sac": ("site_schema", 200, ("observations.ignore=[month,day_type]",)),
-         "ppo": ("site_schema", 256, ("observations.carbon_ahead_hours=[3,12]",)),
+         "ppo": ("site_schema", 256, ("observations.carbon_ahead_hours=[3,12]",
+                                      "observations.load_ago_hours=[24]")),
          "a2c": ("v2g_schema", 200, ())}
 # What a process running controller.py may not import: everything but numpy, onnxruntime and the stdlib.
 BLOCKED = ("torch", "stable_baselines3", "citylearn", "trainer", "gymnasium", "pandas", "onnx", "onnxscript",
@@ -89,6 +91,9 @@ def test_the_export_acts_as_the_product_did_in_citylearn(agent, exports):
     assert [o["name"] for o in ahead] == (["carbon_intensity_ahead_3h", "carbon_intensity_ahead_12h"]
                                           if agent == "ppo" else [])
     assert all(o["unit"] == "kg CO2 per kWh from the grid" for o in ahead)
+    ago = [o for o in spec["observations"] if "_ago_" in o["name"]]
+    assert [o["name"] for o in ago] == (["non_shiftable_load_ago_24h"] if agent == "ppo" else [])
+    assert all(o["unit"].startswith("kWh used by the building's other loads that many hours before") for o in ago)
     clipped = [f["observation"] for f in spec["features"] if f["clip"]]
     assert clipped == [o["name"] for o in ahead]  # the look-ahead is scaled as the current intensity, clipped
     # An observation the policy does not read is still in the raw list, checked by the range CityLearn defines it in.

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from trainer.base.errors import DatasetError
 from trainer.cli.main import cli
 from trainer.config.loading import load_config
-from trainer.config.sections import ONE_PERIOD_IGNORED
+from trainer.config.sections import ONE_PERIOD_IGNORED, ONE_PERIOD_LOAD_AGO
 from trainer.env.citylearn import central_arrays, make_sb3_env
 from trainer.judge.metrics import compare_to_baseline
 from trainer.judge.report import write_report
@@ -105,6 +105,7 @@ def test_results_are_held_out_figures_with_the_in_sample_ones_beside(one_year, t
     assert (record["first_step"], record["last_step"]) == (6576, 8759)
     # A dataset of one period: the policy does not read its month and weather (observations.ignore: auto).
     assert "month" in record["unread"] and record["unread"] == sorted(ONE_PERIOD_IGNORED & one_year.observed)
+    assert record["load_ago_hours"] == list(ONE_PERIOD_LOAD_AGO)  # and it reads yesterday's loads (auto)
     for name in ("baseline", "rbc", "optimum"):
         assert results[name]["in_sample"]["co2_kg"] != results[name]["co2_kg"]  # two periods, two figures
     # Each part's share is against its own optimum: the optimum's replay of each reaches about all of its bound.
@@ -153,7 +154,8 @@ def test_the_report_leads_with_held_out_figures_and_names_what_falls_below_rbc(t
     (run.root / "results.json").write_text(json.dumps(_results(True)))
     (run.root / "held-out.json").write_text(json.dumps({"held_out": "the last 91 days (May-July)",
                                                         "learnt_from": "the first 274 days",
-                                                        "unread": ["month", "outdoor_relative_humidity"]}))
+                                                        "unread": ["month", "outdoor_relative_humidity"],
+                                                        "load_ago_hours": [24, 21]}))
     text = write_report(run).read_text()
     headline = text.split("## Results")[0]
     assert "**Best agent: ppo**, 2,600 kg CO2/year (-13.3% against the uncontrolled baseline, 33% of the optimum's" \
@@ -162,6 +164,7 @@ def test_the_report_leads_with_held_out_figures_and_names_what_falls_below_rbc(t
     assert "*Every figure here is held out: judged on the last 91 days (May-July); the agents learnt from the first " \
            "274 days." in headline
     assert "The agents do not read `month`, `outdoor_relative_humidity` (`observations.ignore`)" in headline
+    assert "They read each building's loads 24 and 21 hours before (`observations.load_ago_hours`)" in headline
     section = text.split("## Held out and in-sample")[1]
     # ppo: 400 of the held-out 1,200 kg cut, 1,400 of the in-sample 1,500; rbc 500 of 1,200, 550 of 1,500
     assert "| ppo | 33% | 93% | +60 |" in section and "| rbc | 42% | 37% | -5 |" in section
@@ -183,20 +186,24 @@ def test_an_agent_that_loses_little_held_out_is_not_named_because_the_rbc_gains_
 
 def test_a_run_from_before_held_out_periods_resumes_and_is_re_evaluated_with_nothing_held_out(tmp_path):
     from trainer.learn.preflight import config_diff, training_view
-    from trainer.run.session import made_with_holdout, resolve_for_resume
+    from trainer.run.session import as_it_was_made, resolve_for_resume
 
     run = RunDir(tmp_path / "old-run")
     run.root.mkdir()
     old = load_config().to_dict()
     del old["holdout"]  # as a version before held-out periods wrote config.yaml and its checkpoints' config
+    del old["observations"]["load_ago_hours"]  # and one before the loads of hours before
     run.config.write_text(yaml.safe_dump(old))
-    assert not made_with_holdout(run)
+    assert as_it_was_made(run) == ["holdout.share=0", "observations.load_ago_hours=[]"]
     cfg, out = resolve_for_resume(str(run.root), None, "config.yaml", [], [])
     assert out == str(run.root) and cfg.holdout.share == 0  # it goes on learning from all of its data
+    assert cfg.observations.load_ago_hours == []  # and its policy reads what it read
     assert config_diff(training_view(old, "ppo"), training_view(cfg.to_dict(), "ppo")) == []  # so no refusal
-    # A new run's config has the section, and its default holds a part out.
+    # A new run's config has both, and their defaults hold a part out and read the loads of yesterday.
     run.config.write_text(yaml.safe_dump(load_config().to_dict()))
-    assert made_with_holdout(run) and resolve_for_resume(str(run.root), None, "config.yaml", [], [])[0].holdout.share
+    assert as_it_was_made(run) == []
+    cfg = resolve_for_resume(str(run.root), None, "config.yaml", [], [])[0]
+    assert cfg.holdout.share and cfg.observations.load_ago_hours == "auto"
 
 
 def test_a_dataset_to_judge_on_that_the_policy_could_not_drive_is_refused_before_the_run_folder(one_year, site_schema,

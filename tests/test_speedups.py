@@ -11,7 +11,7 @@ from stable_baselines3 import SAC
 
 from trainer.base.errors import ConfigError
 from trainer.config.loading import load_config
-from trainer.config.sections import ONE_PERIOD_IGNORED
+from trainer.config.sections import ONE_PERIOD_IGNORED, ONE_PERIOD_LOAD_AGO
 from trainer.env.citylearn import CentralAgentArrays, central_arrays, make_citylearn_env, make_sb3_env
 from trainer.learn.agents import MAX_AUTO_ENVS, apply_sizes, training_envs
 from trainer.learn.fast_sac import FastSAC
@@ -93,6 +93,22 @@ def test_a_dataset_of_one_period_is_read_without_its_month_and_weather_and_the_b
     assert left_out <= set(raw)  # still read from CityLearn (an export checks them), not given to the policy
     assert _read(auto, built_in)[0] == _read(every, built_in)[0]  # drawn years show every month: nothing left out
     assert "month" in _read(auto, built_in)[0]
+
+
+def test_a_dataset_of_one_period_is_read_with_yesterday_s_loads_and_the_built_in_site_without(built_in,
+                                                                                            official_ev_schema):
+    auto, none = load_config(), load_config(overrides=["observations.load_ago_hours=[]"])
+    assert auto.observations.load_ago_hours == "auto"  # the default
+    dataset = Site.load(official_ev_schema)
+    read, raw = _read(auto, dataset)
+    added = read - _read(none, dataset)[0]
+    buildings = [n.split(".")[0] for n in raw if n.endswith(".non_shiftable_load")]  # in the site's order
+    assert len(buildings) == 14
+    assert added == {f"{b}.non_shiftable_load_ago_{h}h" for b in buildings for h in ONE_PERIOD_LOAD_AGO}
+    assert raw[-len(added):] == [f"{b}.non_shiftable_load_ago_{h}h" for b in buildings for h in ONE_PERIOD_LOAD_AGO]
+    assert _read(auto, built_in) == _read(none, built_in)  # the built-in site: nothing added
+    hand = load_config(overrides=["observations.load_ago_hours=[48]"])  # a list is read as given, on any site
+    assert _read(hand, built_in)[1][-1] == "non_shiftable_load_ago_48h"
 
 
 class _Box(gymnasium.Env):

@@ -130,12 +130,29 @@ ONE_PERIOD_IGNORED = frozenset({
       for ahead in ("", "_predicted_1", "_predicted_2", "_predicted_3")),
 })
 
+# What ``observations.load_ago_hours: auto`` adds on a dataset of one period: each building's loads yesterday at this
+# hour and 3, 6 and 9 hours after it, what its meter said. The months held out can keep other habits than the months
+# learnt from (the official EV Building_10 uses 0.4-0.7 kWh at 7-9 am in May-July, 1.5-3 in August-April), and
+# yesterday tells a policy which hold now: 20-minute nights gained 0.7-1.5 points of the held-out optimum's cut
+# (docs/agent-quality.md, "Yesterday's loads").
+ONE_PERIOD_LOAD_AGO = (24, 21, 18, 15)
+LOAD_NOW = "non_shiftable_load"
+
+
+Hours = Annotated[int, Field(ge=1, le=168)]
+
 
 class ObservationsConfig(Section):
-    carbon_ahead_hours: list[Annotated[int, Field(ge=1, le=168)]] = doc(
+    carbon_ahead_hours: list[Hours] = doc(
         "Hours ahead of grid carbon intensity added to the agents' observations "
         "(from the dataset: perfect forecasts); [] adds none.",
         max_length=48,
+    )
+    load_ago_hours: Annotated[list[Hours], Field(max_length=48)] | Literal["auto"] = doc(
+        "Hours ago of each building's other loads (non_shiftable_load) added to the agents' observations, what the "
+        "site's meter said then: [24, 21] is yesterday's this hour and 3 hours after it, a hint of today's; [] adds "
+        "none; auto: on a dataset of one period yesterday's this hour and 3, 6 and 9 hours after it (its months "
+        "held out may keep other habits), none on the built-in site (docs/scenario.md).",
     )
     ignore: Annotated[list[str], Field(max_length=64)] | Literal["auto"] = doc(
         "CityLearn observations the agents do not read (still checked by an export); auto: on a dataset of one "
@@ -143,6 +160,13 @@ class ObservationsConfig(Section):
         "by them, and the months held out never showed it theirs), none on the built-in site, whose drawn years "
         "show every month (docs/scenario.md).",
     )
+
+    def load_look_back(self, one_period: bool, observed: frozenset[str]) -> tuple[int, ...]:
+        """The hours ago of each building's load the agents read on a site of ``one_period`` that observes
+        ``observed``: auto reads them on a dataset of one period whose load is observed, a list as given."""
+        if self.load_ago_hours != "auto":
+            return tuple(self.load_ago_hours)
+        return ONE_PERIOD_LOAD_AGO if one_period and LOAD_NOW in observed else ()
 
     def ignored(self, one_period: bool, observed: frozenset[str]) -> frozenset[str]:
         """The observations left out on a site of ``one_period`` (a dataset: its one year) that observes

@@ -156,12 +156,13 @@ class CentralAgentArrays(gymnasium.Wrapper):
         learnt: NormalisationPlan | None = None, site: Site | None = None,
     ):
         super().__init__(env)
-        seen = seen or ObservationsConfig(carbon_ahead_hours=[], ignore=[])
+        seen = seen or ObservationsConfig(carbon_ahead_hours=[], load_ago_hours=[], ignore=[])
         self.carbon_ahead = np.asarray(seen.carbon_ahead_hours, dtype=int)
+        self.load_ago = np.asarray(load_look_back(seen, site), dtype=int)
         self.ignored = ignored_observations(seen, site)
         # Every feature is min-max scaled to [0, 1] (cos/sin to [-1, 1] before it), as CityLearn's own wrapper
         # declares; its space is not asked, for it knows nothing of the features added or left out here.
-        size = len((learnt or NormalisationPlan(env.unwrapped, self.carbon_ahead, self.ignored)).features)
+        size = len((learnt or self._own_plan(env.unwrapped)).features)
         self.observation_space = gymnasium.spaces.Box(0.0, 1.0, shape=(size,), dtype=np.float32)
         self.scale = ActionScale.of(env)
         self.action_space = self.scale.agent_space
@@ -172,7 +173,7 @@ class CentralAgentArrays(gymnasium.Wrapper):
 
     def reset(self, *, seed=None, options=None):
         observations, info = self.env.reset(options=options)
-        own = NormalisationPlan(self.env.unwrapped, self.carbon_ahead, self.ignored)
+        own = self._own_plan(self.env.unwrapped)
         if self.learnt is not None and len(self.learnt.names) != len(own.names):
             raise DatasetError(f"the dataset judged on gives {len(own.names)} observations where the policy learnt "
                                f"on {len(self.learnt.names)}; judge it on a dataset with the same devices and "
@@ -182,9 +183,13 @@ class CentralAgentArrays(gymnasium.Wrapper):
         self._plan = own if self.learnt is None else self.learnt
         return self._observe(observations), info
 
+    def _own_plan(self, env: CityLearnEnv) -> NormalisationPlan:
+        return NormalisationPlan(env, self.carbon_ahead, self.ignored, self.load_ago)
+
     @property
     def raw(self) -> np.ndarray:
-        """This step's raw observations in the plan's order (``plan.names``), the look-ahead included."""
+        """This step's raw observations in the plan's order (``plan.names``), the look-ahead and look-back
+        included."""
         return self._raw
 
     def _observe(self, observations) -> np.ndarray:
@@ -194,6 +199,11 @@ class CentralAgentArrays(gymnasium.Wrapper):
             carbon = env.buildings[0].carbon_intensity.carbon_intensity
             ahead = carbon[np.minimum(env.time_step + self.carbon_ahead, len(carbon) - 1)]
             self._raw = np.concatenate([self._raw, ahead])
+        if len(self.load_ago):
+            # The meter's past: the dataset's loads before this step (its first where the period has none before).
+            ago = np.maximum(env.time_step - self.load_ago, 0)
+            self._raw = np.concatenate([self._raw, *(np.asarray(b.energy_simulation.non_shiftable_load)[ago]
+                                                     for b in env.buildings)])
         return self._plan(self._raw)
 
     def step(self, action):
@@ -226,9 +236,21 @@ def ignored_observations(seen: ObservationsConfig, site: Site | None) -> frozens
     return site.unread(seen) if site is not None else seen.ignored(one_period=False, observed=frozenset())
 
 
+def load_look_back(seen: ObservationsConfig, site: Site | None) -> tuple[int, ...]:
+    """Hours ago of each building's load the policy reads on ``site`` (:meth:`Site.load_look_back`). No site: what
+    the config names, auto none."""
+    return site.load_look_back(seen) if site is not None else seen.load_look_back(one_period=False,
+                                                                                   observed=frozenset())
+
+
 def carbon_ahead_name(hours: int) -> str:
     """The raw observation of grid carbon intensity ``hours`` ahead (``observations.carbon_ahead_hours``)."""
     return f"carbon_intensity_ahead_{hours}h"
+
+
+def load_ago_name(building: str, hours: int, buildings: int) -> str:
+    """The raw observation of a building's other loads ``hours`` ago (``observations.load_ago_hours``)."""
+    return raw_observation_name(building, f"non_shiftable_load_ago_{hours}h", buildings)
 
 
 def carbon_scale(env: CityLearnEnv) -> tuple[float, float]:
@@ -259,7 +281,8 @@ def raw_observation_name(building: str, key: str, buildings: int) -> str:
 class NormalisationPlan:
     """The central agent's raw observation list, by name, and the features the policy reads from it."""
 
-    def __init__(self, env: CityLearnEnv, carbon_ahead: np.ndarray, ignored: frozenset[str] = frozenset()):
+    def __init__(self, env: CityLearnEnv, carbon_ahead: np.ndarray, ignored: frozenset[str] = frozenset(),
+                 load_ago: np.ndarray | None = None):
         periodic = env.buildings[0].get_periodic_observation_metadata()
         shared, seen = set(env.shared_observations), set()
         self.names: list[str] = []  # the raw list's positions
@@ -293,6 +316,22 @@ class NormalisationPlan:
         for hours in carbon_ahead.tolist():
             self.names.append(carbon_ahead_name(hours))
             self.features.append(Feature(carbon_ahead_name(hours), "identity", 0.0, low, low + span, clip=True))
+        # Each building's loads hours ago, scaled as its load now; where in the raw list its load now is (the
+        # training simulator reads the past from its table of them).
+        self.load_columns: list[int] = []
+        hours_ago = [] if load_ago is None else np.asarray(load_ago, dtype=int).tolist()
+        for building in env.buildings if hours_ago else []:
+            now = raw_observation_name(building.name, "non_shiftable_load", len(env.buildings))
+            if now not in self.names:
+                raise ConfigError(f"observations.load_ago_hours needs the site to observe {now!r}, which this "
+                                  "dataset leaves inactive; activate it in the schema or set load_ago_hours: []")
+            self.load_columns.append(self.names.index(now))
+            lows, highs = building.periodic_normalized_observation_space_limits
+            for hours in hours_ago:
+                name = load_ago_name(building.name, hours, len(env.buildings))
+                self.names.append(name)
+                self.features.append(Feature(name, "identity", 0.0, float(lows["non_shiftable_load"]),
+                                             float(highs["non_shiftable_load"])))
         self.normalise = Normaliser.from_features([asdict(f) for f in self.features], self.names)
 
     def __call__(self, raw) -> np.ndarray:
@@ -350,7 +389,8 @@ def learnt_normalisation(cfg: Config, site: Site) -> NormalisationPlan:
 
     seen = cfg.observations
     ignored = tuple(sorted(ignored_observations(seen, site)))
-    return site.remember(("normalisation", tuple(seen.carbon_ahead_hours), ignored), measure)
+    return site.remember(("normalisation", tuple(seen.carbon_ahead_hours), load_look_back(seen, site), ignored),
+                         measure)
 
 
 def policy_sizes(cfg: Config, site: Site) -> tuple[int, int]:
@@ -363,7 +403,9 @@ def policy_sizes(cfg: Config, site: Site) -> tuple[int, int]:
             env.close()
 
     ignored = tuple(sorted(ignored_observations(cfg.observations, site)))
-    return site.remember(("policy sizes", tuple(cfg.observations.carbon_ahead_hours), ignored), measure)
+    seen = cfg.observations
+    return site.remember(("policy sizes", tuple(seen.carbon_ahead_hours), load_look_back(seen, site), ignored),
+                         measure)
 
 
 # CityLearn seeds episode window k with random_seed x (k + 1): a prime stride between the seeds of

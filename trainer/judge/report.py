@@ -88,9 +88,13 @@ PEAK_WORTH_SAYING = 1.1  # the headline names a peak import this much above the 
 
 def _judged_on(run: RunDir, results: dict[str, dict[str, Any]]) -> list[str]:
     """What the figures are: held out, and from what, or in-sample; and what the agents do not read."""
-    record, unread = run.held_out_record(), run.unread_observations()
+    record, unread, look_back = run.held_out_record(), run.unread_observations(), run.load_look_back()
     reads = (f" The agents do not read {', '.join(f'`{name}`' for name in unread)} (`observations.ignore`): a "
              "calendar they would tell the months of the one period apart by (docs/scenario.md)." if unread else "")
+    if look_back:
+        hours = ", ".join(map(str, look_back[:-1])) + (" and " if len(look_back) > 1 else "") + str(look_back[-1])
+        reads += (f" They read each building's loads {hours} hours before (`observations.load_ago_hours`): what "
+                  "the site's meter said, which a deployed controller must be given too (docs/export.md).")
     if record is None:
         if run.held_out.is_file():  # a run that held nothing out (a run before held-out periods says nothing)
             return ["", "*Every figure here is in-sample: the run held nothing out (`--holdout none`), so the "

@@ -184,7 +184,7 @@ def from_cli(config_files: tuple[str, ...], overrides: tuple[str, ...], profile:
             raise UsageError(f"--resume {resume} goes on with the sweep's own runs ({own}), and --seeds asks for "
                              f"{seeds_text}: drop --seeds, or start another sweep with --out in a new folder")
         first = RunDir(folder / variants[0].name)  # a sweep's runs differ only in their variant's overrides
-        before = [] if not first.config.is_file() or session.made_with_holdout(first) else ["holdout.share=0"]
+        before = session.as_it_was_made(first) if first.config.is_file() else []
         cfg = session.resolve_config([first.config, *config_files] if first.config.is_file() else config_files,
                                      [*before, *overrides], device=device)
         return cfg, Sweep(folder, producer, variants, resume=True)

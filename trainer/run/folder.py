@@ -139,6 +139,12 @@ class RunDir:
         unread = self._held_out_file().get("unread")
         return [str(name) for name in unread] if isinstance(unread, list) else []
 
+    def load_look_back(self) -> list[int]:
+        """The hours ago of each building's load the run's agents read (``held-out.json``'s ``load_ago_hours``); []
+        where it names none, or the file is damaged."""
+        hours = self._held_out_file().get("load_ago_hours")
+        return [int(h) for h in hours] if isinstance(hours, list) and all(isinstance(h, int) for h in hours) else []
+
     def _held_out_file(self) -> dict[str, Any]:
         """``held-out.json`` as read; {} where there is none or it is damaged."""
         try:

@@ -98,7 +98,7 @@ def resolve_for_resume(resume: str | None, out: str | None, marker: str, config_
     if resume is None:
         return resolve_config(config_files, overrides, **kw), out
     run_dir = resume_dir(resolve_config(config_files, overrides, **kw), resume, out, marker)
-    before = [] if made_with_holdout(RunDir(run_dir)) else ["holdout.share=0"]  # it goes on learning from all of it
+    before = as_it_was_made(RunDir(run_dir))
     cfg = resolve_config([RunDir(run_dir).config, *config_files], [*before, *overrides], **{**kw, "profile": None})
     return cfg, str(run_dir)
 
@@ -121,10 +121,16 @@ def run_config(run: RunDir) -> dict[str, Any]:
     return data
 
 
-def made_with_holdout(run: RunDir) -> bool:
-    """Whether the run's config.yaml has a holdout section: a run from before held-out periods learnt from all of
-    its data, so it is resumed and re-evaluated with nothing held out."""
-    return "holdout" in run_config(run)
+def as_it_was_made(run: RunDir) -> list[str]:
+    """Overrides that keep a run an earlier version made as it was made, where its config.yaml lacks a setting
+    whose default has changed since: without a holdout section it learnt from all of its data (resumed and
+    re-evaluated with nothing held out); without ``observations.load_ago_hours`` its policy reads no load of
+    hours before."""
+    data = run_config(run)
+    observations = data.get("observations")
+    return [*([] if "holdout" in data else ["holdout.share=0"]),
+            *([] if isinstance(observations, dict) and "load_ago_hours" in observations
+              else ["observations.load_ago_hours=[]"])]
 
 
 def newest_run(root: Path, marker: str = "config.yaml") -> Path | None:
@@ -338,8 +344,8 @@ def judged_apart(cfg: Config, run: RunDir, site: Site) -> Site:
 
 
 def record_held_out(run: RunDir, site: Site, seen: ObservationsConfig) -> None:
-    """held-out.json: what ``site`` is judged on, and the observations the policy does not read (``seen``'s on this
-    site), for the report; logged."""
+    """held-out.json: what ``site`` is judged on, the observations the policy does not read and the hours ago of the
+    loads it reads (``seen``'s on this site), for the report; logged."""
     unread = site.unread(seen)
     held = site.held_out
     record: dict[str, Any] = {"held_out": None, "learnt_from": None} if held is None else {
@@ -348,6 +354,10 @@ def record_held_out(run: RunDir, site: Site, seen: ObservationsConfig) -> None:
     if unread:
         record["unread"] = sorted(unread)
         logs.get().info("observations the agents do not read (observations.ignore)", unread=sorted(unread))
+    if look_back := site.load_look_back(seen):
+        record["load_ago_hours"] = list(look_back)
+        logs.get().info("the agents read each building's loads hours before (observations.load_ago_hours)",
+                        hours=list(look_back))
     if _read_json_or_none(run.held_out) != record:  # a re-evaluation leaves the same record's file as it was
         write_json_atomic(run.held_out, record)
     if held is not None:
@@ -444,12 +454,10 @@ def reopen_run(run_dir: str | Path, device: str,
     if not run.config.is_file():
         raise UsageError(f"not a run folder: {run_dir} has no config.yaml (pass a folder made by trainer train or "
                          "night)")
-    run_config(run)  # checked strictly: an emptied file would read as the defaults
-    cfg = load_config([run.config])
+    # Checked strictly (an emptied file would read as the defaults), kept as an earlier version made it.
+    cfg = load_config([run.config], as_it_was_made(run))
     # Before the lock note and the log: a built-in site is checked too, to refuse a class CityLearn would run.
     site = RunRecord.load(run).given() or Site.load(run.site_schema, BUILT_IN, check=True, fallback=cfg.scenario)
-    if not made_with_holdout(run):
-        cfg = cfg.model_copy(update={"holdout": cfg.holdout.model_copy(update={"share": 0.0})})
     resolved = resolve_device(device)
     lock = RunLock(run.root).acquire()  # its note goes with it: a refusal below leaves the folder as it was
     try:

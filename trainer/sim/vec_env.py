@@ -39,6 +39,7 @@ class SimVecEnv(VecEnv):
         arrays = CentralAgentArrays(env, None, cfg.observations, learnt, site)
         arrays.reset()
         self.plan, self.scale, self.carbon_ahead = arrays.plan, arrays.scale, arrays.carbon_ahead
+        self.load_ago = arrays.load_ago
         self.reward = _RewardTerms(cfg, env, tables)
         self.guard = Guard.of(cfg.ev)
         self.linear = linear_paths(tables)
@@ -89,6 +90,10 @@ class SimVecEnv(VecEnv):
         if len(self.carbon_ahead):
             t = np.minimum(self.site.t, self.site.end)[:, None] + self.carbon_ahead[None, :]
             raw = np.concatenate([raw, self.tables.carbon[np.minimum(t, self.site.end[:, None]), 0]], axis=1)
+        if len(self.load_ago):
+            # As CityLearnEnv's wrapper: each building's load that many steps before, the period's first at most.
+            ago = np.maximum(np.minimum(self.site.t, self.site.end)[:, None] - self.load_ago[None, :], 0)
+            raw = np.concatenate([raw, *(self.tables.raw[ago, column] for column in self.plan.load_columns)], axis=1)
         return self.plan(raw)
 
     # ----------------------------------------------------------------- VecEnv

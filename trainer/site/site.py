@@ -104,6 +104,12 @@ class Site:
         one period, whose months a policy would tell apart, the built-in site draws years that show every month)."""
         return seen.ignored(one_period=not self.kind.unseen_draws, observed=self.observed)
 
+    def load_look_back(self, seen: ObservationsConfig) -> tuple[int, ...]:
+        """Hours ago of each building's load a policy on this site reads (``observations.load_ago_hours``; ``auto``
+        asks the kind as :meth:`unread` does: a dataset's held-out months may keep other habits than those learnt
+        from, and yesterday's meter says which hold now)."""
+        return seen.load_look_back(one_period=not self.kind.unseen_draws, observed=self.observed)
+
     @property
     def root(self) -> Path:
         """Where CityLearn reads the dataset's files: ``root_directory`` (absolute, or relative to the schema), else
