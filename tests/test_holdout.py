@@ -164,7 +164,7 @@ def test_the_report_leads_with_held_out_figures_and_names_what_falls_below_rbc(t
     assert "*Every figure here is held out: judged on the last 91 days (May-July); the agents learnt from the first " \
            "274 days." in headline
     assert "The agents do not read `month`, `outdoor_relative_humidity` (`observations.ignore`)" in headline
-    assert "They read each building's loads 24 and 21 hours before (`observations.load_ago_hours`)" in headline
+    assert "The agents read each building's loads 24 and 21 hours before (`observations.load_ago_hours`)" in headline
     section = text.split("## Held out and in-sample")[1]
     # ppo: 400 of the held-out 1,200 kg cut, 1,400 of the in-sample 1,500; rbc 500 of 1,200, 550 of 1,500
     assert "| ppo | 33% | 93% | +60 |" in section and "| rbc | 42% | 37% | -5 |" in section

@@ -22,7 +22,7 @@ import numpy as np
 from trainer.base import logs
 from trainer.base.errors import ConfigError, DatasetError
 from trainer.base.signals import STOP, Stopped
-from trainer.config.sections import Config, ObservationsConfig
+from trainer.config.sections import LOAD_NOW, Config, ObservationsConfig
 from trainer.env.ev_guard import EvServiceGuard
 from trainer.shipped.controller import Normaliser
 from trainer.site import Site
@@ -202,7 +202,7 @@ class CentralAgentArrays(gymnasium.Wrapper):
         if len(self.load_ago):
             # The meter's past: the dataset's loads before this step (its first where the period has none before).
             ago = np.maximum(env.time_step - self.load_ago, 0)
-            self._raw = np.concatenate([self._raw, *(np.asarray(b.energy_simulation.non_shiftable_load)[ago]
+            self._raw = np.concatenate([self._raw, *(np.asarray(getattr(b.energy_simulation, LOAD_NOW))[ago]
                                                      for b in env.buildings)])
         return self._plan(self._raw)
 
@@ -321,7 +321,7 @@ class NormalisationPlan:
         self.load_columns: list[int] = []
         hours_ago = [] if load_ago is None else np.asarray(load_ago, dtype=int).tolist()
         for building in env.buildings if hours_ago else []:
-            now = raw_observation_name(building.name, "non_shiftable_load", len(env.buildings))
+            now = raw_observation_name(building.name, LOAD_NOW, len(env.buildings))
             if now not in self.names:
                 raise ConfigError(f"observations.load_ago_hours needs the site to observe {now!r}, which this "
                                   "dataset leaves inactive; activate it in the schema or set load_ago_hours: []")
@@ -330,8 +330,7 @@ class NormalisationPlan:
             for hours in hours_ago:
                 name = load_ago_name(building.name, hours, len(env.buildings))
                 self.names.append(name)
-                self.features.append(Feature(name, "identity", 0.0, float(lows["non_shiftable_load"]),
-                                             float(highs["non_shiftable_load"])))
+                self.features.append(Feature(name, "identity", 0.0, float(lows[LOAD_NOW]), float(highs[LOAD_NOW])))
         self.normalise = Normaliser.from_features([asdict(f) for f in self.features], self.names)
 
     def __call__(self, raw) -> np.ndarray:

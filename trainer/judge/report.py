@@ -93,7 +93,7 @@ def _judged_on(run: RunDir, results: dict[str, dict[str, Any]]) -> list[str]:
              "calendar they would tell the months of the one period apart by (docs/scenario.md)." if unread else "")
     if look_back:
         hours = ", ".join(map(str, look_back[:-1])) + (" and " if len(look_back) > 1 else "") + str(look_back[-1])
-        reads += (f" They read each building's loads {hours} hours before (`observations.load_ago_hours`): what "
+        reads += (f" The agents read each building's loads {hours} hours before (`observations.load_ago_hours`): what "
                   "the site's meter said, which a deployed controller must be given too (docs/export.md).")
     if record is None:
         if run.held_out.is_file():  # a run that held nothing out (a run before held-out periods says nothing)
