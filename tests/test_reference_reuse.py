@@ -40,6 +40,10 @@ def test_a_second_run_reuses_the_references_and_says_so(tmp_path, week, monkeypa
     assert not any("reused_from" in m for m in changed.values())
     _, agents_only = _baseline(week, tmp_path / "agents", "ppo.batch_size=32")
     assert all(agents_only[name].get("reused_from") for name in REFERENCES)
+    # What the policies read: no reference acts on the observation, so none is evaluated again.
+    _, policy_reads = _baseline(week, tmp_path / "reads", "observations.load_ago_hours=[24]",
+                                "observations.carbon_ahead_hours=[1]")
+    assert all(policy_reads[name].get("reused_from") for name in REFERENCES)
 
     # A damaged kept file is evaluated again, with a warning; turned off, nothing is reused.
     for kept in cache.glob("*/optimum/metrics.json"):

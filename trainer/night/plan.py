@@ -36,8 +36,10 @@ CHECKED_EPOCHS_SHARE = 0.5
 # The most of a timed night the warm starts' ensembles may take (fit_ensemble)...
 ENSEMBLE_SHARE = 0.25
 # ...unless the whole night with them, every agent to its target, fits in this share of its time: then its targets
-# end it, not its deadline, and the time they leave imitates the ensemble (the rest is for what calibration misjudged).
-ENSEMBLE_SPARE = 0.8
+# end it, not its deadline, and the time they leave imitates the ensemble. The whole, every part padded by SAFETY,
+# is no tight figure: on the official EV Building_10 (2026-11-30, quiet) it said 14 minutes for a night that took 9.7,
+# and at 0.8 a first night there (its references not yet kept) ran one imitation, 2-4 points under the ensemble's.
+ENSEMBLE_SPARE = 1.0
 REUSED_S = 1.0  # a reference's figures copied from an earlier run
 # A step of the training simulator judging one policy or a few side by side (trainer.sim.simulators.judging_env), as
 # a share of a CityLearn evaluation step at the calibrated rate: both are Python-bound. Measured on the 2-core VM's

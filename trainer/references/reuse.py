@@ -27,8 +27,9 @@ from trainer.site import Site
 FORMAT = 1  # bump when what is kept changes
 KEEP = 16  # keys kept (a key is one dataset, period, seed and settings); the least recently used go first
 # The settings a reference's evaluation reads; the agents', the warm start's, the schedule's (but its evaluation
-# length) and the machine's do not change it.
-SECTIONS = ("seed", "scenario", "reward", "ev", "observations", "holdout")
+# length), the machine's and what the policies observe (``observations``: no reference reads the observation, each
+# acts on CityLearn's state) do not change it.
+SECTIONS = ("seed", "scenario", "reward", "ev", "holdout")
 METRICS = "metrics.json"
 TIMESERIES = "eval_timeseries.csv"
 
