@@ -134,8 +134,8 @@ ONE_PERIOD_IGNORED = frozenset({
 # hour and 3, 6 and 9 hours after it, what its meter said. The months held out can keep other habits than the months
 # learnt from (the official EV Building_10 uses 0.4-0.7 kWh at 7-9 am in May-July, 1.5-3 in August-April), and
 # yesterday tells a policy which hold now. 20-minute nights, the best agent's share of the held-out optimum's cut:
-# +0.4 to +2.1 points on each of seven nights of Buildings 10, 5 and 4, -0.5 to -4.7 on Building_7's three
-# (docs/agent-quality.md, "Yesterday's loads").
+# +0.4 to +2.1 points on each of seven nights of Buildings 10, 5 and 4, -0.2 to -1.5 on Building_7's three with the
+# ensemble (docs/agent-quality.md, "Yesterday's loads").
 ONE_PERIOD_LOAD_AGO = (24, 21, 18, 15)
 LOAD_NOW = "non_shiftable_load"
 
