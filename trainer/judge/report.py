@@ -180,7 +180,7 @@ def _headline(results: dict[str, dict[str, Any]], target_pct: float, run: RunDir
                           f"reads ahead, cuts more: {planner['co2_kg_per_year']:,.0f} kg CO2/year"
                           + (f" ({planner['co2_share_of_optimum_pct']:.0f}% of the optimum's cut)"
                              if planner.get("co2_share_of_optimum_pct") is not None else "")
-                          + "; what the agents still leave is learning, not information (docs/agent-quality.md).")
+                          + "; a controller that cannot see ahead reaches that much (docs/agent-quality.md).")
         lines += ["", f"To take it to the site: `trainer export {run.root}` writes it as ONNX with a `controller.py` "
                       "that needs only numpy and onnxruntime, the EV guard included, proven on this evaluation "
                       "(docs/export.md)."]
