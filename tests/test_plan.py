@@ -11,7 +11,7 @@ from trainer.cli.main import cli
 from trainer.sim.simulators import VECTOR, Simulator
 from trainer.site import Site, SiteKind
 
-from .conftest import own_cache
+from .conftest import own_cache, variant
 
 
 def plan(tmp_path, *args: str):
@@ -276,7 +276,8 @@ def test_a_trained_stage_counts_its_evaluations_after_training(built_in, tmp_pat
     # (the warm start's evaluation, a comparison for the report, is left to `trainer evaluate`).
     assert policy_evaluations(load_config(), built_in, on_simulator=True) == 2
     assert policy_evaluations(load_config(), built_in, lean=True) == 1
-    assert policy_evaluations(load_config(), Site.load(other)) == 4  # its own days resampled into two years
+    # A dataset of one period confirms on its validation part (28 days, counted apart by stage_specs), not years.
+    assert policy_evaluations(load_config(), Site.load(other)) == 2
     one_period = Site.load(other, SiteKind("one-period", "a dataset that draws no other year"))
     assert policy_evaluations(load_config(), one_period) == 2  # no other year to confirm over
     assert policy_evaluations(load_config(overrides=["train.keep_best=false"]), built_in) == 2
@@ -399,3 +400,27 @@ def test_the_built_in_site_confirms_on_the_simulator_and_a_shared_warm_start_is_
     # In processes of their own (Ray), each stage evaluates its warm start.
     apart = stage_specs(cfg, built_in, speeds, agents, targets, one_process=False)
     assert apart["a2c"].fixed_s == apart["ppo"].fixed_s
+
+
+def test_a_dataset_of_one_period_is_planned_to_confirm_its_pick_on_its_validation_part(site_schema, tmp_path):
+    """A dataset of one period confirms a pick over its validation part (28 days, the pick and its warm start in
+    CityLearn), not over two years as long as the evaluation: so counted, the plan gave each agent of a quiet night on
+    the official Building_10 69 s of evaluations where they took 10-27 s."""
+    from trainer.config.loading import load_config
+    from trainer.learn.warm_start.validation import VALIDATION_DAYS, validation_part
+    from trainer.night.calibrate import Speeds
+    from trainer.night.plan import POLICY_CALL_S, SAFETY, stage_specs
+
+    # The built-in site's files given as a user's dataset: one period, its last 28 days its validation part.
+    one_period = Site.load(variant(site_schema, tmp_path, lambda data: data.pop("pvbess_site")))
+    check = validation_part(one_period)
+    assert check is not None and check.length == VALIDATION_DAYS * 24
+    speeds = Speeds(eval_steps_per_s=250.0, train_steps_per_s={"sac": 800.0, "ppo": 3000.0, "a2c": 6000.0},
+                    imitation_update_s={"sac": 0.003, "ppo": 0.001, "a2c": 0.001},
+                    imitation_policy={"sac": "sac 256x256", "ppo": "256x256", "a2c": "256x256"})
+    step = (1 / 250.0 + POLICY_CALL_S) * SAFETY
+    year = one_period.length - 1
+    evaluation, candidacy = year * step, 28 * 24 * step
+    specs = stage_specs(load_config(), one_period, speeds, ["sac"], {"sac": 1000})
+    # The deployed policy and its warm start over the evaluation; the pick and its warm start over the 28 days.
+    assert specs["sac"].fixed_s == pytest.approx(2 * evaluation + 2 * check.length * step + candidacy)

@@ -11,7 +11,7 @@ from trainer.config.agents import OffPolicyConfig
 from trainer.config.roster import agent_spec
 from trainer.config.sections import Config
 from trainer.learn.warm_start.members import processes_beside
-from trainer.learn.warm_start.validation import CHECK_AT, imitation_parts
+from trainer.learn.warm_start.validation import CHECK_AT, imitation_parts, validation_part
 from trainer.night.budget import PlannedStage, StageKind, StageSpec, timeline
 from trainer.night.calibrate import Speeds, calibrate
 from trainer.references import reuse as reuse_references
@@ -74,12 +74,18 @@ def stage_specs(
     # Short of time, or on a site the simulator steps as CityLearn does, the pick is confirmed on the training
     # simulator: each held-out year, the pick and its warm start side by side, one call each a step
     # (trainer.learn.selection.confirm_over_the_years).
-    simulated_s = (HELD_OUT_YEARS * site.length * (sim_step_s(speeds) + 2 * POLICY_CALL_S) * SAFETY
+    check = validation_part(site) if confirms_over_years(cfg, site) else None
+    confirmed_steps = check.length if check is not None else HELD_OUT_YEARS * site.length
+    simulated_s = (confirmed_steps * (sim_step_s(speeds) + 2 * POLICY_CALL_S) * SAFETY
                    if confirms_over_years(cfg, site) else 0.0)
+    # A dataset of one period confirms its pick on its validation part, 28 days, in CityLearn: the pick and its warm
+    # start over them, not over two years as long as the evaluation (counted so, the plan said 69 s of evaluations
+    # for each agent of a quiet night on the official Building_10, which took 10-27 s).
+    validated_s = 0.0 if check is None else 2 * check.length * (1 / speeds.eval_steps_per_s + POLICY_CALL_S) * SAFETY
     on_simulator = chooses_on_simulator(cfg, site)
     lean_eval_s = policy_eval_s * policy_evaluations(cfg, site, lean=True) + simulated_s
     agent_eval_s = (policy_eval_s * policy_evaluations(cfg, site, on_simulator=on_simulator)
-                    + (simulated_s if on_simulator else 0.0))
+                    + (simulated_s if on_simulator else validated_s))
     if cfg.train.keep_best:  # the last policy's evaluation on the validation window, after the slot (its candidacy)
         candidacy_s = policy_eval_s * min(cfg.schedule.curve_eval_days * 24, eval_steps) / judged_steps
         agent_eval_s += candidacy_s
@@ -120,12 +126,14 @@ def policy_evaluations(cfg: Config, site: Site, lean: bool = False, on_simulator
     after training: its deployed policy; its warm start (results.json's warm_start); and, where it confirms its pick
     over held-out years in CityLearn, the pick and the warm start over each (a year each, so one such evaluation a
     year; the plan counted two a year and gave a busy 20-minute night's agents 220 s of evaluations each where they
-    took 135). ``on_simulator``: the pick is confirmed on the training simulator (counted apart). ``lean``: a night
-    short of time confirms there too and leaves the warm start's evaluation, a comparison for the report, to
-    ``trainer evaluate`` (a busy 20-minute night's agents spent 74 s each on it)."""
+    took 135). ``on_simulator``: the pick is confirmed on the training simulator (counted apart), as it is on a
+    dataset's validation part (28 days, not years). ``lean``: a night short of time confirms there too and leaves the
+    warm start's evaluation, a comparison for the report, to ``trainer evaluate`` (a busy 20-minute night's agents
+    spent 74 s each on it)."""
     if cfg.warm_start.epochs <= 0 or lean:
         return 1
-    return 2 + (HELD_OUT_YEARS if confirms_over_years(cfg, site) and not on_simulator else 0)
+    over_years = confirms_over_years(cfg, site) and not on_simulator and validation_part(site) is None
+    return 2 + (HELD_OUT_YEARS if over_years else 0)
 
 
 def warm_start_s(cfg: Config, site: Site, speeds: Speeds, agents: list[str],
