@@ -74,10 +74,11 @@ def stage_specs(
     # Short of time, or on a site the simulator steps as CityLearn does, the pick is confirmed on the training
     # simulator: each held-out year, the pick and its warm start side by side, one call each a step
     # (trainer.learn.selection.confirm_over_the_years).
-    check = validation_part(site) if confirms_over_years(cfg, site) else None
+    # What it confirms over is trainer.learn.selection.held_out_years: a dataset's validation part, else two years.
+    confirms = confirms_over_years(cfg, site)
+    check = validation_part(site) if confirms else None
     confirmed_steps = check.length if check is not None else HELD_OUT_YEARS * site.length
-    simulated_s = (confirmed_steps * (sim_step_s(speeds) + 2 * POLICY_CALL_S) * SAFETY
-                   if confirms_over_years(cfg, site) else 0.0)
+    simulated_s = confirmed_steps * (sim_step_s(speeds) + 2 * POLICY_CALL_S) * SAFETY if confirms else 0.0
     # A dataset of one period confirms its pick on its validation part, 28 days, in CityLearn: the pick and its warm
     # start over them, not over two years as long as the evaluation (counted so, the plan said 69 s of evaluations
     # for each agent of a quiet night on the official Building_10, which took 10-27 s).
@@ -126,10 +127,10 @@ def policy_evaluations(cfg: Config, site: Site, lean: bool = False, on_simulator
     after training: its deployed policy; its warm start (results.json's warm_start); and, where it confirms its pick
     over held-out years in CityLearn, the pick and the warm start over each (a year each, so one such evaluation a
     year; the plan counted two a year and gave a busy 20-minute night's agents 220 s of evaluations each where they
-    took 135). ``on_simulator``: the pick is confirmed on the training simulator (counted apart), as it is on a
-    dataset's validation part (28 days, not years). ``lean``: a night short of time confirms there too and leaves the
-    warm start's evaluation, a comparison for the report, to ``trainer evaluate`` (a busy 20-minute night's agents
-    spent 74 s each on it)."""
+    took 135). ``on_simulator``: the pick is confirmed on the training simulator; there, and on a dataset's
+    validation part (28 days, not years), :func:`stage_specs` counts the confirmation apart. ``lean``: a night short
+    of time confirms there too and leaves the warm start's evaluation, a comparison for the report, to ``trainer
+    evaluate`` (a busy 20-minute night's agents spent 74 s each on it)."""
     if cfg.warm_start.epochs <= 0 or lean:
         return 1
     over_years = confirms_over_years(cfg, site) and not on_simulator and validation_part(site) is None
