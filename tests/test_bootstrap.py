@@ -8,12 +8,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from trainer.base.errors import ConfigError
 from trainer.config.loading import load_config
 from trainer.env.citylearn import make_sb3_env
 from trainer.judge.metrics import run_episode
 from trainer.references.controllers import UncontrolledBaseline
 from trainer.site import Site, given_site
-from trainer.site.bootstrap import BLOCK_DAYS, SEASON_DAYS, resampled_steps
+from trainer.site.bootstrap import BLOCK_DAYS, SEASON_DAYS, Variation, resampled_steps
 from trainer.site.holdout import hold_out
 
 from .conftest import variant
@@ -69,6 +70,37 @@ def test_every_file_is_resampled_alike_and_citylearn_runs_the_year_serving_every
     finally:
         env.close()
     assert metrics["ev_departure_soc_met_pct"] == 100.0  # every car arrives and leaves as it did in the data
+
+
+def test_a_varied_year_scales_each_blocks_loads_and_pv_within_its_range_and_nothing_else(learning, tmp_path):
+    plain = learning.draw(tmp_path / "plain", 1002)
+    varied = learning.draw(tmp_path / "varied", 1002, Variation(load=(0.35, 1.3), solar=(0.8, 1.4)))
+    assert json.loads(varied.schema.read_text())["pvbess_bootstrap"]["load_scale"] == [0.35, 1.3]
+    before, after = (pd.read_csv(s.root / "Building_1.csv") for s in (plain, varied))
+    assert list(after.columns) == list(before.columns) and len(after) == len(before)
+    # The same days (the same steps as without a variation), their loads and PV scaled by one factor a block.
+    steps = resampled_steps(learning, np.random.default_rng([int(learning.data["random_seed"]), 1002]))
+    blocks = np.concatenate([[0], np.cumsum(np.diff(steps) != 1)])
+    assert blocks[-1] >= 274 // (2 * BLOCK_DAYS)
+    for column, (low, high) in (("non_shiftable_load", (0.35, 1.3)), ("solar_generation", (0.8, 1.4))):
+        lit = before[column].to_numpy() > 0.01
+        factor = after[column].to_numpy()[lit] / before[column].to_numpy()[lit]
+        assert factor.min() >= low * 0.999 and factor.max() <= high * 1.001, column
+        for block in np.unique(blocks[lit]):  # one factor per block
+            within = factor[blocks[lit] == block]
+            np.testing.assert_allclose(within, within[0], rtol=1e-4)
+        assert np.unique(np.round(factor, 3)).size > 5  # and blocks differ
+    for column in ("month", "hour", "dhw_demand", "cooling_demand", "heating_demand"):
+        pd.testing.assert_series_equal(after[column], before[column])
+    # The other files and a variation of [1, 1] are the data's rows as they were.
+    assert (varied.root / "charger_1_1.csv").read_text() == (plain.root / "charger_1_1.csv").read_text()
+    same = learning.draw(tmp_path / "same", 1002, Variation())
+    assert (same.root / "Building_1.csv").read_text() == (plain.root / "Building_1.csv").read_text()
+
+
+def test_a_scale_range_given_high_then_low_is_refused_with_the_fix():
+    with pytest.raises(ConfigError, match=r"draw_load_scale is \[low, high\]; got \[1.3, 0.35\]: swap them"):
+        load_config(overrides=["warm_start.draw_load_scale=[1.3,0.35]"])
 
 
 def test_a_draw_is_built_once_and_a_damaged_folder_is_named(learning, tmp_path):

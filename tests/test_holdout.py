@@ -19,7 +19,7 @@ from trainer.judge.metrics import compare_to_baseline
 from trainer.judge.report import write_report
 from trainer.learn.warm_start.validation import KeepBest, imitation_parts
 from trainer.run.folder import RunDir
-from trainer.site import Site, given_site
+from trainer.site import BUILT_IN, Site, given_site
 from trainer.site.holdout import hold_out
 
 from .conftest import tiny_overrides, variant
@@ -148,6 +148,26 @@ def _results(held_out: bool) -> dict:
     return results
 
 
+def test_held_out_json_says_how_a_datasets_imitated_years_vary_and_the_built_in_sites_do_not(one_year, site_schema,
+                                                                                                tmp_path):
+    from trainer.run.session import record_held_out
+
+    cfg = load_config()
+    for name, site, varied in (("dataset", hold_out(one_year, cfg.holdout, tmp_path / "draws"), True),
+                               ("built-in", Site.load(site_schema, BUILT_IN), False)):
+        run = RunDir(tmp_path / name)
+        run.root.mkdir()
+        record_held_out(run, site, cfg)
+        record = json.loads(run.held_out.read_text())
+        assert (record.get("varied_years") == {"years": 3, "load_scale": [0.35, 1.3], "solar_scale": [0.8, 1.4]}) \
+            is varied, name
+    run = RunDir(tmp_path / "unvaried")
+    run.root.mkdir()
+    record_held_out(run, one_year, load_config(overrides=["warm_start.draw_load_scale=[1,1]",
+                                                          "warm_start.draw_solar_scale=[1,1]"]))
+    assert "varied_years" not in json.loads(run.held_out.read_text()) and run.varied_years() is None
+
+
 def test_the_report_leads_with_held_out_figures_and_names_what_falls_below_rbc(tmp_path):
     run = RunDir(tmp_path / "run")
     run.root.mkdir()
@@ -155,7 +175,9 @@ def test_the_report_leads_with_held_out_figures_and_names_what_falls_below_rbc(t
     (run.root / "held-out.json").write_text(json.dumps({"held_out": "the last 91 days (May-July)",
                                                         "learnt_from": "the first 274 days",
                                                         "unread": ["month", "outdoor_relative_humidity"],
-                                                        "load_ago_hours": [24, 21]}))
+                                                        "load_ago_hours": [24, 21],
+                                                        "varied_years": {"years": 3, "load_scale": [0.35, 1.3],
+                                                                         "solar_scale": [0.8, 1.4]}}))
     text = write_report(run).read_text()
     headline = text.split("## Results")[0]
     assert "**Best agent: ppo**, 2,600 kg CO2/year (-13.3% against the uncontrolled baseline, 33% of the optimum's" \
@@ -165,6 +187,8 @@ def test_the_report_leads_with_held_out_figures_and_names_what_falls_below_rbc(t
            "274 days." in headline
     assert "The agents do not read `month`, `outdoor_relative_humidity` (`observations.ignore`)" in headline
     assert "The agents read each building's loads 24 and 21 hours before (`observations.load_ago_hours`)" in headline
+    assert ("Their warm start imitated the optimum of the part learnt from and of 3 years of its days resampled, each "
+            "week's loads scaled by 0.35-1.3 and its PV by 0.8-1.4") in headline
     section = text.split("## Held out and in-sample")[1]
     # ppo: 400 of the held-out 1,200 kg cut, 1,400 of the in-sample 1,500; rbc 500 of 1,200, 550 of 1,500
     assert "| ppo | 33% | 93% | +60 |" in section and "| rbc | 42% | 37% | -5 |" in section
@@ -193,13 +217,16 @@ def test_a_run_from_before_held_out_periods_resumes_and_is_re_evaluated_with_not
     old = load_config().to_dict()
     del old["holdout"]  # as a version before held-out periods wrote config.yaml and its checkpoints' config
     del old["observations"]["load_ago_hours"]  # and one before the loads of hours before
+    del old["warm_start"]["draw_load_scale"], old["warm_start"]["draw_solar_scale"]  # and one before varied years
     run.config.write_text(yaml.safe_dump(old))
-    assert as_it_was_made(run) == ["holdout.share=0", "observations.load_ago_hours=[]"]
+    assert as_it_was_made(run) == ["holdout.share=0", "observations.load_ago_hours=[]",
+                                   "warm_start.draw_load_scale=[1,1]", "warm_start.draw_solar_scale=[1,1]"]
     cfg, out = resolve_for_resume(str(run.root), None, "config.yaml", [], [])
     assert out == str(run.root) and cfg.holdout.share == 0  # it goes on learning from all of its data
     assert cfg.observations.load_ago_hours == []  # and its policy reads what it read
+    assert cfg.warm_start.draw_load_scale == (1, 1)  # and a warm start still to come imitates the years it would have
     assert config_diff(training_view(old, "ppo"), training_view(cfg.to_dict(), "ppo")) == []  # so no refusal
-    # A new run's config has both, and their defaults hold a part out and read the loads of yesterday.
+    # A new run's config has them all, and their defaults hold a part out and read the loads of yesterday.
     run.config.write_text(yaml.safe_dump(load_config().to_dict()))
     assert as_it_was_made(run) == []
     cfg = resolve_for_resume(str(run.root), None, "config.yaml", [], [])[0]

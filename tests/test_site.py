@@ -72,10 +72,11 @@ def test_a_run_record_names_its_kind_and_one_made_before_kinds_still_loads(site_
     assert site.kind is SCHEMA and site.label == "mine"
 
 
-def _bootstrapped_year(site, folder: Path, seed_offset: int) -> Path:
+def _bootstrapped_year(site, folder: Path, seed_offset: int, variation) -> Path:
     """A stand-in for a kind that draws years of a user's dataset: here, a copy of its schema."""
     folder.mkdir(parents=True, exist_ok=True)
-    data = dict(site.data, root_directory=str(site.root), bootstrap_seed=seed_offset)
+    data = dict(site.data, root_directory=str(site.root), bootstrap_seed=seed_offset,
+                varied=None if variation is None else [list(variation.load), list(variation.solar)])
     (folder / "schema.json").write_text(json.dumps(data))
     return folder / "schema.json"
 
@@ -93,8 +94,11 @@ def test_a_new_kind_is_one_row_and_every_part_of_the_night_asks_it(site_schema, 
     assert [json.loads(y.schema.read_text())["bootstrap_seed"] for y in held_out_years(ctx)] == [1000, 1001]
     assert policy_evaluations(load_config(), site) == 4
     cfg = load_config(overrides=["warm_start.extra_draws=2"])
-    assert [y.data.get("bootstrap_seed") for y in demonstration_years(cfg, site, tmp_path / "draws")] == [
-        None, 2000, 2001]
+    years = demonstration_years(cfg, site, tmp_path / "draws")
+    assert [y.data.get("bootstrap_seed") for y in years] == [None, 2000, 2001]
+    # Only the years imitated vary from the data (warm_start.draw_*_scale); those the selection judges on do not.
+    assert [y.data["varied"] for y in years[1:]] == [[[0.35, 1.3], [0.8, 1.4]]] * 2
+    assert json.loads(validation.schema.read_text())["varied"] is None
     # A resumed run finds it again by its name in run.json.
     RunRecord(str(schema), "mine", bootstrapped.name).save(ctx.run)
     assert RunRecord.load(ctx.run).given().kind is bootstrapped

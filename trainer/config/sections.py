@@ -141,6 +141,8 @@ LOAD_NOW = "non_shiftable_load"
 
 
 Hours = Annotated[int, Field(ge=1, le=168)]
+# A range of factors [low, high], each in (0, 10].
+ScaleRange = tuple[Annotated[float, Field(gt=0, le=10)], Annotated[float, Field(gt=0, le=10)]]
 
 
 class ObservationsConfig(Section):
@@ -186,6 +188,13 @@ class WarmStartConfig(Section):
                            "resampled; seeds + 2000, 2001, ...) whose optimum the policy imitates too, built once into "
                            "the run's demonstration-sites/: a policy that keeps to the optimum in closed loop.",
                            ge=0, le=20)
+    draw_load_scale: ScaleRange = doc(
+        "On a dataset of one period, each block (about a week) of a resampled year the warm start imitates has its "
+        "loads scaled by a factor drawn log-uniformly from [low, high]: its optimum then shows the policy lighter and "
+        "heavier weeks than the part learnt from holds, as months held out may be; [1, 1] = as in the data. The "
+        "built-in site's drawn years are its climate, never scaled (docs/agent-quality.md).")
+    draw_solar_scale: ScaleRange = doc("The same for the PV's output per kW in those blocks (a sunnier or duller week "
+                                       "than the data's); [1, 1] = as in the data.")
     ensemble: int = doc("Imitations from this many initial weights (the seed, then + 1000, + 2000, ...) whose mean "
                         "action, run over each year of the demonstrations, the agent's policy then imitates: one "
                         "network nearer the optimum than one imitation on average over seeds (each member costs an "
@@ -240,6 +249,13 @@ class WarmStartConfig(Section):
                                "distance of its policy's mean to the demonstrations' actions (a behaviour-cloning "
                                "term, as DAPG adds; larger imitates more; 0 = off).", ge=0)
     a2c_bc_weight: float = doc("The same term for A2C (0 = off).", ge=0)
+
+    @field_validator("draw_load_scale", "draw_solar_scale")
+    @classmethod
+    def _low_then_high(cls, value: tuple[float, float], info: ValidationInfo) -> tuple[float, float]:
+        if value[0] > value[1]:
+            raise ValueError(f"warm_start.{info.field_name} is [low, high]; got {list(value)}: swap them")
+        return value
 
     def teacher_of(self, agent: str) -> str:
         """The agent whose policy ``agent``'s ensemble members are (``teacher``, or the agent itself for own)."""

@@ -95,6 +95,11 @@ def _judged_on(run: RunDir, results: dict[str, dict[str, Any]]) -> list[str]:
         hours = ", ".join(map(str, look_back[:-1])) + (" and " if len(look_back) > 1 else "") + str(look_back[-1])
         reads += (f" The agents read each building's loads {hours} hours before (`observations.load_ago_hours`): what "
                   "the site's meter said, which a deployed controller must be given too (docs/export.md).")
+    if varied := run.varied_years():
+        load, solar = ("-".join(f"{x:g}" for x in varied[key]) for key in ("load_scale", "solar_scale"))
+        reads += (f" Their warm start imitated the optimum of the part learnt from and of {varied['years']} years of "
+                  f"its days resampled, each week's loads scaled by {load} and its PV by {solar} "
+                  "(`warm_start.draw_load_scale`, `draw_solar_scale`): weeks lighter and sunnier than the data's.")
     if record is None:
         if run.held_out.is_file():  # a run that held nothing out (a run before held-out periods says nothing)
             return ["", "*Every figure here is in-sample: the run held nothing out (`--holdout none`), so the "

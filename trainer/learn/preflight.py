@@ -54,11 +54,12 @@ def training_view(config: dict[str, Any], agent: str) -> dict[str, Any]:
     if isinstance(view["train"], dict):
         view["train"] = {k: v for k, v in view["train"].items() if k not in ("keep_best", "patience")}
     if isinstance(view.get("warm_start"), dict):
-        # The ensemble, its student's epochs (its critic's too, its decay) and its pick shape a fresh start only (a
-        # resumed night may refit the ensemble; a checkpoint from before them has no key for them).
+        # The ensemble, its student's epochs (its critic's too, its decay), its pick and how its resampled years
+        # vary shape a fresh start only (a resumed night may refit the ensemble; a checkpoint from before them has
+        # no key for them).
         view["warm_start"] = {k: v for k, v in view["warm_start"].items()
                               if k not in ("ensemble", "student_epochs", "student_critic_epochs", "student_decay",
-                                           "pick_best")}
+                                           "pick_best", "draw_load_scale", "draw_solar_scale")}
     if isinstance(view.get(agent), dict):
         view[agent] = {k: v for k, v in view[agent].items() if k not in ("timesteps", "episodes", "device")}
     return view

@@ -145,6 +145,16 @@ class RunDir:
         hours = self._held_out_file().get("load_ago_hours")
         return [int(h) for h in hours] if isinstance(hours, list) and all(isinstance(h, int) for h in hours) else []
 
+    def varied_years(self) -> dict[str, Any] | None:
+        """How the resampled years the warm start imitated were varied (``held-out.json``'s ``varied_years``: their
+        count and each range of factors); None where they were not, or the file is damaged."""
+        varied = self._held_out_file().get("varied_years")
+        try:
+            return {"years": int(varied["years"]), "load_scale": [float(x) for x in varied["load_scale"]],
+                    "solar_scale": [float(x) for x in varied["solar_scale"]]}
+        except (TypeError, KeyError, ValueError):
+            return None
+
     def _held_out_file(self) -> dict[str, Any]:
         """``held-out.json`` as read; {} where there is none or it is damaged."""
         try:

@@ -32,6 +32,7 @@ from trainer.run.device import apply_gpu_flags, resolve_device
 from trainer.run.folder import RunContext, RunDir, default_run_dir
 from trainer.run.lock import RunLock
 from trainer.site import BUILT_IN, SITE_KINDS, Site, given_site
+from trainer.site.bootstrap import Variation
 from trainer.site.holdout import hold_out, judged_instead
 from trainer.site.kinds import kind_of
 from trainer.site.scenario import build_site
@@ -125,12 +126,14 @@ def as_it_was_made(run: RunDir) -> list[str]:
     """Overrides that keep a run an earlier version made as it was made, where its config.yaml lacks a setting
     whose default has changed since: without a holdout section it learnt from all of its data (resumed and
     re-evaluated with nothing held out); without ``observations.load_ago_hours`` its policy reads no load of
-    hours before."""
+    hours before; without ``warm_start.draw_load_scale`` its resampled years were the data's days unscaled."""
     data = run_config(run)
-    observations = data.get("observations")
+    observations, warm_start = data.get("observations"), data.get("warm_start")
     return [*([] if "holdout" in data else ["holdout.share=0"]),
             *([] if isinstance(observations, dict) and "load_ago_hours" in observations
-              else ["observations.load_ago_hours=[]"])]
+              else ["observations.load_ago_hours=[]"]),
+            *([] if isinstance(warm_start, dict) and "draw_load_scale" in warm_start
+              else ["warm_start.draw_load_scale=[1,1]", "warm_start.draw_solar_scale=[1,1]"])]
 
 
 def newest_run(root: Path, marker: str = "config.yaml") -> Path | None:
@@ -339,13 +342,15 @@ def judged_apart(cfg: Config, run: RunDir, site: Site) -> Site:
     """The run's site as the part it learns from, carrying the part it is judged on (``cfg.holdout``), recorded in
     held-out.json for the report."""
     site = hold_out(site, cfg.holdout, run.unseen_year_site)
-    record_held_out(run, site, cfg.observations)
+    record_held_out(run, site, cfg)
     return site
 
 
-def record_held_out(run: RunDir, site: Site, seen: ObservationsConfig) -> None:
-    """held-out.json: what ``site`` is judged on, the observations the policy does not read and the hours ago of the
-    loads it reads (``seen``'s on this site), for the report; logged."""
+def record_held_out(run: RunDir, site: Site, cfg: Config) -> None:
+    """held-out.json: what ``site`` is judged on, the observations the policy does not read, the hours ago of the
+    loads it reads (``cfg``'s on this site) and how the resampled years its warm start imitates vary, for the
+    report; logged."""
+    seen = cfg.observations
     unread = site.unread(seen)
     held = site.held_out
     record: dict[str, Any] = {"held_out": None, "learnt_from": None} if held is None else {
@@ -358,6 +363,11 @@ def record_held_out(run: RunDir, site: Site, seen: ObservationsConfig) -> None:
         record["load_ago_hours"] = list(look_back)
         logs.get().info("the agents read each building's loads hours before (observations.load_ago_hours)",
                         hours=list(look_back))
+    warm = cfg.warm_start
+    if site.kind.draws and not site.kind.unseen_draws and warm.epochs and warm.extra_draws and \
+            Variation(load=warm.draw_load_scale, solar=warm.draw_solar_scale).varies:
+        record["varied_years"] = {"years": warm.extra_draws, "load_scale": list(warm.draw_load_scale),
+                                  "solar_scale": list(warm.draw_solar_scale)}
     if _read_json_or_none(run.held_out) != record:  # a re-evaluation leaves the same record's file as it was
         write_json_atomic(run.held_out, record)
     if held is not None:
@@ -465,7 +475,7 @@ def reopen_run(run_dir: str | Path, device: str,
         if check is not None:
             check(ctx)
         logs.configure(run.log_file)
-        record_held_out(run, ctx.site, cfg.observations)
+        record_held_out(run, ctx.site, cfg)
         yield ctx
     finally:
         lock.release()

@@ -11,12 +11,19 @@ A drawn year follows the period's course: the block placed at each point of it s
 together, and so do the days of a week. Blocks are cut only where every charger is free (the hour of the day they
 are most often free), so no car's stay is cut in two: a stay longer than a day makes a longer block. Every file of
 the dataset is resampled with the same steps, so its rows still describe one moment each.
+
+A year the warm start imitates the optimum of may also vary (:class:`Variation`): each block's loads and PV scaled
+by a factor of its own, so its optimum shows the policy weeks lighter and sunnier (or heavier) than any the data
+holds. A dataset's part held out is months the part learnt from never showed (on the official EV buildings: May-July,
+mornings a third as large and more sun), and a policy that imitated only the data kept the reserve its winter
+mornings wanted (docs/agent-quality.md, "Demonstration years that vary").
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -25,6 +32,27 @@ import numpy as np
 BLOCK_DAYS = 7
 SEASON_DAYS = 30
 CONNECTED = 1  # CityLearn's charger state for a car plugged in
+LOAD_COLUMN, SOLAR_COLUMN = "non_shiftable_load", "solar_generation"  # a building's file: kWh, and W per kW of PV
+
+
+@dataclass(frozen=True)
+class Variation:
+    """How much a drawn year's blocks may differ from the data: each block's loads and PV scaled by a factor drawn
+    log-uniformly from ``load`` and ``solar`` (low, high); (1, 1) keeps them as the data has them."""
+
+    load: tuple[float, float] = (1.0, 1.0)
+    solar: tuple[float, float] = (1.0, 1.0)
+
+    @property
+    def varies(self) -> bool:
+        return self.load != (1.0, 1.0) or self.solar != (1.0, 1.0)
+
+    def factors(self, steps: np.ndarray, rng: np.random.Generator) -> dict[str, np.ndarray]:
+        """Each column's factor at every step of a drawn year, one per block (a run of consecutive steps)."""
+        block = np.concatenate([[0], np.cumsum(np.diff(steps) != 1)])
+        count = int(block[-1]) + 1
+        return {column: np.exp(rng.uniform(np.log(low), np.log(high), count))[block]
+                for column, (low, high) in ((LOAD_COLUMN, self.load), (SOLAR_COLUMN, self.solar))}
 
 
 class Resampled(Protocol):
@@ -46,18 +74,26 @@ class Resampled(Protocol):
     def steps_per_day(self) -> int: ...
 
 
-def bootstrap_year(site: Resampled, folder: Path, seed_offset: int, schema_file: str = "schema.json") -> Path:
+def bootstrap_year(site: Resampled, folder: Path, seed_offset: int, schema_file: str = "schema.json",
+                   variation: Variation | None = None) -> Path:
     """Write another year of ``site`` (its period's days resampled in blocks, seeded by the schema's random_seed
-    and ``seed_offset``) into ``folder`` as a CityLearn dataset; returns its schema.json."""
-    rng = np.random.default_rng([int(site.data.get("random_seed") or 0), seed_offset])
-    steps = resampled_steps(site, rng)
+    and ``seed_offset``; each block's loads and PV scaled as ``variation`` says) into ``folder`` as a CityLearn
+    dataset; returns its schema.json."""
+    seed = int(site.data.get("random_seed") or 0)
+    steps = resampled_steps(site, np.random.default_rng([seed, seed_offset]))
+    # Its own stream: the same draw's steps with or without a variation.
+    scaled = variation.factors(steps, np.random.default_rng([seed, seed_offset, 1])) \
+        if variation is not None and variation.varies else {}
+    buildings = {b["energy_simulation"] for b in _buildings(site.data) if b.get("energy_simulation")}
     folder.mkdir(parents=True, exist_ok=True)
     for name in _files(site.data):
-        _write_rows(site.root / name, folder / name, steps)
+        _write_rows(site.root / name, folder / name, steps, scaled if name in buildings else {})
     data = {**site.data, "root_directory": None, "simulation_start_time_step": 0,
             "simulation_end_time_step": len(steps) - 1,
             "pvbess_bootstrap": {"from": f"steps {site.start}-{site.end}", "seed_offset": seed_offset,
-                                 "block_days": BLOCK_DAYS, "season_days": SEASON_DAYS}}
+                                 "block_days": BLOCK_DAYS, "season_days": SEASON_DAYS,
+                                 **({"load_scale": list(variation.load), "solar_scale": list(variation.solar)}
+                                    if scaled else {})}}
     schema = folder / schema_file
     schema.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
     return schema
@@ -124,9 +160,19 @@ def _files(data: Mapping[str, Any]) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def _write_rows(source: Path, target: Path, steps: np.ndarray) -> None:
-    """``source``'s rows ``steps`` (the header kept, every cell as written) into ``target``."""
+def _write_rows(source: Path, target: Path, steps: np.ndarray, scaled: Mapping[str, np.ndarray]) -> None:
+    """``source``'s rows ``steps`` (the header kept, every cell as written but those of a column ``scaled`` names,
+    multiplied by its factor at that row) into ``target``."""
     lines = source.read_text(encoding="utf-8").splitlines()
     header, rows = lines[0], lines[1:]
+    names = header.split(",")
+    columns = {names.index(c): factor for c, factor in scaled.items() if c in names}
+    out = [rows[t] for t in steps]
+    for i, row in enumerate(out) if columns else ():
+        cells = row.split(",")
+        for j, factor in columns.items():
+            if cells[j].strip():  # an empty cell (no reading) stays empty
+                cells[j] = f"{float(cells[j]) * factor[i]:.6g}"
+        out[i] = ",".join(cells)
     target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text("\n".join([header, *(rows[t] for t in steps)]) + "\n", encoding="utf-8")
+    target.write_text("\n".join([header, *out]) + "\n", encoding="utf-8")

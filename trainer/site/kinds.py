@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Protocol
 
 from trainer.config.sections import ScenarioConfig
-from trainer.site.bootstrap import Resampled, bootstrap_year
+from trainer.site.bootstrap import Resampled, Variation, bootstrap_year
 from trainer.site.scenario import SCHEMA_FILE, build_site
 
 
@@ -26,8 +26,9 @@ class Drawn(Resampled, Protocol):
     def scenario(self) -> ScenarioConfig | None: ...
 
 
-# Builds another year of a site into a folder with the seed offset given and returns its schema.json.
-DrawYear = Callable[[Drawn, Path, int], Path]
+# Builds another year of a site into a folder with the seed offset given (and how a resampled year may vary from
+# the data) and returns its schema.json.
+DrawYear = Callable[[Drawn, Path, int, Variation | None], Path]
 
 
 @dataclass(frozen=True)
@@ -53,14 +54,15 @@ class SiteKind:
         return kind_named, (self.name,)
 
 
-def _draw_built_in(site: Drawn, folder: Path, seed_offset: int) -> Path:
+def _draw_built_in(site: Drawn, folder: Path, seed_offset: int, variation: Variation | None) -> Path:
+    # Its other years are its climate drawn again: they vary as weather and habits do, not by a scale.
     scenario = site.scenario or ScenarioConfig()
     build_site(scenario.model_copy(update={"seed": scenario.seed + seed_offset}), folder)
     return folder / SCHEMA_FILE
 
 
-def _draw_bootstrap(site: Drawn, folder: Path, seed_offset: int) -> Path:
-    return bootstrap_year(site, folder, seed_offset, SCHEMA_FILE)
+def _draw_bootstrap(site: Drawn, folder: Path, seed_offset: int, variation: Variation | None) -> Path:
+    return bootstrap_year(site, folder, seed_offset, SCHEMA_FILE, variation)
 
 
 BUILT_IN = SiteKind("built-in", "the product's own site, generated from a scenario (the config's, or the one a "

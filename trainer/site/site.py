@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 from trainer.base.errors import DatasetError
 from trainer.base.files import DamagedFile
 from trainer.config.sections import ObservationsConfig, ScenarioConfig
+from trainer.site.bootstrap import Variation
 from trainer.site.datasets import check_dataset, check_name, find_dataset, read_schema
 from trainer.site.kinds import BUILT_IN, NAMED, SCHEMA, SiteKind, kind_of
 from trainer.site.scenario import SCHEMA_FILE
@@ -134,18 +135,18 @@ class Site:
 
     # ----------------------------------------------------------------- other years
 
-    def draw(self, folder: Path, seed_offset: int) -> Site | None:
+    def draw(self, folder: Path, seed_offset: int, variation: Variation | None = None) -> Site | None:
         """Another year of this site (its kind's ``draw_year`` with ``seed_offset``: the built-in site's climate drawn
-        again, a dataset's own period resampled), built once into ``folder`` and read as a policy that learnt on this
-        site reads it; None where the kind has no other year. Built aside and renamed into place: stages side by
-        side on Ray may both get here first."""
+        again, a dataset's own period resampled, its blocks varied by ``variation``), built once into ``folder`` and
+        read as a policy that learnt on this site reads it; None where the kind has no other year. Built aside and
+        renamed into place: stages side by side on Ray may both get here first."""
         if self.kind.draw_year is None:
             return None
         drawn = folder / SCHEMA_FILE
         if not drawn.is_file():
             folder.parent.mkdir(parents=True, exist_ok=True)
             aside = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
-            self.kind.draw_year(self, aside, seed_offset)
+            self.kind.draw_year(self, aside, seed_offset, variation)
             try:
                 aside.rename(folder)
             except OSError:  # another stage's is already there: use it

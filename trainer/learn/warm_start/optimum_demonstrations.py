@@ -38,6 +38,7 @@ from trainer.references.physics import solve_in_physics
 from trainer.references.reuse import program_digest
 from trainer.run.device import free_cores_now
 from trainer.site import Site
+from trainer.site.bootstrap import Variation
 from trainer.site.scenario import DRAW_SEED_OFFSET
 
 
@@ -292,8 +293,11 @@ def _replayed(cfg: Config, year: Site, seed: int) -> bool:
 
 def demonstration_years(cfg: Config, site: Site, draws: Path | None) -> list[Site]:
     """The years the warm start learns from: the dataset and, where its kind draws other years,
-    ``warm_start.extra_draws`` of them, built once under ``draws``."""
+    ``warm_start.extra_draws`` of them, built once under ``draws`` (a dataset's resampled ones varied as
+    ``warm_start.draw_load_scale`` and ``draw_solar_scale`` say)."""
     years = [site]
     if draws is not None and site.kind.draws:
-        years += [site.draw(draws / f"draw-{k + 1}", DRAW_SEED_OFFSET + k) for k in range(cfg.warm_start.extra_draws)]
+        varied = Variation(load=cfg.warm_start.draw_load_scale, solar=cfg.warm_start.draw_solar_scale)
+        years += [site.draw(draws / f"draw-{k + 1}", DRAW_SEED_OFFSET + k, varied)
+                  for k in range(cfg.warm_start.extra_draws)]
     return years
