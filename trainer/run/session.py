@@ -365,7 +365,7 @@ def record_held_out(run: RunDir, site: Site, cfg: Config) -> None:
                         hours=list(look_back))
     warm = cfg.warm_start
     if site.kind.draws and not site.kind.unseen_draws and warm.epochs and warm.extra_draws and \
-            Variation(load=warm.draw_load_scale, solar=warm.draw_solar_scale).varies:
+            Variation.of(warm).varies:
         record["varied_years"] = {"years": warm.extra_draws, "load_scale": list(warm.draw_load_scale),
                                   "solar_scale": list(warm.draw_solar_scale)}
     if _read_json_or_none(run.held_out) != record:  # a re-evaluation leaves the same record's file as it was

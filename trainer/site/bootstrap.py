@@ -29,10 +29,12 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from trainer.config.sections import LOAD_NOW, WarmStartConfig
+
 BLOCK_DAYS = 7
 SEASON_DAYS = 30
 CONNECTED = 1  # CityLearn's charger state for a car plugged in
-LOAD_COLUMN, SOLAR_COLUMN = "non_shiftable_load", "solar_generation"  # a building's file: kWh, and W per kW of PV
+SOLAR_COLUMN = "solar_generation"  # a building's file: W per kW of PV (its loads: LOAD_NOW, kWh)
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,11 @@ class Variation:
     load: tuple[float, float] = (1.0, 1.0)
     solar: tuple[float, float] = (1.0, 1.0)
 
+    @classmethod
+    def of(cls, warm_start: WarmStartConfig) -> Variation:
+        """The variation ``warm_start.draw_load_scale`` and ``draw_solar_scale`` ask of the years it imitates."""
+        return cls(load=warm_start.draw_load_scale, solar=warm_start.draw_solar_scale)
+
     @property
     def varies(self) -> bool:
         return self.load != (1.0, 1.0) or self.solar != (1.0, 1.0)
@@ -52,7 +59,7 @@ class Variation:
         block = np.concatenate([[0], np.cumsum(np.diff(steps) != 1)])
         count = int(block[-1]) + 1
         return {column: np.exp(rng.uniform(np.log(low), np.log(high), count))[block]
-                for column, (low, high) in ((LOAD_COLUMN, self.load), (SOLAR_COLUMN, self.solar))}
+                for column, (low, high) in ((LOAD_NOW, self.load), (SOLAR_COLUMN, self.solar))}
 
 
 class Resampled(Protocol):

@@ -297,7 +297,7 @@ def demonstration_years(cfg: Config, site: Site, draws: Path | None) -> list[Sit
     ``warm_start.draw_load_scale`` and ``draw_solar_scale`` say)."""
     years = [site]
     if draws is not None and site.kind.draws:
-        varied = Variation(load=cfg.warm_start.draw_load_scale, solar=cfg.warm_start.draw_solar_scale)
+        varied = Variation.of(cfg.warm_start)
         years += [site.draw(draws / f"draw-{k + 1}", DRAW_SEED_OFFSET + k, varied)
                   for k in range(cfg.warm_start.extra_draws)]
     return years
