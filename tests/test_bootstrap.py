@@ -92,8 +92,24 @@ def test_a_varied_year_scales_each_blocks_loads_and_pv_within_its_range_and_noth
         assert np.unique(np.round(factor, 3)).size > 5  # and blocks differ
     for column in ("month", "hour", "dhw_demand", "cooling_demand", "heating_demand"):
         pd.testing.assert_series_equal(after[column], before[column])
+    # The sun the policy reads, now and forecast, is scaled with the PV it makes; the rest of the weather is not.
+    weather_before, weather_after = (pd.read_csv(s.root / "weather.csv") for s in (plain, varied))
+    pv_before, pv_after = before["solar_generation"].to_numpy(), after["solar_generation"].to_numpy()
+    lit_pv = pv_before > 0.01
+    pv_factor = pv_after / np.where(lit_pv, pv_before, 1.0)
+    irradiance = [c for c in weather_before.columns if "solar_irradiance" in c]
+    assert len(irradiance) >= 2
+    for column in weather_before.columns:
+        if column in irradiance:
+            sunny = lit_pv & (weather_before[column].to_numpy() > 1.0)
+            assert sunny.sum() > 100, column
+            np.testing.assert_allclose(weather_after[column].to_numpy()[sunny],
+                                       weather_before[column].to_numpy()[sunny] * pv_factor[sunny], rtol=1e-4)
+        else:
+            pd.testing.assert_series_equal(weather_after[column], weather_before[column])
     # The other files and a variation of [1, 1] are the data's rows as they were.
     assert (varied.root / "charger_1_1.csv").read_text() == (plain.root / "charger_1_1.csv").read_text()
+    assert (varied.root / "carbon_intensity.csv").read_text() == (plain.root / "carbon_intensity.csv").read_text()
     same = learning.draw(tmp_path / "same", 1002, Variation())
     assert (same.root / "Building_1.csv").read_text() == (plain.root / "Building_1.csv").read_text()
 

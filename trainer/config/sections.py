@@ -193,8 +193,9 @@ class WarmStartConfig(Section):
         "loads scaled by a factor drawn log-uniformly from [low, high]: its optimum then shows the policy lighter and "
         "heavier weeks than the part learnt from holds, as months held out may be; [1, 1] = as in the data. The "
         "built-in site's drawn years are its climate, never scaled (docs/agent-quality.md).")
-    draw_solar_scale: ScaleRange = doc("The same for the PV's output per kW in those blocks (a sunnier or duller week "
-                                       "than the data's); [1, 1] = as in the data.")
+    draw_solar_scale: ScaleRange = doc("The same for the PV's output per kW in those blocks and the irradiance the "
+                                       "policy reads, now and forecast (a sunnier or duller week than the data's); "
+                                       "[1, 1] = as in the data.")
     ensemble: int = doc("Imitations from this many initial weights (the seed, then + 1000, + 2000, ...) whose mean "
                         "action, run over each year of the demonstrations, the agent's policy then imitates: one "
                         "network nearer the optimum than one imitation on average over seeds (each member costs an "

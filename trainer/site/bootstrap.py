@@ -14,14 +14,18 @@ the dataset is resampled with the same steps, so its rows still describe one mom
 
 A year the warm start imitates the optimum of may also vary (:class:`Variation`): each block's loads and PV scaled
 by a factor of its own, so its optimum shows the policy weeks lighter and sunnier (or heavier) than any the data
-holds. A dataset's part held out is months the part learnt from never showed (on the official EV buildings: May-July,
-mornings a third as large and more sun), and a policy that imitated only the data kept the reserve its winter
-mornings wanted (docs/agent-quality.md, "Demonstration years that vary").
+holds. A dataset's part held out is months the part learnt from never showed (on the official EV buildings:
+May-July, mornings a third as large and more sun), and a policy that imitated only the data kept the reserve its
+winter mornings wanted (docs/agent-quality.md, "Demonstration years that vary"). A sunnier block is sunnier in its
+weather too: the irradiance the policy reads, now and forecast, is scaled by its PV's factor (a forecast by the
+factor of the row it is read at), or the varied years would teach the policy that the sun it is told of says little
+of the PV it will get.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +39,8 @@ BLOCK_DAYS = 7
 SEASON_DAYS = 30
 CONNECTED = 1  # CityLearn's charger state for a car plugged in
 SOLAR_COLUMN = "solar_generation"  # a building's file: W per kW of PV (its loads: LOAD_NOW, kWh)
+# A weather file's irradiance, now and forecast: what the PV's output follows, scaled with it.
+IRRADIANCE = re.compile(r"(diffuse|direct)_solar_irradiance(_predicted_\w+)?")
 
 
 @dataclass(frozen=True)
@@ -55,11 +61,13 @@ class Variation:
         return self.load != (1.0, 1.0) or self.solar != (1.0, 1.0)
 
     def factors(self, steps: np.ndarray, rng: np.random.Generator) -> dict[str, np.ndarray]:
-        """Each column's factor at every step of a drawn year, one per block (a run of consecutive steps)."""
+        """Each varied column's factor at every step of a drawn year, one per block (a run of consecutive steps)."""
         block = np.concatenate([[0], np.cumsum(np.diff(steps) != 1)])
         count = int(block[-1]) + 1
-        return {column: np.exp(rng.uniform(np.log(low), np.log(high), count))[block]
-                for column, (low, high) in ((LOAD_NOW, self.load), (SOLAR_COLUMN, self.solar))}
+        # Both drawn whichever varies: the loads' factors are the same with or without the PV's.
+        drawn = {column: (np.exp(rng.uniform(np.log(low), np.log(high), count))[block], (low, high) != (1.0, 1.0))
+                 for column, (low, high) in ((LOAD_NOW, self.load), (SOLAR_COLUMN, self.solar))}
+        return {column: factor for column, (factor, varied) in drawn.items() if varied}
 
 
 class Resampled(Protocol):
@@ -92,9 +100,16 @@ def bootstrap_year(site: Resampled, folder: Path, seed_offset: int, schema_file:
     scaled = variation.factors(steps, np.random.default_rng([seed, seed_offset, 1])) \
         if variation is not None and variation.varies else {}
     buildings = {b["energy_simulation"] for b in _buildings(site.data) if b.get("energy_simulation")}
+    weather = {b["weather"] for b in _buildings(site.data) if b.get("weather")}
     folder.mkdir(parents=True, exist_ok=True)
     for name in _files(site.data):
-        _write_rows(site.root / name, folder / name, steps, scaled if name in buildings else {})
+        if name in buildings:
+            columns = scaled
+        elif name in weather and SOLAR_COLUMN in scaled:
+            columns = {c: scaled[SOLAR_COLUMN] for c in _header(site.root / name) if IRRADIANCE.fullmatch(c)}
+        else:
+            columns = {}
+        _write_rows(site.root / name, folder / name, steps, columns)
     data = {**site.data, "root_directory": None, "simulation_start_time_step": 0,
             "simulation_end_time_step": len(steps) - 1,
             "pvbess_bootstrap": {"from": f"steps {site.start}-{site.end}", "seed_offset": seed_offset,
@@ -165,6 +180,11 @@ def _files(data: Mapping[str, Any]) -> list[str]:
         names += [c["charger_simulation"] for c in (building.get("chargers") or {}).values()
                   if isinstance(c, dict) and c.get("charger_simulation")]
     return list(dict.fromkeys(names))
+
+
+def _header(path: Path) -> list[str]:
+    with path.open(encoding="utf-8") as file:
+        return file.readline().strip().split(",")
 
 
 def _write_rows(source: Path, target: Path, steps: np.ndarray, scaled: Mapping[str, np.ndarray]) -> None:
