@@ -128,7 +128,12 @@ def test_the_headline_names_the_training_steps_and_a_raised_peak_and_cost_its_cu
                                  ", the policy after 2,048 of its 4,096 training steps."),
                                 ({**chosen, "step": 0}, 4_096,
                                  ": its warm start (the imitation of the optimum), untrained: none of its 4,096 "
-                                 "training steps did better"),
+                                 "training steps did better over the years the selection holds out from training."),
+                                # A dataset's pick: judged on its validation part, never on the part held out.
+                                ({**chosen, "step": 0, "window": "the validation part, the last days of the part "
+                                  "learnt from, which no stage trained on"}, 4_096,
+                                 "untrained: none of its 4,096 training steps did better on the validation part, the "
+                                 "last days of the part learnt from, which no stage trained on."),
                                 (None, 0, ": its warm start (the imitation of the optimum), untrained: it trained no "
                                           "step.")]:
         results["sac"].update(timesteps=trained, kept=kept, warm_start=warm)

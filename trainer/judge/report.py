@@ -127,8 +127,11 @@ def _which_policy(m: dict[str, Any]) -> str:
     trained, kept = int(m.get("timesteps") or 0), m.get("kept") or {}
     step = kept.get("step", trained) if isinstance(kept, dict) else trained
     if m.get("warm_start") and (trained <= 0 or step == 0):
-        why = ("it trained no step" if trained <= 0 else
-               f"none of its {trained:,} training steps did better over the resampled or held-out years")
+        # A dataset's pick is judged on its validation part (kept["window"] says so), the built-in site's over years
+        # it draws for the selection: never the part the report's figures are judged on.
+        judged = (f"on {kept['window']}" if isinstance(kept, dict) and kept.get("window") else
+                  "over the years the selection holds out from training")
+        why = "it trained no step" if trained <= 0 else f"none of its {trained:,} training steps did better {judged}"
         return f": its warm start (the imitation of the optimum), untrained: {why}."
     if not trained:
         return "."
