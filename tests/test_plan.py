@@ -332,6 +332,9 @@ def test_a_timed_night_its_targets_end_early_runs_the_ensemble_in_the_time_they_
     # A tenth less time: the agents would not all reach them with it, so one imitation.
     fitted, why = fit_ensemble(cfg, built_in, speeds, agents, 0.9 * available, targets=targets)
     assert fitted.warm_start.ensemble == 1 and why.startswith("one imitation, not the mean of")
+    # It says both figures it weighed: the warm starts' share and the whole night with them.
+    assert why.endswith(f"over 25% of the night's {human_duration(0.9 * available)}, and the whole night with it "
+                        f"~{human_duration(whole)} (a longer night runs it)")
     # Without train.patience every stage runs to its target, and the night owes each its whole target.
     whole = load_config(overrides=["train.patience=0"])
     long_enough = untimed_night_s(whole, built_in, speeds, agents, targets) / ENSEMBLE_SPARE

@@ -256,6 +256,7 @@ def fit_ensemble(cfg: Config, site: Site, speeds: Speeds, agents: list[str], ava
     needed = sum(warm_start_s(cfg, site, speeds, agents, one_process).values())
     if needed <= ENSEMBLE_SHARE * available_s:
         return cfg, None
+    whole = ""
     if targets is not None:
         # Each agent as far as a flat curve may end its stage (train.patience): the steps the night owes it.
         share = cfg.train.patience or 1.0
@@ -265,10 +266,12 @@ def fit_ensemble(cfg: Config, site: Site, speeds: Speeds, agents: list[str], ava
             reach = "its timesteps" if share >= 1.0 else f"{share:.0%} of its timesteps (train.patience)"
             return cfg, (f"the mean of {settings.ensemble} imitations: with it every agent still reaches {reach} in "
                          f"~{human_duration(whole_s)} of the night's {human_duration(available_s)}")
+        # Both figures the choice weighed: each is padded (SAFETY), and a night that then ends early shows by how much.
+        whole = f", and the whole night with it ~{human_duration(whole_s)}"
     single = cfg.model_copy(update={"warm_start": settings.model_copy(update={"ensemble": 1})})
     return single, (f"one imitation, not the mean of {settings.ensemble}: with it the warm starts would take "
                     f"~{human_duration(needed)}, over {ENSEMBLE_SHARE:.0%} of the night's "
-                    f"{human_duration(available_s)} (a longer night runs it)")
+                    f"{human_duration(available_s)}{whole} (a longer night runs it)")
 
 
 def untimed_night_s(cfg: Config, site: Site, speeds: Speeds, agents: list[str], targets: dict[str, int],
