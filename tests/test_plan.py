@@ -161,6 +161,34 @@ def test_a_plan_that_ends_well_before_its_deadline_says_the_budget_is_a_cap():
     assert "ends" not in render(planned, start + timedelta(minutes=35), [], Speeds()).split("planned end")[1]
 
 
+def test_a_short_night_s_plan_says_which_warm_start_stops_early_which_agent_is_skipped_and_that_it_goes_lean():
+    from datetime import datetime, timedelta
+    from types import SimpleNamespace
+
+    from trainer.config.loading import load_config
+    from trainer.night.budget import PlannedStage
+    from trainer.night.plan import fit_warnings, render
+
+    start = datetime(2026, 12, 1, 22, 0)
+    end = start + timedelta(minutes=20)
+    planned = [PlannedStage("sac", start, end, 60.0, 30_000, 150_000, setup_s=300.0, planned_setup_s=900.0, lean=True),
+               PlannedStage("ppo", end, end, 0.0, 0, 500_000, ["no time left for training: 3 s in the plan (~9 steps) "
+                                                               "before the deadline"], skipped=True, lean=True)]
+    speeds = SimpleNamespace(machine="test box", measured_at="today", busy=False, busier_now=False,
+                             train_steps_per_s={"sac": 500.0, "ppo": 3000.0}, update_s={})
+    notes = fit_warnings(load_config(), speeds, planned)
+    assert notes == [
+        "the night is short of time: the agents confirm their picks on the training simulator, not in CityLearn "
+        "(every reported figure is still CityLearn's)",
+        "sac: its warm start stops after ~5 min of its ~15 min with the best it has, to leave learning time",
+        "sac: 1 min at ~500 steps/s reaches ~30,000 of its 150,000 timesteps; to finish, set sac.timesteps to 30,000 "
+        "or give the night more time",
+        "ppo: skipped, no time left for training: 3 s in the plan (~9 steps) before the deadline; give the night more "
+        "time, or fewer --agents"]
+    text = render(planned, end, notes, speeds)
+    assert "ppo      skipped: no time left for training" in text and "train 30,000/150,000 steps" in text
+
+
 def test_the_plan_counts_each_warm_start_and_the_night_s_demonstrations_once(built_in, tmp_path):
     import math
 

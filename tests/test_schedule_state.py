@@ -12,7 +12,7 @@ import pytest
 
 from trainer.base.durations import parse_duration, resolve_finish_by
 from trainer.base.errors import UsageError
-from trainer.night.budget import StageSpec, allocate
+from trainer.night.budget import StageSpec, allocate, forecast, timeline
 from trainer.night.state import Night, StageEvent, StageJob, StageOutcome, drive, plan
 from trainer.run.folder import RunDir
 from trainer.run.schedule_file import DONE, FAILED, PENDING, RUNNING, SKIPPED, ScheduleState, StageRecord
@@ -235,42 +235,87 @@ def test_a_warm_start_runs_inside_its_stage_s_slot_and_later_ones_keep_theirs(tm
     assert state.stages[2].timesteps_done == int(2910 / 2 * SPEEDS["sac"])
 
 
+class WarmStarting(FakeExecutor):
+    """Training stages with a warm start of ``setup`` seconds (stopped at its part of the slot), then learning at
+    ``speed`` steps/s to the target or the slot's end."""
+
+    def __init__(self, clock, setup: float, speed: float):
+        super().__init__(clock)
+        self.setup, self.speed, self.warm_starts = setup, speed, []
+
+    def wait(self):
+        job = self.pending
+        if job.kind != "train":
+            return super().wait()
+        limit, skipped = job.slot(self.clock().timestamp())
+        assert skipped is None, skipped
+        self.calls.append(("train", job.name, job.target, limit, job.resume))
+        self.pending = None
+        warm = min(self.setup, job.warm_start_s(limit))  # it stops at its part of the slot
+        self.warm_starts.append(warm)
+        seconds = min(job.target / self.speed, limit - warm)
+        self.clock.advance(warm + seconds + EVAL_S)
+        return [StageEvent(job, StageOutcome(metrics={"timesteps": round(seconds * self.speed),
+                                                      "checkpoint": f"{job.name}/checkpoints/x"}))]
+
+
 def test_warm_starts_longer_than_the_night_shrink_in_proportion_and_no_agent_is_skipped(tmp_path):
     """Warm starts of 1,500 s each (a busy machine's pace) and the least learning each agent keeps (20,000 steps:
     200 s at 100 steps/s) do not fit in the hour: each training stage gets the time beside the evaluations in
     proportion to its warm start and learning, stops its warm start where it would leave less than that learning,
     and learns. Before, sac's slot kept nothing for itself (the later stages' warm starts and learning took 3,610 s
     of the 3,480 left) and it was skipped."""
-    setup, speed = 1500.0, 100.0
-    warm_starts = []
-
-    class WarmStarting(FakeExecutor):
-        def wait(self):
-            job = self.pending
-            if job.kind != "train":
-                return super().wait()
-            limit, skipped = job.slot(self.clock().timestamp())
-            assert skipped is None, skipped
-            self.calls.append(("train", job.name, job.target, limit, job.resume))
-            self.pending = None
-            warm = min(setup, job.warm_start_s(limit))  # it stops at its part of the slot
-            warm_starts.append(warm)
-            seconds = min(job.target / speed, limit - warm)
-            self.clock.advance(warm + seconds + EVAL_S)
-            return [StageEvent(job, StageOutcome(metrics={"timesteps": round(seconds * speed),
-                                                          "checkpoint": f"{job.name}/checkpoints/x"}))]
-
     clock = Clock(START)
     deadline = START + timedelta(hours=1)
-    runner = WarmStarting(clock)
-    state = one_night(tmp_path, with_warm_starts(setup, speed), runner, clock, deadline).state
+    runner = WarmStarting(clock, 1500.0, 100.0)
+    state = one_night(tmp_path, with_warm_starts(1500.0, 100.0), runner, clock, deadline).state
     assert [s.status for s in state.stages] == [DONE] * 6 and clock() <= deadline
     # 3,480 s left after the references, 210 s of them evaluations and the report: three agents needing 1,700 s
     # each share 3,270 s, so 1,090 s each (a2c takes what is left: the same).
     limits = [c[3] for c in runner.calls if c[0] == "train"]
     assert limits == pytest.approx([1090, 1090, 1090], abs=0.2)
-    assert warm_starts == pytest.approx([890, 890, 890], abs=0.2)  # each stops 200 s before its slot's end
+    assert runner.warm_starts == pytest.approx([890, 890, 890], abs=0.2)  # each stops 200 s before its slot's end
     assert [s.timesteps_done for s in state.stages[2:5]] == [20_000, 20_000, 20_000]
+
+
+def test_the_plan_of_a_short_night_is_what_the_driver_then_does(tmp_path):
+    """The plan (`trainer plan`'s and the night's first screen, schedule.json's planned times) forecasts what the
+    driver does with a night its warm starts outlast: each warm start cut to its part of the slot, each agent
+    learning its 20,000 steps, the night ending by its deadline. The plan of every stage whole said 0 steps for
+    each agent of a 20-minute built-in night the driver then trained."""
+    specs = with_warm_starts(1500.0, 100.0)
+    planned = forecast([specs[name] for name, _, _ in STAGES], START, 3600.0)
+    clock = Clock(START)
+    runner = WarmStarting(clock, 1500.0, 100.0)
+    state = one_night(tmp_path, specs, runner, clock, START + timedelta(hours=1)).state
+    trained = [p for p in planned if p.target_steps]
+    assert [p.setup_s for p in trained] == pytest.approx(runner.warm_starts, abs=0.2)
+    assert [p.setup_s + p.train_s for p in trained] == pytest.approx([c[3] for c in runner.calls if c[0] == "train"],
+                                                                      abs=0.2)
+    assert [p.planned_steps for p in trained] == [s.timesteps_done for s in state.stages[2:5]] == [20_000] * 3
+    assert [p.planned_setup_s for p in trained] == [1500.0] * 3 and not any(p.skipped or p.lean for p in planned)
+    assert planned[-1].end == clock() <= START + timedelta(hours=1)
+
+
+def test_the_plan_of_a_night_short_of_its_evaluations_goes_lean_as_the_driver_does():
+    """Evaluations as planned outlast the hour (1,200 s each): the plan leans (each agent confirms on the training
+    simulator in 200 s) as the driver does, rather than plan 0 steps for every agent."""
+    specs = {name: StageSpec(spec.name, spec.kind, 1200.0, spec.weight, spec.target_steps, spec.steps_per_s,
+                             lean_fixed_s=200.0) if spec.kind == "train" else spec for name, spec in SPECS.items()}
+    whole = timeline([specs[name] for name, _, _ in STAGES], START, 3600.0)  # every stage as planned, not leaned
+    planned = forecast([specs[name] for name, _, _ in STAGES], START, 3600.0)
+    assert [p.planned_steps for p in whole if p.target_steps] == [0, 0, 0]
+    assert all(p.lean for p in planned if p.target_steps)
+    assert [p.train_s for p in planned if p.target_steps] == pytest.approx([2850 / 2, 2850 / 4, 2850 / 4], abs=1)
+
+
+def test_a_plan_with_no_time_for_an_agent_says_it_is_skipped():
+    """The driver skips a stage with no time left for training; the plan says so rather than plan it 0 steps, and
+    gives the last agent the evaluations the skipped ones do not run (2 x 60 s: 12,000 steps at 100 steps/s)."""
+    planned = forecast([SPECS[name] for name, _, _ in STAGES], START, 2 * EVAL_S + 3 * EVAL_S + REPORT_S)
+    assert [p.skipped for p in planned] == [False, False, True, True, False, False]
+    assert planned[2].notes == ["no time left for training: 0 s in the plan (~0 steps) before the deadline"]
+    assert planned[4].planned_steps == 12_000 and planned[-1].end == START + timedelta(seconds=330)
 
 
 def test_a_machine_slower_than_calibrated_is_followed_and_the_night_still_ends_by_its_deadline(tmp_path):

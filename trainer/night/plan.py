@@ -12,7 +12,7 @@ from trainer.config.roster import agent_spec
 from trainer.config.sections import Config
 from trainer.learn.warm_start.members import processes_beside
 from trainer.learn.warm_start.validation import CHECK_AT, imitation_parts, validation_part
-from trainer.night.budget import PlannedStage, StageKind, StageSpec, timeline
+from trainer.night.budget import PlannedStage, StageKind, StageSpec, forecast
 from trainer.night.calibrate import Speeds, calibrate
 from trainer.references import reuse as reuse_references
 from trainer.references.roster import REFERENCE_ROSTER, REFERENCES
@@ -285,7 +285,17 @@ def untimed_night_s(cfg: Config, site: Site, speeds: Speeds, agents: list[str], 
 def fit_warnings(cfg: Config, speeds: Speeds, planned: list[PlannedStage]) -> list[str]:
     """Stages that cannot reach their target in their slot, with the numbers and what would fit."""
     notes = []
+    lean = next((s for s in planned if s.lean), None)
+    if lean is not None:
+        notes.append("the night is short of time: the agents confirm their picks on the training simulator, not in "
+                     "CityLearn (every reported figure is still CityLearn's)")
     for stage in planned:
+        if stage.skipped:
+            notes.append(f"{stage.name}: skipped, {stage.notes[0]}; give the night more time, or fewer --agents")
+            continue
+        if stage.setup_s < stage.planned_setup_s - 1:
+            notes.append(f"{stage.name}: its warm start stops after ~{human_duration(stage.setup_s)} of its "
+                         f"~{human_duration(stage.planned_setup_s)} with the best it has, to leave learning time")
         if stage.target_steps <= 0 or stage.planned_steps >= stage.target_steps:
             continue
         agent = stage.name
@@ -346,6 +356,8 @@ def render(planned: list[PlannedStage], deadline: datetime | None, notes: list[s
     for stage in planned:
         what = f"train {stage.planned_steps:,}/{stage.target_steps:,} steps + evaluate" if stage.target_steps else (
             "write the report" if stage.name == "report" else "evaluate")
+        if stage.skipped:
+            what = "skipped: no time left for training"
         lines.append(f"  {stage.start:%a %H:%M}  {stage.name:<8} {what:<40} done {stage.end:%H:%M}")
     if deadline is not None:
         end = planned[-1].end if planned else datetime.now()
@@ -364,7 +376,7 @@ def build_plan(cfg: Config, site: Site, speeds: Speeds, agents: list[str], targe
     specs = stage_specs(cfg, site, speeds, agents, targets, one_process)
     order = [*REFERENCES, *agents, "report"]
     available = (deadline - start).total_seconds() if deadline else None
-    planned = timeline([specs[n] for n in order], start, available)
+    planned = forecast([specs[n] for n in order], start, available)
     return planned, fit_warnings(cfg, speeds, planned)
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from trainer.base import logs
-from trainer.night.budget import StageSpec, allocate, timeline
+from trainer.night.budget import StageSpec, forecast, reserve_s, short_of_time, slot_s, warm_start_cap_s
 from trainer.run.schedule_file import (
     DONE,
     FAILED,
@@ -36,14 +36,6 @@ if TYPE_CHECKING:
     from trainer.run.folder import RunContext
 
 
-# A training slot too short to be worth a model: the stage is skipped rather than run for nothing.
-MIN_TRAIN_STEPS = 100
-# A warm start leaves its stage the time for this many steps of learning at the plan's speed (or the stage's target,
-# if smaller), and at least half the training time the plan gave it: a busy machine's imitation stops at that point
-# with the best it has rather than take the learning's time (a 20-minute night's PPO trained 0 steps behind a
-# warm start that overran its slot by minutes).
-LEARNING_KEPT_STEPS = 20_000
-LEARNING_KEPT_SHARE = 0.5
 # What schedule.json keeps of a finished stage's results (results.json has them all).
 RESULT_KEYS = ("co2_kg_per_year", "co2_vs_baseline_pct", "timesteps", "steps_per_s")
 
@@ -68,29 +60,17 @@ class StageJob:
 
     def slot(self, now: float) -> tuple[float | None, str | None]:
         """Starting at ``now``: (the training stage's time limit in seconds, or None untimed; why it is skipped
-        instead, or None). The one rule for a stage the night has no time left for, on every backend."""
+        instead, or None). The one rule for a stage the night has no time left for (budget.slot_s)."""
         if self.kind != StageKind.TRAIN or self.deadline is None:
             return None, None
-        limit = self.deadline - now - self.reserve_s
-        if limit * self.steps_per_s < min(MIN_TRAIN_STEPS, self.target):
-            return None, (f"no time left for training: {max(limit, 0):.0f} s in the plan "
-                          f"(~{max(limit, 0) * self.steps_per_s:.0f} steps) before the deadline")
-        return round(limit, 1), None
+        limit, skipped = slot_s(self.target, self.steps_per_s, self.deadline - now - self.reserve_s)
+        return (None, skipped) if skipped is not None else (limit, None)
 
     def warm_start_s(self, limit: float | None) -> float | None:
-        """Of a slot of ``limit`` seconds, the most its warm start may take (None: untimed): what leaves learning
-        LEARNING_KEPT_STEPS (at most the target) at the plan's speed and LEARNING_KEPT_SHARE of its planned time."""
+        """Of a slot of ``limit`` seconds, the most its warm start may take (None: untimed; budget.warm_start_cap_s)."""
         if limit is None or self.steps_per_s <= 0:
             return None
-        learning = max(learning_floor_s(self.target, self.steps_per_s),
-                       LEARNING_KEPT_SHARE * max(limit - self.setup_s, 0.0))
-        return max(limit - learning, 0.0)
-
-
-def learning_floor_s(target: int, steps_per_s: float) -> float:
-    """The least learning a training stage keeps: LEARNING_KEPT_STEPS (at most its target) at the plan's speed."""
-    steps = min(LEARNING_KEPT_STEPS, target) if target > 0 else LEARNING_KEPT_STEPS
-    return steps / steps_per_s if steps_per_s > 0 else 0.0
+        return warm_start_cap_s(limit, self.setup_s, self.target, self.steps_per_s)
 
 
 @dataclass(frozen=True)
@@ -191,7 +171,7 @@ def plan(state: ScheduleState, specs: dict[str, StageSpec], now: datetime) -> No
     open_stages = [s for s in state.stages if s.status not in FINISHED]
     deadline = state.deadline_dt()
     remaining = (deadline - now).total_seconds() if deadline else None
-    for record, planned in zip(open_stages, timeline([specs[s.name] for s in open_stages], now, remaining)):
+    for record, planned in zip(open_stages, forecast([specs[s.name] for s in open_stages], now, remaining)):
         record.planned_start = planned.start.isoformat(timespec="seconds")
         record.planned_end = planned.end.isoformat(timespec="seconds")
 
@@ -262,19 +242,13 @@ def _start(night: Night, record: StageRecord, parallel: bool, clock: Callable[[]
     elif deadline is not None:  # one after another: what the stages after it are planned to take
         later = [s for s in state.stages[state.stages.index(record):] if s.status not in FINISHED]
         left = (deadline - now).total_seconds()
-        if not night.lean and _short_of_time([night.spec(s.name) for s in later], left):
+        if not night.lean and short_of_time([night.spec(s.name) for s in later], left):
             night.lean = True
             logs.get().warning("the night is short of time: the agents left confirm their picks on the training "
                                "simulator, not in CityLearn (every reported figure is still CityLearn's)",
                                left_s=round(left), pace=f"{night.pace.factor:.2f}x")
         spec = night.spec(record.name)
-        open_specs = [night.spec(s.name) for s in later]
-        alloc = allocate(open_specs, left)
-        # Its own warm start runs inside its limit; the later stages' are theirs to keep, with the least learning
-        # each keeps (a later agent is not starved by an earlier one's slot).
-        reserve = (sum(s.fixed_s for s in open_specs) + sum(s.setup_s for s in open_specs[1:])
-                   + sum(max(a, _floor_s(s)) for a, s in zip(alloc[1:], open_specs[1:])))
-        reserve = min(reserve, _fair_reserve(open_specs, alloc, left))
+        reserve = reserve_s([night.spec(s.name) for s in later], left)
     job = StageJob(str(night.ctx.run.root), night.ctx.site, record.name, record.kind,
                    record.timesteps_target, resume, night.force, deadline.timestamp() if deadline else None,
                    reserve, spec.steps_per_s, spec.setup_s, night.lean, _later(state, record, parallel))
@@ -295,32 +269,6 @@ def _start(night: Night, record: StageRecord, parallel: bool, clock: Callable[[]
                     resume=resume, time_limit_s=record.time_limit_s, ends=_clock(record.planned_end),
                     night_ends=_clock(state.stages[-1].planned_end), run=night.ctx.run.root.name)
     return job
-
-
-def _short_of_time(specs: list[StageSpec], left_s: float) -> bool:
-    """Whether the stages left, at their evaluations and warm starts as planned and the least learning each keeps,
-    outlast the time left, where a leaner evaluation exists."""
-    needed = sum(s.fixed_s + s.setup_s + _floor_s(s) for s in specs)
-    return needed > left_s and any(s.lean_fixed_s is not None for s in specs)
-
-
-def _fair_reserve(specs: list[StageSpec], alloc: list[float], left_s: float) -> float:
-    """What the first of ``specs`` leaves the others. Where their warm starts and least learning do not all fit:
-    every evaluation as planned (they cannot be shortened), and of the time beside them each stage's share in
-    proportion to its warm start and least learning, so that each stops its warm start early and learns a little.
-    Without it the first stage kept nothing and was skipped: a 20-minute night beside other work (its references
-    twice as slow as calibrated) skipped SAC with 13 of its 20 minutes ahead. Otherwise (everything fits, or no stage
-    warm-starts: the training is shared by weight) the later stages' warm starts and learning as allocated."""
-    least = [s.setup_s + _floor_s(s) for s in specs]
-    fixed = sum(s.fixed_s for s in specs)
-    spare = left_s - fixed
-    if spare <= 0 or sum(least) <= spare or not any(s.setup_s > 0 for s in specs):
-        return fixed + sum(s.setup_s + max(a, _floor_s(s)) for a, s in zip(alloc[1:], specs[1:]))
-    return fixed + spare * sum(least[1:]) / sum(least)
-
-
-def _floor_s(spec: StageSpec) -> float:
-    return learning_floor_s(spec.target_steps, spec.steps_per_s) if spec.kind == StageKind.TRAIN else 0.0
 
 
 def _end(night: Night, record: StageRecord, outcome: StageOutcome, clock: Callable[[], datetime]) -> None:
