@@ -360,6 +360,46 @@ def test_a_machine_slower_than_calibrated_is_followed_and_the_night_still_ends_b
     assert state.stages[-1].planned_end <= deadline.isoformat()
 
 
+def test_a_machine_faster_than_calibrated_gives_the_later_stages_the_padding_and_no_more(tmp_path):
+    """A calibration made beside work that has since stopped: the references take half their estimate. The rest is
+    planned at the pace floored at the estimates unpadded (MIN_PACE = 1 / SAFETY), so sac's slot grows by the
+    padding of what is planned after it, and the night still ends by its deadline."""
+    from trainer.night.state import MIN_PACE
+
+    class Quiet(FakeExecutor):
+        def wait(self):
+            job = self.pending
+            self.pending = None
+            if job.kind == "eval":
+                self.calls.append(("eval", job.name))
+                self.clock.advance(EVAL_S / 2)
+                return [StageEvent(job, StageOutcome(metrics={"co2_kg_per_year": 100.0}))]
+            limit, _ = job.slot(self.clock().timestamp())
+            self.calls.append(("train", job.name, job.target, limit, job.resume))
+            self.clock.advance(limit + EVAL_S)
+            return [StageEvent(job, StageOutcome(metrics={"timesteps": int(limit * SPEEDS[job.name]),
+                                                          "train_wall_s": limit, "warm_start_s": 0.0}))]
+
+    clock = Clock(START)
+    deadline = START + timedelta(hours=1)
+    runner = Quiet(clock)
+    state = new_state(tmp_path, deadline, clock, runner)
+    night = Night(SimpleNamespace(run=RunDir(tmp_path), site=Site(SCHEMA, tmp_path / "schema.json", None, {})),
+                  state, SPECS, report=runner.report)
+    drive([night], runner, clock)
+    assert night.pace.factor == pytest.approx(MIN_PACE) and MIN_PACE == pytest.approx(1 / 1.15)
+    # 3,540 s left after the references (2 x 30 s); the three agents' evaluations and the report planned at the pace:
+    # sac's half of the training is larger than at the calibrated pace (3,540 - 210) / 2.
+    sac_limit = [c[3] for c in runner.calls if c[0] == "train"][0]
+    assert sac_limit == pytest.approx((3540 - 210 * MIN_PACE) / 2, abs=1) and sac_limit > (3540 - 210) / 2
+    assert [s.status for s in state.stages] == [DONE] * 6
+    # Here the agents' evaluations take their whole padded estimate, not the references' pace: the night ends late by
+    # less than that padding (3 x 60 s x (1 - MIN_PACE) = 23 s; 11.7 s), inside the 2 % of the budget (72 s) that
+    # docs/schedule.md allows.
+    late = (clock() - deadline).total_seconds()
+    assert 0 < late < 3 * EVAL_S * (1 - MIN_PACE) < 0.02 * 3600
+
+
 def test_a_night_short_of_time_goes_lean_rather_than_skip_an_agent(tmp_path):
     """Where the agents' evaluations as planned (the pick confirmed over held-out years in CityLearn) and the least
     learning each keeps outlast the night, the agents left confirm on the training simulator: each trains, none is

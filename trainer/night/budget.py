@@ -8,6 +8,8 @@ from datetime import datetime, timedelta
 
 from trainer.run.schedule_file import StageKind
 
+# Estimates are padded so the night ends by the deadline even when a stage runs a little slow.
+SAFETY = 1.15
 # A training slot too short to be worth a model: the stage is skipped rather than run for nothing.
 MIN_TRAIN_STEPS = 100
 # A warm start leaves its stage the time for this many steps of learning at the plan's speed (or the stage's target,

@@ -12,7 +12,7 @@ from trainer.config.roster import agent_spec
 from trainer.config.sections import Config
 from trainer.learn.warm_start.members import processes_beside
 from trainer.learn.warm_start.validation import CHECK_AT, imitation_parts, validation_part
-from trainer.night.budget import PlannedStage, StageKind, StageSpec, forecast
+from trainer.night.budget import SAFETY, PlannedStage, StageKind, StageSpec, forecast
 from trainer.night.calibrate import Speeds, calibrate
 from trainer.references import reuse as reuse_references
 from trainer.references.roster import REFERENCE_ROSTER, REFERENCES
@@ -46,8 +46,6 @@ REUSED_S = 1.0  # a reference's figures copied from an earlier run
 # built-in site, the policies' calls apart: 3.1 ms against CityLearn's 4.0 (a year: 27.1 s against 35.3), most of it
 # the EV guard's small arrays.
 SIM_STEP_SHARE = 0.8
-# Estimates are padded so the night ends by the deadline even when a stage runs a little slow.
-SAFETY = 1.15
 
 
 def stage_specs(
