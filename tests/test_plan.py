@@ -180,7 +180,7 @@ def test_a_short_night_s_plan_says_which_warm_start_stops_early_which_agent_is_s
     assert notes == [
         "the night is short of time: the agents confirm their picks on the training simulator, not in CityLearn "
         "(every reported figure is still CityLearn's)",
-        "sac: its warm start stops after ~5 min of its ~15 min with the best it has, to leave learning time",
+        "sac: its warm start stops after ~5.0 of its ~15.0 min with the best it has, to leave learning time",
         "sac: 1 min at ~500 steps/s reaches ~30,000 of its 150,000 timesteps; to finish, set sac.timesteps to 30,000 "
         "or give the night more time",
         "ppo: skipped, no time left for training: 3 s in the plan (~9 steps) before the deadline; give the night more "

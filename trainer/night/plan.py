@@ -292,8 +292,8 @@ def fit_warnings(cfg: Config, speeds: Speeds, planned: list[PlannedStage]) -> li
             notes.append(f"{stage.name}: skipped, {stage.notes[0]}; give the night more time, or fewer --agents")
             continue
         if stage.setup_s < stage.planned_setup_s - 1:
-            notes.append(f"{stage.name}: its warm start stops after ~{human_duration(stage.setup_s)} of its "
-                         f"~{human_duration(stage.planned_setup_s)} with the best it has, to leave learning time")
+            notes.append(f"{stage.name}: its warm start stops after ~{stage.setup_s / 60:.1f} of its "
+                         f"~{stage.planned_setup_s / 60:.1f} min with the best it has, to leave learning time")
         if stage.target_steps <= 0 or stage.planned_steps >= stage.target_steps:
             continue
         agent = stage.name
