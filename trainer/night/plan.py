@@ -281,10 +281,10 @@ def untimed_night_s(cfg: Config, site: Site, speeds: Speeds, agents: list[str], 
 
 
 def fit_warnings(cfg: Config, speeds: Speeds, planned: list[PlannedStage]) -> list[str]:
-    """Stages that cannot reach their target in their slot, with the numbers and what would fit."""
+    """What the plan cannot give: a night short of time (lean), warm starts cut to their part of a slot, stages
+    skipped, and stages that cannot reach their target in their slot, with the numbers and what would fit."""
     notes = []
-    lean = next((s for s in planned if s.lean), None)
-    if lean is not None:
+    if any(stage.lean for stage in planned):
         notes.append("the night is short of time: the agents confirm their picks on the training simulator, not in "
                      "CityLearn (every reported figure is still CityLearn's)")
     for stage in planned:
