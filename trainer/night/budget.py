@@ -96,6 +96,7 @@ def learning_floor_s(target: int, steps_per_s: float) -> float:
 
 
 def floor_s(spec: StageSpec) -> float:
+    """The least learning ``spec`` keeps (none for an evaluation or the report)."""
     return learning_floor_s(spec.target_steps, spec.steps_per_s) if spec.kind == StageKind.TRAIN else 0.0
 
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -102,14 +102,14 @@ def bootstrap_year(site: Resampled, folder: Path, seed_offset: int, schema_file:
     buildings = {b["energy_simulation"] for b in _buildings(site.data) if b.get("energy_simulation")}
     weather = {b["weather"] for b in _buildings(site.data) if b.get("weather")}
     folder.mkdir(parents=True, exist_ok=True)
+    solar = scaled.get(SOLAR_COLUMN)
+
+    def irradiance(column: str) -> np.ndarray | None:
+        return solar if IRRADIANCE.fullmatch(column) else None
+
     for name in _files(site.data):
-        if name in buildings:
-            columns = scaled
-        elif name in weather and SOLAR_COLUMN in scaled:
-            columns = {c: scaled[SOLAR_COLUMN] for c in _header(site.root / name) if IRRADIANCE.fullmatch(c)}
-        else:
-            columns = {}
-        _write_rows(site.root / name, folder / name, steps, columns)
+        factor_of = scaled.get if name in buildings else irradiance if name in weather else _unscaled
+        _write_rows(site.root / name, folder / name, steps, factor_of)
     data = {**site.data, "root_directory": None, "simulation_start_time_step": 0,
             "simulation_end_time_step": len(steps) - 1,
             "pvbess_bootstrap": {"from": f"steps {site.start}-{site.end}", "seed_offset": seed_offset,
@@ -182,18 +182,17 @@ def _files(data: Mapping[str, Any]) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def _header(path: Path) -> list[str]:
-    with path.open(encoding="utf-8") as file:
-        return file.readline().strip().split(",")
+def _unscaled(column: str) -> None:
+    return None
 
 
-def _write_rows(source: Path, target: Path, steps: np.ndarray, scaled: Mapping[str, np.ndarray]) -> None:
-    """``source``'s rows ``steps`` (the header kept, every cell as written but those of a column ``scaled`` names,
-    multiplied by its factor at that row) into ``target``."""
+def _write_rows(source: Path, target: Path, steps: np.ndarray,
+                factor_of: Callable[[str], np.ndarray | None]) -> None:
+    """``source``'s rows ``steps`` (the header kept, every cell as written but those of a column ``factor_of`` gives
+    a factor for, multiplied by it at that row) into ``target``."""
     lines = source.read_text(encoding="utf-8").splitlines()
     header, rows = lines[0], lines[1:]
-    names = header.split(",")
-    columns = {names.index(c): factor for c, factor in scaled.items() if c in names}
+    columns = {j: factor for j, name in enumerate(header.split(",")) if (factor := factor_of(name)) is not None}
     out = [rows[t] for t in steps]
     for i, row in enumerate(out) if columns else ():
         cells = row.split(",")
