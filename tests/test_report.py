@@ -66,6 +66,40 @@ def test_an_agent_that_strands_cars_is_never_the_best():
     assert best_agent({k: v for k, v in results.items() if k in ("baseline", "ppo")}, 98.0) is None
 
 
+def _kept(results: dict, **window: float) -> dict:
+    """``results`` with each named agent's validation-window figure, as its stage keeps it (``kept``)."""
+    for agent, co2 in window.items():
+        results[agent]["kept"] = {"step": 0, "final_step": 4_096, "why": "training never beat its warm start",
+                                  "held_out": True, "validation_co2_kg_per_year": co2}
+    return results
+
+
+def test_the_agent_is_chosen_on_the_validation_window_not_on_the_figures_it_is_judged_by(tmp_path):
+    results = _results()
+    for agent in ("ppo", "a2c"):  # both serve the cars now; a2c emits least over the period judged
+        results[agent].update(ev_departure_soc_met_pct=100.0, ev_unmet_kwh=0.0)
+    results["ppo"].update(co2_kg_per_year=29_000.0, co2_kg=29_000.0)
+    results["a2c"].update(co2_kg_per_year=28_500.0, co2_kg=28_500.0)
+    _kept(results, sac=31_000.0, ppo=30_100.0, a2c=30_400.0)
+    compare_to_baseline(results)
+    assert best_agent(results, 98.0) == "ppo"  # least CO2 on the window, not over the held-out period
+    headline = write_report(_run(tmp_path, results)).read_text().splitlines()[2]
+    assert headline.startswith("**Best agent: ppo**, 29,000 kg CO2/year")
+    assert ("Chosen on the validation window, in another year of the data (30,100 kg CO2/year there), "
+            "not on the figures here. `a2c` emits less here (28,500 kg CO2/year), not there (30,400)") in headline
+    # An agent that misses the EV target is never chosen, however it did on the window.
+    results["ppo"].update(ev_departure_soc_met_pct=90.0)
+    assert best_agent(results, 98.0) == "a2c"
+
+
+def test_a_run_whose_agents_kept_no_validation_figure_is_chosen_on_its_figures_and_says_so(tmp_path):
+    results = _kept(_results(), sac=31_000.0)  # ppo and a2c strand cars: only sac is chosen among
+    results["ppo"].update(ev_departure_soc_met_pct=100.0)  # now serving, with no validation figure kept
+    assert best_agent(results, 98.0) == "ppo"  # chosen on the evaluation's figures: 28,100 against 34,000
+    headline = write_report(_run(tmp_path, results)).read_text().splitlines()[2]
+    assert "Chosen on the figures below: not every agent kept its figure on the validation window" in headline
+
+
 def test_share_of_optimum_is_the_cut_over_the_lps_cut():
     results = _results()
     assert results["sac"]["co2_share_of_optimum_pct"] == pytest.approx(100 * 4_600 / 9_000)

@@ -14,7 +14,16 @@ from trainer.base.errors import UsageError
 from trainer.base.files import DamagedFile, read_typed, write_text_atomic
 from trainer.config.loading import read_yaml
 from trainer.config.roster import AGENTS
-from trainer.judge.metrics import DEFAULT_TARGET_MET_PCT, best_agent, evaluation_window, optimum_reach, serves_cars
+from trainer.judge.metrics import (
+    DEFAULT_TARGET_MET_PCT,
+    best_agent,
+    chosen_on_validation,
+    evaluation_window,
+    optimum_reach,
+    serves_cars,
+    serving_agents,
+    validation_figure,
+)
 from trainer.judge.plots import (
     plot_co2,
     plot_learning_curves,
@@ -121,6 +130,33 @@ def _below_rbc(results: dict[str, dict[str, Any]], name: str) -> str | None:
             f"{rbc:,.0f} kg CO2/year): deploy `rbc`'s rules, or train longer on more data, before this.")
 
 
+def _window(kept: dict[str, Any]) -> str:
+    """What the stage's validation window was, as the report names it."""
+    return kept.get("window") or ("the validation window, in another year of the data" if kept.get("held_out")
+                                  else "the validation window, the first days of the dataset")
+
+
+def _how_chosen(results: dict[str, dict[str, Any]], best: str, target_pct: float) -> str:
+    """A sentence saying what the agent was chosen on (trainer.judge.metrics.best_agent), and which agent, if any,
+    emits less over the period judged here: the choice does not look at it, as a site choosing its controller
+    cannot. Nothing where it was the only agent to choose."""
+    serving = serving_agents(results, target_pct)
+    if len(serving) < 2:
+        return ""
+    if not chosen_on_validation(results, target_pct):
+        return (" Chosen on the figures below: not every agent kept its figure on the validation window "
+                "(`train.keep_best`).")
+    said = (f" Chosen on {_window(results[best]['kept'])} ({validation_figure(results[best]):,.0f} kg CO2/year there), "
+            "not on the figures here.")
+    lower = [name for name in serving if results[name]["co2_kg_per_year"] < results[best]["co2_kg_per_year"]]
+    if lower:
+        other = min(lower, key=lambda name: results[name]["co2_kg_per_year"])
+        said += (f" `{other}` emits less here ({results[other]['co2_kg_per_year']:,.0f} kg CO2/year), not there "
+                 f"({validation_figure(results[other]):,.0f}): which agent does best on a period is not known before "
+                 "it.")
+    return said
+
+
 def _which_policy(m: dict[str, Any]) -> str:
     """Which policy of the agent is deployed, said as the headline's end: its warm start, untrained, where it trained
     nothing or kept its start; else the step kept of those trained."""
@@ -176,6 +212,7 @@ def _headline(results: dict[str, dict[str, Any]], target_pct: float, run: RunDir
                      + f"), meeting {_fmt(m.get('ev_departure_soc_met_pct'), '.1f')}% of EV departures"
                      + _which_policy(m)
                      + _same_policy(results, best)
+                     + _how_chosen(results, best, target_pct)
                      + (_below_rbc(results, best) or ""))
         peak, base_peak = m.get("peak_kw"), results.get("baseline", {}).get("peak_kw")
         if peak and base_peak and peak > PEAK_WORTH_SAYING * base_peak:  # a CO2 cut can cost the site's connection
@@ -273,8 +310,7 @@ def _deployed(results: dict[str, dict[str, Any]]) -> list[str]:
             continue
         which = ("its warm start (step 0)" if kept["step"] == 0 else
                  "its last policy" if kept["step"] == kept["final_step"] else f"the policy of step {kept['step']:,}")
-        window = kept.get("window") or ("the validation window, in another year of the data" if kept.get("held_out")
-                                        else "the validation window, the first days of the dataset")
+        window = _window(kept)
         line = (f"- **{agent}** deploys {which} of {kept['final_step']:,} steps: {kept['why']} "
                 f"({window}: {kept['validation_co2_kg_per_year'] / 1000:,.2f} t/yr")
         if kept.get("last_validation_co2_kg_per_year") is not None and kept["step"] != kept["final_step"]:
