@@ -8,7 +8,7 @@ import os
 import pytest
 import yaml
 
-from trainer.judge.metrics import best_agent, compare_to_baseline
+from trainer.judge.metrics import agent_choice, best_agent, compare_to_baseline
 from trainer.judge.report import write_report
 from trainer.run.folder import RunDir
 
@@ -90,6 +90,41 @@ def test_the_agent_is_chosen_on_the_validation_window_not_on_the_figures_it_is_j
     # An agent that misses the EV target is never chosen, however it did on the window.
     results["ppo"].update(ev_departure_soc_met_pct=90.0)
     assert best_agent(results, 98.0) == "a2c"
+
+
+def test_the_years_each_pick_was_confirmed_over_choose_where_every_agent_has_them(tmp_path):
+    """The built-in site's two other whole years rank agents as its held-out year does where 28 days cannot: the
+    choice is made there where every agent has them, an agent that deploys another's very weights sharing its."""
+    results = _results()
+    for agent in ("ppo", "a2c"):
+        results[agent].update(ev_departure_soc_met_pct=100.0, ev_unmet_kwh=0.0)
+    results["sac"].update(co2_kg_per_year=29_900.0, co2_kg=29_900.0, policy_digest="s1")
+    results["ppo"].update(co2_kg_per_year=29_950.0, co2_kg=29_950.0, policy_digest="p0")
+    results["a2c"].update(co2_kg_per_year=29_950.0, co2_kg=29_950.0, policy_digest="p0")
+    _kept(results, sac=43_830.0, ppo=43_848.0, a2c=43_848.0)  # the window prefers sac
+    # sac's pick confirmed (deployed: its own figures); ppo's reverted to its warm start (deployed: the start's).
+    results["sac"]["kept"].update(step=104_320, years_judged_by="the training simulator",
+                                  years=[{"co2_kg_per_year": 29_900.0, "warm_start_co2_kg_per_year": 30_000.0},
+                                         {"co2_kg_per_year": 29_640.0, "warm_start_co2_kg_per_year": 29_700.0}])
+    results["ppo"]["kept"].update(step=0, years_judged_by="the training simulator",
+                                  years=[{"co2_kg_per_year": 29_700.0, "warm_start_co2_kg_per_year": 29_890.0},
+                                         {"co2_kg_per_year": 29_500.0, "warm_start_co2_kg_per_year": 29_590.0}])
+    compare_to_baseline(results)
+    choice = agent_choice(results, 98.0)
+    # sac's mean 29,770, ppo's start 29,740 (not its rejected pick's 29,600); a2c deploys ppo's weights: the same.
+    assert (choice.agent, choice.basis) == ("ppo", "years")
+    assert choice.figures == {"sac": 29_770.0, "ppo": 29_740.0, "a2c": 29_740.0}
+    headline = write_report(_run(tmp_path, results)).read_text().splitlines()[2]
+    assert headline.startswith("**Best agent: ppo**")
+    assert ("Chosen on the 2 other years the selection holds out from training, where each pick was confirmed "
+            "(29,740 kg CO2/year there), not on the figures here. `sac` emits less here (29,900 kg CO2/year), not "
+            "there (29,770)") in headline
+    # Years judged apart (one stage on the simulator, one in CityLearn) are not compared: the window chooses.
+    results["ppo"]["kept"]["years_judged_by"] = "CityLearn"
+    assert (agent_choice(results, 98.0).agent, agent_choice(results, 98.0).basis) == ("sac", "window")
+    results["ppo"]["kept"]["years_judged_by"] = "the training simulator"
+    results["a2c"]["policy_digest"] = "a9"  # a2c's own weights, never confirmed over the years: the window again
+    assert agent_choice(results, 98.0).basis == "window"
 
 
 def test_a_run_whose_agents_kept_no_validation_figure_is_chosen_on_its_figures_and_says_so(tmp_path):

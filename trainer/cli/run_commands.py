@@ -90,8 +90,10 @@ def night(**given: Any) -> None:
     for line in runner.untrained(done.state):  # an agent missing from the table, or there untrained, says why
         click.echo(f"note:    {line}")
     click.echo(f"report:  {done.run.report}")
-    if best_agent(done.results, done.cfg.ev.target_met_pct):
-        click.echo(f"export:  {opts.invoked()} export {done.run.root}   (the best agent as ONNX + controller.py)")
+    best = best_agent(done.results, done.cfg.ev.target_met_pct)
+    if best:
+        click.echo(f"export:  {opts.invoked()} export {done.run.root}   ({best}, the agent the report recommends, as "
+                   "ONNX + controller.py)")
     runner.raise_for_failures(done.state, done.run)
 
 

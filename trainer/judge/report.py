@@ -16,13 +16,11 @@ from trainer.config.loading import read_yaml
 from trainer.config.roster import AGENTS
 from trainer.judge.metrics import (
     DEFAULT_TARGET_MET_PCT,
+    agent_choice,
     best_agent,
-    chosen_on_validation,
     evaluation_window,
     optimum_reach,
     serves_cars,
-    serving_agents,
-    validation_figure,
 )
 from trainer.judge.plots import (
     plot_co2,
@@ -136,24 +134,29 @@ def _window(kept: dict[str, Any]) -> str:
                                   else "the validation window, the first days of the dataset")
 
 
-def _how_chosen(results: dict[str, dict[str, Any]], best: str, target_pct: float) -> str:
-    """A sentence saying what the agent was chosen on (trainer.judge.metrics.best_agent), and which agent, if any,
+def _how_chosen(results: dict[str, dict[str, Any]], target_pct: float) -> str:
+    """A sentence saying what the agent was chosen on (trainer.judge.metrics.agent_choice), and which agent, if any,
     emits less over the period judged here: the choice does not look at it, as a site choosing its controller
     cannot. Nothing where it was the only agent to choose."""
-    serving = serving_agents(results, target_pct)
-    if len(serving) < 2:
+    choice = agent_choice(results, target_pct)
+    if choice is None or len(choice.figures) < 2:
         return ""
-    if not chosen_on_validation(results, target_pct):
+    if choice.basis == "figures":
         return (" Chosen on the figures below: not every agent kept its figure on the validation window "
                 "(`train.keep_best`).")
-    said = (f" Chosen on {_window(results[best]['kept'])} ({validation_figure(results[best]):,.0f} kg CO2/year there), "
-            "not on the figures here.")
-    lower = [name for name in serving if results[name]["co2_kg_per_year"] < results[best]["co2_kg_per_year"]]
+    kept = results[choice.agent]["kept"]
+    if choice.basis == "window":
+        where = _window(kept)
+    else:  # a dataset's validation part, or the built-in site's other years, each pick confirmed over them
+        where = kept.get("window") or (f"the {len(kept['years'])} other years the selection holds out from "
+                                       "training, where each pick was confirmed")
+    said = f" Chosen on {where} ({choice.figures[choice.agent]:,.0f} kg CO2/year there), not on the figures here."
+    best = results[choice.agent]["co2_kg_per_year"]
+    lower = [name for name in choice.figures if results[name]["co2_kg_per_year"] < best]
     if lower:
         other = min(lower, key=lambda name: results[name]["co2_kg_per_year"])
         said += (f" `{other}` emits less here ({results[other]['co2_kg_per_year']:,.0f} kg CO2/year), not there "
-                 f"({validation_figure(results[other]):,.0f}): which agent does best on a period is not known before "
-                 "it.")
+                 f"({choice.figures[other]:,.0f}): which agent does best on a period is not known before it.")
     return said
 
 
@@ -212,7 +215,7 @@ def _headline(results: dict[str, dict[str, Any]], target_pct: float, run: RunDir
                      + f"), meeting {_fmt(m.get('ev_departure_soc_met_pct'), '.1f')}% of EV departures"
                      + _which_policy(m)
                      + _same_policy(results, best)
-                     + _how_chosen(results, best, target_pct)
+                     + _how_chosen(results, target_pct)
                      + (_below_rbc(results, best) or ""))
         peak, base_peak = m.get("peak_kw"), results.get("baseline", {}).get("peak_kw")
         if peak and base_peak and peak > PEAK_WORTH_SAYING * base_peak:  # a CO2 cut can cost the site's connection
