@@ -123,7 +123,15 @@ def test_the_years_each_pick_was_confirmed_over_choose_where_every_agent_has_the
     results["ppo"]["kept"]["years_judged_by"] = "CityLearn"
     assert (agent_choice(results, 98.0).agent, agent_choice(results, 98.0).basis) == ("sac", "window")
     results["ppo"]["kept"]["years_judged_by"] = "the training simulator"
-    results["a2c"]["policy_digest"] = "a9"  # a2c's own weights, never confirmed over the years: the window again
+    # The agent that borrows the figures may be the one chosen: ppo, first in the roster, confirmed nothing itself.
+    results["a2c"]["kept"].update(results["ppo"]["kept"])
+    del results["ppo"]["kept"]["years"]
+    (tmp_path / "lent").mkdir()
+    headline = write_report(_run(tmp_path / "lent", results)).read_text().splitlines()[2]
+    assert headline.startswith("**Best agent: ppo**") and "Chosen on the 2 other years" in headline
+    results["a2c"]["policy_digest"] = "a9"  # a2c's own weights now: ppo has no figure over the years, the window
+    assert agent_choice(results, 98.0).basis == "window"
+    results["ppo"]["kept"]["years"] = [{"co2_kg_per_year": "damaged"}]  # edited by hand: no figure, the window
     assert agent_choice(results, 98.0).basis == "window"
 
 

@@ -341,7 +341,10 @@ def held_out_years_figure(metrics: dict[str, Any]) -> tuple[float, tuple[Any, in
     if not years:
         return None
     key = "warm_start_co2_kg_per_year" if kept.get("step") == 0 else "co2_kg_per_year"
-    return float(sum(year[key] for year in years)), (kept.get("years_judged_by"), len(years))
+    figures = [year.get(key) if isinstance(year, dict) else None for year in years]
+    if not all(isinstance(f, (int, float)) for f in figures):  # a results.json edited by hand: the window chooses
+        return None
+    return float(sum(figures)), (kept.get("years_judged_by"), len(years))
 
 
 @dataclass(frozen=True)
@@ -352,6 +355,7 @@ class Choice:
     agent: str
     basis: str
     figures: dict[str, float]  # each agent chosen among: its kg CO2 a year on the basis (the years' mean)
+    years: int = 0  # how many held-out years the "years" basis is
 
 
 def serving_agents(results: dict[str, dict[str, Any]], target_met_pct: float) -> list[str]:
@@ -360,7 +364,7 @@ def serving_agents(results: dict[str, dict[str, Any]], target_met_pct: float) ->
             and serves_cars(results[a], target_met_pct)]
 
 
-def _over_the_years(results: dict[str, dict[str, Any]], agents: list[str]) -> dict[str, float] | None:
+def _over_the_years(results: dict[str, dict[str, Any]], agents: list[str]) -> tuple[dict[str, float], int] | None:
     """Each agent's deployed policy's mean kg CO2 a year over the held-out years, an agent that confirmed nothing
     given the figure of another that deploys the very same weights (PPO and A2C from their shared imitation); None
     unless every agent has one, judged alike (the same years, by the same simulator)."""
@@ -369,7 +373,8 @@ def _over_the_years(results: dict[str, dict[str, Any]], agents: list[str]) -> di
     figures = {a: own[a] or by_policy.get(results[a].get("policy_digest")) for a in agents}
     if any(f is None for f in figures.values()) or len({f[1] for f in figures.values()}) != 1:  # type: ignore[index]
         return None
-    return {a: f[0] / f[1][1] for a, f in figures.items()}  # type: ignore[index]
+    years = next(iter(figures.values()))[1][1]  # type: ignore[index]
+    return {a: f[0] / years for a, f in figures.items()}, years  # type: ignore[index]
 
 
 def agent_choice(results: dict[str, dict[str, Any]], target_met_pct: float = DEFAULT_TARGET_MET_PCT) -> Choice | None:
@@ -389,13 +394,15 @@ def agent_choice(results: dict[str, dict[str, Any]], target_met_pct: float = DEF
     serving = serving_agents(results, target_met_pct)
     if not serving:
         return None
-    figures, basis = _over_the_years(results, serving), "years"
-    if figures is None:
-        window = {a: validation_figure(results[a]) for a in serving}
-        figures, basis = ({a: f for a, f in window.items() if f is not None}, "window") \
-            if all(f is not None for f in window.values()) else (None, "figures")
-    if figures is None:
-        figures = {a: float(results[a]["co2_kg_per_year"]) for a in serving}
+    over_years = _over_the_years(results, serving)
+    if over_years is not None:
+        figures, years = over_years
+        return Choice(min(serving, key=lambda a: figures[a]), "years", figures, years)
+    window = {a: validation_figure(results[a]) for a in serving}
+    if all(f is not None for f in window.values()):
+        figures, basis = {a: float(f) for a, f in window.items() if f is not None}, "window"
+    else:
+        figures, basis = {a: float(results[a]["co2_kg_per_year"]) for a in serving}, "figures"
     return Choice(min(serving, key=lambda a: figures[a]), basis, figures)
 
 

@@ -148,8 +148,8 @@ def _how_chosen(results: dict[str, dict[str, Any]], target_pct: float) -> str:
     if choice.basis == "window":
         where = _window(kept)
     else:  # a dataset's validation part, or the built-in site's other years, each pick confirmed over them
-        where = kept.get("window") or (f"the {len(kept['years'])} other years the selection holds out from "
-                                       "training, where each pick was confirmed")
+        where = kept.get("window") or (f"the {choice.years} other years the selection holds out from training, "
+                                       "where each pick was confirmed")
     said = f" Chosen on {where} ({choice.figures[choice.agent]:,.0f} kg CO2/year there), not on the figures here."
     best = results[choice.agent]["co2_kg_per_year"]
     lower = [name for name in choice.figures if results[name]["co2_kg_per_year"] < best]
