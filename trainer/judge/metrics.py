@@ -332,10 +332,19 @@ def validation_figure(metrics: dict[str, Any]) -> float | None:
     return float(figure) if isinstance(figure, (int, float)) else None
 
 
-def held_out_years_figure(metrics: dict[str, Any]) -> tuple[float, tuple[Any, int]] | None:
-    """The deployed policy's kg CO2 a year summed over the held-out years its stage confirmed its pick over
-    (``kept.years``: the pick's figures, or its warm start's where the confirmation kept that), with what judged them
-    and how many years; None where the stage confirmed nothing (its curve never beat its start)."""
+@dataclass(frozen=True)
+class YearsFigure:
+    """A deployed policy's kg CO2 a year over the held-out years its pick was confirmed over."""
+
+    co2_kg_per_year: float  # the mean over the years
+    judged_by: str | None  # "the training simulator" or "CityLearn" (``kept.years_judged_by``)
+    years: int
+
+
+def held_out_years_figure(metrics: dict[str, Any]) -> YearsFigure | None:
+    """The deployed policy's figure over the held-out years its stage confirmed its pick over (``kept.years``: the
+    pick's figures, or its warm start's where the confirmation kept that); None where the stage confirmed nothing
+    (its curve never beat its start)."""
     kept = metrics.get("kept")
     years = kept.get("years") if isinstance(kept, dict) else None
     if not years:
@@ -344,7 +353,7 @@ def held_out_years_figure(metrics: dict[str, Any]) -> tuple[float, tuple[Any, in
     figures = [year.get(key) if isinstance(year, dict) else None for year in years]
     if not all(isinstance(f, (int, float)) for f in figures):  # a results.json edited by hand: the window chooses
         return None
-    return float(sum(figures)), (kept.get("years_judged_by"), len(years))
+    return YearsFigure(sum(figures) / len(figures), kept.get("years_judged_by"), len(figures))
 
 
 @dataclass(frozen=True)
@@ -364,17 +373,17 @@ def serving_agents(results: dict[str, dict[str, Any]], target_met_pct: float) ->
             and serves_cars(results[a], target_met_pct)]
 
 
-def _over_the_years(results: dict[str, dict[str, Any]], agents: list[str]) -> tuple[dict[str, float], int] | None:
-    """Each agent's deployed policy's mean kg CO2 a year over the held-out years, an agent that confirmed nothing
-    given the figure of another that deploys the very same weights (PPO and A2C from their shared imitation); None
-    unless every agent has one, judged alike (the same years, by the same simulator)."""
+def _over_the_years(results: dict[str, dict[str, Any]], agents: list[str]) -> dict[str, YearsFigure] | None:
+    """Each agent's deployed policy over the held-out years, an agent that confirmed nothing given the figure of
+    another that deploys the very same weights (PPO and A2C from their shared imitation); None unless every agent has
+    one, judged alike (the same years, by the same simulator)."""
     own = {a: held_out_years_figure(results[a]) for a in agents}
     by_policy = {results[a].get("policy_digest"): f for a, f in own.items() if f and results[a].get("policy_digest")}
     figures = {a: own[a] or by_policy.get(results[a].get("policy_digest")) for a in agents}
-    if any(f is None for f in figures.values()) or len({f[1] for f in figures.values()}) != 1:  # type: ignore[index]
+    found = {a: f for a, f in figures.items() if f is not None}
+    if len(found) != len(agents) or len({(f.judged_by, f.years) for f in found.values()}) != 1:
         return None
-    years = next(iter(figures.values()))[1][1]  # type: ignore[index]
-    return {a: f[0] / years for a, f in figures.items()}, years  # type: ignore[index]
+    return found
 
 
 def agent_choice(results: dict[str, dict[str, Any]], target_met_pct: float = DEFAULT_TARGET_MET_PCT) -> Choice | None:
@@ -396,8 +405,8 @@ def agent_choice(results: dict[str, dict[str, Any]], target_met_pct: float = DEF
         return None
     over_years = _over_the_years(results, serving)
     if over_years is not None:
-        figures, years = over_years
-        return Choice(min(serving, key=lambda a: figures[a]), "years", figures, years)
+        figures = {a: f.co2_kg_per_year for a, f in over_years.items()}
+        return Choice(min(serving, key=lambda a: figures[a]), "years", figures, over_years[serving[0]].years)
     window = {a: validation_figure(results[a]) for a in serving}
     if all(f is not None for f in window.values()):
         figures, basis = {a: float(f) for a, f in window.items() if f is not None}, "window"

@@ -16,8 +16,8 @@ from trainer.config.loading import read_yaml
 from trainer.config.roster import AGENTS
 from trainer.judge.metrics import (
     DEFAULT_TARGET_MET_PCT,
+    Choice,
     agent_choice,
-    best_agent,
     evaluation_window,
     optimum_reach,
     serves_cars,
@@ -134,12 +134,11 @@ def _window(kept: dict[str, Any]) -> str:
                                   else "the validation window, the first days of the dataset")
 
 
-def _how_chosen(results: dict[str, dict[str, Any]], target_pct: float) -> str:
+def _how_chosen(results: dict[str, dict[str, Any]], choice: Choice) -> str:
     """A sentence saying what the agent was chosen on (trainer.judge.metrics.agent_choice), and which agent, if any,
     emits less over the period judged here: the choice does not look at it, as a site choosing its controller
     cannot. Nothing where it was the only agent to choose."""
-    choice = agent_choice(results, target_pct)
-    if choice is None or len(choice.figures) < 2:
+    if len(choice.figures) < 2:
         return ""
     if choice.basis == "figures":
         return (" Chosen on the figures below: not every agent kept its figure on the validation window "
@@ -204,9 +203,10 @@ def _same_policy(results: dict[str, dict[str, Any]], best: str) -> str:
 
 def _headline(results: dict[str, dict[str, Any]], target_pct: float, run: RunDir) -> list[str]:
     """The morning answer: which controller to deploy, judged by CO2 and EV service together, and how."""
-    best = best_agent(results, target_pct)
+    choice = agent_choice(results, target_pct)
     lines = []
-    if best:
+    if choice:
+        best = choice.agent
         m = results[best]
         share = m.get("co2_share_of_optimum_pct")
         lines.append(f"**Best agent: {best}**, {m['co2_kg_per_year']:,.0f} kg CO2/year "
@@ -215,7 +215,7 @@ def _headline(results: dict[str, dict[str, Any]], target_pct: float, run: RunDir
                      + f"), meeting {_fmt(m.get('ev_departure_soc_met_pct'), '.1f')}% of EV departures"
                      + _which_policy(m)
                      + _same_policy(results, best)
-                     + _how_chosen(results, target_pct)
+                     + _how_chosen(results, choice)
                      + (_below_rbc(results, best) or ""))
         peak, base_peak = m.get("peak_kw"), results.get("baseline", {}).get("peak_kw")
         if peak and base_peak and peak > PEAK_WORTH_SAYING * base_peak:  # a CO2 cut can cost the site's connection
