@@ -17,6 +17,9 @@ from trainer.site import BUILT_IN, SCHEMA, Site, SiteKind
 
 from .conftest import tiny_overrides
 
+# The window's pick in the confirmation's tests: its step and figure as their `kept` says.
+PICK = Candidate(4000, 44_210.4, 100.0)
+
 
 class FakeModel:
     def __init__(self, name: str):
@@ -59,6 +62,56 @@ def test_a_damaged_selection_starts_again_with_a_warning(tmp_path):
     assert warning["path"] == str(folder / "best.json") and "ValueError" in warning["error"]
 
 
+def test_the_window_keeps_its_best_and_the_runners_up_behind_it_for_the_years(tmp_path):
+    from structlog.testing import capture_logs
+
+    folder = AgentDir(tmp_path)
+    best = BestPolicy(folder, target_pct=98.0, size=3)
+    assert best.offer(FakeModel("warm"), Candidate(0, 45_000.0, 100.0))
+    assert best.offer(FakeModel("1000"), Candidate(1000, 44_800.0, 100.0))  # the warm start is no runner-up
+    assert not best.offer(FakeModel("2000"), Candidate(2000, 44_900.0, 100.0))
+    assert best.offer(FakeModel("3000"), Candidate(3000, 44_700.0, 100.0))  # 1000 steps down to a runner-up
+    assert not best.offer(FakeModel("4000"), Candidate(4000, 44_850.0, 100.0))  # 2000 let go
+    assert not best.offer(FakeModel("5000"), Candidate(5000, 44_950.0, 100.0))  # behind both runners-up
+    assert not best.offer(FakeModel("6000 strands cars"), Candidate(6000, 40_000.0, 90.0))
+    shortlist = [(candidate.step, path.read_text()) for candidate, path in best.shortlist()]
+    assert shortlist == [(3000, "3000"), (1000, "1000"), (4000, "4000")]
+    assert sorted(path.name for path in folder.best.iterdir()) == [
+        "best.json", "model.zip", "shortlist.json", "step_0000001000.zip", "step_0000004000.zip"]
+    # A resumed stage reads them; a stage that keeps one policy (or a dataset's: train.shortlist is 1 there) does not.
+    resumed = BestPolicy(folder, target_pct=98.0, size=3)
+    assert resumed.shortlist() == best.shortlist()
+    assert BestPolicy(folder, target_pct=98.0).shortlist() == [(best.best, folder.best_model)]
+    # A curve point with a figure kept already, to the last digit, is the same policy (SAC's actor while its critics
+    # learn alone): it takes no runner-up's place.
+    same = BestPolicy(AgentDir(tmp_path / "same"), target_pct=98.0, size=4)
+    for step, co2 in ((0, 45_000.0), (1000, 45_000.0), (2000, 44_800.0), (3000, 44_800.0), (4000, 44_900.0)):
+        same.offer(FakeModel(str(step)), Candidate(step, co2, 100.0))
+    assert [c.step for c, _ in same.shortlist()] == [2000, 4000]
+    # A runner-up whose model is gone is dropped; a damaged list leaves the best to be judged alone, with a warning.
+    folder.shortlisted(1000).unlink()
+    assert [c.step for c, _ in BestPolicy(folder, target_pct=98.0, size=3).shortlist()] == [3000, 4000]
+    folder.shortlist_state.write_text("[{\"step\": 4000}]")
+    with capture_logs() as logged:
+        assert [c.step for c, _ in BestPolicy(folder, target_pct=98.0, size=3).shortlist()] == [3000]
+    warning = next(e for e in logged if e["event"].startswith("the runners-up so far are unreadable"))
+    assert warning["path"] == str(folder.shortlist_state) and "KeyError" in warning["error"]
+
+
+def test_the_shortlist_is_the_built_in_site_s_where_its_years_are_judged_on_the_simulator(tiny_cfg, built_in,
+                                                                                       tmp_path):
+    from trainer.learn.selection import shortlist_size
+
+    assert tiny_cfg.train.shortlist == 10 and shortlist_size(tiny_cfg, built_in) == 10
+    citylearn = tiny_cfg.model_copy(update={"train": tiny_cfg.train.model_copy(update={"choose_on": "citylearn"})})
+    assert shortlist_size(citylearn, built_in) == 1  # each more policy a minute or two a year in CityLearn
+    other = tmp_path / "dataset" / "schema.json"
+    other.parent.mkdir()
+    other.write_text(json.dumps({"simulation_start_time_step": 0, "simulation_end_time_step": 8759}))
+    # A dataset's years are its validation part: the window itself has ranked its policies.
+    assert shortlist_size(tiny_cfg, Site.load(other, SiteKind("one-period", "a dataset"))) == 1
+
+
 def _train(tmp_path: Path, *extra: str) -> Path:
     run = tmp_path / "run"
     overrides = tiny_overrides("warm_start.epochs=3", "schedule.eval_days=3", "schedule.curve_every_steps=512",
@@ -74,7 +127,17 @@ def test_a_stage_that_unlearns_deploys_its_warm_start(tmp_path):
     run = _train(tmp_path, "ppo.learning_rate=0.5")
     ppo = json.loads((run / "results.json").read_text())["ppo"]
     assert ppo["kept"]["step"] == 0 and ppo["kept"]["final_step"] == 2048 and ppo["kept"]["held_out"] is True
-    assert ppo["kept"]["why"] == "training never beat its warm start on the validation window"
+    # Its runners-up on the window (train.shortlist: the four curve points after it) were judged over the two
+    # held-out years too, and none beat it there.
+    assert ppo["kept"]["why"].startswith("training never beat its warm start on the validation window, nor did any of "
+                                         "the 4 best policies there after it over the first 3 days of the 2 held-out "
+                                         "years together by more than 0.05% (")
+    shortlist = ppo["kept"]["shortlist"]
+    assert sorted(row["step"] for row in shortlist) == [512, 1024, 1536, 2048]
+    assert [row["validation_co2_kg_per_year"] for row in shortlist] == sorted(row["validation_co2_kg_per_year"]
+                                                                             for row in shortlist)
+    warm_years = sum(year["warm_start_co2_kg_per_year"] for year in ppo["kept"]["years"])
+    assert all(sum(row["years_co2_kg_per_year"]) > 0.9995 * warm_years for row in shortlist)
     assert ppo["kept"]["last_validation_co2_kg_per_year"] > ppo["kept"]["validation_co2_kg_per_year"]
     # The deployed policy is the warm start itself: the same figures to the last digit.
     assert ppo["warm_start"]["co2_kg"] == ppo["co2_kg"] and ppo["timesteps"] == 2048
@@ -171,7 +234,8 @@ def test_a_policy_must_beat_its_warm_start_over_two_held_out_years_too(monkeypat
     chosen, warm = FakeModel("step 4000"), FakeModel("warm start")
 
     def confirm():
-        return selection.confirm_over_the_years(ctx, "sac", chosen, warm, kept, 98.0, warm_start_window=44_298.9)
+        return selection.confirm_over_the_years(ctx, "sac", [(PICK, chosen)], warm, kept, 98.0,
+                                                warm_start_window=44_298.9)
 
     def pick(first: tuple[float, float], second: tuple[float, float]) -> None:
         year["step 4000", "first"], year["step 4000", "second"] = first, second
@@ -209,6 +273,72 @@ def test_a_policy_must_beat_its_warm_start_over_two_held_out_years_too(monkeypat
     ctx = RunContext(short, RunDir(tmp_path / "run"), _unread(tmp_path), "cpu")
     assert ("over the validation part (the last days of the part learnt from, which no stage trained on) by more "
             "than 0.05%") in confirm()[1]["why"]
+
+
+def test_the_years_choose_among_the_window_s_shortlist_and_the_warm_start_still_has_to_be_beaten(monkeypatch,
+                                                                                                  tiny_cfg, tmp_path):
+    from trainer.learn import selection
+    from trainer.run.folder import RunContext, RunDir
+
+    # Each policy's kg CO2 a year over the two held-out years on the training simulator: the window's pick, its
+    # runners-up in the window's order, the warm start last.
+    years: dict[str, tuple[float, float]] = {"warm start": (44_480.0, 44_100.0)}
+    monkeypatch.setattr(selection, "held_out_years", lambda ctx: ["first", "second"])
+    monkeypatch.setattr(selection, "chooses_on_simulator", lambda cfg, year: False)  # judged there as a short night
+    monkeypatch.setattr(selection, "_on_the_simulator", lambda ctx, models, held_out: [
+        [years[model.name][i] for model in models] for i in range(len(held_out))])
+    cfg = tiny_cfg.model_copy(update={"schedule": tiny_cfg.schedule.model_copy(update={"eval_days": None})})
+    ctx = RunContext(cfg, RunDir(tmp_path / "run"), replace(_unread(tmp_path), kind=BUILT_IN), "cpu")
+    kept = {"step": 4000, "final_step": 9000, "why": "a later policy was worse on the validation window",
+            "held_out": True, "validation_co2_kg_per_year": 44_210.4}
+    shortlist = [(PICK, FakeModel("4000")), (Candidate(6000, 44_230.0, None), FakeModel("6000")),
+                 (Candidate(2000, 44_260.0, None), FakeModel("2000"))]
+    warm = FakeModel("warm start")
+
+    def confirm(contenders=shortlist, summary=kept):
+        return selection.confirm_over_the_years(ctx, "sac", contenders, warm, summary, 98.0, 44_298.9,
+                                                on_simulator=True)
+
+    # The window's second emits least over the years, and beats the warm start there: it is deployed.
+    years.update({"4000": (44_300.0, 44_150.0), "6000": (44_200.0, 44_050.0), "2000": (44_400.0, 44_300.0)})
+    model, summary = confirm()
+    assert model.name == "6000" and summary["step"] == 6000 and summary["validation_co2_kg_per_year"] == 44_230.0
+    assert summary["years"] == [{"co2_kg_per_year": 44_200.0, "warm_start_co2_kg_per_year": 44_480.0},
+                                {"co2_kg_per_year": 44_050.0, "warm_start_co2_kg_per_year": 44_100.0}]
+    assert summary["why"] == (
+        "the validation window preferred step 4,000, but of the 3 best policies there the second emitted least over "
+        "the 2 whole held-out years together and beat its warm start there by more than 0.05% (44.20 against 44.48 "
+        "t/yr; 44.05 against 44.10 t/yr, on the training simulator: the night was short of time)")
+    assert summary["shortlist"] == [
+        {"step": 4000, "validation_co2_kg_per_year": 44_210.4, "years_co2_kg_per_year": [44_300.0, 44_150.0]},
+        {"step": 6000, "validation_co2_kg_per_year": 44_230.0, "years_co2_kg_per_year": [44_200.0, 44_050.0]},
+        {"step": 2000, "validation_co2_kg_per_year": 44_260.0, "years_co2_kg_per_year": [44_400.0, 44_300.0]}]
+    # The window's own pick, the least there too: its reason, and that it was the least of the three.
+    years["6000"] = (44_320.0, 44_200.0)
+    model, summary = confirm()
+    assert model.name == "4000" and summary["step"] == 4000
+    assert summary["why"].startswith("a later policy was worse on the validation window, and it beat its warm start "
+                                     "over the 2 whole held-out years together, the least there of the window's 3 "
+                                     "best by more than 0.05%")
+    # None of them beats the warm start by the margin: the warm start is deployed, as with the window's pick alone.
+    years.update({"4000": (44_480.0, 44_100.0), "6000": (44_470.0, 44_090.0), "2000": (44_500.0, 44_200.0)})
+    model, summary = confirm()
+    assert model is warm and summary["step"] == 0 and summary["validation_co2_kg_per_year"] == 44_298.9
+    assert summary["why"].startswith("the policy of step 4,000 beat it on the validation window, but none of the 3 "
+                                     "best policies there did over the 2 whole held-out years together by more than "
+                                     "0.05% (44.47 against 44.48 t/yr")
+    # The window preferred the warm start: its runners-up are judged over the years all the same.
+    start = {**kept, "step": 0, "why": "training never beat its warm start on the validation window",
+             "validation_co2_kg_per_year": 44_298.9}
+    model, summary = confirm(shortlist[1:], start)
+    assert model is warm and summary["why"].startswith(
+        "training never beat its warm start on the validation window, nor did any of the 2 best policies there after "
+        "it over the 2 whole held-out years together by more than 0.05%")
+    years["2000"] = (44_100.0, 43_900.0)
+    model, summary = confirm(shortlist[1:], start)
+    assert model.name == "2000" and summary["step"] == 2000 and summary["why"].startswith(
+        "training never beat its warm start on the validation window, but of the 2 best policies there the second "
+        "emitted least over the 2 whole held-out years together and beat its warm start there by more than 0.05%")
 
 
 def test_the_held_out_years_are_two_draws_built_once_and_none_where_a_kind_draws_none(tiny_cfg, site_schema, built_in,
@@ -263,6 +393,44 @@ def test_an_unreadable_warm_start_leaves_the_window_s_pick_deployed(monkeypatch,
     model, kept = stages._best_policy(ctx, sac, SimpleNamespace(best=best, ended_flat=False),
                                       SimpleNamespace(num_timesteps=9000))
     assert model == "the window's pick" and kept["step"] == 4000 and "years" not in kept
+
+
+def test_the_stage_offers_the_years_its_window_s_shortlist_without_the_warm_start_or_a_damaged_runner_up(
+        monkeypatch, tiny_cfg, tmp_path):
+    from types import SimpleNamespace
+
+    from trainer.base.files import DamagedFile
+    from trainer.night import stages
+    from trainer.run.folder import RunContext, RunDir
+
+    ctx = RunContext(tiny_cfg, RunDir(tmp_path / "run"), _unread(tmp_path), "cpu")
+    folder = ctx.run.agent("sac")
+    folder.root.mkdir(parents=True)
+    folder.warm_start.write_text("warm start")
+    best = BestPolicy(folder, target_pct=98.0, size=4)
+    for step, co2 in ((0, 44_300.0), (2000, 44_250.0), (4000, 44_200.0), (6000, 44_260.0), (8000, 44_240.0)):
+        best.offer(FakeModel(str(step)), Candidate(step, co2, 100.0))
+    folder.shortlisted(6000).write_text("damaged")
+
+    def load(cfg, agent, path, device=None):
+        if path.read_text() == "damaged":
+            raise DamagedFile(f"{path} is not an SB3 model.zip")
+        return f"loaded {path.read_text()}"
+
+    offered = {}
+
+    def confirm(ctx, agent, contenders, warm, kept, *args, **kwargs):
+        offered.update(contenders=[(c.step, m) for c, m in contenders], warm=warm)
+        return contenders[0][1], kept
+
+    monkeypatch.setattr(stages, "validation_site", lambda ctx: (tmp_path / "schema.json", True))
+    monkeypatch.setattr(stages, "load_model", load)
+    monkeypatch.setattr(stages, "confirm_over_the_years", confirm)
+    stages._best_policy(ctx, resolve_agent(tiny_cfg, "sac"), SimpleNamespace(best=best, ended_flat=False),
+                        SimpleNamespace(num_timesteps=9000))
+    # The window's pick loaded once as the stage's model, then its runners-up; the damaged one is left out.
+    assert offered == {"contenders": [(4000, "loaded 4000"), (8000, "loaded 8000"), (2000, "loaded 2000")],
+                       "warm": "loaded warm start"}
 
 
 def test_an_unreadable_warm_start_leaves_the_report_without_its_comparison(monkeypatch, tiny_cfg, tmp_path):
@@ -330,10 +498,10 @@ def test_a_night_short_of_time_confirms_its_pick_on_the_simulator_as_citylearn_w
     ctx = RunContext(cfg, RunDir(tmp_path / "run"), week_site, "cpu")
     kept = {"step": 4000, "final_step": 9000, "why": "the best on the validation window", "held_out": True,
             "validation_co2_kg_per_year": 44_210.4}
-    in_citylearn = selection.confirm_over_the_years(ctx, "sac", chosen, warm, kept, 98.0, None)[1]
+    in_citylearn = selection.confirm_over_the_years(ctx, "sac", [(PICK, chosen)], warm, kept, 98.0, None)[1]
     real_over_the_year = selection._over_the_year
     monkeypatch.setattr(selection, "_over_the_year", None)  # not CityLearn
-    lean = selection.confirm_over_the_years(ctx, "sac", chosen, warm, kept, 98.0, None, on_simulator=True)[1]
+    lean = selection.confirm_over_the_years(ctx, "sac", [(PICK, chosen)], warm, kept, 98.0, None, on_simulator=True)[1]
     assert in_citylearn["years_judged_by"] == "CityLearn" and lean["years_judged_by"] == "the training simulator"
     assert lean["why"].endswith("on the training simulator: the night was short of time)")
     for key in ("co2_kg_per_year", "warm_start_co2_kg_per_year"):
@@ -344,7 +512,7 @@ def test_a_night_short_of_time_confirms_its_pick_on_the_simulator_as_citylearn_w
     exact = RunContext(tiny_cfg.model_copy(update={"schedule": cfg.schedule}), RunDir(tmp_path / "run"), week_site,
                        "cpu")
     assert week_site.kind.simulated_exactly
-    any_night = selection.confirm_over_the_years(exact, "sac", chosen, warm, kept, 98.0, None)[1]
+    any_night = selection.confirm_over_the_years(exact, "sac", [(PICK, chosen)], warm, kept, 98.0, None)[1]
     assert any_night["years_judged_by"] == "the training simulator"
     assert any_night["why"].endswith("on the training simulator)")
     for key in ("co2_kg_per_year", "warm_start_co2_kg_per_year"):
@@ -357,7 +525,7 @@ def test_a_night_short_of_time_confirms_its_pick_on_the_simulator_as_citylearn_w
 
     monkeypatch.setattr(selection, "_over_the_year", real_over_the_year)
     monkeypatch.setattr("trainer.learn.warm_start.pick.co2_over_the_years", unsupported)
-    assert selection.confirm_over_the_years(ctx, "sac", chosen, warm, kept, 98.0, None,
+    assert selection.confirm_over_the_years(ctx, "sac", [(PICK, chosen)], warm, kept, 98.0, None,
                                             on_simulator=True)[1]["years_judged_by"] == "CityLearn"
 
 
@@ -391,7 +559,7 @@ def test_the_pick_s_later_held_out_years_are_judged_beside_this_process_to_the_s
     judged = {}
     for free in (2, 1):
         monkeypatch.setattr(selection, "free_cores_now", lambda free=free: free)
-        judged[free] = selection.confirm_over_the_years(ctx, "sac", chosen, warm, kept, 98.0, None)[1]
+        judged[free] = selection.confirm_over_the_years(ctx, "sac", [(PICK, chosen)], warm, kept, 98.0, None)[1]
     assert started == [True, False]
     assert len(judged[2]["years"]) == 2 and judged[2]["years"][0] != judged[2]["years"][1]
     assert judged[2] == judged[1]

@@ -287,6 +287,10 @@ class TrainConfig(Section):
         "always CityLearn. Every figure in results.json and the report is CityLearn's either way.")
     keep_best: bool = doc("Deploy the best policy the stage has seen on the validation window (its warm start or a "
                           "learning-curve point; trainer.learn.selection), not merely the last one.")
+    shortlist: int = doc("Policies the learning curve keeps, the best on the validation window, for the held-out "
+                         "years to choose among where those are whole years judged on the training simulator (the "
+                         "built-in site): four weeks rank policies 0.1 % apart by luck, two years as the year "
+                         "judged does (docs/agent-quality.md); 1 = the window's pick alone.", ge=1, le=20)
     patience: float = doc("End a stage once this share of its timesteps has passed without a better policy on the "
                           "validation window (with keep_best, which deploys the best seen: the steps after it only "
                           "cost time); 0 = train to the target.", ge=0, le=1)

@@ -50,9 +50,10 @@ def training_view(config: dict[str, Any], agent: str) -> dict[str, Any]:
     view.setdefault("holdout", {"share": 0.0, "eval_schema": None, "eval_dataset": None})
     if isinstance(view.get("observations"), dict):  # and before the loads of hours before, read none
         view["observations"] = {"load_ago_hours": [], **view["observations"]}
-    # Which policy is deployed is chosen after training; when a stage stops (a flat curve) is like its length.
+    # Which policy is deployed (and among how many: the shortlist) is chosen after training; when a stage stops (a
+    # flat curve) is like its length.
     if isinstance(view["train"], dict):
-        view["train"] = {k: v for k, v in view["train"].items() if k not in ("keep_best", "patience")}
+        view["train"] = {k: v for k, v in view["train"].items() if k not in ("keep_best", "shortlist", "patience")}
     if isinstance(view.get("warm_start"), dict):
         # The ensemble, its student's epochs (its critic's too, its decay), its pick and how its resampled years
         # vary shape a fresh start only (a resumed night may refit the ensemble; a checkpoint from before them has

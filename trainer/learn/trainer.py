@@ -37,7 +37,7 @@ from trainer.learn.checkpoint_store import Checkpoint
 from trainer.learn.memory import Shapes, free_memory
 from trainer.learn.preflight import check_memory, check_resume_config
 from trainer.learn.recovery import Failure, OutOfMemory, Recovery, TrainingInterrupted, failure_of
-from trainer.learn.selection import BestPolicy, held_out_years
+from trainer.learn.selection import BestPolicy, held_out_years, shortlist_size
 from trainer.learn.stage_checkpoints import StageCheckpoints
 from trainer.learn.state import EpisodeTracker, Sizes, StopReason
 from trainer.learn.warm_start import keep_near_demonstrations, warm_start
@@ -83,7 +83,8 @@ class StageTrainer:
         self.episodes: EpisodeTracker | None = None
         self.warm_start: dict[str, Any] | None = None
         self.warm_start_s = 0.0  # the stage's own time in its warm start (demonstrations it computed, imitation)
-        self.best = BestPolicy(self.folder, self.cfg.ev.target_met_pct) if self.cfg.train.keep_best else None
+        self.best = (BestPolicy(self.folder, self.cfg.ev.target_met_pct, shortlist_size(self.cfg, ctx.site))
+                     if self.cfg.train.keep_best else None)
         # With keep_best the stage ends once its curve is flat this long (train.patience): the best seen deploys.
         self.patience_steps = int(self.cfg.train.patience * target) if self.best is not None else None
         self.ended_flat = False  # ended by a flat curve, before its target

@@ -10,6 +10,7 @@ from pathlib import Path
 from trainer.config.agents import OffPolicyConfig
 from trainer.config.roster import agent_spec
 from trainer.config.sections import Config
+from trainer.learn.selection import shortlist_size
 from trainer.learn.warm_start.members import processes_beside
 from trainer.learn.warm_start.validation import CHECK_AT, imitation_parts, validation_part
 from trainer.night.budget import SAFETY, PlannedStage, StageKind, StageSpec, forecast
@@ -76,7 +77,9 @@ def stage_specs(
     confirms = confirms_over_years(cfg, site)
     check = validation_part(site) if confirms else None
     confirmed_steps = check.length if check is not None else HELD_OUT_YEARS * site.length
-    simulated_s = confirmed_steps * (sim_step_s(speeds) + 2 * POLICY_CALL_S) * SAFETY if confirms else 0.0
+    # The pick and its runners-up on the window (train.shortlist) and the warm start, one call each a step.
+    judged = shortlist_size(cfg, site) + 1
+    simulated_s = confirmed_steps * (sim_step_s(speeds) + judged * POLICY_CALL_S) * SAFETY if confirms else 0.0
     # A dataset of one period confirms its pick on its validation part, 28 days, in CityLearn: the pick and its warm
     # start over them, not over two years as long as the evaluation (counted so, the plan said 69 s of evaluations
     # for each agent of a quiet night on the official Building_10, which took 10-27 s).

@@ -237,18 +237,35 @@ def _best_policy(ctx: RunContext, handle: Agent, trainer: StageTrainer, model: B
                         last_validation_co2_kg_per_year=kept["last_validation_co2_kg_per_year"])
         model = load_model(ctx.cfg, agent, best.model_path, device=handle.device)
     folder = ctx.run.agent(agent)
-    if kept["step"] != 0 and kept["held_out"] and folder.warm_start.is_file():
+    # The window's pick and its runners-up there (train.shortlist), never the warm start: the years judge it anyway.
+    shortlist = [(candidate, path) for candidate, path in best.shortlist() if candidate.step != 0]
+    if shortlist and kept["held_out"] and folder.warm_start.is_file():
         try:
             warm = load_model(ctx.cfg, agent, folder.warm_start, device=handle.device)
         except DamagedFile as exc:  # the trained policy is not lost for it: deployed as the window chose
             logs.get().warning("the warm start is unreadable: the window's pick is deployed unconfirmed", agent=agent,
                                error=str(exc))
             return model, kept
-        model, kept = confirm_over_the_years(ctx, agent, model, warm, kept, best.target_pct,
+        loaded = [(candidate, model if candidate is best.best else _runner_up(ctx, handle, path))
+                  for candidate, path in shortlist]
+        contenders = [(candidate, policy) for candidate, policy in loaded if policy is not None]
+        if not contenders:
+            return model, kept
+        model, kept = confirm_over_the_years(ctx, agent, contenders, warm, kept, best.target_pct,
                                              _curve_figure(folder, step=0), on_simulator=lean)
         logs.get().info("the deployed policy over the held-out years", agent=agent, step=kept["step"],
                         years=kept.get("years"))
     return model, kept
+
+
+def _runner_up(ctx: RunContext, handle: Agent, path: Path) -> BaseAlgorithm | None:
+    """A runner-up on the window (train.shortlist), or None where its file is damaged: the others are judged."""
+    try:
+        return load_model(ctx.cfg, handle.name, path, device=handle.device)
+    except DamagedFile as exc:
+        logs.get().warning("a runner-up on the validation window is unreadable: the years judge the others",
+                           agent=handle.name, error=str(exc))
+        return None
 
 
 def _curve_figure(folder: AgentDir, step: int) -> float | None:

@@ -87,6 +87,15 @@ class AgentDir:
         return self.best / "best.json"
 
     @property
+    def shortlist_state(self) -> Path:
+        """The runners-up on the validation window the held-out years also judge (train.shortlist): step, figures."""
+        return self.best / "shortlist.json"
+
+    def shortlisted(self, step: int) -> Path:
+        """A runner-up's model (train.shortlist)."""
+        return self.best / f"step_{step:010d}.zip"
+
+    @property
     def warm_start(self) -> Path:
         """The policy right after its warm start, evaluated like the agent at the end."""
         return self.root / "warm_start.zip"
