@@ -440,6 +440,10 @@ def test_the_stage_offers_the_years_its_window_s_shortlist_without_the_warm_star
     # The window's pick loaded once as the stage's model, then its runners-up; the damaged one is left out.
     assert offered == {"contenders": [(4000, "loaded 4000"), (8000, "loaded 8000"), (2000, "loaded 2000")],
                        "warm": "loaded warm start"}
+    # A night short of time judges the window's pick alone, as its plan counted.
+    stages._best_policy(ctx, resolve_agent(tiny_cfg, "sac"), SimpleNamespace(best=best, ended_flat=False),
+                        SimpleNamespace(num_timesteps=9000), lean=True)
+    assert offered["contenders"] == [(4000, "loaded 4000")]
 
 
 def test_an_unreadable_warm_start_leaves_the_report_without_its_comparison(monkeypatch, tiny_cfg, tmp_path):

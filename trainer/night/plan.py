@@ -77,15 +77,20 @@ def stage_specs(
     confirms = confirms_over_years(cfg, site)
     check = validation_part(site) if confirms else None
     confirmed_steps = check.length if check is not None else HELD_OUT_YEARS * site.length
-    # The pick and its runners-up on the window (train.shortlist) and the warm start, one call each a step.
-    judged = shortlist_size(cfg, site) + 1
-    simulated_s = confirmed_steps * (sim_step_s(speeds) + judged * POLICY_CALL_S) * SAFETY if confirms else 0.0
+
+    def simulated(policies: int) -> float:  # one call of each policy a step
+        return confirmed_steps * (sim_step_s(speeds) + policies * POLICY_CALL_S) * SAFETY if confirms else 0.0
+
+    # The pick, its runners-up on the window (train.shortlist) and the warm start; a night short of time judges the
+    # pick alone with its warm start (trainer.night.stages._best_policy): eleven policies' two years would cost a busy
+    # 20-minute night's SAC its slot.
+    simulated_s = simulated(shortlist_size(cfg, site) + 1)
     # A dataset of one period confirms its pick on its validation part, 28 days, in CityLearn: the pick and its warm
     # start over them, not over two years as long as the evaluation (counted so, the plan said 69 s of evaluations
     # for each agent of a quiet night on the official Building_10, which took 10-27 s).
     validated_s = 0.0 if check is None else 2 * check.length * (1 / speeds.eval_steps_per_s + POLICY_CALL_S) * SAFETY
     on_simulator = chooses_on_simulator(cfg, site)
-    lean_eval_s = policy_eval_s * policy_evaluations(cfg, site, lean=True) + simulated_s
+    lean_eval_s = policy_eval_s * policy_evaluations(cfg, site, lean=True) + simulated(2)
     agent_eval_s = (policy_eval_s * policy_evaluations(cfg, site, on_simulator=on_simulator)
                     + (simulated_s if on_simulator else validated_s))
     if cfg.train.keep_best:  # the last policy's evaluation on the validation window, after the slot (its candidacy)

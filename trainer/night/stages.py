@@ -238,7 +238,8 @@ def _best_policy(ctx: RunContext, handle: Agent, trainer: StageTrainer, model: B
         model = load_model(ctx.cfg, agent, best.model_path, device=handle.device)
     folder = ctx.run.agent(agent)
     # The window's pick and its runners-up there (train.shortlist), never the warm start: the years judge it anyway.
-    shortlist = [(candidate, path) for candidate, path in best.shortlist() if candidate.step != 0]
+    # A night short of time judges the first alone, as its plan counted (trainer.night.plan.stage_specs).
+    shortlist = [(candidate, path) for candidate, path in best.shortlist() if candidate.step != 0][:1 if lean else None]
     if shortlist and kept["held_out"] and folder.warm_start.is_file():
         try:
             warm = load_model(ctx.cfg, agent, folder.warm_start, device=handle.device)
