@@ -138,8 +138,9 @@ class BestPolicy:
 
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
-            demoted = self.best
-            if demoted is not None and self._ranks_among_runners_up(demoted):
+            # The best so far, where it ranks among the runners-up: asked once, before the new best replaces it.
+            demoted = self.best if self.best is not None and self._ranks_among_runners_up(self.best) else None
+            if demoted is not None:
                 # The best so far becomes a runner-up: its model copied before the new best takes its place.
                 shutil.copyfile(self.model_path, self.agent.shortlisted(demoted.step))
             save_model_atomic(model, self.model_path)
@@ -149,7 +150,7 @@ class BestPolicy:
                                hint="free disk space; training goes on")
             return False
         self.best = candidate
-        if demoted is not None and self._ranks_among_runners_up(demoted):
+        if demoted is not None:
             self._shortlist(demoted)
         return True
 
