@@ -317,6 +317,30 @@ def test_a_curve_judged_on_the_simulator_has_no_empty_ev_panel(tmp_path, monkeyp
         assert simulated is (panels == 2)
 
 
+def test_the_caption_says_when_the_years_chose_the_star(tmp_path, monkeypatch):
+    """Where the window only shortlisted, the deployed policy need not be its curve's lowest point: the title says
+    the years chose it."""
+    import matplotlib.figure
+    import pandas as pd
+
+    from trainer.judge.plots import plot_learning_curves
+
+    run = _run(tmp_path, _results())
+    run.agent("sac").root.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame({"step": [0, 2000, 4000], "co2_kg_per_year": [44000.0, 43800.0, 43900.0],
+                  "ev_departure_soc_met_pct": [None, None, None]}).to_csv(run.agent("sac").curve, index=False)
+    saved = []
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda fig, *a, **k: saved.append(fig))
+    rows = [{"step": 2000, "validation_co2_kg_per_year": 43800.0, "years_co2_kg_per_year": [29800.0, 29700.0]},
+            {"step": 4000, "validation_co2_kg_per_year": 43900.0, "years_co2_kg_per_year": [29750.0, 29650.0]}]
+    for shortlist, said in (([], False), (rows[:1], False), (rows, True)):
+        run.agent("sac").metrics.write_text(json.dumps({"kept": {"step": 4000, "shortlist": shortlist}}))
+        assert plot_learning_curves(run, ["sac"], tmp_path / "curves.png", 28)
+        title = saved[-1].axes[0].get_title()
+        assert ("the least over two held-out years" in title) is said, title
+        assert "a star: the policy deployed" in title
+
+
 def test_agents_on_the_same_curve_all_show(tmp_path, monkeypatch):
     """PPO and A2C often deploy one imitation: their curves coincide, and each must still be seen."""
     import matplotlib.figure
