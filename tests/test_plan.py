@@ -370,6 +370,29 @@ def test_a_timed_night_its_targets_end_early_runs_the_ensemble_in_the_time_they_
     assert fit_ensemble(whole, built_in, speeds, agents, available, targets=targets)[0].warm_start.ensemble == 1
 
 
+def test_after_the_references_the_ensemble_is_weighed_on_the_stages_left_at_the_night_s_pace(built_in):
+    """Asked again before the first warm start (refit_ensemble), the whole night is the agents' stages and the
+    report, the references run; the time left counts at the pace the night has shown."""
+    from trainer.config.loading import load_config
+    from trainer.night.calibrate import Speeds
+    from trainer.night.plan import fit_ensemble, refit_ensemble, stage_specs, untimed_night_s
+
+    cfg, agents, targets = load_config(), ["sac", "ppo"], {"sac": 50_000, "ppo": 125_000}
+    speeds = Speeds(eval_steps_per_s=400.0, train_steps_per_s={"sac": 1000.0, "ppo": 5000.0},
+                    imitation_update_s={"sac": 0.006, "ppo": 0.002})
+    owed = {"sac": 20_000, "ppo": 50_000}  # train.patience's 40 %
+    agents_only = untimed_night_s(cfg, built_in, speeds, agents, owed, references=False)
+    assert agents_only < untimed_night_s(cfg, built_in, speeds, agents, owed)  # the references counted apart
+    left = 1.05 * agents_only
+    # At the night's start that time would not run it: the references were still to come.
+    assert fit_ensemble(cfg, built_in, speeds, agents, left, targets=targets)[0].warm_start.ensemble == 1
+    fitted, specs, why = refit_ensemble(cfg, built_in, speeds, agents, targets, left, 1.0)
+    assert fitted.warm_start.ensemble == cfg.warm_start.ensemble and why.startswith("the mean of 10 imitations")
+    assert specs["sac"].setup_s == stage_specs(cfg, built_in, speeds, agents, targets)["sac"].setup_s
+    # The same seconds on a machine 20 % slower than calibrated: still one imitation.
+    assert refit_ensemble(cfg, built_in, speeds, agents, targets, left, 1.2) is None
+
+
 def test_the_night_runs_and_records_the_ensemble_its_time_affords(built_in, tmp_path):
     from datetime import datetime, timedelta
 
@@ -397,14 +420,18 @@ def test_the_night_runs_and_records_the_ensemble_its_time_affords(built_in, tmp_
                      "longer run imitates them)"]
 
 
-def test_the_built_in_site_confirms_on_the_simulator_and_a_shared_warm_start_is_evaluated_once(built_in):
+def test_the_built_in_site_confirms_on_the_simulator_and_a_shared_warm_start_is_evaluated_once(built_in,
+                                                                                                 monkeypatch):
     """The stages' evaluations as the night runs them: on the built-in site the pick's confirmation runs on the
     training simulator (train.choose_on: auto), two years of it side by side; CityLearn's four years with
     train.choose_on: citylearn, the simulator's then only when short of time. A2C starts from PPO's imitation and
     reuses its evaluation."""
     from trainer.config.loading import load_config
+    from trainer.night import plan
     from trainer.night.calibrate import Speeds
-    from trainer.night.plan import POLICY_CALL_S, SAFETY, SIM_STEP_SHARE, stage_specs
+    from trainer.night.plan import BESIDE_START_S, POLICY_CALL_S, SAFETY, SIM_STEP_SHARE, stage_specs
+
+    monkeypatch.setattr(plan, "free_cores", lambda others=None: 1)  # a core of its own: the years one after another
 
     speeds = Speeds(eval_steps_per_s=250.0, train_steps_per_s={"sac": 800.0, "ppo": 3000.0, "a2c": 6000.0},
                     imitation_update_s={"sac": 0.003, "ppo": 0.001, "a2c": 0.001},
@@ -437,6 +464,13 @@ def test_the_built_in_site_confirms_on_the_simulator_and_a_shared_warm_start_is_
     # In processes of their own (Ray), each stage evaluates its warm start.
     apart = stage_specs(cfg, built_in, speeds, agents, targets, one_process=False)
     assert apart["a2c"].fixed_s == apart["ppo"].fixed_s
+    # A free core: the second year in a process beside the first (its imports counted), as long as one year.
+    monkeypatch.setattr(plan, "free_cores", lambda others=None: 2)
+    beside = stage_specs(cfg, built_in, speeds, agents, targets)
+    one_year = confirmed / 2 + BESIDE_START_S * SAFETY
+    assert beside["sac"].fixed_s == pytest.approx(2 * evaluation + one_year + candidacy)
+    assert beside["sac"].lean_fixed_s == pytest.approx(evaluation + confirmed_with(2) / 2 + BESIDE_START_S * SAFETY
+                                                       + candidacy)
 
 
 def test_a_dataset_of_one_period_is_planned_to_confirm_its_pick_on_its_validation_part(site_schema, tmp_path):

@@ -400,6 +400,48 @@ def test_a_machine_faster_than_calibrated_gives_the_later_stages_the_padding_and
     assert 0 < late < 3 * EVAL_S * (1 - MIN_PACE) < 0.02 * 3600
 
 
+def test_the_ensemble_left_out_is_asked_again_once_before_the_first_warm_start(tmp_path):
+    """A night whose first plan left the warm start's ensemble out asks again when its first training stage starts,
+    with the seconds left and the pace its references showed: where it now fits, that stage and every later one (and
+    a resume: config.yaml) run it, planned with its warm starts; asked once, and not where it still does not fit."""
+    from trainer.config.loading import load_config
+    from trainer.run.folder import RunContext
+
+    asked = []
+    with_ensemble = with_warm_starts(300.0)
+
+    def refit(left_s, pace):
+        asked.append((round(left_s), pace))
+        return load_config(), with_ensemble, "the mean of 10 imitations: ..."
+
+    clock = Clock(START)
+    deadline = START + timedelta(hours=1)
+    runner = FakeExecutor(clock)
+    state = new_state(tmp_path, deadline, clock, runner)
+    run_dir = RunDir(tmp_path)
+    single = load_config(overrides=["warm_start.ensemble=1"])
+    ctx = RunContext(single, run_dir, Site(SCHEMA, tmp_path / "schema.json", None, {}), "cpu")
+    night = Night(ctx, state, SPECS, report=runner.report, refit=refit)
+    drive([night], runner, clock)
+    assert asked == [(3600 - 2 * EVAL_S, 1.0)]  # once, after the two references, before sac
+    assert night.refit is None and night.specs is with_ensemble and night.ctx.cfg.warm_start.ensemble == 10
+    assert load_config([run_dir.config]).warm_start.ensemble == 10  # what a resume reads
+    # Every agent's job carried its warm start as planned with the ensemble.
+    assert [c[1] for c in runner.calls if c[0] == "train"] == ["sac", "ppo", "a2c"]
+
+    # Where it still does not fit: nothing changes.
+    later = tmp_path / "later"
+    later.mkdir()
+    clock = Clock(START)
+    runner = FakeExecutor(clock)
+    state = new_state(later, deadline, clock, runner)
+    ctx = RunContext(single, RunDir(later), Site(SCHEMA, later / "schema.json", None, {}), "cpu")
+    night = Night(ctx, state, SPECS, report=runner.report, refit=lambda left_s, pace: None)
+    drive([night], runner, clock)
+    assert night.refit is None and night.ctx.cfg is single and night.specs is SPECS
+    assert not RunDir(later).config.exists()
+
+
 def test_a_night_short_of_time_goes_lean_rather_than_skip_an_agent(tmp_path):
     """Where the agents' evaluations as planned (the pick confirmed over held-out years in CityLearn) and the least
     learning each keeps outlast the night, the agents left confirm on the training simulator: each trains, none is

@@ -200,6 +200,37 @@ def test_checkpoints_follow_the_steps_but_never_come_closer_than_the_floor(monke
     assert saved == [61000, 62000, 63000, 64000, 65000]
 
 
+def test_a_stage_short_of_its_least_learning_at_its_slot_s_end_learns_on_to_it_while_the_night_can_spare_it():
+    """A busy 20-minute night's PPO, its slot planned for 20,000 steps at the calibrated speed, ran slower and stopped
+    at 16,384: short of its floor at the slot's end, a stage learns on, from one rollout's start to the next, until
+    the steps kept reach it or the night's later stages need the time."""
+    from types import SimpleNamespace
+
+    from trainer.learn.guard import CheckpointGuard
+    from trainer.learn.state import StopReason
+
+    def stage(floor_steps, floor_until, rollouts):
+        now, saved = [0.0], []
+        owner = SimpleNamespace(last_checkpoint_step=0, save_checkpoint=lambda model, boundary: saved.append(boundary))
+        guard = CheckpointGuard(owner, SimpleNamespace(), every_steps=10**9, time_limit_at=10.0,
+                                clock=lambda: now[0], floor_steps=floor_steps, floor_until=floor_until)
+        guard.model, guard.locals = SimpleNamespace(), {}
+        for at, step in rollouts:  # (seconds, the step a rollout starts at)
+            now[0], guard.num_timesteps = at, step + 1
+            guard.boundary = SimpleNamespace(step=step)
+            if not guard._on_step():
+                assert guard.stopped_by is StopReason.TIME_UP
+                return step, [b.step for b in saved]
+        return None, []
+
+    rollouts = [(8.0, 14_336), (9.9, 16_384), (11.0, 18_432), (12.5, 20_480), (14.0, 22_528)]
+    assert stage(0, None, rollouts) == (18_432, [18_432])  # no floor: the slot's end
+    assert stage(20_000, 30.0, rollouts) == (20_480, [20_480])  # on to the floor, then stops
+    assert stage(20_000, 12.0, rollouts) == (20_480, [20_480])  # at the night's limit: 12.5 s is past it
+    assert stage(20_000, 11.5, rollouts[:3] + [(11.6, 20_000 - 1)]) == (19_999, [19_999])  # the limit: it stops short
+    assert stage(10_000, 30.0, rollouts) == (18_432, [18_432])  # past its floor already: the slot's end
+
+
 @pytest.mark.parametrize("optimizer, expected", [("rmsprop", "RMSprop"), ("adam", "Adam")])
 def test_a2c_takes_its_configured_optimizer_and_advantage_normalisation(optimizer, expected, built_in):
     from trainer.config.loading import load_config

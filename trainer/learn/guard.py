@@ -21,14 +21,15 @@ class Checkpointer(Protocol):
 
 class CheckpointGuard(BaseCallback):
     """Checkpoints every ``every_steps`` at rollout starts, but not within ``min_interval_s`` of the last,
-    checks for non-finite values, honours stops.
+    checks for non-finite values, honours stops and the time limit (``clock``'s, time.monotonic by default).
 
     Rollout starts are where parameters, optimizers, buffers, counters and RNG states agree
     (docs/reliability.md). ``stopped_by`` says why training ended early, if it did.
     """
 
     def __init__(self, owner: Checkpointer, tracker: EpisodeTracker, every_steps: int, time_limit_at: float | None,
-                 min_interval_s: float = 0.0, clock: Callable[[], float] = time.monotonic):
+                 min_interval_s: float = 0.0, clock: Callable[[], float] = time.monotonic, floor_steps: int = 0,
+                 floor_until: float | None = None):
         super().__init__()
         self.owner = owner
         self.tracker = tracker
@@ -37,6 +38,9 @@ class CheckpointGuard(BaseCallback):
         self.clock = clock
         self._saved_at = clock()
         self.time_limit_at = time_limit_at
+        # Short of floor_steps at time_limit_at, training goes on to them (from one rollout's start to the next, where
+        # it can stop), until floor_until at most (time.monotonic(); None: not past time_limit_at).
+        self.floor_steps, self.floor_until = floor_steps, floor_until
         self.boundary: Boundary | None = None
         self.stopped_by: StopReason | None = None
         self._started = False
@@ -62,8 +66,7 @@ class CheckpointGuard(BaseCallback):
         dones = self.locals.get("dones")
         if dones is not None:
             self.tracker.count(dones)
-        time_up = self.time_limit_at is not None and time.monotonic() >= self.time_limit_at
-        if not (STOP.requested or time_up):
+        if not (STOP.requested or self._time_up()):
             return True
         # Nothing has been learned since the rollout began, so that boundary is consistent (SAC
         # learning while stepping has applied the update due at the boundary: docs/reliability.md).
@@ -71,3 +74,13 @@ class CheckpointGuard(BaseCallback):
             self.owner.save_checkpoint(self.model, self.boundary)
         self.stopped_by = StopReason.SIGNAL if STOP.requested else StopReason.TIME_UP
         return False
+
+    def _time_up(self) -> bool:
+        if self.time_limit_at is None:
+            return False
+        now = self.clock()
+        if now < self.time_limit_at:
+            return False
+        # What a stop now keeps is the last rollout's start (the boundary).
+        kept = self.boundary.step if self.boundary is not None else self.num_timesteps
+        return kept >= self.floor_steps or self.floor_until is None or now >= self.floor_until

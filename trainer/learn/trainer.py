@@ -59,7 +59,8 @@ class StageTrainer:
     """Train one agent to ``target`` environment steps in one run folder."""
 
     def __init__(self, ctx: RunContext, handle: Agent, target: int, callbacks: list | None = None,
-                 time_limit_s: float | None = None, warm_start_s: float | None = None, later: tuple[str, ...] = ()):
+                 time_limit_s: float | None = None, warm_start_s: float | None = None, later: tuple[str, ...] = (),
+                 floor: tuple[int, float] | None = None):
         agent = handle.name
         self.ctx, self.cfg, self.handle, self.agent, self.target = ctx, ctx.cfg, handle, agent, target
         self.section = handle.section
@@ -74,6 +75,8 @@ class StageTrainer:
         self.checkpoints = StageCheckpoints(self.cfg, agent, target, self.folder, self.sizes, self.n_envs)
         self.stopped_by: StopReason | None = None
         self.time_limit_at = None if time_limit_s is None else time.monotonic() + time_limit_s
+        # Short of floor's steps at its slot's end, it learns on to them until floor's seconds from now at most.
+        self.floor_steps, self.floor_until = (0, None) if floor is None else (floor[0], time.monotonic() + floor[1])
         self.warm_start_limit_s = warm_start_s  # from the stage's start; its box is opened when the stage starts
         self.later = later  # the night's training stages after this one, one after another (their students)
         self.started_at = time.monotonic()
@@ -160,7 +163,8 @@ class StageTrainer:
         from trainer.learn.guard import CheckpointGuard
 
         guard = CheckpointGuard(self.checkpoints, self.episodes, self.section.checkpoint_freq_steps, self.time_limit_at,
-                                self.rel.checkpoint_min_interval_s)
+                                self.rel.checkpoint_min_interval_s, floor_steps=min(self.floor_steps, self.target),
+                                floor_until=self.floor_until)
         if self.curve is not None:
             self.curve.close()
         curve = self.curve = EvalCurve(self.ctx, self.agent, self.folder.curve, best=self.best,
@@ -176,7 +180,10 @@ class StageTrainer:
         finally:
             self.stopped_by = guard.stopped_by
         if self.timed_out:
-            self.log.info("time slot used up", step=self.checkpoints.last_checkpoint_step, target=self.target)
+            past = 0.0 if self.time_limit_at is None else time.monotonic() - self.time_limit_at
+            beyond = {"learnt_past_it_s": round(past, 1), "least_steps": self.floor_steps} if past >= 1 else {}
+            self.log.info("time slot used up", step=self.checkpoints.last_checkpoint_step, target=self.target,
+                          **beyond)
         elif curve.flat_at is not None:  # set only where a best policy exists (BestPolicy.flat)
             assert self.best is not None and self.best.best is not None
             self.ended_flat = True

@@ -100,6 +100,13 @@ def floor_s(spec: StageSpec) -> float:
     return learning_floor_s(spec.target_steps, spec.steps_per_s) if spec.kind == StageKind.TRAIN else 0.0
 
 
+def kept_after_s(specs: list[StageSpec]) -> float:
+    """Of the stages left (the first running now), what a first one short of its least learning at its slot's end may
+    not take from the others by learning on: every evaluation and the report, and each later stage's least
+    learning (their warm starts stop early rather)."""
+    return sum(s.fixed_s for s in specs) + sum(floor_s(s) for s in specs[1:])
+
+
 def slot_s(target: int, steps_per_s: float, limit_s: float) -> tuple[float, str | None]:
     """A training stage's time limit of ``limit_s`` seconds, rounded, and why it is skipped instead (None: it runs).
     The one rule for a stage the night has no time left for, on every backend and in the plan."""

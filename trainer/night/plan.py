@@ -42,6 +42,7 @@ ENSEMBLE_SHARE = 0.25
 # and at 0.8 a first night there (its references not yet kept) ran one imitation, 2-4 points under the ensemble's.
 ENSEMBLE_SPARE = 1.0
 REUSED_S = 1.0  # a reference's figures copied from an earlier run
+BESIDE_START_S = 6.0  # a process beside this one (trainer.base.beside): ~5 s of imports before its work
 # A step of the training simulator judging one policy or a few side by side (trainer.sim.simulators.judging_env), as
 # a share of a CityLearn evaluation step at the calibrated rate: both are Python-bound. Measured on the 2-core VM's
 # built-in site, the policies' calls apart: 3.1 ms against CityLearn's 4.0 (a year: 27.1 s against 35.3), most of it
@@ -78,8 +79,18 @@ def stage_specs(
     check = validation_part(site) if confirms else None
     confirmed_steps = check.length if check is not None else HELD_OUT_YEARS * site.length
 
+    # Two held-out years run side by side where a core is free (trainer.learn.selection._on_the_simulator): the
+    # second in a process beside, which first imports the product. Counted in series, eleven policies' years were
+    # planned at ~187 s where they took 78 (a quiet default night's SAC, 2026-12-01), and a quiet timed night would go
+    # lean (its shortlist dropped) sooner than it needs to.
+    side_by_side = check is None and free_cores(others=speeds.busy_now) >= 2
+
     def simulated(policies: int) -> float:  # one call of each policy a step
-        return confirmed_steps * (sim_step_s(speeds) + policies * POLICY_CALL_S) * SAFETY if confirms else 0.0
+        if not confirms:
+            return 0.0
+        steps = confirmed_steps / HELD_OUT_YEARS * math.ceil(HELD_OUT_YEARS / 2) if side_by_side else confirmed_steps
+        return (steps * (sim_step_s(speeds) + policies * POLICY_CALL_S) + (BESIDE_START_S if side_by_side else 0.0)) \
+            * SAFETY
 
     # The pick, its runners-up on the window (train.shortlist) and the warm start; a night short of time judges the
     # pick alone with its warm start (trainer.night.stages._best_policy): eleven policies' two years would cost a busy
@@ -240,7 +251,8 @@ def ensemble_for_size(cfg: Config, targets: dict[str, int]) -> tuple[Config, str
 
 
 def fit_ensemble(cfg: Config, site: Site, speeds: Speeds, agents: list[str], available_s: float | None,
-                 one_process: bool = True, targets: dict[str, int] | None = None) -> tuple[Config, str | None]:
+                 one_process: bool = True, targets: dict[str, int] | None = None,
+                 references_done: bool = False) -> tuple[Config, str | None]:
     """The night's config with ``warm_start.ensemble`` as it fits, and why it changed (None: it did not).
 
     A night without a deadline runs the configured ensemble where its size warrants it (:func:`ensemble_for_size`,
@@ -253,7 +265,8 @@ def fit_ensemble(cfg: Config, site: Site, speeds: Speeds, agents: list[str], ava
     2-4 points of the optimum's cut over the months held out (Building_4's best 76 -> 79 %, Building_5's 77 -> 79 %),
     and the untimed nights with it took 8-10 minutes on a 2-core machine, where a 20-minute night with one imitation
     ended after 7, its curves flat. Smaller ensembles are not tried: the mean of two measured worse than its first
-    member, of three below the best one imitation of five (docs/agent-quality.md)."""
+    member, of three below the best one imitation of five (docs/agent-quality.md). ``references_done``: asked again
+    once the references have run (:func:`refit_ensemble`), the whole night is the agents' stages and the report."""
     settings = cfg.warm_start
     if available_s is None and targets is not None:
         return ensemble_for_size(cfg, targets)
@@ -267,7 +280,7 @@ def fit_ensemble(cfg: Config, site: Site, speeds: Speeds, agents: list[str], ava
         # Each agent as far as a flat curve may end its stage (train.patience): the steps the night owes it.
         share = cfg.train.patience or 1.0
         owed = {agent: int(steps * share) for agent, steps in targets.items()}
-        whole_s = untimed_night_s(cfg, site, speeds, agents, owed, one_process)
+        whole_s = untimed_night_s(cfg, site, speeds, agents, owed, one_process, references=not references_done)
         if whole_s <= ENSEMBLE_SPARE * available_s:
             reach = "its timesteps" if share >= 1.0 else f"{share:.0%} of its timesteps (train.patience)"
             return cfg, (f"the mean of {settings.ensemble} imitations: with it every agent still reaches {reach} in "
@@ -281,11 +294,29 @@ def fit_ensemble(cfg: Config, site: Site, speeds: Speeds, agents: list[str], ava
 
 
 def untimed_night_s(cfg: Config, site: Site, speeds: Speeds, agents: list[str], targets: dict[str, int],
-                    one_process: bool = True) -> float:
+                    one_process: bool = True, references: bool = True) -> float:
     """How long the night would take with every stage whole: its warm starts, each agent to its target, every
-    evaluation (padded, as the plan pads them)."""
+    evaluation (padded, as the plan pads them); ``references``: theirs too (False: they have run)."""
     specs = stage_specs(cfg, site, speeds, agents, targets, one_process)
-    return sum(spec.setup_s + spec.fixed_s + spec.needed_train_s for spec in specs.values())
+    return sum(spec.setup_s + spec.fixed_s + spec.needed_train_s for name, spec in specs.items()
+               if references or name not in REFERENCE_ROSTER)
+
+
+def refit_ensemble(cfg: Config, site: Site, speeds: Speeds, agents: list[str], targets: dict[str, int],
+                   left_s: float, pace: float) -> tuple[Config, dict[str, StageSpec], str] | None:
+    """Once the references have run, before the first agent's warm start: the ensemble the night's first plan left
+    out (``cfg`` as configured, not as fitted), where the time now ``left_s`` affords it at the ``pace`` the night's
+    stages have shown: its config, the stages' specs with it and why; None where it still does not fit. The first
+    plan counts the references and a calibration's speeds, both padded, and a busy calibration under-promises
+    (docs/benchmarks.md): busy 20-minute nights on official EV buildings ran one imitation and ended 6-8 minutes
+    early, where the ensemble was worth 2-4 points there."""
+    fitted, why = fit_ensemble(cfg, site, speeds, agents, left_s / max(pace, 1e-6), True, targets,
+                               references_done=True)
+    if fitted.warm_start.ensemble <= 1:
+        return None
+    why = why or (f"the mean of {cfg.warm_start.ensemble} imitations: the warm starts fit in "
+                  f"{ENSEMBLE_SHARE:.0%} of the {human_duration(left_s)} left")
+    return fitted, stage_specs(fitted, site, speeds, agents, targets, True), why
 
 
 def fit_warnings(cfg: Config, speeds: Speeds, planned: list[PlannedStage]) -> list[str]:

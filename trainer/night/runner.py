@@ -14,11 +14,12 @@ from typing import Any
 
 from trainer.base import logs
 from trainer.base.errors import NothingTrained, TrainerError
+from trainer.config.sections import Config
 from trainer.judge.report import write_report
 from trainer.night.backends import backend
-from trainer.night.budget import StageKind
+from trainer.night.budget import StageKind, StageSpec
 from trainer.night.calibrate import Speeds, calibrate
-from trainer.night.plan import build_plan, fit_ensemble, render, stage_specs
+from trainer.night.plan import build_plan, fit_ensemble, refit_ensemble, render, stage_specs
 from trainer.night.stages import record_results
 from trainer.night.state import Night, drive, plan
 from trainer.references.roster import REFERENCES
@@ -35,8 +36,16 @@ def prepare(ctx: RunContext, agents: list[str], targets: dict[str, int], deadlin
     resumed = ScheduleState.load(ctx.run.schedule) if resume and ctx.run.schedule.is_file() else None
     if resumed is not None:
         deadline = resumed.deadline_dt()  # the same deadline as the night began with
+    configured = ctx.cfg
     ctx, fitted = _fit_warm_start(ctx, speeds, agents, targets, deadline, now, one_process)
     specs = stage_specs(ctx.cfg, ctx.site, speeds, agents, targets, one_process)
+    refit = None
+    # A night that left the ensemble out is asked again before its first warm start, at its pace then (one process:
+    # on Ray the stages start side by side, each reading the config the night began with).
+    if resumed is None and deadline is not None and one_process and \
+            ctx.cfg.warm_start.ensemble < configured.warm_start.ensemble:
+        def refit(left_s: float, pace: float) -> tuple[Config, dict[str, StageSpec], str] | None:
+            return refit_ensemble(configured, ctx.site, speeds, agents, targets, left_s, pace)
     if resumed is not None:
         state = resumed
         logs.get().info("schedule resumed", deadline=state.deadline,
@@ -52,7 +61,7 @@ def prepare(ctx: RunContext, agents: list[str], targets: dict[str, int], deadlin
                                 deadline, one_process)
     text = render([p for p in planned if p.name in remaining], deadline, [*fitted, *notes], speeds)
     return Night(ctx, state, specs, force, text, keep=lambda name, metrics: record_results(ctx.run, {name: metrics}),
-                 report=lambda: write_report(ctx.run))
+                 report=lambda: write_report(ctx.run), refit=refit)
 
 
 def _fit_warm_start(ctx: RunContext, speeds: Speeds, agents: list[str], targets: dict[str, int],

@@ -162,11 +162,13 @@ def _policy_on(ctx: RunContext, agent: str, model: BaseAlgorithm | Path, site: S
 
 def train_agent(ctx: RunContext, agent: str, timesteps: int, resume: bool = False, force: bool = False,
                 callbacks: list | None = None, time_limit_s: float | None = None,
-                warm_start_s: float | None = None, lean: bool = False, later: tuple[str, ...] = ()) -> dict[str, Any]:
+                warm_start_s: float | None = None, lean: bool = False, later: tuple[str, ...] = (),
+                floor: tuple[int, float] | None = None) -> dict[str, Any]:
     """Train one SB3 agent (resuming from its checkpoints if asked), save it, evaluate it; within ``time_limit_s``
     (None: to its target), its warm start within ``warm_start_s`` of it; ``lean``: the night is short of time, and
     the pick is confirmed on the training simulator; ``later``: the night's training stages after it, whose warm
-    starts may be prepared beside its own."""
+    starts may be prepared beside its own; ``floor``: (steps, seconds) it learns on past ``time_limit_s`` to those
+    steps, for those seconds from now at most (trainer.night.state.StageJob.floor)."""
     from stable_baselines3.common.utils import (
         set_random_seed,  # lazy: SB3 imports torch
     )
@@ -177,7 +179,7 @@ def train_agent(ctx: RunContext, agent: str, timesteps: int, resume: bool = Fals
     log = logs.get().bind(agent=agent)
     set_random_seed(ctx.seed)
     trainer = StageTrainer(ctx, handle, timesteps, callbacks, time_limit_s=time_limit_s, warm_start_s=warm_start_s,
-                           later=later)
+                           later=later, floor=floor)
     log.info("training", timesteps=timesteps, device=handle.device, resume=resume, **_summary(handle.section))
     start = time.perf_counter()
     try:
@@ -441,8 +443,9 @@ def run_job(ctx: RunContext, job: StageJob) -> StageOutcome:
     if skipped is not None:
         return StageOutcome(skipped=skipped)
     resume = job.resume and ctx.run.agent(job.name).checkpoints.is_dir()
+    now = time.time()
     metrics = train_agent(ctx, job.name, job.target, resume=resume, force=job.force, time_limit_s=limit,
-                          warm_start_s=job.warm_start_s(limit), lean=job.lean, later=job.later)
+                          warm_start_s=job.warm_start_s(limit), lean=job.lean, later=job.later, floor=job.floor(now))
     return StageOutcome(metrics=metrics, time_limit_s=limit)
 
 

@@ -18,7 +18,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from trainer.base import logs
-from trainer.night.budget import SAFETY, StageSpec, forecast, reserve_s, short_of_time, slot_s, warm_start_cap_s
+from trainer.night.budget import (
+    LEARNING_KEPT_STEPS,
+    SAFETY,
+    StageSpec,
+    forecast,
+    kept_after_s,
+    reserve_s,
+    short_of_time,
+    slot_s,
+    warm_start_cap_s,
+)
 from trainer.run.schedule_file import (
     DONE,
     FAILED,
@@ -33,6 +43,7 @@ from trainer.run.schedule_file import (
 from trainer.site import Site
 
 if TYPE_CHECKING:
+    from trainer.config.sections import Config
     from trainer.run.folder import RunContext
 
 
@@ -57,6 +68,10 @@ class StageJob:
     setup_s: float = 0.0          # the planner's estimate of its warm start, inside its slot
     lean: bool = False            # the night is short of time: the stage confirms its pick on the training simulator
     later: tuple[str, ...] = ()   # an untimed night's training stages after it, in this process: their students beside
+    # Short of this many steps at its slot's end (budget.LEARNING_KEPT_STEPS, at most its target), a stage learns on
+    # to them while the night keeps kept_after_s for the stages after it (budget.kept_after_s); 0: none.
+    floor_steps: int = 0
+    kept_after_s: float = 0.0
 
     def slot(self, now: float) -> tuple[float | None, str | None]:
         """Starting at ``now``: (the training stage's time limit in seconds, or None untimed; why it is skipped
@@ -65,6 +80,13 @@ class StageJob:
             return None, None
         limit, skipped = slot_s(self.target, self.steps_per_s, self.deadline - now - self.reserve_s)
         return (None, skipped) if skipped is not None else (limit, None)
+
+    def floor(self, now: float) -> tuple[int, float] | None:
+        """Starting at ``now``: (the least steps the stage learns, the seconds it may learn past its slot's end for
+        them at most), or None where it keeps no floor (untimed, or stages side by side)."""
+        if self.deadline is None or self.floor_steps <= 0:
+            return None
+        return self.floor_steps, max(self.deadline - now - self.kept_after_s, 0.0)
 
     def warm_start_s(self, limit: float | None) -> float | None:
         """Of a slot of ``limit`` seconds, the most its warm start may take (None: untimed; budget.warm_start_cap_s)."""
@@ -147,6 +169,9 @@ class Pace:
                        steps_per_s=spec.steps_per_s / factor)
 
 
+Refit = Callable[[float, float], "tuple[Config, dict[str, StageSpec], str] | None"]
+
+
 @dataclass
 class Night:
     """One run folder's night: its stages' state, what the planner knows of each, and what it keeps."""
@@ -160,6 +185,9 @@ class Night:
     report: Callable[[], Any] = _nothing                   # report.md, once every other stage has finished
     pace: Pace = field(default_factory=Pace)
     lean: bool = False  # short of time: the stages left confirm their picks on the training simulator
+    # The ensemble its first plan left out, asked again before the first warm start (trainer.night.plan.refit_ensemble:
+    # the seconds left and the pace -> the config with it, the specs with it and why; None: still one imitation).
+    refit: Refit | None = None
 
     def spec(self, name: str) -> StageSpec:
         """What the planner knows of stage ``name`` now: as calibrated, at the pace the night's stages have shown,
@@ -240,8 +268,10 @@ def _start(night: Night, record: StageRecord, parallel: bool, clock: Callable[[]
     state, now = night.state, clock()
     deadline = state.deadline_dt()
     resume = record.status == RUNNING
+    if night.refit is not None and record.kind == StageKind.TRAIN and deadline is not None and not parallel:
+        _refit_warm_start(night, (deadline - now).total_seconds())
     spec = night.spec(record.name)
-    reserve = spec.fixed_s
+    reserve, floor_steps, kept_after = spec.fixed_s, 0, 0.0
     if deadline is not None and parallel:  # side by side: its own evaluation and the report
         reserve += sum(night.spec(s.name).fixed_s for s in state.stages if s.kind == StageKind.REPORT)
     elif deadline is not None:  # one after another: what the stages after it are planned to take
@@ -254,9 +284,14 @@ def _start(night: Night, record: StageRecord, parallel: bool, clock: Callable[[]
                                left_s=round(left), pace=f"{night.pace.factor:.2f}x")
         spec = night.spec(record.name)
         reserve = reserve_s([night.spec(s.name) for s in later], left)
+        # The slot leaves its least learning at the plan's speed; a machine slower than planned then gave a busy
+        # 20-minute night's PPO 16,384 steps: it learns on to them, from what the stages after can spare.
+        floor_steps = min(LEARNING_KEPT_STEPS, record.timesteps_target) if record.kind == StageKind.TRAIN else 0
+        kept_after = kept_after_s([night.spec(s.name) for s in later])
     job = StageJob(str(night.ctx.run.root), night.ctx.site, record.name, record.kind,
                    record.timesteps_target, resume, night.force, deadline.timestamp() if deadline else None,
-                   reserve, spec.steps_per_s, spec.setup_s, night.lean, _later(state, record, parallel))
+                   reserve, spec.steps_per_s, spec.setup_s, night.lean, _later(state, record, parallel),
+                   floor_steps, kept_after)
     if not parallel:  # it starts now: the slot is known
         record.time_limit_s, skipped = job.slot(now.timestamp())
         if skipped is not None:
@@ -274,6 +309,22 @@ def _start(night: Night, record: StageRecord, parallel: bool, clock: Callable[[]
                     resume=resume, time_limit_s=record.time_limit_s, ends=_clock(record.planned_end),
                     night_ends=_clock(state.stages[-1].planned_end), run=night.ctx.run.root.name)
     return job
+
+
+def _refit_warm_start(night: Night, left_s: float) -> None:
+    """Before the night's first warm start: the ensemble its first plan left out, where the time left at the night's
+    pace now affords it (the references and the calibration, both padded, often took less); the config every later
+    stage and a resume read (config.yaml) then has it. Asked once."""
+    refit, night.refit = night.refit, None
+    assert refit is not None
+    fitted = refit(left_s, night.pace.factor)
+    if fitted is None:
+        return
+    cfg, night.specs, why = fitted
+    night.ctx = replace(night.ctx, cfg=cfg)
+    night.ctx.run.write_config(cfg)
+    logs.get().info(f"warm start, planned again after the references: {why}", pace=f"{night.pace.factor:.2f}x",
+                    left_s=round(left_s))
 
 
 def _end(night: Night, record: StageRecord, outcome: StageOutcome, clock: Callable[[], datetime]) -> None:
