@@ -200,20 +200,25 @@ def test_checkpoints_follow_the_steps_but_never_come_closer_than_the_floor(monke
     assert saved == [61000, 62000, 63000, 64000, 65000]
 
 
-def test_a_stage_short_of_its_least_learning_at_its_slot_s_end_learns_on_to_it_while_the_night_can_spare_it():
+def test_a_stage_short_of_its_least_learning_at_its_slot_s_end_learns_on_to_it_while_the_night_can_spare_it(
+        monkeypatch):
     """A busy 20-minute night's PPO, its slot planned for 20,000 steps at the calibrated speed, ran slower and stopped
     at 16,384: short of its floor at the slot's end, a stage learns on, from one rollout's start to the next, until
     the steps kept reach it or the night's later stages need the time."""
     from types import SimpleNamespace
 
+    from trainer.learn import guard as guard_module
     from trainer.learn.guard import CheckpointGuard
     from trainer.learn.state import StopReason
 
+    now = [0.0]
+    monkeypatch.setattr(guard_module, "time", SimpleNamespace(monotonic=lambda: now[0]))
+
     def stage(floor_steps, floor_until, rollouts):
-        now, saved = [0.0], []
+        saved = []
         owner = SimpleNamespace(last_checkpoint_step=0, save_checkpoint=lambda model, boundary: saved.append(boundary))
         guard = CheckpointGuard(owner, SimpleNamespace(), every_steps=10**9, time_limit_at=10.0,
-                                clock=lambda: now[0], floor_steps=floor_steps, floor_until=floor_until)
+                                floor_steps=floor_steps, floor_until=floor_until)
         guard.model, guard.locals = SimpleNamespace(), {}
         for at, step in rollouts:  # (seconds, the step a rollout starts at)
             now[0], guard.num_timesteps = at, step + 1

@@ -21,7 +21,7 @@ class Checkpointer(Protocol):
 
 class CheckpointGuard(BaseCallback):
     """Checkpoints every ``every_steps`` at rollout starts, but not within ``min_interval_s`` of the last,
-    checks for non-finite values, honours stops and the time limit (``clock``'s, time.monotonic by default).
+    checks for non-finite values, honours stops.
 
     Rollout starts are where parameters, optimizers, buffers, counters and RNG states agree
     (docs/reliability.md). ``stopped_by`` says why training ended early, if it did.
@@ -78,7 +78,7 @@ class CheckpointGuard(BaseCallback):
     def _time_up(self) -> bool:
         if self.time_limit_at is None:
             return False
-        now = self.clock()
+        now = time.monotonic()
         if now < self.time_limit_at:
             return False
         # What a stop now keeps is the last rollout's start (the boundary).
