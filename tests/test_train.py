@@ -225,6 +225,7 @@ def test_a_stage_short_of_its_least_learning_at_its_slot_s_end_learns_on_to_it_w
             guard.boundary = SimpleNamespace(step=step)
             if not guard._on_step():
                 assert guard.stopped_by is StopReason.TIME_UP
+                assert guard.learnt_past_slot is (at > 11.0)  # what the log's `learnt_past_it_s` reports
                 return step, [b.step for b in saved]
         return None, []
 

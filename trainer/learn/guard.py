@@ -41,6 +41,7 @@ class CheckpointGuard(BaseCallback):
         # Short of floor_steps at time_limit_at, training goes on to them (from one rollout's start to the next, where
         # it can stop), until floor_until at most (time.monotonic(); None: not past time_limit_at).
         self.floor_steps, self.floor_until = floor_steps, floor_until
+        self.learnt_past_slot = False  # it went on past time_limit_at for floor_steps
         self.boundary: Boundary | None = None
         self.stopped_by: StopReason | None = None
         self._started = False
@@ -83,4 +84,7 @@ class CheckpointGuard(BaseCallback):
             return False
         # What a stop now keeps is the last rollout's start (the boundary).
         kept = self.boundary.step if self.boundary is not None else self.num_timesteps
-        return kept >= self.floor_steps or self.floor_until is None or now >= self.floor_until
+        if kept >= self.floor_steps or self.floor_until is None or now >= self.floor_until:
+            return True
+        self.learnt_past_slot = True
+        return False

@@ -181,7 +181,8 @@ class StageTrainer:
             self.stopped_by = guard.stopped_by
         if self.timed_out:
             past = 0.0 if self.time_limit_at is None else time.monotonic() - self.time_limit_at
-            beyond = {"learnt_past_it_s": round(past, 1), "least_steps": self.floor_steps} if past >= 1 else {}
+            beyond = {"learnt_past_it_s": round(past, 1), "least_steps": self.floor_steps} if guard.learnt_past_slot \
+                else {}
             self.log.info("time slot used up", step=self.checkpoints.last_checkpoint_step, target=self.target,
                           **beyond)
         elif curve.flat_at is not None:  # set only where a best policy exists (BestPolicy.flat)
