@@ -141,17 +141,16 @@ def _kept(run: RunDir, agent: str) -> dict[str, Any]:
     return (read_typed(metrics, _KeptRecord).kept if metrics.is_file() else None) or {}
 
 
-def kept_point(run: RunDir, agent: str, curve: pd.DataFrame) -> tuple[int, float] | None:
-    """(step, CO2 kg/yr) of the curve point the agent deploys, from its metrics' ``kept``; None without one."""
-    kept = _kept(run, agent)
+def kept_point(kept: dict[str, Any], curve: pd.DataFrame) -> tuple[int, float] | None:
+    """(step, CO2 kg/yr) of the curve point an agent deploys, from its metrics' ``kept``; None without one."""
     rows = curve[curve["step"] == kept.get("step")] if "step" in kept else curve.iloc[:0]
     return None if rows.empty else (int(kept["step"]), float(rows["co2_kg_per_year"].iloc[-1]))
 
 
-def shortlisted(run: RunDir, agent: str) -> bool:
-    """Whether the agent's deployed policy was chosen over the held-out years among several of its curve's best on
+def chosen_over_years(kept: dict[str, Any]) -> bool:
+    """Whether an agent's deployed policy was chosen over the held-out years among several of its curve's best on
     the validation window (its metrics' ``kept.shortlist``), not by the window alone."""
-    return len(_kept(run, agent).get("shortlist") or []) > 1
+    return len(kept.get("shortlist") or []) > 1
 
 
 def change_since_first(curve: pd.DataFrame) -> pd.Series:
@@ -194,7 +193,7 @@ def plot_learning_curves(run: RunDir, agents: list[str], path: Path, curve_days:
         fig, (co2_ax, change_ax) = plt.subplots(2, 1, figsize=(8, 6.3), sharex=True,
                                                 gridspec_kw={"height_ratios": [3, 1.8]})
         ev_ax = None
-    any_kept = chosen_over_years = False
+    any_kept = by_years = False
     for order, (agent, curve) in enumerate(curves.items()):
         colour = COLOURS.get(agent, OTHER_COLOUR)
         change = change_since_first(curve)
@@ -207,14 +206,15 @@ def plot_learning_curves(run: RunDir, agents: list[str], path: Path, curve_days:
         change_ax.plot(curve["step"], change, markersize=max(size - 3, 2), **look)
         if ev_ax is not None:
             ev_ax.plot(curve["step"], curve["ev_departure_soc_met_pct"], markersize=size, **look)
-        kept = kept_point(run, agent, curve)
+        record = _kept(run, agent)
+        kept = kept_point(record, curve)
         if kept is not None:  # the policy the agent deploys (trainer.learn.selection)
             star = {"marker": "*", "markersize": max(18 - 4 * order, 8), "color": colour, "markeredgecolor": "black",
                     "linestyle": "none", "zorder": 10 + order}
             co2_ax.plot([kept[0]], [kept[1] / 1000], **star)
             change_ax.plot([kept[0]], [change[curve["step"] == kept[0]].iloc[-1]], **star)
             any_kept = True
-            chosen_over_years = chosen_over_years or shortlisted(run, agent)
+            by_years = by_years or chosen_over_years(record)
     change_ax.axhline(0, color="black", linewidth=0.8)
     change_ax.set_ylabel("CO2 against its\nstep 0, %")
     if any_kept:  # one neutral legend entry for every agent's star
@@ -241,7 +241,7 @@ def plot_learning_curves(run: RunDir, agents: list[str], path: Path, curve_days:
     table = "the part held out" if run.held_out_record() is not None else "the whole evaluation period"
     judged = "" if with_ev else "judged on the training simulator, where the guard meets every reachable departure\n"
     # Where the window only shortlisted (trainer.learn.selection), the star need not sit on its curve's lowest point.
-    star = ("a star: the policy deployed, of the window's best the least over two held-out years" if chosen_over_years
+    star = ("a star: the policy deployed, of the window's best the least over two held-out years" if by_years
             else "a star: the policy deployed")
     co2_ax.set_title(f"Validation: {window}, per year\n{judged}"
                      f"(the table covers {table}; {star};\n"

@@ -163,7 +163,7 @@ class StageTrainer:
         from trainer.learn.guard import CheckpointGuard
 
         guard = CheckpointGuard(self.checkpoints, self.episodes, self.section.checkpoint_freq_steps, self.time_limit_at,
-                                self.rel.checkpoint_min_interval_s, floor_steps=min(self.floor_steps, self.target),
+                                self.rel.checkpoint_min_interval_s, floor_steps=self.floor_steps,
                                 floor_until=self.floor_until)
         if self.curve is not None:
             self.curve.close()
