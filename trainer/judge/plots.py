@@ -243,9 +243,11 @@ def plot_learning_curves(run: RunDir, agents: list[str], path: Path, curve_days:
     # Where the window only shortlisted (trainer.learn.selection), the star need not sit on its curve's lowest point.
     star = ("a star: the policy deployed, of the window's best the least over two held-out years" if by_years
             else "a star: the policy deployed")
+    # One clause a line: at the figure's width a longer line was cut at its edge ("...two held-out" without "years").
+    change = "middle" if ev_ax is not None else "below"  # the EV panel, where there is one, sits under it
     co2_ax.set_title(f"Validation: {window}, per year\n{judged}"
-                     f"(the table covers {table}; {star};\n"
-                     "middle: each agent against its step 0, its warm start where it has one; below 0 is better)",
+                     f"(the table covers {table};\n{star};\n"
+                     f"{change}: each agent against its step 0, its warm start where it has one; below 0 is better)",
                      fontsize=10)
     co2_ax.legend(loc="best", fontsize=8)
     if ev_ax is not None:
