@@ -439,11 +439,11 @@ def run_job(ctx: RunContext, job: StageJob) -> StageOutcome:
     to record. A stop signal (TrainingInterrupted, Stopped) propagates."""
     if job.kind == StageKind.EVAL:
         return StageOutcome(metrics=evaluate_reference(ctx, job.name))
-    limit, skipped = job.slot(time.time())
+    now = time.time()  # the slot and the floor from one instant
+    limit, skipped = job.slot(now)
     if skipped is not None:
         return StageOutcome(skipped=skipped)
     resume = job.resume and ctx.run.agent(job.name).checkpoints.is_dir()
-    now = time.time()
     metrics = train_agent(ctx, job.name, job.target, resume=resume, force=job.force, time_limit_s=limit,
                           warm_start_s=job.warm_start_s(limit), lean=job.lean, later=job.later, floor=job.floor(now))
     return StageOutcome(metrics=metrics, time_limit_s=limit)
