@@ -114,6 +114,31 @@ def test_a_varied_year_scales_each_blocks_loads_and_pv_within_its_range_and_noth
     assert (same.root / "Building_1.csv").read_text() == (plain.root / "Building_1.csv").read_text()
 
 
+def test_a_reshaped_year_moves_each_blocks_daily_peaks_and_keeps_its_days_energy(learning, tmp_path):
+    plain = learning.draw(tmp_path / "plain", 1003)
+    shaped = learning.draw(tmp_path / "shaped", 1003, Variation(shape=0.6))
+    assert json.loads(shaped.schema.read_text())["pvbess_bootstrap"]["load_shape"] == 0.6
+    before, after = (pd.read_csv(s.root / "Building_1.csv") for s in (plain, shaped))
+    pd.testing.assert_series_equal(after["solar_generation"], before["solar_generation"])  # the PV as it was
+    steps = resampled_steps(learning, np.random.default_rng([int(learning.data["random_seed"]), 1003]))
+    blocks = np.concatenate([[0], np.cumsum(np.diff(steps) != 1)])
+    load = before["non_shiftable_load"].to_numpy()
+    lit = load > 0.01
+    factor = np.where(lit, after["non_shiftable_load"].to_numpy() / np.where(lit, load, 1.0), np.nan)
+    assert np.nanmin(factor) >= 0.4 - 1e-3 and np.nanmax(factor) <= 1.6 + 1e-3
+    peaks = []
+    for block in np.unique(blocks):
+        within = factor[blocks == block]
+        days = len(within) // 24
+        if days < 2 or np.isnan(within[:days * 24]).any():
+            continue
+        daily = within[:days * 24].reshape(days, 24)
+        np.testing.assert_allclose(daily, np.broadcast_to(daily[0], daily.shape), rtol=1e-4)  # one profile a block
+        assert abs(daily[0].mean() - 1.0) < 1e-3  # a day's energy at the data's level (a cosine's mean is 0)
+        peaks.append((int(np.argmax(daily[0])) + int(steps[blocks == block][0])) % 24)
+    assert len(peaks) > 10 and len(set(peaks)) > 6  # the peak at other hours of the day from block to block
+
+
 def test_a_scale_range_given_high_then_low_is_refused_with_the_fix():
     with pytest.raises(ConfigError, match=r"draw_load_scale is \[low, high\]; got \[1.3, 0.35\]: swap them"):
         load_config(overrides=["warm_start.draw_load_scale=[1.3,0.35]"])

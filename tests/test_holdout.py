@@ -159,12 +159,13 @@ def test_held_out_json_says_how_a_datasets_imitated_years_vary_and_the_built_in_
         run.root.mkdir()
         record_held_out(run, site, cfg)
         record = json.loads(run.held_out.read_text())
-        assert (record.get("varied_years") == {"years": 3, "load_scale": [0.35, 1.3], "solar_scale": [0.8, 1.4]}) \
-            is varied, name
+        assert (record.get("varied_years") == {"years": 3, "load_scale": [0.35, 1.3], "solar_scale": [0.8, 1.4],
+                                               "load_shape": cfg.warm_start.draw_load_shape}) is varied, name
     run = RunDir(tmp_path / "unvaried")
     run.root.mkdir()
     record_held_out(run, one_year, load_config(overrides=["warm_start.draw_load_scale=[1,1]",
-                                                          "warm_start.draw_solar_scale=[1,1]"]))
+                                                          "warm_start.draw_solar_scale=[1,1]",
+                                                          "warm_start.draw_load_shape=0"]))
     assert "varied_years" not in json.loads(run.held_out.read_text()) and run.varied_years() is None
 
 
@@ -193,6 +194,20 @@ def test_the_report_leads_with_held_out_figures_and_names_what_falls_below_rbc(t
     # ppo: 400 of the held-out 1,200 kg cut, 1,400 of the in-sample 1,500; rbc 500 of 1,200, 550 of 1,500
     assert "| ppo | 33% | 93% | +60 |" in section and "| rbc | 42% | 37% | -5 |" in section
     assert "**Held out, ppo (+60 points; rbc -5) lose more than 5 points" in section
+
+
+def test_the_report_says_the_imitated_years_loads_were_reshaped_where_they_were(tmp_path):
+    run = RunDir(tmp_path / "run")
+    run.root.mkdir()
+    (run.root / "results.json").write_text(json.dumps(_results(True)))
+    varied = {"years": 3, "load_scale": [0.35, 1.3], "solar_scale": [0.8, 1.4], "load_shape": 0.6}
+    (run.root / "held-out.json").write_text(json.dumps({"held_out": "the last 91 days (May-July)",
+                                                        "learnt_from": "the first 274 days", "varied_years": varied}))
+    assert run.varied_years() == varied
+    headline = write_report(run).read_text().split("## Results")[0]
+    assert ("each week's loads scaled by 0.35-1.3 and its PV by 0.8-1.4 (`warm_start.draw_load_scale`, "
+            "`draw_solar_scale`) and its loads' daily course reshaped by up to 60% (`warm_start.draw_load_shape`): "
+            "weeks lighter and sunnier than the data's, and days whose peaks fall at other hours.") in headline
 
 
 def test_an_agent_that_loses_little_held_out_is_not_named_because_the_rbc_gains_there():

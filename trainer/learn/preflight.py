@@ -60,7 +60,8 @@ def training_view(config: dict[str, Any], agent: str) -> dict[str, Any]:
         # no key for them).
         view["warm_start"] = {k: v for k, v in view["warm_start"].items()
                               if k not in ("ensemble", "student_epochs", "student_critic_epochs", "student_decay",
-                                           "pick_best", "draw_load_scale", "draw_solar_scale")}
+                                           "pick_best", "draw_load_scale", "draw_solar_scale",
+                                           "draw_load_shape")}
     if isinstance(view.get(agent), dict):
         view[agent] = {k: v for k, v in view[agent].items() if k not in ("timesteps", "episodes", "device")}
     return view

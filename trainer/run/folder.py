@@ -156,11 +156,13 @@ class RunDir:
 
     def varied_years(self) -> dict[str, Any] | None:
         """How the resampled years the warm start imitated were varied (``held-out.json``'s ``varied_years``: their
-        count and each range of factors); None where they were not, or the file is damaged."""
+        count, each range of factors and the loads' daily profile's largest amplitude); None where they were not, or
+        the file is damaged."""
         varied = self._held_out_file().get("varied_years")
         try:
             return {"years": int(varied["years"]), "load_scale": [float(x) for x in varied["load_scale"]],
-                    "solar_scale": [float(x) for x in varied["solar_scale"]]}
+                    "solar_scale": [float(x) for x in varied["solar_scale"]],
+                    "load_shape": float(varied.get("load_shape", 0.0))}  # a run before the shape: none
         except (TypeError, KeyError, ValueError):
             return None
 

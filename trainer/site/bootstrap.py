@@ -13,13 +13,14 @@ are most often free), so no car's stay is cut in two: a stay longer than a day m
 the dataset is resampled with the same steps, so its rows still describe one moment each.
 
 A year the warm start imitates the optimum of may also vary (:class:`Variation`): each block's loads and PV scaled
-by a factor of its own, so its optimum shows the policy weeks lighter and sunnier (or heavier) than any the data
-holds. A dataset's part held out is months the part learnt from never showed (on the official EV buildings:
-May-July, mornings a third as large and more sun), and a policy that imitated only the data kept the reserve its
-winter mornings wanted (docs/agent-quality.md, "Demonstration years that vary"). A sunnier block is sunnier in its
-weather too: the irradiance the policy reads, now and forecast, is scaled by its PV's factor (a forecast by the
-factor of the row it is read at), or the varied years would teach the policy that the sun it is told of says little
-of the PV it will get.
+by a factor of its own, and its loads' daily course reshaped, so its optimum shows the policy weeks lighter and
+sunnier (or heavier), and days whose peaks fall at other hours, than any the data holds. A dataset's part held out
+is months the part learnt from never showed (on the official EV buildings: May-July, mornings a third as large and
+more sun; on Building_10 the mornings' load moved to the evening), and a policy that imitated only the data kept the
+reserve its winter mornings wanted (docs/agent-quality.md, "Demonstration years that vary" and "Days whose peaks
+fall at other hours"). A sunnier block is sunnier in its weather too: the irradiance the policy reads, now and
+forecast, is scaled by its PV's factor (a forecast by the factor of the row it is read at), or the varied years
+would teach the policy that the sun it is told of says little of the PV it will get.
 """
 
 from __future__ import annotations
@@ -46,27 +47,40 @@ IRRADIANCE = re.compile(r"(diffuse|direct)_solar_irradiance(_predicted_\w+)?")
 @dataclass(frozen=True)
 class Variation:
     """How much a drawn year's blocks may differ from the data: each block's loads and PV scaled by a factor drawn
-    log-uniformly from ``load`` and ``solar`` (low, high); (1, 1) keeps them as the data has them."""
+    log-uniformly from ``load`` and ``solar`` (low, high); (1, 1) keeps them as the data has them. With ``shape``
+    above 0 each block's loads also follow a daily profile of its own, ``1 + a cos(2 pi (h - phase) / day)`` with
+    ``a`` drawn from [0, shape] and the phase from the whole day: the day's energy kept, its peaks moved (mornings
+    lighter and evenings heavier, or the other way), as months held out may have them."""
 
     load: tuple[float, float] = (1.0, 1.0)
     solar: tuple[float, float] = (1.0, 1.0)
+    shape: float = 0.0
 
     @classmethod
     def of(cls, warm_start: WarmStartConfig) -> Variation:
-        """The variation ``warm_start.draw_load_scale`` and ``draw_solar_scale`` ask of the years it imitates."""
-        return cls(load=warm_start.draw_load_scale, solar=warm_start.draw_solar_scale)
+        """The variation ``warm_start.draw_load_scale``, ``draw_load_shape`` and ``draw_solar_scale`` ask of the
+        years it imitates."""
+        return cls(load=warm_start.draw_load_scale, solar=warm_start.draw_solar_scale,
+                   shape=warm_start.draw_load_shape)
 
     @property
     def varies(self) -> bool:
-        return self.load != (1.0, 1.0) or self.solar != (1.0, 1.0)
+        return self.load != (1.0, 1.0) or self.solar != (1.0, 1.0) or self.shape > 0
 
-    def factors(self, steps: np.ndarray, rng: np.random.Generator) -> dict[str, np.ndarray]:
-        """Each varied column's factor at every step of a drawn year, one per block (a run of consecutive steps)."""
+    def factors(self, steps: np.ndarray, rng: np.random.Generator, steps_per_day: int = 24) -> dict[str, np.ndarray]:
+        """Each varied column's factor at every step of a drawn year, one per block (a run of consecutive steps),
+        the loads' times their block's daily profile."""
         block = np.concatenate([[0], np.cumsum(np.diff(steps) != 1)])
         count = int(block[-1]) + 1
-        # Both drawn whichever varies: the loads' factors are the same with or without the PV's.
+        # Both drawn whichever varies: the loads' factors are the same with or without the PV's, and the profiles
+        # are drawn after both, so a year's levels are the same with or without them.
         drawn = {column: (np.exp(rng.uniform(np.log(low), np.log(high), count))[block], (low, high) != (1.0, 1.0))
                  for column, (low, high) in ((LOAD_NOW, self.load), (SOLAR_COLUMN, self.solar))}
+        if self.shape > 0:
+            amplitude, phase = rng.uniform(0.0, self.shape, count), rng.uniform(0.0, 1.0, count)
+            # The step of the day each row reads (a block starts at the same hour of the day as the data's row).
+            angle = 2 * np.pi * ((steps % steps_per_day) / steps_per_day - phase[block])
+            drawn[LOAD_NOW] = (drawn[LOAD_NOW][0] * (1.0 + amplitude[block] * np.cos(angle)), True)
         return {column: factor for column, (factor, varied) in drawn.items() if varied}
 
 
@@ -97,7 +111,7 @@ def bootstrap_year(site: Resampled, folder: Path, seed_offset: int, schema_file:
     seed = int(site.data.get("random_seed") or 0)
     steps = resampled_steps(site, np.random.default_rng([seed, seed_offset]))
     # Its own stream: the same draw's steps with or without a variation.
-    scaled = variation.factors(steps, np.random.default_rng([seed, seed_offset, 1])) \
+    scaled = variation.factors(steps, np.random.default_rng([seed, seed_offset, 1]), site.steps_per_day) \
         if variation is not None and variation.varies else {}
     buildings = {b["energy_simulation"] for b in _buildings(site.data) if b.get("energy_simulation")}
     weather = {b["weather"] for b in _buildings(site.data) if b.get("weather")}
@@ -114,7 +128,8 @@ def bootstrap_year(site: Resampled, folder: Path, seed_offset: int, schema_file:
             "simulation_end_time_step": len(steps) - 1,
             "pvbess_bootstrap": {"from": f"steps {site.start}-{site.end}", "seed_offset": seed_offset,
                                  "block_days": BLOCK_DAYS, "season_days": SEASON_DAYS,
-                                 **({"load_scale": list(variation.load), "solar_scale": list(variation.solar)}
+                                 **({"load_scale": list(variation.load), "solar_scale": list(variation.solar),
+                                     **({"load_shape": variation.shape} if variation.shape > 0 else {})}
                                     if scaled else {})}}
     schema = folder / schema_file
     schema.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
