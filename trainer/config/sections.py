@@ -197,7 +197,7 @@ class WarmStartConfig(Section):
         "On a dataset of one period, each block of those years also has its loads follow a daily profile of its own "
         "(1 + a cos, a drawn from [0, this], its peak at any hour; the day's energy kept): days whose peaks fall at "
         "other hours than the data's, as months held out may have them; 0 = the data's daily course (the default: 0.6 "
-        "moved the official EV buildings' best agent by nothing on average, docs/agent-quality.md).", ge=0, lt=1)
+        "moved the official EV buildings' best agent by -0.1 points on average, docs/agent-quality.md).", ge=0, lt=1)
     draw_solar_scale: ScaleRange = doc("The same for the PV's output per kW in those blocks and the irradiance the "
                                        "policy reads, now and forecast (a sunnier or duller week than the data's); "
                                        "[1, 1] = as in the data.")

@@ -13,14 +13,14 @@ are most often free), so no car's stay is cut in two: a stay longer than a day m
 the dataset is resampled with the same steps, so its rows still describe one moment each.
 
 A year the warm start imitates the optimum of may also vary (:class:`Variation`): each block's loads and PV scaled
-by a factor of its own, and its loads' daily course reshaped, so its optimum shows the policy weeks lighter and
-sunnier (or heavier), and days whose peaks fall at other hours, than any the data holds. A dataset's part held out
-is months the part learnt from never showed (on the official EV buildings: May-July, mornings a third as large and
-more sun; on Building_10 the mornings' load moved to the evening), and a policy that imitated only the data kept the
-reserve its winter mornings wanted (docs/agent-quality.md, "Demonstration years that vary" and "Days whose peaks
-fall at other hours"). A sunnier block is sunnier in its weather too: the irradiance the policy reads, now and
-forecast, is scaled by its PV's factor (a forecast by the factor of the row it is read at), or the varied years
-would teach the policy that the sun it is told of says little of the PV it will get.
+by a factor of its own (and, where asked, its loads' daily course reshaped), so its optimum shows the policy weeks
+lighter and sunnier (or heavier), and days whose peaks fall at other hours, than any the data holds. A dataset's
+part held out is months the part learnt from never showed (on the official EV buildings: May-July, mornings a third
+as large and more sun; on Building_10 the mornings' load moved to the evening), and a policy that imitated only the
+data kept the reserve its winter mornings wanted (docs/agent-quality.md, "Demonstration years that vary" and "Days
+whose peaks fall at other hours"). A sunnier block is sunnier in its weather too: the irradiance the policy reads,
+now and forecast, is scaled by its PV's factor (a forecast by the factor of the row it is read at), or the varied
+years would teach the policy that the sun it is told of says little of the PV it will get.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ class Variation:
 
     def factors(self, steps: np.ndarray, rng: np.random.Generator, steps_per_day: int = 24) -> dict[str, np.ndarray]:
         """Each varied column's factor at every step of a drawn year, one per block (a run of consecutive steps),
-        the loads' times their block's daily profile."""
+        the loads' factors times their block's daily profile."""
         block = np.concatenate([[0], np.cumsum(np.diff(steps) != 1)])
         count = int(block[-1]) + 1
         # Both drawn whichever varies: the loads' factors are the same with or without the PV's, and the profiles
