@@ -104,12 +104,13 @@ def _judged_on(run: RunDir, results: dict[str, dict[str, Any]]) -> list[str]:
                   "the site's meter said, which a deployed controller must be given too (docs/export.md).")
     if varied := run.varied_years():
         load, solar = ("-".join(f"{x:g}" for x in varied[key]) for key in ("load_scale", "solar_scale"))
+        reshaped = varied["load_shape"] > 0
         shape = (f" and its loads' daily course reshaped by up to {varied['load_shape']:.0%} "
-                 "(`warm_start.draw_load_shape`): weeks lighter and sunnier than the data's, and days whose peaks "
-                 "fall at other hours" if varied["load_shape"] > 0 else ": weeks lighter and sunnier than the data's")
+                 "(`warm_start.draw_load_shape`)" if reshaped else "")
         reads += (f" Their warm start imitated the optimum of the part learnt from and of {varied['years']} years of "
                   f"its days resampled, each week's loads scaled by {load} and its PV by {solar} "
-                  f"(`warm_start.draw_load_scale`, `draw_solar_scale`){shape}.")
+                  f"(`warm_start.draw_load_scale`, `draw_solar_scale`){shape}: weeks lighter and sunnier than the "
+                  f"data's{', and days whose peaks fall at other hours' if reshaped else ''}.")
     if record is None:
         if run.held_out.is_file():  # a run that held nothing out (a run before held-out periods says nothing)
             return ["", "*Every figure here is in-sample: the run held nothing out (`--holdout none`), so the "

@@ -67,7 +67,7 @@ class Variation:
     def varies(self) -> bool:
         return self.load != (1.0, 1.0) or self.solar != (1.0, 1.0) or self.shape > 0
 
-    def factors(self, steps: np.ndarray, rng: np.random.Generator, steps_per_day: int = 24) -> dict[str, np.ndarray]:
+    def factors(self, steps: np.ndarray, rng: np.random.Generator, steps_per_day: int) -> dict[str, np.ndarray]:
         """Each varied column's factor at every step of a drawn year, one per block (a run of consecutive steps),
         the loads' factors times their block's daily profile."""
         block = np.concatenate([[0], np.cumsum(np.diff(steps) != 1)])
@@ -78,7 +78,7 @@ class Variation:
                  for column, (low, high) in ((LOAD_NOW, self.load), (SOLAR_COLUMN, self.solar))}
         if self.shape > 0:
             amplitude, phase = rng.uniform(0.0, self.shape, count), rng.uniform(0.0, 1.0, count)
-            # The step of the day each row reads (a block starts at the same hour of the day as the data's row).
+            # Each row's step of the day in the data: a block's profile follows the data's clock, whatever its place.
             angle = 2 * np.pi * ((steps % steps_per_day) / steps_per_day - phase[block])
             drawn[LOAD_NOW] = (drawn[LOAD_NOW][0] * (1.0 + amplitude[block] * np.cos(angle)), True)
         return {column: factor for column, (factor, varied) in drawn.items() if varied}
