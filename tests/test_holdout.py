@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from trainer.base.errors import DatasetError
 from trainer.cli.main import cli
 from trainer.config.loading import load_config
-from trainer.config.sections import ONE_PERIOD_IGNORED, ONE_PERIOD_LOAD_AGO
+from trainer.config.sections import ONE_PERIOD_DRAWS, ONE_PERIOD_IGNORED, ONE_PERIOD_LOAD_AGO
 from trainer.env.citylearn import central_arrays, make_sb3_env
 from trainer.judge.metrics import compare_to_baseline
 from trainer.judge.report import write_report
@@ -159,7 +159,8 @@ def test_held_out_json_says_how_a_datasets_imitated_years_vary_and_the_built_in_
         run.root.mkdir()
         record_held_out(run, site, cfg)
         record = json.loads(run.held_out.read_text())
-        assert (record.get("varied_years") == {"years": 3, "load_scale": [0.35, 1.3], "solar_scale": [0.8, 1.4],
+        assert (record.get("varied_years") == {"years": ONE_PERIOD_DRAWS, "load_scale": [0.35, 1.3],
+                                               "solar_scale": [0.8, 1.4],
                                                "load_shape": cfg.warm_start.draw_load_shape}) is varied, name
     run = RunDir(tmp_path / "unvaried")
     run.root.mkdir()

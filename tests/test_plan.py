@@ -261,8 +261,13 @@ def test_the_plan_counts_each_warm_start_and_the_night_s_demonstrations_once(bui
     checks_s = 5 * 5 * 28 * 24 * (1 / 1000.0 + POLICY_CALL_S) * SAFETY
     in_citylearn = 4 * 8759 * (1 - SIM_STEP_SHARE) / 1000.0 * SAFETY  # its labels' four years: not the simulator
     unchecked = (1 - CHECKED_EPOCHS_SHARE) * members * 0.003 * SAFETY
-    assert warm_start_s(cfg, Site.load(other), speeds, ["ppo"])["ppo"] == pytest.approx(
+    three = load_config(overrides=[*five, "warm_start.extra_draws=3"])  # as many years as the built-in site's
+    assert warm_start_s(three, Site.load(other), speeds, ["ppo"])["ppo"] == pytest.approx(
         warm_start_s(cfg, built_in, speeds, ["ppo"])["ppo"] + checks_s + in_citylearn - unchecked)
+    # By default (warm_start.extra_draws: auto) a dataset imitates 8 resampled years, 5 more: each solved, replayed
+    # and labelled in CityLearn.
+    assert warm_start_s(cfg, Site.load(other), speeds, ["ppo"])["ppo"] == pytest.approx(
+        warm_start_s(three, Site.load(other), speeds, ["ppo"])["ppo"] + 5 * (year + 8759 / 1000.0 * SAFETY))
     labels_of_one_year = (1 / 1000.0 + 5 * POLICY_CALL_S) * 8759 * SAFETY
     one_period = Site.load(other, SiteKind("one-period", "a dataset that draws no other year"))
     assert warm_start_s(cfg, one_period, speeds, ["ppo"])["ppo"] == pytest.approx(
@@ -331,6 +336,30 @@ def test_a_timed_night_runs_the_warm_start_s_ensemble_only_where_it_fits(built_i
                    "over 25% of the night's 20 min (a longer night runs it)")
     one = load_config(overrides=["warm_start.ensemble=1"])
     assert fit_ensemble(one, built_in, speeds, ["sac"], 60.0) == (one, None)
+
+
+def test_a_dataset_s_night_imitates_fewer_years_before_it_gives_up_the_ensemble(tmp_path):
+    from trainer.config.loading import load_config
+    from trainer.night.calibrate import Speeds
+    from trainer.night.plan import ENSEMBLE_SHARE, fit_ensemble, warm_start_s
+
+    schema = tmp_path / "schema.json"
+    schema.write_text(json.dumps({"simulation_start_time_step": 0, "simulation_end_time_step": 8759}))
+    dataset = Site.load(schema)
+    cfg = load_config()  # warm_start.extra_draws: auto, 8 years of a dataset
+    three = load_config(overrides=["warm_start.extra_draws=3"])
+    speeds = Speeds(eval_steps_per_s=400.0, train_steps_per_s={}, imitation_update_s={"sac": 0.006, "ppo": 0.002})
+    needed = {n: sum(warm_start_s(c, dataset, speeds, ["sac", "ppo"]).values()) for n, c in ((8, cfg), (3, three))}
+    assert needed[8] > needed[3]
+    # Room for the ensemble over three years, not over eight: three years, the ensemble kept, and the plan says so.
+    fitted, why = fit_ensemble(cfg, dataset, speeds, ["sac", "ppo"], needed[3] / ENSEMBLE_SHARE)
+    assert (fitted.warm_start.extra_draws, fitted.warm_start.ensemble) == (3, cfg.warm_start.ensemble)
+    assert why.startswith(f"3 resampled years imitated, not 8, to keep the mean of 10 imitations: with 8 the warm "
+                          f"starts would take ~{round(needed[8] / 60)} min")
+    # No room for it over three either: one imitation, of every year (its demonstrations fit its slot, not the plan).
+    fitted, why = fit_ensemble(cfg, dataset, speeds, ["sac", "ppo"], 0.5 * needed[3] / ENSEMBLE_SHARE)
+    assert (fitted.warm_start.extra_draws, fitted.warm_start.ensemble) == ("auto", 1)
+    assert why.startswith("one imitation, not the mean of 10")
 
 
 def test_a_timed_night_its_targets_end_early_runs_the_ensemble_in_the_time_they_leave(built_in):
@@ -418,6 +447,36 @@ def test_the_night_runs_and_records_the_ensemble_its_time_affords(built_in, tmp_
     assert notes == ["warm start: one imitation, not the mean of 10: the run trains 2,000 steps, under "
                      "warm_start.ensemble_min_steps (100,000), and the ensemble would take many times its learning (a "
                      "longer run imitates them)"]
+
+
+def test_a_night_that_imitates_fewer_years_records_how_many_for_the_report(tmp_path):
+    from datetime import datetime, timedelta
+
+    from trainer.config.loading import load_config
+    from trainer.night.calibrate import Speeds
+    from trainer.night.plan import ENSEMBLE_SHARE, warm_start_s
+    from trainer.night.runner import _fit_warm_start
+    from trainer.run.folder import RunContext, RunDir
+    from trainer.run.session import record_held_out
+
+    schema = tmp_path / "schema.json"
+    schema.write_text(json.dumps({"simulation_start_time_step": 0, "simulation_end_time_step": 8759}))
+    dataset = Site.load(schema)
+    cfg = load_config()
+    run = RunDir(tmp_path / "run")
+    run.create(cfg, ["trainer", "night"], "cpu")
+    record_held_out(run, dataset, cfg)
+    assert run.varied_years()["years"] == 8  # as the run began: warm_start.extra_draws auto on a dataset
+    # Learning too slow for the whole night to fit with eight years (ENSEMBLE_SPARE): the warm starts' share decides.
+    speeds = Speeds(eval_steps_per_s=400.0, train_steps_per_s={"sac": 50.0}, imitation_update_s={"sac": 0.006})
+    three = load_config(overrides=["warm_start.extra_draws=3"])
+    room_s = warm_start_s(three, dataset, speeds, ["sac"])["sac"] / ENSEMBLE_SHARE + 1
+    now = datetime(2026, 12, 2, 22, 0)
+    fitted, notes = _fit_warm_start(RunContext(cfg, run, dataset, "cpu"), speeds, ["sac"], {"sac": 500_000},
+                                    now + timedelta(seconds=room_s), now, True)
+    assert fitted.cfg.warm_start.extra_draws == 3 and notes[0].startswith("warm start: 3 resampled years imitated")
+    assert load_config([run.config]).warm_start.extra_draws == 3  # what a resume reads
+    assert run.varied_years()["years"] == 3  # what the report says the warm start imitated
 
 
 def test_the_built_in_site_confirms_on_the_simulator_and_a_shared_warm_start_is_evaluated_once(built_in,

@@ -11,6 +11,7 @@ import pytest
 
 from trainer.base.errors import DatasetError
 from trainer.config.loading import load_config
+from trainer.config.sections import BUILT_IN_DRAWS, ONE_PERIOD_DRAWS
 from trainer.learn.selection import held_out_years, validation_site
 from trainer.learn.warm_start.optimum_demonstrations import demonstration_years
 from trainer.night.plan import policy_evaluations
@@ -29,6 +30,7 @@ def test_the_built_in_site_knows_its_period_scenario_and_other_years(site_schema
     drawn = built_in.draw(tmp_path / "draw", 1000)
     assert drawn is not None and drawn.kind is BUILT_IN and drawn.schema == tmp_path / "draw" / "schema.json"
     assert drawn.scenario.seed == own + 1000 and drawn.data["pvbess_site"]["seed"] == own + 1000
+    assert built_in.demonstration_draws(load_config().warm_start) == BUILT_IN_DRAWS  # its warm start's other years
 
 
 def test_a_dataset_given_by_path_draws_years_of_its_own_days_never_one_to_judge_on(site_schema, tmp_path):
@@ -93,6 +95,8 @@ def test_a_new_kind_is_one_row_and_every_part_of_the_night_asks_it(site_schema, 
     assert held_out and json.loads(validation.schema.read_text())["bootstrap_seed"] == 1000
     assert [json.loads(y.schema.read_text())["bootstrap_seed"] for y in held_out_years(ctx)] == [1000, 1001]
     assert policy_evaluations(load_config(), site) == 4
+    # By default a dataset's warm start imitates more of them than the built-in site's (warm_start.extra_draws: auto).
+    assert site.demonstration_draws(load_config().warm_start) == ONE_PERIOD_DRAWS > BUILT_IN_DRAWS
     cfg = load_config(overrides=["warm_start.extra_draws=2"])
     years = demonstration_years(cfg, site, tmp_path / "draws")
     assert [y.data.get("bootstrap_seed") for y in years] == [None, 2000, 2001]

@@ -139,6 +139,13 @@ ONE_PERIOD_IGNORED = frozenset({
 ONE_PERIOD_LOAD_AGO = (24, 21, 18, 15)
 LOAD_NOW = "non_shiftable_load"
 
+# What ``warm_start.extra_draws: auto`` imitates: on the built-in site 3 other years of its climate (7 added nothing,
+# docs/agent-quality.md), on a dataset of one period 8 years of its own days resampled and varied, the only other
+# seasons its policy sees (on the official EV buildings, 20-minute nights with the ensemble, +0.75 points of the
+# optimum's cut held out on average over four against three years: docs/agent-quality.md, "More varied years").
+BUILT_IN_DRAWS = 3
+ONE_PERIOD_DRAWS = 8
+
 
 Hours = Annotated[int, Field(ge=1, le=168)]
 # A range of factors [low, high], each in (0, 10].
@@ -184,10 +191,12 @@ class WarmStartConfig(Section):
                       "as many samples as the dataset's period, drawn from all the demonstrations (0 = off: learn from "
                       "scratch); on a dataset of one period at most this many, the best on its last 28 days kept "
                       "(docs/agent-quality.md).", ge=0, le=2000)
-    extra_draws: int = doc("Other years of the site (the built-in site's climate drawn again, a dataset's own days "
-                           "resampled; seeds + 2000, 2001, ...) whose optimum the policy imitates too, built once into "
-                           "the run's demonstration-sites/: a policy that keeps to the optimum in closed loop.",
-                           ge=0, le=20)
+    extra_draws: Annotated[int, Field(ge=0, le=20)] | Literal["auto"] = doc(
+        "Other years of the site (the built-in site's climate drawn again, a dataset's own days resampled; seeds + "
+        "2000, 2001, ...) whose optimum the policy imitates too, built once into the run's demonstration-sites/: a "
+        "policy that keeps to the optimum in closed loop; auto: 3 on the built-in site (7 added nothing), "
+        f"{ONE_PERIOD_DRAWS} on a dataset of one period, whose varied years are all it sees of other seasons "
+        "(docs/agent-quality.md).")
     draw_load_scale: ScaleRange = doc(
         "On a dataset of one period, each block (about a week) of a resampled year the warm start imitates has its "
         "loads scaled by a factor drawn log-uniformly from [low, high]: its optimum then shows the policy lighter and "
@@ -262,6 +271,12 @@ class WarmStartConfig(Section):
         if value[0] > value[1]:
             raise ValueError(f"warm_start.{info.field_name} is [low, high]; got {list(value)}: swap them")
         return value
+
+    def draws(self, one_period: bool) -> int:
+        """The other years imitated on a site of ``one_period`` (a dataset: its own days resampled): auto asks it."""
+        if self.extra_draws != "auto":
+            return self.extra_draws
+        return ONE_PERIOD_DRAWS if one_period else BUILT_IN_DRAWS
 
     def teacher_of(self, agent: str) -> str:
         """The agent whose policy ``agent``'s ensemble members are (``teacher``, or the agent itself for own)."""

@@ -25,6 +25,7 @@ from trainer.night.state import Night, drive, plan
 from trainer.references.roster import REFERENCES
 from trainer.run.folder import RunContext, RunDir
 from trainer.run.schedule_file import DONE, FINISHED, SKIPPED, ScheduleState
+from trainer.run.session import record_held_out
 
 
 def prepare(ctx: RunContext, agents: list[str], targets: dict[str, int], deadline: datetime | None,
@@ -45,7 +46,10 @@ def prepare(ctx: RunContext, agents: list[str], targets: dict[str, int], deadlin
     if resumed is None and deadline is not None and one_process and \
             ctx.cfg.warm_start.ensemble < configured.warm_start.ensemble:
         def refit(left_s: float, pace: float) -> tuple[Config, dict[str, StageSpec], str] | None:
-            return refit_ensemble(configured, ctx.site, speeds, agents, targets, left_s, pace)
+            fitted = refit_ensemble(configured, ctx.site, speeds, agents, targets, left_s, pace)
+            if fitted is not None:
+                _record_years(ctx, fitted[0])
+            return fitted
     if resumed is not None:
         state = resumed
         logs.get().info("schedule resumed", deadline=state.deadline,
@@ -74,7 +78,15 @@ def _fit_warm_start(ctx: RunContext, speeds: Speeds, agents: list[str], targets:
         return ctx, []
     logs.get().info(f"warm start: {why}")
     ctx.run.write_config(fitted)
+    _record_years(ctx, fitted)
     return replace(ctx, cfg=fitted), [f"warm start: {why}"]
+
+
+def _record_years(ctx: RunContext, fitted: Config) -> None:
+    """held-out.json again where ``fitted`` imitates another number of years than ``ctx``'s config: the report says
+    how many the warm start imitated."""
+    if ctx.site.demonstration_draws(fitted.warm_start) != ctx.site.demonstration_draws(ctx.cfg.warm_start):
+        record_held_out(ctx.run, ctx.site, fitted)
 
 
 def run_night(ctx: RunContext, agents: list[str], targets: dict[str, int], deadline: datetime | None, resume: bool,

@@ -364,9 +364,9 @@ def record_held_out(run: RunDir, site: Site, cfg: Config) -> None:
         logs.get().info("the agents read each building's loads hours before (observations.load_ago_hours)",
                         hours=list(look_back))
     warm = cfg.warm_start
-    if site.kind.draws and not site.kind.unseen_draws and warm.epochs and warm.extra_draws and \
+    if not site.kind.unseen_draws and warm.epochs and (years := site.demonstration_draws(warm)) and \
             Variation.of(warm).varies:
-        record["varied_years"] = {"years": warm.extra_draws, "load_scale": list(warm.draw_load_scale),
+        record["varied_years"] = {"years": years, "load_scale": list(warm.draw_load_scale),
                                   "solar_scale": list(warm.draw_solar_scale), "load_shape": warm.draw_load_shape}
     if _read_json_or_none(run.held_out) != record:  # a re-evaluation leaves the same record's file as it was
         write_json_atomic(run.held_out, record)

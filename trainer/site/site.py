@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 from trainer.base.errors import DatasetError
 from trainer.base.files import DamagedFile
-from trainer.config.sections import ObservationsConfig, ScenarioConfig
+from trainer.config.sections import ObservationsConfig, ScenarioConfig, WarmStartConfig
 from trainer.site.bootstrap import Variation
 from trainer.site.datasets import check_dataset, check_name, find_dataset, read_schema
 from trainer.site.kinds import BUILT_IN, NAMED, SCHEMA, SiteKind, kind_of
@@ -104,6 +104,12 @@ class Site:
         """What a policy on this site does not read (``observations.ignore``; ``auto`` asks the kind: a dataset has
         one period, whose months a policy would tell apart, the built-in site draws years that show every month)."""
         return seen.ignored(one_period=not self.kind.unseen_draws, observed=self.observed)
+
+    def demonstration_draws(self, warm: WarmStartConfig) -> int:
+        """Other years of this site whose optimum the warm start imitates (``warm_start.extra_draws``; ``auto`` asks
+        the kind: a dataset's varied years are the only other seasons its policy sees); 0 where the kind draws
+        none."""
+        return warm.draws(one_period=not self.kind.unseen_draws) if self.kind.draws else 0
 
     def load_look_back(self, seen: ObservationsConfig) -> tuple[int, ...]:
         """Hours ago of each building's load a policy on this site reads (``observations.load_ago_hours``; ``auto``

@@ -299,5 +299,5 @@ def demonstration_years(cfg: Config, site: Site, draws: Path | None) -> list[Sit
     if draws is not None and site.kind.draws:
         varied = Variation.of(cfg.warm_start)
         years += [site.draw(draws / f"draw-{k + 1}", DRAW_SEED_OFFSET + k, varied)
-                  for k in range(cfg.warm_start.extra_draws)]
+                  for k in range(site.demonstration_draws(cfg.warm_start))]
     return years
