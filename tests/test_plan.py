@@ -422,6 +422,33 @@ def test_after_the_references_the_ensemble_is_weighed_on_the_stages_left_at_the_
     assert refit_ensemble(cfg, built_in, speeds, agents, targets, left, 1.2) is None
 
 
+def test_after_the_references_a_dataset_s_night_imitates_the_years_its_first_plan_left_out(tmp_path):
+    from trainer.config.loading import load_config
+    from trainer.night.calibrate import Speeds
+    from trainer.night.plan import ENSEMBLE_SHARE, fit_ensemble, refit_ensemble, stage_specs, warm_start_s
+
+    schema = tmp_path / "schema.json"
+    schema.write_text(json.dumps({"simulation_start_time_step": 0, "simulation_end_time_step": 8759}))
+    dataset = Site.load(schema)
+    cfg, targets = load_config(), {"sac": 500_000}
+    # Learning too slow for the whole night to fit (ENSEMBLE_SPARE): the warm starts' share decides.
+    speeds = Speeds(eval_steps_per_s=400.0, train_steps_per_s={"sac": 50.0}, imitation_update_s={"sac": 0.006})
+    room = {n: warm_start_s(load_config(overrides=[f"warm_start.extra_draws={n}"]), dataset, speeds, ["sac"])["sac"]
+            / ENSEMBLE_SHARE + 1 for n in (3, 8)}
+    current, _ = fit_ensemble(cfg, dataset, speeds, ["sac"], room[3], targets=targets)
+    assert current.warm_start.extra_draws == 3  # the first plan's: three years, the ensemble kept
+    # The references took less than planned: room for eight at the night's pace, and the night takes them.
+    fitted, specs, why = refit_ensemble(cfg, dataset, speeds, ["sac"], targets, room[8], 1.0, current=current)
+    assert (fitted.warm_start.extra_draws, fitted.warm_start.ensemble) == ("auto", 10)
+    assert why.startswith("the mean of 10 imitations over 8 resampled years: the warm starts fit in 25% of")
+    assert specs["sac"].setup_s == stage_specs(cfg, dataset, speeds, ["sac"], targets)["sac"].setup_s > \
+        stage_specs(current, dataset, speeds, ["sac"], targets)["sac"].setup_s  # eight years' demonstrations
+    # Room for three only, as the first plan had: nothing more to run.
+    assert refit_ensemble(cfg, dataset, speeds, ["sac"], targets, room[3], 1.0, current=current) is None
+    # Room for eight at the calibration's speeds, none at a pace 20 % slower: the first plan stands.
+    assert refit_ensemble(cfg, dataset, speeds, ["sac"], targets, room[8], 1.2, current=current) is None
+
+
 def test_the_night_runs_and_records_the_ensemble_its_time_affords(built_in, tmp_path):
     from datetime import datetime, timedelta
 

@@ -312,19 +312,31 @@ def untimed_night_s(cfg: Config, site: Site, speeds: Speeds, agents: list[str], 
                if references or name not in REFERENCE_ROSTER)
 
 
+def left_out(fitted: Config, configured: Config, site: Site) -> bool:
+    """Whether the night's first plan (``fitted``) left out some of the warm start ``configured``: the ensemble, or
+    some of the years it imitates."""
+    def weight(cfg: Config) -> tuple[int, int]:
+        return cfg.warm_start.ensemble, site.demonstration_draws(cfg.warm_start)
+    return weight(fitted) != weight(configured)
+
+
 def refit_ensemble(cfg: Config, site: Site, speeds: Speeds, agents: list[str], targets: dict[str, int],
-                   left_s: float, pace: float) -> tuple[Config, dict[str, StageSpec], str] | None:
-    """Once the references have run, before the first agent's warm start: the ensemble the night's first plan left
-    out (``cfg`` as configured, not as fitted), where the time now ``left_s`` affords it at the ``pace`` the night's
-    stages have shown: its config, the stages' specs with it and why; None where it still does not fit. The first
-    plan counts the references and a calibration's speeds, both padded, and a busy calibration under-promises
-    (docs/benchmarks.md): busy 20-minute nights on official EV buildings ran one imitation and ended 6-8 minutes
-    early, where the ensemble was worth 2-4 points there."""
+                   left_s: float, pace: float, current: Config | None = None,
+                   ) -> tuple[Config, dict[str, StageSpec], str] | None:
+    """Once the references have run, before the first agent's warm start: the ensemble (and the years) the night's
+    first plan (``current``) left out (``cfg`` as configured, not as fitted), where the time now ``left_s`` affords
+    it at the ``pace`` the night's stages have shown: its config, the stages' specs with it and why; None where no
+    more of it fits than ``current`` has. The first plan counts the references and a calibration's speeds, both
+    padded, and a busy calibration under-promises (docs/benchmarks.md): busy 20-minute nights on official EV
+    buildings ran one imitation and ended 6-8 minutes early, where the ensemble was worth 2-4 points there; a quiet
+    one on Building_5 took its 8 years' ensemble for ~22 minutes, where such a night took 15."""
     fitted, why = fit_ensemble(cfg, site, speeds, agents, left_s / max(pace, 1e-6), True, targets,
                                references_done=True)
-    if fitted.warm_start.ensemble <= 1:
+    if fitted.warm_start.ensemble <= 1 or (current is not None and not left_out(fitted, current, site)):
         return None
-    why = why or (f"the mean of {cfg.warm_start.ensemble} imitations: the warm starts fit in "
+    years = site.demonstration_draws(fitted.warm_start)
+    over = f" over {years} resampled years" if years > BUILT_IN_DRAWS else ""
+    why = why or (f"the mean of {cfg.warm_start.ensemble} imitations{over}: the warm starts fit in "
                   f"{ENSEMBLE_SHARE:.0%} of the {human_duration(left_s)} left")
     return fitted, stage_specs(fitted, site, speeds, agents, targets, True), why
 

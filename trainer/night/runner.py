@@ -19,7 +19,7 @@ from trainer.judge.report import write_report
 from trainer.night.backends import backend
 from trainer.night.budget import StageKind, StageSpec
 from trainer.night.calibrate import Speeds, calibrate
-from trainer.night.plan import build_plan, fit_ensemble, refit_ensemble, render, stage_specs
+from trainer.night.plan import build_plan, fit_ensemble, left_out, refit_ensemble, render, stage_specs
 from trainer.night.stages import record_results
 from trainer.night.state import Night, drive, plan
 from trainer.references.roster import REFERENCES
@@ -41,12 +41,12 @@ def prepare(ctx: RunContext, agents: list[str], targets: dict[str, int], deadlin
     ctx, fitted = _fit_warm_start(ctx, speeds, agents, targets, deadline, now, one_process)
     specs = stage_specs(ctx.cfg, ctx.site, speeds, agents, targets, one_process)
     refit = None
-    # A night that left the ensemble out is asked again before its first warm start, at its pace then (one process:
+    # A night that left the ensemble (or some of its years) out is asked again before its first warm start, at its
+    # pace then (one process:
     # on Ray the stages start side by side, each reading the config the night began with).
-    if resumed is None and deadline is not None and one_process and \
-            ctx.cfg.warm_start.ensemble < configured.warm_start.ensemble:
+    if resumed is None and deadline is not None and one_process and left_out(ctx.cfg, configured, ctx.site):
         def refit(left_s: float, pace: float) -> tuple[Config, dict[str, StageSpec], str] | None:
-            fitted = refit_ensemble(configured, ctx.site, speeds, agents, targets, left_s, pace)
+            fitted = refit_ensemble(configured, ctx.site, speeds, agents, targets, left_s, pace, current=ctx.cfg)
             if fitted is not None:
                 _record_years(ctx, fitted[0])
             return fitted
@@ -86,7 +86,7 @@ def _record_years(ctx: RunContext, fitted: Config) -> None:
     """held-out.json again where ``fitted`` imitates another number of years than ``ctx``'s config: the report says
     how many the warm start imitated."""
     if ctx.site.demonstration_draws(fitted.warm_start) != ctx.site.demonstration_draws(ctx.cfg.warm_start):
-        record_held_out(ctx.run, ctx.site, fitted)
+        record_held_out(ctx.run, ctx.site, fitted, log=False)
 
 
 def run_night(ctx: RunContext, agents: list[str], targets: dict[str, int], deadline: datetime | None, resume: bool,

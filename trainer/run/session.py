@@ -346,10 +346,11 @@ def judged_apart(cfg: Config, run: RunDir, site: Site) -> Site:
     return site
 
 
-def record_held_out(run: RunDir, site: Site, cfg: Config) -> None:
+def record_held_out(run: RunDir, site: Site, cfg: Config, log: bool = True) -> None:
     """held-out.json: what ``site`` is judged on, the observations the policy does not read, the hours ago of the
     loads it reads (``cfg``'s on this site) and how the resampled years its warm start imitates vary, for the
-    report; logged."""
+    report; logged unless ``log`` is False (recorded again as the night fits its warm start: said once is enough)."""
+    info = logs.get().info if log else (lambda *args, **kwargs: None)
     seen = cfg.observations
     unread = site.unread(seen)
     held = site.held_out
@@ -358,11 +359,11 @@ def record_held_out(run: RunDir, site: Site, cfg: Config) -> None:
         "first_step": held.site.start, "last_step": held.site.end}
     if unread:
         record["unread"] = sorted(unread)
-        logs.get().info("observations the agents do not read (observations.ignore)", unread=sorted(unread))
+        info("observations the agents do not read (observations.ignore)", unread=sorted(unread))
     if look_back := site.load_look_back(seen):
         record["load_ago_hours"] = list(look_back)
-        logs.get().info("the agents read each building's loads hours before (observations.load_ago_hours)",
-                        hours=list(look_back))
+        info("the agents read each building's loads hours before (observations.load_ago_hours)",
+             hours=list(look_back))
     warm = cfg.warm_start
     if not site.kind.unseen_draws and warm.epochs and (years := site.demonstration_draws(warm)) and \
             Variation.of(warm).varies:
@@ -371,7 +372,7 @@ def record_held_out(run: RunDir, site: Site, cfg: Config) -> None:
     if _read_json_or_none(run.held_out) != record:  # a re-evaluation leaves the same record's file as it was
         write_json_atomic(run.held_out, record)
     if held is not None:
-        logs.get().info("judged on a part held out", held_out=held.what, learnt_from=held.learnt_from)
+        info("judged on a part held out", held_out=held.what, learnt_from=held.learnt_from)
 
 
 @contextmanager
