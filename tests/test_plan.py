@@ -441,6 +441,10 @@ def test_after_the_references_a_dataset_s_night_imitates_the_years_its_first_pla
     fitted, specs, why = refit_ensemble(cfg, dataset, speeds, ["sac"], targets, room[8], 1.0, current=current)
     assert (fitted.warm_start.extra_draws, fitted.warm_start.ensemble) == ("auto", 10)
     assert why.startswith("the mean of 10 imitations over 8 resampled years: the warm starts fit in 25% of")
+    # Or the whole night with them fits: said with the years too.
+    fast = Speeds(eval_steps_per_s=400.0, train_steps_per_s={"sac": 5000.0}, imitation_update_s={"sac": 0.006})
+    whole = refit_ensemble(cfg, dataset, fast, ["sac"], {"sac": 50_000}, 0.9 * room[8], 1.0, current=current)[2]
+    assert whole.startswith("the mean of 10 imitations over 8 resampled years: with it every agent still reaches")
     assert specs["sac"].setup_s == stage_specs(cfg, dataset, speeds, ["sac"], targets)["sac"].setup_s > \
         stage_specs(current, dataset, speeds, ["sac"], targets)["sac"].setup_s  # eight years' demonstrations
     # Room for three only, as the first plan had: nothing more to run.

@@ -283,8 +283,9 @@ def fit_ensemble(cfg: Config, site: Site, speeds: Speeds, agents: list[str], ava
         whole_s = untimed_night_s(cfg, site, speeds, agents, owed, one_process, references=not references_done)
         if whole_s <= ENSEMBLE_SPARE * available_s:
             reach = "its timesteps" if share >= 1.0 else f"{share:.0%} of its timesteps (train.patience)"
-            return cfg, (f"the mean of {settings.ensemble} imitations: with it every agent still reaches {reach} in "
-                         f"~{human_duration(whole_s)} of the night's {human_duration(available_s)}")
+            return cfg, (f"the mean of {settings.ensemble} imitations{_over_years(site, cfg)}: with it every agent "
+                         f"still reaches {reach} in ~{human_duration(whole_s)} of the night's "
+                         f"{human_duration(available_s)}")
         # Both figures the choice weighed: each is padded (SAFETY), and a night that then ends early shows by how much.
         whole = f", and the whole night with it ~{human_duration(whole_s)}"
     years = site.demonstration_draws(settings)
@@ -312,6 +313,12 @@ def untimed_night_s(cfg: Config, site: Site, speeds: Speeds, agents: list[str], 
                if references or name not in REFERENCE_ROSTER)
 
 
+def _over_years(site: Site, cfg: Config) -> str:
+    """' over N resampled years' where the warm start imitates more than the built-in site's (a dataset's auto)."""
+    years = site.demonstration_draws(cfg.warm_start)
+    return f" over {years} resampled years" if years > BUILT_IN_DRAWS else ""
+
+
 def left_out(fitted: Config, configured: Config, site: Site) -> bool:
     """Whether the night's first plan (``fitted``) left out some of the warm start ``configured``: the ensemble, or
     some of the years it imitates."""
@@ -334,10 +341,8 @@ def refit_ensemble(cfg: Config, site: Site, speeds: Speeds, agents: list[str], t
                                references_done=True)
     if fitted.warm_start.ensemble <= 1 or (current is not None and not left_out(fitted, current, site)):
         return None
-    years = site.demonstration_draws(fitted.warm_start)
-    over = f" over {years} resampled years" if years > BUILT_IN_DRAWS else ""
-    why = why or (f"the mean of {cfg.warm_start.ensemble} imitations{over}: the warm starts fit in "
-                  f"{ENSEMBLE_SHARE:.0%} of the {human_duration(left_s)} left")
+    why = why or (f"the mean of {cfg.warm_start.ensemble} imitations{_over_years(site, fitted)}: the warm starts "
+                  f"fit in {ENSEMBLE_SHARE:.0%} of the {human_duration(left_s)} left")
     return fitted, stage_specs(fitted, site, speeds, agents, targets, True), why
 
 
