@@ -19,6 +19,13 @@ def plan(tmp_path, *args: str):
                                     "--set", "schedule.eval_days=2", *args])
 
 
+def _a_year_of_one_site(tmp_path) -> Site:
+    """A dataset of one period, a year long: only its schema, all the plan reads."""
+    schema = tmp_path / "schema.json"
+    schema.write_text(json.dumps({"simulation_start_time_step": 0, "simulation_end_time_step": 8759}))
+    return Site.load(schema)
+
+
 def test_plan_calls_out_sac_with_1024_updates_per_step(tmp_path, monkeypatch):
     cache = own_cache(tmp_path, monkeypatch)  # the calibration is kept in the user's cache, not the outputs
     result = plan(tmp_path, "--budget", "10h", "--agents", "sac",
@@ -343,9 +350,7 @@ def test_a_dataset_s_night_imitates_fewer_years_before_it_gives_up_the_ensemble(
     from trainer.night.calibrate import Speeds
     from trainer.night.plan import ENSEMBLE_SHARE, fit_ensemble, warm_start_s
 
-    schema = tmp_path / "schema.json"
-    schema.write_text(json.dumps({"simulation_start_time_step": 0, "simulation_end_time_step": 8759}))
-    dataset = Site.load(schema)
+    dataset = _a_year_of_one_site(tmp_path)
     cfg = load_config()  # warm_start.extra_draws: auto, 8 years of a dataset
     three = load_config(overrides=["warm_start.extra_draws=3"])
     speeds = Speeds(eval_steps_per_s=400.0, train_steps_per_s={}, imitation_update_s={"sac": 0.006, "ppo": 0.002})
@@ -427,9 +432,7 @@ def test_after_the_references_a_dataset_s_night_imitates_the_years_its_first_pla
     from trainer.night.calibrate import Speeds
     from trainer.night.plan import ENSEMBLE_SHARE, fit_ensemble, refit_ensemble, stage_specs, warm_start_s
 
-    schema = tmp_path / "schema.json"
-    schema.write_text(json.dumps({"simulation_start_time_step": 0, "simulation_end_time_step": 8759}))
-    dataset = Site.load(schema)
+    dataset = _a_year_of_one_site(tmp_path)
     cfg, targets = load_config(), {"sac": 500_000}
     # Learning too slow for the whole night to fit (ENSEMBLE_SPARE): the warm starts' share decides.
     speeds = Speeds(eval_steps_per_s=400.0, train_steps_per_s={"sac": 50.0}, imitation_update_s={"sac": 0.006})
@@ -490,9 +493,7 @@ def test_a_night_that_imitates_fewer_years_records_how_many_for_the_report(tmp_p
     from trainer.run.folder import RunContext, RunDir
     from trainer.run.session import record_held_out
 
-    schema = tmp_path / "schema.json"
-    schema.write_text(json.dumps({"simulation_start_time_step": 0, "simulation_end_time_step": 8759}))
-    dataset = Site.load(schema)
+    dataset = _a_year_of_one_site(tmp_path)
     cfg = load_config()
     run = RunDir(tmp_path / "run")
     run.create(cfg, ["trainer", "night"], "cpu")
