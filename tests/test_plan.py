@@ -34,7 +34,9 @@ def test_plan_calls_out_sac_with_1024_updates_per_step(tmp_path, monkeypatch):
     lines = result.output.splitlines()
     stage = next(row for row in lines if " sac " in row)
     assert "train " in stage and "/150,000 steps" in stage
-    note = next(row for row in lines if row.strip().startswith("! sac:"))
+    # On a loaded machine the plan may also say SAC's warm start is cut short: that note may come first.
+    notes = [row for row in lines if row.strip().startswith("! sac:")]
+    note = next(row for row in notes if "gradient updates" in row)
     assert "gradient_steps=2048 / train_freq=2 = 1024 gradient updates per environment step" in note
     assert "with gradient_steps=1, train_freq=1 it would do" in note
     cached = list((cache / "pvbess-trainer" / "calibration").glob("*.json"))
@@ -53,7 +55,7 @@ def test_second_plan_uses_the_cached_calibration(tmp_path, monkeypatch):
     # After the references, the warm start's four years of demonstrations and its imitation, A2C's evaluations and
     # the report, under 25 minutes are left (on a loaded 2-core machine, 15 minutes left none): 100 million steps
     # would need over 65,000 steps/s (A2C does 13,000-30,000 on the training simulator on 2 cores).
-    assert "! a2c:" in first.output
+    assert "of its 100,001,792 timesteps" in first.output
     cache = next((cache_root / "pvbess-trainer" / "calibration").glob("*.json"))
     speeds = json.loads(cache.read_text())
     # A2C alone tonight, taught by SAC's members: the calibration times SAC's imitation too.
@@ -63,7 +65,9 @@ def test_second_plan_uses_the_cached_calibration(tmp_path, monkeypatch):
     second = plan(tmp_path, "--budget", "30m", "--agents", "a2c", *many)
     assert second.exit_code == 0, second.output
     # 100 million steps in whole rollouts of 2,048, the number A2C trains (and the table will say)
-    assert "train 100,001,792/100,001,792 steps" in second.output and "! a2c:" not in second.output
+    # (a note on a2c's warm start may still come where the calibration ran on a loaded machine)
+    assert "train 100,001,792/100,001,792 steps" in second.output
+    assert "of its 100,001,792 timesteps" not in second.output
     assert "! speeds measured while" not in second.output
     # Measured while other work ran: a plan from it says so while the machine is still busy ...
     speeds["busy_cores"] = 1.7
@@ -76,7 +80,7 @@ def test_second_plan_uses_the_cached_calibration(tmp_path, monkeypatch):
     monkeypatch.setattr("trainer.night.calibrate.others_load", lambda: 0.0)
     quiet = plan(tmp_path, "--budget", "30m", "--agents", "a2c", *many)
     assert "the machine is quiet now: measuring again" in quiet.output
-    assert "! speeds measured while" not in quiet.output and "! a2c:" in quiet.output
+    assert "! speeds measured while" not in quiet.output and "of its 100,001,792 timesteps" in quiet.output
 
 
 def test_budget_and_finish_by_together_exit_2(tmp_path):
