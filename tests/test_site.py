@@ -95,8 +95,8 @@ def test_a_new_kind_is_one_row_and_every_part_of_the_night_asks_it(site_schema, 
     assert held_out and json.loads(validation.schema.read_text())["bootstrap_seed"] == 1000
     assert [json.loads(y.schema.read_text())["bootstrap_seed"] for y in held_out_years(ctx)] == [1000, 1001]
     assert policy_evaluations(load_config(), site) == 4
-    # By default a dataset's warm start imitates more of them than the built-in site's (warm_start.extra_draws: auto).
-    assert site.demonstration_draws(load_config().warm_start) == ONE_PERIOD_DRAWS > BUILT_IN_DRAWS
+    # By default a dataset's warm start imitates eight of them (warm_start.extra_draws: auto).
+    assert site.demonstration_draws(load_config().warm_start) == ONE_PERIOD_DRAWS == 8
     cfg = load_config(overrides=["warm_start.extra_draws=2"])
     years = demonstration_years(cfg, site, tmp_path / "draws")
     assert [y.data.get("bootstrap_seed") for y in years] == [None, 2000, 2001]

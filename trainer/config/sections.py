@@ -139,12 +139,16 @@ ONE_PERIOD_IGNORED = frozenset({
 ONE_PERIOD_LOAD_AGO = (24, 21, 18, 15)
 LOAD_NOW = "non_shiftable_load"
 
-# What ``warm_start.extra_draws: auto`` imitates: on the built-in site 3 other years of its climate (7 added nothing,
-# docs/agent-quality.md), on a dataset of one period 8 years of its own days resampled and varied, the only other
-# seasons its policy sees (on the official EV buildings, 20-minute nights with the ensemble, +0.75 points of the
-# optimum's cut held out on average over four against three years: docs/agent-quality.md, "More varied years").
-BUILT_IN_DRAWS = 3
+# What ``warm_start.extra_draws: auto`` imitates: on the built-in site 8 other years of its climate (with the
+# ensemble's ten members, default nights over three seeds +0.32 points of the optimum's cut held out against 3; seven
+# added nothing to one imitation: docs/agent-quality.md, "Eight years on the built-in site too"), on a dataset of one
+# period 8 years of its own days resampled and varied, the only other seasons its policy sees (on the official EV
+# buildings, 20-minute nights with the ensemble, +0.75 points held out on average over four against three years:
+# docs/agent-quality.md, "More varied years").
+BUILT_IN_DRAWS = 8
 ONE_PERIOD_DRAWS = 8
+# A timed night without room for the ensemble over those years tries it over this many before one imitation.
+FEWER_DRAWS = 3
 
 
 Hours = Annotated[int, Field(ge=1, le=168)]
@@ -194,8 +198,9 @@ class WarmStartConfig(Section):
     extra_draws: Annotated[int, Field(ge=0, le=20)] | Literal["auto"] = doc(
         "Other years of the site (the built-in site's climate drawn again, a dataset's own days resampled; seeds + "
         "2000, 2001, ...) whose optimum the policy imitates too, built once into the run's demonstration-sites/: a "
-        "policy that keeps to the optimum in closed loop; auto: 3 on the built-in site (7 added nothing), "
-        f"{ONE_PERIOD_DRAWS} on a dataset of one period, whose varied years are all it sees of other seasons "
+        f"policy that keeps to the optimum in closed loop; auto: {BUILT_IN_DRAWS} on the built-in site, "
+        f"{ONE_PERIOD_DRAWS} on a dataset of one period, whose varied years are all it sees of other seasons; a timed "
+        f"night short of time for the ensemble over them imitates {FEWER_DRAWS} before one imitation "
         "(docs/agent-quality.md).")
     draw_load_scale: ScaleRange = doc(
         "On a dataset of one period, each block (about a week) of a resampled year the warm start imitates has its "

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from trainer.config.agents import OffPolicyConfig
 from trainer.config.roster import agent_spec
-from trainer.config.sections import BUILT_IN_DRAWS, Config
+from trainer.config.sections import FEWER_DRAWS, Config
 from trainer.learn.selection import shortlist_size
 from trainer.learn.warm_start.members import processes_beside
 from trainer.learn.warm_start.validation import CHECK_AT, imitation_parts, validation_part
@@ -289,13 +289,13 @@ def fit_ensemble(cfg: Config, site: Site, speeds: Speeds, agents: list[str], ava
         # Both figures the choice weighed: each is padded (SAFETY), and a night that then ends early shows by how much.
         whole = f", and the whole night with it ~{human_duration(whole_s)}"
     years = site.demonstration_draws(settings)
-    if years > BUILT_IN_DRAWS:
+    if years > FEWER_DRAWS:
         # Fewer years before one imitation: on the official EV buildings eight resampled years gained 0.9-1.4 points
         # with the ensemble, where one imitation of them lost 1.2 (docs/agent-quality.md, "More varied years").
-        fewer = cfg.model_copy(update={"warm_start": settings.model_copy(update={"extra_draws": BUILT_IN_DRAWS})})
+        fewer = cfg.model_copy(update={"warm_start": settings.model_copy(update={"extra_draws": FEWER_DRAWS})})
         kept, why = fit_ensemble(fewer, site, speeds, agents, available_s, one_process, targets, references_done)
         if kept.warm_start.ensemble > 1:
-            return kept, (f"{BUILT_IN_DRAWS} resampled years imitated, not {years}, to keep the mean of "
+            return kept, (f"{FEWER_DRAWS} {_years_word(site)} imitated, not {years}, to keep the mean of "
                           f"{settings.ensemble} imitations: with {years} the warm starts would take "
                           f"~{human_duration(needed)}{whole}" + (f"; {why}" if why else ""))
     single = cfg.model_copy(update={"warm_start": settings.model_copy(update={"ensemble": 1})})
@@ -313,10 +313,15 @@ def untimed_night_s(cfg: Config, site: Site, speeds: Speeds, agents: list[str], 
                if references or name not in REFERENCE_ROSTER)
 
 
+def _years_word(site: Site) -> str:
+    """What the warm start's other years are on ``site``: its climate drawn again, or a dataset's days resampled."""
+    return "other years" if site.kind.unseen_draws else "resampled years"
+
+
 def _over_years(site: Site, cfg: Config) -> str:
-    """' over N resampled years' where the warm start imitates more than the built-in site's (a dataset's auto)."""
+    """' over N resampled years' where the warm start imitates more years than a night short of time keeps."""
     years = site.demonstration_draws(cfg.warm_start)
-    return f" over {years} resampled years" if years > BUILT_IN_DRAWS else ""
+    return f" over {years} {_years_word(site)}" if years > FEWER_DRAWS else ""
 
 
 def left_out(fitted: Config, configured: Config, site: Site) -> bool:
