@@ -344,12 +344,19 @@ def test_a_timed_night_runs_the_warm_start_s_ensemble_only_where_it_fits(built_i
     # Untimed, or with time to spare: as configured.
     assert fit_ensemble(cfg, built_in, speeds, ["sac", "ppo"], None) == (cfg, None)
     assert fit_ensemble(cfg, built_in, speeds, ["sac", "ppo"], needed / ENSEMBLE_SHARE) == (cfg, None)
-    # A 20-minute night: one imitation, and the plan says why.
+    # A 20-minute night: one imitation, of three other years, not eight (more pay only with the ensemble), and the
+    # plan says why.
     fitted, why = fit_ensemble(cfg, built_in, speeds, ["sac", "ppo"], 1200.0)
     assert fitted.warm_start.ensemble == 1 and fitted.warm_start.epochs == 400
+    assert built_in.demonstration_draws(fitted.warm_start) == 3
     members, minutes = cfg.warm_start.ensemble, round(needed / 60)
-    assert why == (f"one imitation, not the mean of {members}: with it the warm starts would take ~{minutes} min, "
-                   "over 25% of the night's 20 min (a longer night runs it)")
+    assert why == (f"one imitation over 3 other years, not the mean of {members}: with it the warm starts would take "
+                   f"~{minutes} min, over 25% of the night's 20 min (a longer night runs it)")
+    # Fewer years asked for are kept as asked.
+    two = load_config(overrides=["warm_start.extra_draws=2"])
+    fitted, why = fit_ensemble(two, built_in, speeds, ["sac", "ppo"], 1200.0)
+    assert (fitted.warm_start.ensemble, fitted.warm_start.extra_draws) == (1, 2)
+    assert why.startswith(f"one imitation, not the mean of {members}")
     one = load_config(overrides=["warm_start.ensemble=1"])
     assert fit_ensemble(one, built_in, speeds, ["sac"], 60.0) == (one, None)
 
@@ -371,10 +378,10 @@ def test_a_night_short_of_time_imitates_fewer_years_before_it_gives_up_the_ensem
     assert (fitted.warm_start.extra_draws, fitted.warm_start.ensemble) == (3, cfg.warm_start.ensemble)
     assert why.startswith(f"3 {years} imitated, not 8, to keep the mean of 10 imitations: with 8 the warm "
                           f"starts would take ~{round(needed[8] / 60)} min")
-    # No room for it over three either: one imitation, of every year (its demonstrations fit its slot, not the plan).
+    # No room for it over three either: one imitation, of three years too (its demonstrations fit its slot).
     fitted, why = fit_ensemble(cfg, site, speeds, ["sac", "ppo"], 0.5 * needed[3] / ENSEMBLE_SHARE)
-    assert (fitted.warm_start.extra_draws, fitted.warm_start.ensemble) == ("auto", 1)
-    assert why.startswith("one imitation, not the mean of 10")
+    assert (fitted.warm_start.extra_draws, fitted.warm_start.ensemble) == (3, 1)
+    assert why.startswith(f"one imitation over 3 {years}, not the mean of 10")
 
 
 def test_a_timed_night_its_targets_end_early_runs_the_ensemble_in_the_time_they_leave(built_in):
@@ -492,9 +499,10 @@ def test_the_night_runs_and_records_the_ensemble_its_time_affords(built_in, tmp_
     # An untimed run follows its size: 2,000 steps are not worth ten imitations.
     short, notes = _fit_warm_start(ctx, speeds, ["sac"], {"sac": 2_000}, None, now, True)
     assert short.cfg.warm_start.ensemble == 1
-    assert notes == ["warm start: one imitation, not the mean of 10: the run trains 2,000 steps, under "
-                     "warm_start.ensemble_min_steps (100,000), and the ensemble would take many times its learning (a "
-                     "longer run imitates them)"]
+    assert notes == ["warm start: one imitation over 3 other years, not the mean of 10: the run trains 2,000 steps, "
+                     "under warm_start.ensemble_min_steps (100,000), and the ensemble would take many times its "
+                     "learning (a longer run imitates them)"]
+    assert load_config([run.config]).warm_start.extra_draws == 3
 
 
 def test_a_night_that_imitates_fewer_years_records_how_many_for_the_report(tmp_path):

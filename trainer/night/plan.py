@@ -234,7 +234,19 @@ def warm_start_s(cfg: Config, site: Site, speeds: Speeds, agents: list[str],
     return out
 
 
-def ensemble_for_size(cfg: Config, targets: dict[str, int]) -> tuple[Config, str | None]:
+def one_imitation(cfg: Config, site: Site) -> tuple[Config, str]:
+    """``cfg`` with one imitation instead of the ensemble, and over at most FEWER_DRAWS other years: more years pay
+    only with the ensemble's mean (on the built-in site one imitation of seven other years reached 91.4 and 91.7 %
+    where three gave 91.9 and 92.9: docs/agent-quality.md), and their demonstrations cost a short night's time.
+    The second value names the years where they were cut (' over 3 other years'), else ''."""
+    settings = cfg.warm_start
+    years = site.demonstration_draws(settings)
+    cut = {"extra_draws": FEWER_DRAWS} if years > FEWER_DRAWS else {}
+    single = cfg.model_copy(update={"warm_start": settings.model_copy(update={"ensemble": 1, **cut})})
+    return single, (f" over {FEWER_DRAWS} {_years_word(site)}" if cut else "")
+
+
+def ensemble_for_size(cfg: Config, site: Site, targets: dict[str, int]) -> tuple[Config, str | None]:
     """An untimed run's config with ``warm_start.ensemble`` as its size warrants, and why it changed (None: it did
     not): one imitation where no warm-started agent trains ``warm_start.ensemble_min_steps`` steps (ten imitations
     took ~15 minutes on 2 cores when each fitted its critics too: `trainer train sac --timesteps 2000` imitated ten
@@ -244,8 +256,8 @@ def ensemble_for_size(cfg: Config, targets: dict[str, int]) -> tuple[Config, str
     steps = [t for a, t in targets.items() if agent_spec(a).warm_start]
     if settings.ensemble <= 1 or settings.epochs <= 0 or not steps or max(steps) >= settings.ensemble_min_steps:
         return cfg, None
-    single = cfg.model_copy(update={"warm_start": settings.model_copy(update={"ensemble": 1})})
-    return single, (f"one imitation, not the mean of {settings.ensemble}: the run trains {max(steps):,} steps, "
+    single, over = one_imitation(cfg, site)
+    return single, (f"one imitation{over}, not the mean of {settings.ensemble}: the run trains {max(steps):,} steps, "
                     f"under warm_start.ensemble_min_steps ({settings.ensemble_min_steps:,}), and the ensemble would "
                     f"take many times its learning (a longer run imitates them)")
 
@@ -269,7 +281,7 @@ def fit_ensemble(cfg: Config, site: Site, speeds: Speeds, agents: list[str], ava
     once the references have run (:func:`refit_ensemble`), the whole night is the agents' stages and the report."""
     settings = cfg.warm_start
     if available_s is None and targets is not None:
-        return ensemble_for_size(cfg, targets)
+        return ensemble_for_size(cfg, site, targets)
     if available_s is None or settings.ensemble <= 1 or settings.epochs <= 0:
         return cfg, None
     needed = sum(warm_start_s(cfg, site, speeds, agents, one_process).values())
@@ -298,8 +310,8 @@ def fit_ensemble(cfg: Config, site: Site, speeds: Speeds, agents: list[str], ava
             return kept, (f"{FEWER_DRAWS} {_years_word(site)} imitated, not {years}, to keep the mean of "
                           f"{settings.ensemble} imitations: with {years} the warm starts would take "
                           f"~{human_duration(needed)}{whole}" + (f"; {why}" if why else ""))
-    single = cfg.model_copy(update={"warm_start": settings.model_copy(update={"ensemble": 1})})
-    return single, (f"one imitation, not the mean of {settings.ensemble}: with it the warm starts would take "
+    single, over = one_imitation(cfg, site)
+    return single, (f"one imitation{over}, not the mean of {settings.ensemble}: with it the warm starts would take "
                     f"~{human_duration(needed)}, over {ENSEMBLE_SHARE:.0%} of the night's "
                     f"{human_duration(available_s)}{whole} (a longer night runs it)")
 

@@ -8,7 +8,6 @@ the backend only places the stages' jobs (here one after another, on Ray side by
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -25,7 +24,7 @@ from trainer.night.state import Night, drive, plan
 from trainer.references.roster import REFERENCES
 from trainer.run.folder import RunContext, RunDir
 from trainer.run.schedule_file import DONE, FINISHED, SKIPPED, ScheduleState
-from trainer.run.session import record_held_out
+from trainer.run.session import with_fitted_warm_start
 
 
 def prepare(ctx: RunContext, agents: list[str], targets: dict[str, int], deadline: datetime | None,
@@ -45,10 +44,7 @@ def prepare(ctx: RunContext, agents: list[str], targets: dict[str, int], deadlin
     # pace then (one process: on Ray the stages start side by side, each reading the config the night began with).
     if resumed is None and deadline is not None and one_process and left_out(ctx.cfg, configured, ctx.site):
         def refit(left_s: float, pace: float) -> tuple[Config, dict[str, StageSpec], str] | None:
-            fitted = refit_ensemble(configured, ctx.site, speeds, agents, targets, left_s, pace, current=ctx.cfg)
-            if fitted is not None:
-                _record_years(ctx, fitted[0])
-            return fitted
+            return refit_ensemble(configured, ctx.site, speeds, agents, targets, left_s, pace, current=ctx.cfg)
     if resumed is not None:
         state = resumed
         logs.get().info("schedule resumed", deadline=state.deadline,
@@ -76,16 +72,7 @@ def _fit_warm_start(ctx: RunContext, speeds: Speeds, agents: list[str], targets:
     if why is None:
         return ctx, []
     logs.get().info(f"warm start: {why}")
-    ctx.run.write_config(fitted)
-    _record_years(ctx, fitted)
-    return replace(ctx, cfg=fitted), [f"warm start: {why}"]
-
-
-def _record_years(ctx: RunContext, fitted: Config) -> None:
-    """held-out.json again where ``fitted`` imitates another number of years than ``ctx``'s config: the report says
-    how many the warm start imitated."""
-    if ctx.site.demonstration_draws(fitted.warm_start) != ctx.site.demonstration_draws(ctx.cfg.warm_start):
-        record_held_out(ctx.run, ctx.site, fitted, log=False)
+    return with_fitted_warm_start(ctx, fitted), [f"warm start: {why}"]
 
 
 def run_night(ctx: RunContext, agents: list[str], targets: dict[str, int], deadline: datetime | None, resume: bool,

@@ -10,7 +10,6 @@ from __future__ import annotations
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -41,7 +40,7 @@ from trainer.references.controllers import PolicyController
 from trainer.references.roster import BASELINE, REFERENCE_ROSTER, REFERENCES, ReferenceUnavailable
 from trainer.run.device import agent_device, free_cores_now, resolve_agent
 from trainer.run.folder import AgentDir, RunContext, RunDir
-from trainer.run.session import training_timesteps
+from trainer.run.session import training_timesteps, with_fitted_warm_start
 from trainer.site import Site
 from trainer.site.scenario import UNSEEN_YEAR_SEED_OFFSET
 
@@ -482,11 +481,10 @@ def train_with_baseline(ctx: RunContext, agent: str, resume: bool, force: bool) 
     if BASELINE not in done:
         record_results(ctx.run, {BASELINE: evaluate_reference(ctx, BASELINE)})
     steps = training_timesteps(ctx.cfg, agent, ctx.site)
-    sized, why = ensemble_for_size(ctx.cfg, {agent: steps})
+    sized, why = ensemble_for_size(ctx.cfg, ctx.site, {agent: steps})
     if why is not None and not resume:  # written to config.yaml: a resumed run reads it from there
         logs.get().info(f"warm start: {why}")
-        ctx.run.write_config(sized)
-        ctx = replace(ctx, cfg=sized)
+        ctx = with_fitted_warm_start(ctx, sized)
     return record_results(ctx.run, {agent: train_agent(ctx, agent, steps, resume=resume, force=force)})
 
 

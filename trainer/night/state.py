@@ -40,6 +40,7 @@ from trainer.run.schedule_file import (
     StageRecord,
     Status,
 )
+from trainer.run.session import with_fitted_warm_start
 from trainer.site import Site
 
 if TYPE_CHECKING:
@@ -321,8 +322,7 @@ def _refit_warm_start(night: Night, left_s: float) -> None:
     if fitted is None:
         return
     cfg, night.specs, why = fitted
-    night.ctx = replace(night.ctx, cfg=cfg)
-    night.ctx.run.write_config(cfg)
+    night.ctx = with_fitted_warm_start(night.ctx, cfg)
     logs.get().info(f"warm start, planned again after the references: {why}", pace=f"{night.pace.factor:.2f}x",
                     left_s=round(left_s))
 

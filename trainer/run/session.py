@@ -346,6 +346,16 @@ def judged_apart(cfg: Config, run: RunDir, site: Site) -> Site:
     return site
 
 
+def with_fitted_warm_start(ctx: RunContext, fitted: Config) -> RunContext:
+    """``ctx`` with the warm start a run fitted to its size or its night's time (``fitted``), written to config.yaml
+    (a resume and Ray's workers read it there) and, where it imitates another number of years, to held-out.json (the
+    report says how many the warm start imitated)."""
+    ctx.run.write_config(fitted)
+    if ctx.site.demonstration_draws(fitted.warm_start) != ctx.site.demonstration_draws(ctx.cfg.warm_start):
+        record_held_out(ctx.run, ctx.site, fitted, log=False)
+    return replace(ctx, cfg=fitted)
+
+
 def record_held_out(run: RunDir, site: Site, cfg: Config, log: bool = True) -> None:
     """held-out.json: what ``site`` is judged on, the observations the policy does not read, the hours ago of the
     loads it reads (``cfg``'s on this site) and how the resampled years its warm start imitates vary, for the
