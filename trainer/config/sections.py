@@ -147,7 +147,8 @@ LOAD_NOW = "non_shiftable_load"
 # docs/agent-quality.md, "More varied years").
 BUILT_IN_DRAWS = 8
 ONE_PERIOD_DRAWS = 8
-# A timed night without room for the ensemble over those years tries it over this many before one imitation.
+# A timed night without room for the ensemble over those years tries it over this many before one imitation, which
+# imitates no more than this many either (trainer.night.plan.one_imitation).
 FEWER_DRAWS = 3
 
 
@@ -200,8 +201,8 @@ class WarmStartConfig(Section):
         "2000, 2001, ...) whose optimum the policy imitates too, built once into the run's demonstration-sites/: a "
         f"policy that keeps to the optimum in closed loop; auto: {BUILT_IN_DRAWS} on the built-in site, "
         f"{ONE_PERIOD_DRAWS} on a dataset of one period, whose varied years are all it sees of other seasons; a timed "
-        f"night short of time for the ensemble over them imitates {FEWER_DRAWS} before one imitation "
-        "(docs/agent-quality.md).")
+        f"night short of time for the ensemble over them imitates {FEWER_DRAWS}, as one imitation does "
+        "(docs/agent-quality.md, docs/schedule.md).")
     draw_load_scale: ScaleRange = doc(
         "On a dataset of one period, each block (about a week) of a resampled year the warm start imitates has its "
         "loads scaled by a factor drawn log-uniformly from [low, high]: its optimum then shows the policy lighter and "
