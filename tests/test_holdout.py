@@ -12,6 +12,7 @@ from click.testing import CliRunner
 
 from trainer.base.errors import DatasetError
 from trainer.cli.main import cli
+from trainer.base.files import write_json_atomic as write_json
 from trainer.config.loading import load_config
 from trainer.config.sections import ONE_PERIOD_DRAWS, ONE_PERIOD_IGNORED, ONE_PERIOD_LOAD_AGO
 from trainer.env.citylearn import central_arrays, make_sb3_env
@@ -379,3 +380,68 @@ def test_a_night_short_of_time_leaves_its_warm_start_s_evaluation_to_trainer_eva
     [line] = [row for row in _deployed({"ppo": metrics}) if row.startswith("- **ppo**")]
     assert line.endswith(f"Warm start alone: not evaluated (the night was short of time; `trainer evaluate {root}` "
                          "evaluates it).")
+
+
+def _left_unevaluated(ctx, cfg, agents: dict[str, float]) -> None:
+    """Each of ``agents`` (name -> its policy's CO2) trained as a lean night leaves it: metrics.json and results.json
+    with its warm start ``not_evaluated``, whose judging took 60 s; PPO's and A2C's warm starts the same weights."""
+    from trainer.learn.agents import build_model
+    from trainer.learn.trainer import save_warm_start
+    from trainer.night.stages import record_results
+
+    env = make_sb3_env(cfg, ctx.site, "train", cfg.seed)
+    ppo = build_model(cfg, "ppo", env, "cpu", cfg.seed, 1000)
+    models = {"ppo": ppo, "a2c": build_model(cfg, "a2c", env, "cpu", cfg.seed, 1000),
+              "sac": build_model(cfg, "sac", env, "cpu", cfg.seed, 1000)}
+    models["a2c"].policy.load_state_dict(ppo.policy.state_dict())
+    results = {}
+    for agent, co2 in agents.items():
+        save_warm_start(models[agent], ctx.run.agent(agent))
+        results[agent] = {"co2_kg_per_year": co2, "judged_s": 60.0, "timesteps": 1000,
+                          "warm_start": {"epochs": 4, "not_evaluated": "the night was short of time"}}
+        write_json(ctx.run.agent(agent).metrics, results[agent])
+    record_results(ctx.run, results)
+
+
+def test_the_time_a_night_has_left_evaluates_the_warm_starts_it_left_unevaluated_best_agent_first(one_year, tmp_path,
+                                                                                                 monkeypatch):
+    """A lean night's stages ended before its deadline: the warm starts they left to `trainer evaluate` are judged
+    in the time left, the agent of least CO2 first, each where what its agent's judging took (padded) still fits;
+    one of weights already judged (A2C's, PPO's imitation) is taken at no cost. results.json, metrics.json and the
+    report then carry the figures; one that does not fit stays `not_evaluated`."""
+    from trainer.judge.report import _deployed
+    from trainer.night import stages
+    from trainer.run.session import open_run
+
+    monkeypatch.setattr(stages, "_WARM_STARTS", {})
+    judged = []
+
+    def judging(ctx, evaluate, timeseries=None, inside=None):
+        judged.append(len(judged))
+        return {"co2_kg": 10.0 + len(judged), "co2_kg_per_year": 20.0 + len(judged), "ev_departure_soc_met_pct": 100.0,
+                "in_sample": {"co2_kg": 5.0, "co2_kg_per_year": 6.0, "ev_departure_soc_met_pct": 99.0}}
+
+    monkeypatch.setattr(stages, "judged", judging)
+    cfg = load_config(overrides=tiny_overrides())
+    with open_run(cfg, "train", tmp_path / "run", str(one_year.schema)) as ctx:
+        _left_unevaluated(ctx, cfg, {"sac": 31_000.0, "ppo": 30_000.0, "a2c": 30_500.0})
+        # 100 s left: PPO's (least CO2) fits at 69 s padded; SAC's would not after it; A2C's has PPO's weights
+        now = [1_000.0]
+
+        def clock() -> float:
+            return now[0] + 50.0 * len(judged)  # each judging takes 50 s
+
+        done = stages.evaluate_left_warm_starts(ctx, until=1_100.0, clock=clock)
+        results = ctx.run.results()
+    assert done == ["ppo", "a2c"] and judged == [0]
+    assert results["ppo"]["warm_start"] == results["a2c"]["warm_start"] == {
+        "epochs": 4, "co2_kg": 11.0, "co2_kg_per_year": 21.0, "ev_departure_soc_met_pct": 100.0,
+        "in_sample": {"co2_kg": 5.0, "co2_kg_per_year": 6.0, "ev_departure_soc_met_pct": 99.0}}
+    assert json.loads(RunDir(tmp_path / "run").agent("ppo").metrics.read_text())["warm_start"]["co2_kg_per_year"] == 21
+    assert results["sac"]["warm_start"]["not_evaluated"] == "the night was short of time"
+    rows = _deployed({name: {**results[name], "kept": {"step": 800, "final_step": 1000, "why": "it did best",
+                                                      "validation_co2_kg_per_year": 29_000.0}}
+                      for name in ("ppo", "sac")})
+    assert any(row.startswith("- **ppo**") and row.endswith("Warm start alone: 21 kg/yr; deployed: 30,000 kg/yr.")
+               for row in rows)
+    assert any(row.startswith("- **sac**") and "not evaluated (the night was short of time)" in row for row in rows)

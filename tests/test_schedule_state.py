@@ -488,6 +488,53 @@ def test_unused_time_goes_to_the_stages_after(tmp_path):
     assert ppo_limit > planned_ppo  # ppo got part of what sac left
 
 
+@pytest.mark.parametrize("deadline, parallel, spends", [(START + timedelta(hours=2), False, True),
+                                                        (None, False, False),
+                                                        (START + timedelta(hours=2), True, False)])
+def test_the_time_a_timed_night_s_stages_leave_is_spent_before_the_report(tmp_path, deadline, parallel, spends):
+    """Every agent reaches its target long before its slot's end (4x the planned speed): one process with a deadline
+    hands the time left before the report's own (its estimate) to ``Night.spare``, then writes the report; an
+    untimed night, or stages side by side on Ray, go straight to the report."""
+    clock = Clock(START)
+    runner = FakeExecutor(clock, speed_factor=1000.0)
+    runner.parallel = parallel
+    state = new_state(tmp_path, deadline, clock, runner)
+    ctx = SimpleNamespace(run=RunDir(tmp_path), site=Site(SCHEMA, tmp_path / "schema.json", None, {}))
+
+    def spare(given, until: float) -> None:
+        runner.calls.append(("spare", given is ctx, until, clock().timestamp()))
+        clock.advance(100)
+
+    drive([Night(ctx, state, SPECS, report=runner.report, spare=spare)], runner, clock)
+    assert runner.calls[-1] == ("report",)
+    spent = [c for c in runner.calls if c[0] == "spare"]
+    if not spends:
+        assert spent == []
+        return
+    [(_, same, until, at)] = spent
+    assert same and runner.calls[-2][0] == "spare"
+    assert until == (deadline - timedelta(seconds=REPORT_S)).timestamp() and at < until - 3600
+    assert [s.status for s in state.stages] == [DONE] * len(STAGES)
+
+
+def test_a_failure_in_the_time_left_costs_the_night_nothing(tmp_path):
+    from structlog.testing import capture_logs
+
+    clock = Clock(START)
+    runner = FakeExecutor(clock, speed_factor=1000.0)
+    state = new_state(tmp_path, START + timedelta(hours=2), clock, runner)
+    ctx = SimpleNamespace(run=RunDir(tmp_path), site=Site(SCHEMA, tmp_path / "schema.json", None, {}))
+
+    def spare(given, until: float) -> None:
+        raise RuntimeError("CityLearn fell over")
+
+    with capture_logs() as logged:
+        drive([Night(ctx, state, SPECS, report=runner.report, spare=spare)], runner, clock)
+    assert runner.calls[-1] == ("report",) and state.stages[-1].status == DONE
+    [warning] = [e for e in logged if e["event"] == "the time left was not used: the report follows"]
+    assert warning["error"] == "RuntimeError: CityLearn fell over"
+
+
 def test_state_is_written_at_every_change(tmp_path):
     clock = Clock(START)
     runner = FakeExecutor(clock, interrupt_at="ppo")

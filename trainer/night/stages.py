@@ -32,7 +32,7 @@ from trainer.learn.trainer import summary as training_summary
 from trainer.learn.warm_start import adopt_replay
 from trainer.learn.warm_start.cloning import weights_digest
 from trainer.learn.warm_start.validation import learning_part, validation_part
-from trainer.night.budget import StageKind
+from trainer.night.budget import SAFETY, StageKind
 from trainer.night.plan import ensemble_for_size
 from trainer.night.state import StageJob, StageOutcome
 from trainer.references import reuse as reuse_references
@@ -81,6 +81,7 @@ def judged(ctx: RunContext, evaluate: Callable[[Site, Path | None], dict[str, An
     days = ctx.cfg.schedule.eval_days
     steps = ctx.site.length if days is None else min(ctx.site.length, days * 24)
     worth = inside is not None and steps >= MIN_STEPS  # a test's few days: not worth a process's start
+    started = time.perf_counter()
     pending = beside(inside or partial(evaluate, ctx.site, None), free=free_cores_now() if worth else 1)
     try:
         metrics = evaluate(held.site, timeseries)
@@ -88,6 +89,9 @@ def judged(ctx: RunContext, evaluate: Callable[[Site, Path | None], dict[str, An
     finally:
         pending.cancel()
     metrics["in_sample"] = {k: learnt[k] for k in IN_SAMPLE_KEYS if k in learnt}
+    # Both parts' wall time, side by side or one after the other as the machine allowed: what judging another policy
+    # of this run costs now (evaluate_left_warm_starts).
+    metrics["judged_s"] = round(time.perf_counter() - started, 2)
     return metrics
 
 
@@ -326,6 +330,51 @@ def _evaluate_warm_start(ctx: RunContext, handle: Agent, deployed: dict[str, Any
     if "in_sample" in metrics:
         kept["in_sample"] = {k: metrics["in_sample"][k] for k in kept}
     return kept
+
+
+def evaluate_left_warm_starts(ctx: RunContext, until: float, clock: Callable[[], float] = time.time) -> list[str]:
+    """The warm starts a night short of time left to `trainer evaluate` (``not_evaluated`` under an agent's
+    ``warm_start``), evaluated in the time its stages left before ``until`` (POSIX seconds: the deadline less the
+    report), the agent of least CO2 first: each where what judging its agent took this night, padded (SAFETY), still
+    fits; one of weights an earlier one had (A2C starts from PPO's imitation) costs nothing and is taken too. The
+    agents' metrics.json and results.json get its figures, as the stage would have written them. A busy 20-minute
+    night (2026-12-02) left PPO's and A2C's unevaluated and ended 77 s before its deadline. Returns the agents
+    whose warm start it evaluated."""
+    results = ctx.run.results()
+    waiting = sorted((agent for agent in AGENTS if agent in results
+                      and (results[agent].get("warm_start") or {}).get("not_evaluated")
+                      and ctx.run.agent(agent).warm_start.is_file()),
+                     key=lambda agent: results[agent].get("co2_kg_per_year") or float("inf"))
+    done = []
+    for agent in waiting:
+        metrics, handle = results[agent], resolve_agent(ctx.cfg, agent)
+        measured = metrics.get("judged_s") or 2 * float(metrics.get("eval_wall_s") or 0.0)
+        needed, left = float(measured) * SAFETY, until - clock()
+        if needed > left and not _known_warm_start(ctx, handle):
+            logs.get().info("the warm start stays unevaluated: its evaluation does not fit the time left",
+                            agent=agent, needs_s=round(needed), left_s=round(max(left, 0.0)),
+                            fix=f"trainer evaluate {ctx.run.root}")
+            continue
+        logs.get().info("the night has time left: the warm start its stage left for lack of time is evaluated now",
+                        agent=agent, left_s=round(max(left, 0.0)))
+        warm = _evaluate_warm_start(ctx, handle)
+        folder = ctx.run.agent(agent)
+        saved = read_json(folder.metrics) if folder.metrics.is_file() else metrics
+        before = {k: v for k, v in (saved.get("warm_start") or {}).items() if k != "not_evaluated"}
+        saved["warm_start"] = {**before, **warm}
+        write_json_atomic(folder.metrics, saved)
+        record_results(ctx.run, {agent: saved})
+        done.append(agent)
+    return done
+
+
+def _known_warm_start(ctx: RunContext, handle: Agent) -> bool:
+    """Whether ``handle``'s warm start has weights this process has evaluated already (its figures cost nothing)."""
+    try:
+        model = load_model(ctx.cfg, handle.name, ctx.run.agent(handle.name).warm_start, device=handle.device)
+    except DamagedFile:
+        return False
+    return _warm_start_key(ctx, model) in _WARM_STARTS
 
 
 def _load(run: RunDir, cfg: Config, agent: str) -> BaseAlgorithm:

@@ -184,6 +184,9 @@ class Night:
     plan_text: str = ""
     keep: Callable[[str, dict[str, Any]], Any] = _nothing  # a finished stage's metrics into results.json: all of it
     report: Callable[[], Any] = _nothing                   # report.md, once every other stage has finished
+    # What a timed night does in the time its stages left before the report (its run, the POSIX second to stop by):
+    # the warm starts it left unevaluated for lack of time (trainer.night.stages.evaluate_left_warm_starts).
+    spare: Callable[[RunContext, float], Any] = _nothing
     pace: Pace = field(default_factory=Pace)
     lean: bool = False  # short of time: the stages left confirm their picks on the training simulator
     # The ensemble its first plan left out, asked again before the first warm start (trainer.night.plan.refit_ensemble:
@@ -242,6 +245,8 @@ def drive(nights: list[Night], executor: Executor, clock: Callable[[], datetime]
             night.state.save()
         raise
     for night in nights:
+        if not executor.parallel:
+            _spend_time_left(night, clock)
         _report(night, clock)
 
 
@@ -393,6 +398,23 @@ def _replanned(night: Night, clock: Callable[[], datetime]) -> None:
         logs.get().info("the night's stages take less time than calibrated: the rest is planned again at their "
                         "pace, the estimates' padding given to the stages after", pace=f"{pace.factor:.2f}x",
                         next=upcoming)
+
+
+def _spend_time_left(night: Night, clock: Callable[[], datetime]) -> None:
+    """A timed night whose stages ended before their plan (a flat curve, a target reached, evaluations padded): the
+    time left before the report's own goes to what a stage left for lack of time (``Night.spare``). One process only:
+    on Ray the report waits for stages still running elsewhere. A failure there costs the comparison, not the night."""
+    deadline = night.state.deadline_dt()
+    report = next((r for r in night.state.stages if r.kind == StageKind.REPORT), None)
+    if deadline is None or report is None or report.status in FINISHED:
+        return
+    until = deadline.timestamp() - night.spec(report.name).fixed_s
+    if until <= clock().timestamp():
+        return
+    try:
+        night.spare(night.ctx, until)
+    except Exception as exc:  # the figures every stage wrote are kept; the report says what stays unevaluated
+        logs.get().warning("the time left was not used: the report follows", error=f"{type(exc).__name__}: {exc}")
 
 
 def _report(night: Night, clock: Callable[[], datetime]) -> None:
