@@ -11,8 +11,8 @@ import yaml
 from click.testing import CliRunner
 
 from trainer.base.errors import DatasetError
-from trainer.cli.main import cli
 from trainer.base.files import write_json_atomic as write_json
+from trainer.cli.main import cli
 from trainer.config.loading import load_config
 from trainer.config.sections import ONE_PERIOD_DRAWS, ONE_PERIOD_IGNORED, ONE_PERIOD_LOAD_AGO
 from trainer.env.citylearn import central_arrays, make_sb3_env

@@ -515,6 +515,9 @@ def test_the_time_a_timed_night_s_stages_leave_is_spent_before_the_report(tmp_pa
     assert same and runner.calls[-2][0] == "spare"
     assert until == (deadline - timedelta(seconds=REPORT_S)).timestamp() and at < until - 3600
     assert [s.status for s in state.stages] == [DONE] * len(STAGES)
+    report = state.stages[-1]  # planned again after the time spent: it starts when it did
+    assert report.planned_start == report.actual_start
+    assert datetime.fromisoformat(report.actual_start).timestamp() == at + 100
 
 
 def test_a_failure_in_the_time_left_costs_the_night_nothing(tmp_path):

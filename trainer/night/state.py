@@ -415,6 +415,8 @@ def _spend_time_left(night: Night, clock: Callable[[], datetime]) -> None:
         night.spare(night.ctx, until)
     except Exception as exc:  # the figures every stage wrote are kept; the report says what stays unevaluated
         logs.get().warning("the time left was not used: the report follows", error=f"{type(exc).__name__}: {exc}")
+    plan(night.state, night.paced_specs(), clock())  # the report from now, as the schedule then says
+    night.state.save()
 
 
 def _report(night: Night, clock: Callable[[], datetime]) -> None:
