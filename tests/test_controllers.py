@@ -95,3 +95,37 @@ def test_an_episode_ends_as_a_time_limit_not_a_terminal_state(built_in, default_
         if terminated or truncated:
             break
     assert endings[-1] == (False, True) and not any(t for t, _ in endings)
+
+
+@pytest.mark.parametrize("agent", ["sac", "ppo", "a2c"])
+def test_a_policy_acts_as_its_predict_without_predict_s_cost(agent, built_in, tiny_cfg):
+    """Actor(policy) gives ``predict(obs, deterministic=True)``'s action, for one observation and a batch, inside the
+    action box and at its edges, the policy put in evaluation mode once (predict switches it on every call); a box
+    other than [-1, 1] goes through predict itself."""
+    import gymnasium
+    import torch
+
+    from trainer.learn.agents import build_model
+    from trainer.references.controllers import Actor
+
+    env = make_sb3_env(tiny_cfg, built_in, "train", seed=0)
+    model = build_model(tiny_cfg, agent, env, "cpu", 0, 1000)
+    batch = np.random.default_rng(0).uniform(-2.0, 2.0, (64, *model.observation_space.shape)).astype(np.float32)
+    switched = []
+    model.policy.set_training_mode = switched.append  # how often the mode is switched (predict: every call)
+    act = Actor(model.policy)
+    inside = model.predict(batch, deterministic=True)[0]
+    assert np.abs(inside).max() < 0.99
+    np.testing.assert_allclose(act(batch), inside, atol=1e-6)
+    with torch.no_grad():  # the mean action pushed past the box: predict clips it (SAC's tanh meets it)
+        (model.policy.action_net if hasattr(model.policy, "action_net") else model.policy.actor.mu).bias.add_(20.0)
+    edge = model.predict(batch, deterministic=True)[0]
+    assert np.abs(edge).min() == pytest.approx(1.0)
+    np.testing.assert_allclose(act(batch), edge, atol=1e-6)
+    assert act(batch[0]).shape == model.action_space.shape
+    np.testing.assert_allclose(act(batch[0]), model.predict(batch[0], deterministic=True)[0], atol=1e-6)
+    assert switched.count(False) == 1 + 3  # once by the Actor for its four calls; predict's own once each
+    wider = Actor(model.policy)
+    wider.direct = False  # as for a box other than [-1, 1]
+    model.policy.action_space = gymnasium.spaces.Box(-2.0, 2.0, model.action_space.shape, np.float32)
+    np.testing.assert_array_equal(wider(batch), model.policy.predict(batch, deterministic=True)[0])

@@ -23,6 +23,7 @@ from trainer.learn.warm_start.optimum_demonstrations import Demonstrations, demo
 from trainer.learn.warm_start.saved import SavedImitations
 from trainer.learn.warm_start.students import start_students, students_ahead
 from trainer.learn.warm_start.validation import ImitationParts, policy_check
+from trainer.references.controllers import Actor
 from trainer.run.device import free_cores_now
 from trainer.sim.simulators import chooses_on_simulator, judging_env
 from trainer.site import Site
@@ -201,7 +202,8 @@ def _ensemble_labels(cfg: Config, site: Site, members: list[Any], demos: Demonst
     if key in _DISTILLED:
         return _DISTILLED[key]
 
-    parts = [Demonstrations(demos.observations, _mean_action(members, demos.observations), demos.rewards, 0.0)]
+    parts = [Demonstrations(demos.observations, _mean_action([Actor(m) for m in members], demos.observations),
+                          demos.rewards, 0.0)]
     years = demonstration_years(cfg, site, draws)[:len(demos.periods) or 1]  # those imitated (a timed slot: fewer)
     # Each year's closed loop is a core's Python: where a core is free, half of them run in a process beside this one.
     half = (len(years) + 1) // 2
@@ -225,25 +227,12 @@ def _ensemble_labels(cfg: Config, site: Site, members: list[Any], demos: Demonst
     return labelled
 
 
-def _mean_action(members: list[Any], observations: np.ndarray) -> np.ndarray:
-    """The mean deterministic action of the members (SB3 policies) for each of ``observations``, each member's
-    clipped to the action box as its ``predict`` clips it. They are called directly, on one tensor: ``predict``
-    checks and converts its input for each call, and for ten members that was 5.8 ms of a closed-loop step where
-    the ten networks take 1.7 (docs/benchmarks.md). The agents' action box is [-1, 1] (their actions are scaled by the
-    environment), so ``predict``'s rescaling of SAC's squashed action is the identity, to a float rounding."""
-    import torch  # lazy: torch takes seconds to import
-
-    space = members[0].action_space
-    if not (np.all(space.low == -1.0) and np.all(space.high == 1.0)):  # another box: predict rescales to it
-        actions = [member.predict(observations, deterministic=True)[0] for member in members]
-        return np.clip(np.mean(actions, axis=0), -1.0, 1.0).astype(np.float32)
-    with torch.no_grad():
-        obs = torch.as_tensor(observations, dtype=torch.float32, device=members[0].device)
-        actions = []
-        for member in members:
-            member.set_training_mode(False)  # as predict leaves it
-            actions.append(member._predict(obs, deterministic=True).clamp(-1.0, 1.0))
-        return torch.stack(actions).mean(dim=0).clamp(-1.0, 1.0).cpu().numpy().astype(np.float32)
+def _mean_action(actors: list[Actor], observations: np.ndarray) -> np.ndarray:
+    """The mean deterministic action of the members (each an :class:`Actor` of an SB3 policy) for each of
+    ``observations``, each member's clipped to the action box as its ``predict`` clips it. They are called directly,
+    in evaluation mode once: ``predict`` checks and converts its input and walks every module for each call, and for
+    ten members that was 5.8 ms of a closed-loop step where the ten networks take 1.7 (docs/benchmarks.md)."""
+    return np.clip(np.mean([act(observations) for act in actors], axis=0), -1.0, 1.0).astype(np.float32)
 
 
 def _closed_loop(cfg: Config, years: list[Site], members: list[Any]) -> list[Demonstrations]:
@@ -255,6 +244,7 @@ def _closed_loop(cfg: Config, years: list[Site], members: list[Any]) -> list[Dem
     import torch  # lazy: torch takes seconds to import
 
     envs = [_Year(cfg, year) for year in years]
+    actors = [Actor(member) for member in members]
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -263,7 +253,7 @@ def _closed_loop(cfg: Config, years: list[Site], members: list[Any]) -> list[Dem
         running = list(range(len(envs)))
         while running:
             STOP.check("the warm start's ensemble")
-            actions = _mean_action(members, np.stack([obs[i] for i in running]))
+            actions = _mean_action(actors, np.stack([obs[i] for i in running]))
             for i, action in zip(list(running), actions):
                 runs[i][0].append(obs[i])
                 runs[i][1].append(action)

@@ -24,6 +24,7 @@ from trainer.base import logs
 from trainer.base.signals import STOP
 from trainer.config.sections import Config
 from trainer.learn.warm_start.cloning import weights_digest
+from trainer.references.controllers import Actor
 from trainer.sim.simulators import judging_env
 from trainer.sim.site import Unsupported
 from trainer.site import Site
@@ -49,12 +50,12 @@ def co2_over(env: Any, policies: list[Any]) -> np.ndarray:
     """kg CO2 each policy's copy of a judging ``env`` (trainer.sim.simulators.judging_env: a copy a policy) imports
     over one episode from its start."""
     totals = np.zeros(len(policies))
+    actors = [Actor(policy) for policy in policies]
     observations = env.reset()
     done = False
     while not done:
         STOP.check("a run on the training simulator")
-        actions = np.concatenate([policy.predict(observations[i:i + 1], deterministic=True)[0]
-                                  for i, policy in enumerate(policies)])
+        actions = np.concatenate([act(observations[i:i + 1]) for i, act in enumerate(actors)])
         observations, _, dones, _ = env.step(actions)
         totals += env.step_import_co2
         done = bool(dones.all())  # every candidate's episode is the whole period: they end together
