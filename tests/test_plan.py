@@ -608,3 +608,61 @@ def test_a_dataset_of_one_period_is_planned_to_confirm_its_pick_on_its_validatio
     specs = stage_specs(load_config(), one_period, speeds, ["sac"], {"sac": 1000})
     # The deployed policy and its warm start over the evaluation; the pick and its warm start over the 28 days.
     assert specs["sac"].fixed_s == pytest.approx(2 * evaluation + 2 * check.length * step + candidacy)
+
+
+class _Ticks:
+    """time.perf_counter as a clock the test moves: each call reads it, ``step`` advances it."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_one_stall_of_a_busy_machine_does_not_pass_for_its_imitation_pace(monkeypatch):
+    """Each minibatch 10 ms, one timing of the three stalled 0.5 s: the median of the three, not the stall."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from trainer.learn.warm_start import cloning
+
+    ticks, stalls = _Ticks(), iter([0.0, 0.0, 0.5, 0.0])  # the warm-up, then three timings
+
+    def imitate(model, demos, epochs, lr, batch_size, seed, critic_epochs=None):
+        ticks.now += len(demos.observations) // batch_size * 0.010 + next(stalls)
+
+    monkeypatch.setattr(cloning, "imitate", imitate)
+    monkeypatch.setattr(cloning.time, "perf_counter", ticks)
+    model = SimpleNamespace(observation_space=np.zeros(5), action_space=np.zeros(2))
+    assert cloning.imitation_update_s(model, 64, updates=10, repeats=3) == pytest.approx(0.010)
+
+
+def test_one_stall_of_a_busy_machine_does_not_pass_for_citylearn_s_pace(monkeypatch, tiny_cfg, built_in):
+    """CityLearn's steps timed in three parts, a step 1 ms, one part stalled 2 s: the rate is the median part's."""
+    import numpy as np
+
+    from trainer.night import calibrate
+
+    ticks = _Ticks()
+
+    class Env:
+        unwrapped = None
+        steps = 0
+
+        def reset(self):
+            return np.zeros(3), {}
+
+        def step(self, action):
+            self.steps += 1
+            ticks.now += 0.001 + (2.0 if self.steps == 150 else 0.0)
+            return np.zeros(3), 0.0, False, False, {}
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(calibrate, "make_sb3_env", lambda *a, **k: Env())
+    monkeypatch.setattr(calibrate.UncontrolledBaseline, "act", lambda self, obs, env: np.zeros(1))
+    monkeypatch.setattr(calibrate.time, "perf_counter", ticks)
+    assert calibrate._eval_speed(tiny_cfg, built_in) == pytest.approx(1000.0)

@@ -385,6 +385,30 @@ def test_a_resumed_stage_shows_each_run_and_not_the_hours_between(tmp_path):
     assert (run.plots / "timeline.png").stat().st_size > 0
 
 
+def test_the_time_the_stages_left_shows_where_it_was_spent(tmp_path, monkeypatch):
+    import matplotlib.figure
+
+    run = _run(tmp_path, _results())
+    stages = [{"name": "a2c", "kind": "train", "status": "done",
+               "spans": [["2026-11-26T13:21:59", "2026-11-26T13:27:39"]]},
+              {"name": "report", "kind": "report", "status": "running", "spans": [["2026-11-26T13:29:00", None]]}]
+    run.schedule.write_text(json.dumps({"created_at": "2026-11-26T13:00:00", "deadline": "2026-11-26T13:30:00",
+                                        "budget_s": 1800, "stages": stages,
+                                        "time_left": {"start": "2026-11-26T13:27:40", "end": "2026-11-26T13:28:58",
+                                                      "warm_starts_evaluated": ["a2c", "ppo"]}}))
+    saved = []
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda fig, *a, **k: saved.append(fig))
+    report = write_report(run).read_text()
+    assert ("The time the stages left, 13:27:40–13:28:58, evaluated the warm start of a2c, ppo, which the night had "
+            "left for lack of time.") in report
+    [timeline] = [fig for fig in saved if fig.axes[0].get_title().startswith("The night")]
+    labels = [t.get_text() for t in timeline.axes[0].get_yticklabels()]
+    assert labels == ["report (this report)", "time left (a2c, ppo warm start evaluated)", "a2c (done)"]
+    spent = [bar for bar in timeline.axes[0].patches if 0.5 < bar.get_y() + bar.get_height() / 2 < 1.5]  # its row
+    assert [round(bar.get_width() * 86400) for bar in spent] == [78]  # 13:27:40 to 13:28:58
+    assert "time left, spent" in [t.get_text() for t in timeline.axes[0].get_legend().get_texts()]
+
+
 
 def test_the_report_says_when_the_warm_start_is_an_ensemble_s_mean(tmp_path):
     results = _results()

@@ -46,6 +46,7 @@ class FakeExecutor:
         self.fail = fail
         self.speed_factor = speed_factor
         self.calls: list[tuple] = []
+        self.jobs: list[StageJob] = []
         self.pending: StageJob | None = None
 
     def has_room(self):
@@ -56,6 +57,7 @@ class FakeExecutor:
 
     def wait(self):
         job, self.pending = self.pending, None
+        self.jobs.append(job)
         if job.kind == "eval":
             self.calls.append(("eval", job.name))
         else:
@@ -488,6 +490,30 @@ def test_unused_time_goes_to_the_stages_after(tmp_path):
     assert ppo_limit > planned_ppo  # ppo got part of what sac left
 
 
+@pytest.mark.parametrize("deadline, parallel, last_learns_on", [(START + timedelta(hours=2), False, True),
+                                                                (None, False, False),
+                                                                (START + timedelta(hours=2), True, False)])
+def test_a_timed_night_s_last_stage_learns_through_a_flat_curve(tmp_path, deadline, parallel, last_learns_on):
+    """A flat curve ends a stage (train.patience) so that the stages after it get its time: one process with a
+    deadline lets its last training stage learn on, as nothing after it could use the time; an untimed night, or
+    stages side by side on Ray (each in a slot of its own), keep the rule for every stage."""
+    clock = Clock(START)
+    runner = FakeExecutor(clock)
+    runner.parallel = parallel
+    run(new_state(tmp_path, deadline, clock, runner), runner, clock)
+    flat_ends = {job.name: job.flat_ends for job in runner.jobs if job.kind == "train"}
+    assert flat_ends == {"sac": True, "ppo": True, "a2c": not last_learns_on}
+
+
+def test_a_resumed_night_whose_last_agent_is_done_lets_the_one_before_learn_on(tmp_path):
+    clock = Clock(START)
+    runner = FakeExecutor(clock)
+    state = new_state(tmp_path, START + timedelta(hours=2), clock, runner)
+    next(s for s in state.stages if s.name == "a2c").status = DONE  # a resumed night: it had ended
+    run(state, runner, clock)
+    assert {job.name: job.flat_ends for job in runner.jobs if job.kind == "train"} == {"sac": True, "ppo": False}
+
+
 @pytest.mark.parametrize("deadline, parallel, spends", [(START + timedelta(hours=2), False, True),
                                                         (None, False, False),
                                                         (START + timedelta(hours=2), True, False)])
@@ -501,15 +527,16 @@ def test_the_time_a_timed_night_s_stages_leave_is_spent_before_the_report(tmp_pa
     state = new_state(tmp_path, deadline, clock, runner)
     ctx = SimpleNamespace(run=RunDir(tmp_path), site=Site(SCHEMA, tmp_path / "schema.json", None, {}))
 
-    def spare(given, until: float) -> None:
+    def spare(given, until: float) -> list[str]:
         runner.calls.append(("spare", given is ctx, until, clock().timestamp()))
         clock.advance(100)
+        return ["a2c", "ppo"]  # their warm starts evaluated
 
     drive([Night(ctx, state, SPECS, report=runner.report, spare=spare)], runner, clock)
     assert runner.calls[-1] == ("report",)
     spent = [c for c in runner.calls if c[0] == "spare"]
     if not spends:
-        assert spent == []
+        assert spent == [] and ScheduleState.load(state.path).time_left is None
         return
     [(_, same, until, at)] = spent
     assert same and runner.calls[-2][0] == "spare"
@@ -518,6 +545,11 @@ def test_the_time_a_timed_night_s_stages_leave_is_spent_before_the_report(tmp_pa
     report = state.stages[-1]  # planned again after the time spent: it starts when it did
     assert report.planned_start == report.actual_start
     assert datetime.fromisoformat(report.actual_start).timestamp() == at + 100
+    # schedule.json says when the time left was spent, and on what (the timeline and the report draw it).
+    kept = ScheduleState.load(state.path).time_left
+    assert (datetime.fromisoformat(kept.start).timestamp(), datetime.fromisoformat(kept.end).timestamp()) \
+        == (at, at + 100)
+    assert kept.warm_starts_evaluated == ["a2c", "ppo"]
 
 
 def test_a_failure_in_the_time_left_costs_the_night_nothing(tmp_path):
@@ -533,7 +565,7 @@ def test_a_failure_in_the_time_left_costs_the_night_nothing(tmp_path):
 
     with capture_logs() as logged:
         drive([Night(ctx, state, SPECS, report=runner.report, spare=spare)], runner, clock)
-    assert runner.calls[-1] == ("report",) and state.stages[-1].status == DONE
+    assert runner.calls[-1] == ("report",) and state.stages[-1].status == DONE and state.time_left is None
     [warning] = [e for e in logged if e["event"] == "the time left was not used: the report follows"]
     assert warning["error"] == "RuntimeError: CityLearn fell over"
 

@@ -188,6 +188,21 @@ def test_a_flat_curve_ends_the_stage_early_and_a_resume_does_not_train_on(tmp_pa
     again = json.loads((run / "results.json").read_text())["ppo"]
     assert again["timesteps"] == ppo["timesteps"] and again["ended_by"] == "flat curve"
     assert [int(line.split(",")[0]) for line in (run / "ppo" / "eval_curve.csv").read_text().splitlines()[1:]] == steps
+    # As a timed night's last stage (nothing after it could use the time), the same curve does not end it: resumed so,
+    # it learns on to its target, evaluating the points it had skipped, and still deploys the best it saw.
+    from trainer.night.stages import train_agent
+    from trainer.run.session import reopen_run
+
+    with reopen_run(run, "cpu") as ctx:
+        last = train_agent(ctx, "ppo", 2048, resume=True, flat_ends=False)
+    assert last["ended_by"] == "target" and 2048 <= last["timesteps"] < 2048 + 128 and "ended_early" not in last["kept"]
+    assert last["kept"]["step"] == 0 and last["co2_kg"] == ppo["co2_kg"]
+    points = [int(line.split(",")[0]) for line in (run / "ppo" / "eval_curve.csv").read_text().splitlines()[1:]]
+    assert points[:3] == steps and 1024 < points[3] < points[-1] == last["timesteps"]
+    events = [json.loads(line) for line in (run / "logs" / "trainer.jsonl").read_text().splitlines()]
+    # The first run, the resume, and this one: only this one says its flat curve does not end it.
+    assert [e.get("patience") for e in events if e["event"] == "training"] == [
+        None, None, "off: the night's last stage learns to its slot's end or its target"]
 
 
 def test_without_keep_best_the_last_policy_is_deployed(tmp_path):

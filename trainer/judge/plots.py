@@ -326,16 +326,28 @@ def plot_week(
     return [name for name in series if name != "baseline"]
 
 
+TIME_LEFT_COLOUR = "#6baed6"
+
+
 def plot_timeline(schedule: dict[str, Any] | None, path: Path) -> None:
     import matplotlib.dates as mdates  # lazy: matplotlib, for the report's plots only
 
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(9, 3.5))
     stages = (schedule or {}).get("stages", [])
-    for row, stage in enumerate(reversed(stages)):
+    rows = []  # (label, bars), top to bottom
+    for stage in stages:
         bars = [(0.2, stage.get("planned_start"), stage.get("planned_end"), "#c6dbef")]
         # A stage run again by --resume: one bar a run, the hours the night was stopped left blank.
         bars += [(-0.2, start, end, _status_colour(stage["status"])) for start, end in StageRecord(**stage).stretches()]
+        rows.append((f"{stage['name']} ({stage_status(stage)})", bars))
+    # The time the stages left before the report, where the night spent it (schedule.json's time_left): a row of its
+    # own above the report's.
+    spent = (schedule or {}).get("time_left")
+    if spent and rows:
+        rows.insert(len(rows) - 1, (f"time left ({', '.join(spent['warm_starts_evaluated'])} warm start evaluated)",
+                                    [(-0.2, spent["start"], spent["end"], TIME_LEFT_COLOUR)]))
+    for row, (_, bars) in enumerate(reversed(rows)):
         for offset, start, end, colour in bars:
             if start and end:
                 s, e = datetime.fromisoformat(start), datetime.fromisoformat(end)
@@ -344,8 +356,7 @@ def plot_timeline(schedule: dict[str, Any] | None, path: Path) -> None:
     from matplotlib.lines import Line2D  # lazy: matplotlib, for the report's plots only
     from matplotlib.patches import Patch
 
-    labels = [f"{s['name']} ({stage_status(s)})" for s in reversed(stages)]
-    ax.set_yticks(range(len(stages)), labels, fontsize=8)
+    ax.set_yticks(range(len(rows)), [label for label, _ in reversed(rows)], fontsize=8)
     ax.xaxis_date()
     times = [datetime.fromisoformat(t) for s in stages
              for t in (s.get("planned_start"), s.get("actual_start"), s.get("actual_end")) if t]
@@ -354,6 +365,8 @@ def plot_timeline(schedule: dict[str, Any] | None, path: Path) -> None:
     handles = [Patch(color="#c6dbef", label="planned"), Patch(color="#2171b5", label="actual (done)")]
     handles += [Patch(color=_status_colour(status), label=status) for status in ("failed", "skipped")
                 if any(s["status"] == status for s in stages)]  # only what happened this night
+    if spent:
+        handles.append(Patch(color=TIME_LEFT_COLOUR, label="time left, spent"))
     if schedule and schedule.get("deadline"):
         ax.axvline(mdates.date2num(datetime.fromisoformat(schedule["deadline"])), color="#d62728", linestyle="--")
         handles.append(Line2D([], [], color="#d62728", linestyle="--", label="deadline"))

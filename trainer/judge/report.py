@@ -439,6 +439,11 @@ def _compose(run: RunDir, plots: Path) -> str:
             planned = f"{_hm(s['planned_start'])}–{_hm(s['planned_end'])}" if s["planned_start"] else "–"
             steps = s["timesteps_done"] or "–"
             lines.append(f"| {s['name']} | {stage_status(s)} | {planned} | {_actual(s)} | {steps} |")
+        spent = schedule.get("time_left")
+        if spent:  # after the stages, before the report (trainer.night.state._spend_time_left)
+            lines += ["", f"The time the stages left, {_hm(spent['start'])}–{_hm(spent['end'])}, evaluated the warm "
+                          f"start of {', '.join(spent['warm_starts_evaluated'])}, which the night had left for lack "
+                          "of time."]
         lines += ["", "![Timeline](plots/timeline.png)", ""]
     if run.monitor.is_file():
         records = read_records(run.monitor)

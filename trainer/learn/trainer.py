@@ -60,7 +60,7 @@ class StageTrainer:
 
     def __init__(self, ctx: RunContext, handle: Agent, target: int, callbacks: list | None = None,
                  time_limit_s: float | None = None, warm_start_s: float | None = None, later: tuple[str, ...] = (),
-                 floor: tuple[int, float] | None = None):
+                 floor: tuple[int, float] | None = None, flat_ends: bool = True):
         agent = handle.name
         self.ctx, self.cfg, self.handle, self.agent, self.target = ctx, ctx.cfg, handle, agent, target
         self.section = handle.section
@@ -88,8 +88,10 @@ class StageTrainer:
         self.warm_start_s = 0.0  # the stage's own time in its warm start (demonstrations it computed, imitation)
         self.best = (BestPolicy(self.folder, self.cfg.ev.target_met_pct, shortlist_size(self.cfg, ctx.site))
                      if self.cfg.train.keep_best else None)
-        # With keep_best the stage ends once its curve is flat this long (train.patience): the best seen deploys.
-        self.patience_steps = int(self.cfg.train.patience * target) if self.best is not None else None
+        # With keep_best the stage ends once its curve is flat this long (train.patience): the best seen deploys, and
+        # the time saved goes to the stages after it. ``flat_ends`` False: a timed night's last stage, whose time
+        # nothing after it could use, learns on to its slot's end or its target.
+        self.patience_steps = int(self.cfg.train.patience * target) if self.best is not None and flat_ends else None
         self.ended_flat = False  # ended by a flat curve, before its target
         self.curve = self._sb3_logger = None
 

@@ -166,12 +166,13 @@ def _policy_on(ctx: RunContext, agent: str, model: BaseAlgorithm | Path, site: S
 def train_agent(ctx: RunContext, agent: str, timesteps: int, resume: bool = False, force: bool = False,
                 callbacks: list | None = None, time_limit_s: float | None = None,
                 warm_start_s: float | None = None, lean: bool = False, later: tuple[str, ...] = (),
-                floor: tuple[int, float] | None = None) -> dict[str, Any]:
+                floor: tuple[int, float] | None = None, flat_ends: bool = True) -> dict[str, Any]:
     """Train one SB3 agent (resuming from its checkpoints if asked), save it, evaluate it; within ``time_limit_s``
     (None: to its target), its warm start within ``warm_start_s`` of it; ``lean``: the night is short of time, and
     the pick is confirmed on the training simulator; ``later``: the night's training stages after it, whose warm
     starts may be prepared beside its own; ``floor``: (steps, seconds) it learns on past ``time_limit_s`` to those
-    steps, for those seconds from now at most (trainer.night.state.StageJob.floor)."""
+    steps, for those seconds from now at most (trainer.night.state.StageJob.floor); ``flat_ends`` False: a flat
+    curve does not end it (train.patience; trainer.night.state.StageJob.flat_ends)."""
     from stable_baselines3.common.utils import (
         set_random_seed,  # lazy: SB3 imports torch
     )
@@ -182,8 +183,10 @@ def train_agent(ctx: RunContext, agent: str, timesteps: int, resume: bool = Fals
     log = logs.get().bind(agent=agent)
     set_random_seed(ctx.seed)
     trainer = StageTrainer(ctx, handle, timesteps, callbacks, time_limit_s=time_limit_s, warm_start_s=warm_start_s,
-                           later=later, floor=floor)
-    log.info("training", timesteps=timesteps, device=handle.device, resume=resume, **_summary(handle.section))
+                           later=later, floor=floor, flat_ends=flat_ends)
+    flat = {} if flat_ends or not ctx.cfg.train.patience else {
+        "patience": "off: the night's last stage learns to its slot's end or its target"}
+    log.info("training", timesteps=timesteps, device=handle.device, resume=resume, **flat, **_summary(handle.section))
     start = time.perf_counter()
     try:
         model = trainer.train(resume=resume, force=force)
@@ -493,7 +496,8 @@ def run_job(ctx: RunContext, job: StageJob) -> StageOutcome:
         return StageOutcome(skipped=skipped)
     resume = job.resume and ctx.run.agent(job.name).checkpoints.is_dir()
     metrics = train_agent(ctx, job.name, job.target, resume=resume, force=job.force, time_limit_s=limit,
-                          warm_start_s=job.warm_start_s(limit), lean=job.lean, later=job.later, floor=job.floor(now))
+                          warm_start_s=job.warm_start_s(limit), lean=job.lean, later=job.later, floor=job.floor(now),
+                          flat_ends=job.flat_ends)
     return StageOutcome(metrics=metrics, time_limit_s=limit)
 
 

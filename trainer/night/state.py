@@ -39,6 +39,7 @@ from trainer.run.schedule_file import (
     StageKind,
     StageRecord,
     Status,
+    TimeLeft,
 )
 from trainer.run.session import with_fitted_warm_start
 from trainer.site import Site
@@ -73,6 +74,10 @@ class StageJob:
     # to them while the night keeps kept_after_s for the stages after it (budget.kept_after_s); 0: none.
     floor_steps: int = 0
     kept_after_s: float = 0.0
+    # A flat curve ends the stage (train.patience), its time going to the stages after it; False for a timed
+    # night's last training stage run one after another, whose time nothing after it could use: a busy 20-minute
+    # night on the official Building_10 ended 267 s before its deadline, every agent's curve flat.
+    flat_ends: bool = True
 
     def slot(self, now: float) -> tuple[float | None, str | None]:
         """Starting at ``now``: (the training stage's time limit in seconds, or None untimed; why it is skipped
@@ -185,8 +190,9 @@ class Night:
     keep: Callable[[str, dict[str, Any]], Any] = _nothing  # a finished stage's metrics into results.json: all of it
     report: Callable[[], Any] = _nothing                   # report.md, once every other stage has finished
     # What a timed night does in the time its stages left before the report (its run, the POSIX second to stop by):
-    # the warm starts it left unevaluated for lack of time (trainer.night.stages.evaluate_left_warm_starts).
-    spare: Callable[[RunContext, float], Any] = _nothing
+    # the warm starts it left unevaluated for lack of time (trainer.night.stages.evaluate_left_warm_starts), whose
+    # agents it returns.
+    spare: Callable[[RunContext, float], list[str] | None] = _nothing
     pace: Pace = field(default_factory=Pace)
     lean: bool = False  # short of time: the stages left confirm their picks on the training simulator
     # The ensemble its first plan left out, asked again before the first warm start (trainer.night.plan.refit_ensemble:
@@ -277,7 +283,7 @@ def _start(night: Night, record: StageRecord, parallel: bool, clock: Callable[[]
     if night.refit is not None and record.kind == StageKind.TRAIN and deadline is not None and not parallel:
         _refit_warm_start(night, (deadline - now).total_seconds())
     spec = night.spec(record.name)
-    reserve, floor_steps, kept_after = spec.fixed_s, 0, 0.0
+    reserve, floor_steps, kept_after, flat_ends = spec.fixed_s, 0, 0.0, True
     if deadline is not None and parallel:  # side by side: its own evaluation and the report
         reserve += sum(night.spec(s.name).fixed_s for s in state.stages if s.kind == StageKind.REPORT)
     elif deadline is not None:  # one after another: what the stages after it are planned to take
@@ -294,10 +300,11 @@ def _start(night: Night, record: StageRecord, parallel: bool, clock: Callable[[]
         # 20-minute night's PPO 16,384 steps: it learns on to them, from what the stages after can spare.
         floor_steps = min(LEARNING_KEPT_STEPS, record.timesteps_target) if record.kind == StageKind.TRAIN else 0
         kept_after = kept_after_s([night.spec(s.name) for s in later])
+        flat_ends = any(s.kind == StageKind.TRAIN for s in later[1:])
     job = StageJob(str(night.ctx.run.root), night.ctx.site, record.name, record.kind,
                    record.timesteps_target, resume, night.force, deadline.timestamp() if deadline else None,
                    reserve, spec.steps_per_s, spec.setup_s, night.lean, _later(state, record, parallel),
-                   floor_steps, kept_after)
+                   floor_steps, kept_after, flat_ends)
     if not parallel:  # it starts now: the slot is known
         record.time_limit_s, skipped = job.slot(now.timestamp())
         if skipped is not None:
@@ -408,13 +415,17 @@ def _spend_time_left(night: Night, clock: Callable[[], datetime]) -> None:
     report = next((r for r in night.state.stages if r.kind == StageKind.REPORT), None)
     if deadline is None or report is None or report.status in FINISHED:
         return
-    until = deadline.timestamp() - night.spec(report.name).fixed_s
-    if until <= clock().timestamp():
+    until, started = deadline.timestamp() - night.spec(report.name).fixed_s, clock()
+    if until <= started.timestamp():
         return
     try:
-        night.spare(night.ctx, until)
+        did = night.spare(night.ctx, until)
     except Exception as exc:  # the figures every stage wrote are kept; the report says what stays unevaluated
         logs.get().warning("the time left was not used: the report follows", error=f"{type(exc).__name__}: {exc}")
+    else:
+        if did:
+            night.state.time_left = TimeLeft(started.isoformat(timespec="seconds"),
+                                             clock().isoformat(timespec="seconds"), list(did))
     plan(night.state, night.paced_specs(), clock())  # the report from now, as the schedule then says
     night.state.save()
 

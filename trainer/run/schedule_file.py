@@ -78,12 +78,22 @@ class StageRecord:
 
 
 @dataclass
+class TimeLeft:
+    start: str
+    end: str
+    warm_starts_evaluated: list[str]  # the agents whose warm start a short night had left unevaluated
+
+
+@dataclass
 class ScheduleState:
     path: Path
     created_at: str
     deadline: str | None
     budget_s: float | None
     stages: list[StageRecord]  # required: a night without its stages' record must not pass for a finished one
+    # The time a timed night's stages left before the report, where it was spent (trainer.night.state
+    # ._spend_time_left); the timeline draws it.
+    time_left: TimeLeft | None = None
 
     def save(self) -> None:
         write_json_atomic(self.path, self.as_dict())

@@ -212,10 +212,12 @@ def _keep(key: str, weights: dict[str, Any], errors: tuple[float, float]) -> Non
     _IMITATED[key] = (weights, errors)
 
 
-def imitation_update_s(model: Any, batch_size: int, updates: int = 10, critic: bool = True) -> float:
+def imitation_update_s(model: Any, batch_size: int, updates: int = 10, critic: bool = True,
+                       repeats: int = 1) -> float:
     """Seconds one minibatch of the imitation takes for ``model`` on this machine, its critic fitted too or (not
-    ``critic``) the actor alone, as an ensemble's members fit (the night's plan counts the warm start with it).
-    Trains ``model`` on zeros: call it on a model built to be measured."""
+    ``critic``) the actor alone, as an ensemble's members fit (the night's plan counts the warm start with it): the
+    median of ``repeats`` timings of ``updates`` minibatches, so that one stall of a busy machine does not pass for
+    its pace. Trains ``model`` on zeros: call it on a model built to be measured."""
     obs_size, action_size = model.observation_space.shape[0], model.action_space.shape[0]
     samples = batch_size * updates
     zeros = Demonstrations(np.zeros((samples, obs_size), np.float32), np.zeros((samples, action_size), np.float32),
@@ -223,6 +225,9 @@ def imitation_update_s(model: Any, batch_size: int, updates: int = 10, critic: b
     critic_epochs = None if critic else 0
     # A warm-up first: the first minibatches allocate.
     imitate(model, zeros, 1, 1e-4, batch_size, 0, critic_epochs=critic_epochs)
-    started = time.perf_counter()
-    imitate(model, zeros, 1, 1e-4, batch_size, 0, critic_epochs=critic_epochs)
-    return (time.perf_counter() - started) / updates
+    timings = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        imitate(model, zeros, 1, 1e-4, batch_size, 0, critic_epochs=critic_epochs)
+        timings.append((time.perf_counter() - started) / updates)
+    return float(np.median(timings))
