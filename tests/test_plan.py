@@ -446,6 +446,14 @@ def test_after_the_references_the_ensemble_is_weighed_on_the_stages_left_at_the_
     assert specs["sac"].setup_s == stage_specs(cfg, built_in, speeds, agents, targets)["sac"].setup_s
     # The same seconds on a machine 20 % slower than calibrated: still one imitation.
     assert refit_ensemble(cfg, built_in, speeds, agents, targets, left, 1.2) is None
+    # Asked again before PPO's stage (SAC's curve went flat early): only PPO's stage is weighed, and the specs
+    # returned are every agent's, as the night's timeline needs them.
+    ppo_only = untimed_night_s(cfg, built_in, speeds, ["ppo"], {"ppo": owed["ppo"]}, references=False)
+    assert ppo_only < left and refit_ensemble(cfg, built_in, speeds, agents, targets, ppo_only, 1.0) is None
+    fitted, specs, why = refit_ensemble(cfg, built_in, speeds, agents, targets, 1.05 * ppo_only, 1.0,
+                                        fitting=["ppo"])
+    assert fitted.warm_start.ensemble == cfg.warm_start.ensemble and set(specs) >= {"sac", "ppo", "report"}
+    assert specs["ppo"].setup_s == stage_specs(cfg, built_in, speeds, ["ppo"], targets)["ppo"].setup_s
 
 
 def test_after_the_references_a_dataset_s_night_imitates_the_years_its_first_plan_left_out(tmp_path):

@@ -402,18 +402,19 @@ def test_a_machine_faster_than_calibrated_gives_the_later_stages_the_padding_and
     assert 0 < late < 3 * EVAL_S * (1 - MIN_PACE) < 0.02 * 3600
 
 
-def test_the_ensemble_left_out_is_asked_again_once_before_the_first_warm_start(tmp_path):
-    """A night whose first plan left the warm start's ensemble out asks again when its first training stage starts,
-    with the seconds left and the pace its references showed: where it now fits, that stage and every later one (and
-    a resume: config.yaml) run it, planned with its warm starts; asked once, and not where it still does not fit."""
+def test_the_ensemble_left_out_is_asked_again_before_each_warm_start_until_it_is_taken(tmp_path):
+    """A night whose first plan left the warm start's ensemble out asks again when each training stage starts, with
+    the seconds left, the pace its stages showed and the agents still to train: where it now fits, that stage and
+    every later one (and a resume: config.yaml) run it, planned with its warm starts, and it is not asked again;
+    where it still does not fit, nothing changes."""
     from trainer.config.loading import load_config
     from trainer.run.folder import RunContext
 
     asked = []
     with_ensemble = with_warm_starts(300.0)
 
-    def refit(left_s, pace):
-        asked.append((round(left_s), pace))
+    def refit(left_s, pace, fitting):
+        asked.append((round(left_s), pace, fitting))
         return load_config(), with_ensemble, "the mean of 10 imitations: ..."
 
     clock = Clock(START)
@@ -425,7 +426,7 @@ def test_the_ensemble_left_out_is_asked_again_once_before_the_first_warm_start(t
     ctx = RunContext(single, run_dir, Site(SCHEMA, tmp_path / "schema.json", None, {}), "cpu")
     night = Night(ctx, state, SPECS, report=runner.report, refit=refit)
     drive([night], runner, clock)
-    assert asked == [(3600 - 2 * EVAL_S, 1.0)]  # once, after the two references, before sac
+    assert asked == [(3600 - 2 * EVAL_S, 1.0, ["sac", "ppo", "a2c"])]  # after the two references, before sac: taken
     assert night.refit is None and night.specs is with_ensemble and night.ctx.cfg.warm_start.ensemble == 10
     assert load_config([run_dir.config]).warm_start.ensemble == 10  # what a resume reads
     # Every agent's job carried its warm start as planned with the ensemble.
@@ -438,10 +439,35 @@ def test_the_ensemble_left_out_is_asked_again_once_before_the_first_warm_start(t
     runner = FakeExecutor(clock)
     state = new_state(later, deadline, clock, runner)
     ctx = RunContext(single, RunDir(later), Site(SCHEMA, later / "schema.json", None, {}), "cpu")
-    night = Night(ctx, state, SPECS, report=runner.report, refit=lambda left_s, pace: None)
+    asked.clear()
+
+    def not_yet(left_s, pace, fitting):
+        asked.append(fitting)
+        return None
+
+    night = Night(ctx, state, SPECS, report=runner.report, refit=not_yet)
     drive([night], runner, clock)
-    assert night.refit is None and night.ctx.cfg is single and night.specs is SPECS
+    assert asked == [["sac", "ppo", "a2c"], ["ppo", "a2c"], ["a2c"]]  # before each stage, with the agents left
+    assert night.ctx.cfg is single and night.specs is SPECS
     assert not RunDir(later).config.exists()
+
+    # Taken before a later stage (an earlier one's curve went flat and left it time): that stage on run it.
+    third = tmp_path / "third"
+    third.mkdir()
+    clock = Clock(START)
+    runner = FakeExecutor(clock)
+    state = new_state(third, deadline, clock, runner)
+    ctx = RunContext(single, RunDir(third), Site(SCHEMA, third / "schema.json", None, {}), "cpu")
+    asked.clear()
+
+    def before_ppo(left_s, pace, fitting):
+        asked.append(fitting)
+        return (load_config(), with_ensemble, "the mean of 10 imitations: ...") if fitting[0] == "ppo" else None
+
+    night = Night(ctx, state, SPECS, report=runner.report, refit=before_ppo)
+    drive([night], runner, clock)
+    assert asked == [["sac", "ppo", "a2c"], ["ppo", "a2c"]] and night.refit is None
+    assert night.specs is with_ensemble and load_config([RunDir(third).config]).warm_start.ensemble == 10
 
 
 def test_a_night_short_of_time_goes_lean_rather_than_skip_an_agent(tmp_path):

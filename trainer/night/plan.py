@@ -347,22 +347,34 @@ def left_out(fitted: Config, configured: Config, site: Site) -> bool:
 
 
 def refit_ensemble(cfg: Config, site: Site, speeds: Speeds, agents: list[str], targets: dict[str, int],
-                   left_s: float, pace: float, current: Config | None = None,
+                   left_s: float, pace: float, current: Config | None = None, fitting: list[str] | None = None,
                    ) -> tuple[Config, dict[str, StageSpec], str] | None:
-    """Once the references have run, before the first agent's warm start: the ensemble (and the years) the night's
-    first plan (``current``) left out (``cfg`` as configured, not as fitted), where the time now ``left_s`` affords
-    it at the ``pace`` the night's stages have shown: its config, the stages' specs with it and why; None where no
-    more of it fits than ``current`` has. The first plan counts the references and a calibration's speeds, both
-    padded, and a busy calibration under-promises (docs/benchmarks.md): busy 20-minute nights on official EV
-    buildings ran one imitation and ended 6-8 minutes early, where the ensemble was worth 2-4 points there; a quiet
-    one on Building_5 took its 8 years' ensemble for ~22 minutes, where such a night took 15."""
-    fitted, why = fit_ensemble(cfg, site, speeds, agents, left_s / max(pace, 1e-6), True, targets,
-                               references_done=True)
+    """Once the references have run, before each agent's warm start until it is taken: the ensemble (and the years)
+    the night's first plan (``current``) left out (``cfg`` as configured, not as fitted), where the time now
+    ``left_s`` affords the stages of ``fitting`` (the agents still to train; None: all of ``agents``) at the
+    ``pace`` the night's stages have shown: its config, the stages' specs with it and why; None where no more of it
+    fits than ``current`` has. The first plan counts the references and a calibration's speeds, both padded, and a
+    busy calibration under-promises (docs/benchmarks.md): busy 20-minute nights on official EV buildings ran one
+    imitation and ended 6-8 minutes early, where the ensemble was worth 2-4 points there; a quiet one on Building_5
+    took its 8 years' ensemble for ~22 minutes, where such a night took 15. Asked again before a later agent, it
+    counts what the stages before left: a busy night on Building_10 whose SAC's curve went flat with 14 minutes
+    left ran PPO and A2C from one imitation and ended 10 minutes early, where the ensemble's student of SAC's
+    members gave them 3 points more."""
+    fitting = agents if fitting is None else fitting
+    if not any(agent_spec(agent).warm_start for agent in fitting):
+        return None
+    fitted, why = fit_ensemble(cfg, site, speeds, fitting, left_s / max(pace, 1e-6), True,
+                               {agent: targets[agent] for agent in fitting}, references_done=True)
     if fitted.warm_start.ensemble <= 1 or (current is not None and not left_out(fitted, current, site)):
         return None
     why = why or (f"the mean of {cfg.warm_start.ensemble} imitations{_over_years(site, fitted)}: the warm starts "
                   f"fit in {ENSEMBLE_SHARE:.0%} of the {human_duration(left_s)} left")
-    return fitted, stage_specs(fitted, site, speeds, agents, targets, True), why
+    # Every agent's spec for the timeline; those still to train as their stages will run it, the first of them
+    # imitating the members (an earlier stage ran one imitation).
+    specs = stage_specs(fitted, site, speeds, agents, targets, True)
+    specs.update({agent: spec for agent, spec in stage_specs(fitted, site, speeds, fitting, targets, True).items()
+                  if agent in fitting})
+    return fitted, specs, why
 
 
 def fit_warnings(cfg: Config, speeds: Speeds, planned: list[PlannedStage]) -> list[str]:

@@ -40,11 +40,13 @@ def prepare(ctx: RunContext, agents: list[str], targets: dict[str, int], deadlin
     ctx, fitted = _fit_warm_start(ctx, speeds, agents, targets, deadline, now, one_process)
     specs = stage_specs(ctx.cfg, ctx.site, speeds, agents, targets, one_process)
     refit = None
-    # A night that left the ensemble (or some of its years) out is asked again before its first warm start, at its
-    # pace then (one process: on Ray the stages start side by side, each reading the config the night began with).
+    # A night that left the ensemble (or some of its years) out is asked again before each warm start until it takes
+    # it, at its pace then, for the agents left (one process: on Ray the stages start side by side, each reading the
+    # config the night began with).
     if resumed is None and deadline is not None and one_process and left_out(ctx.cfg, configured, ctx.site):
-        def refit(left_s: float, pace: float) -> tuple[Config, dict[str, StageSpec], str] | None:
-            return refit_ensemble(configured, ctx.site, speeds, agents, targets, left_s, pace, current=ctx.cfg)
+        def refit(left_s: float, pace: float, fitting: list[str]) -> tuple[Config, dict[str, StageSpec], str] | None:
+            return refit_ensemble(configured, ctx.site, speeds, agents, targets, left_s, pace, current=ctx.cfg,
+                                  fitting=fitting)
     if resumed is not None:
         state = resumed
         logs.get().info("schedule resumed", deadline=state.deadline,

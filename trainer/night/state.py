@@ -175,7 +175,9 @@ class Pace:
                        steps_per_s=spec.steps_per_s / factor)
 
 
-Refit = Callable[[float, float], "tuple[Config, dict[str, StageSpec], str] | None"]
+# The seconds left, the pace and the agents still to train -> the config with the ensemble, the specs with it and
+# why; None: it still does not fit.
+Refit = Callable[[float, float, list[str]], "tuple[Config, dict[str, StageSpec], str] | None"]
 
 
 @dataclass
@@ -281,7 +283,9 @@ def _start(night: Night, record: StageRecord, parallel: bool, clock: Callable[[]
     deadline = state.deadline_dt()
     resume = record.status == RUNNING
     if night.refit is not None and record.kind == StageKind.TRAIN and deadline is not None and not parallel:
-        _refit_warm_start(night, (deadline - now).total_seconds())
+        fitting = [s.name for s in state.stages[state.stages.index(record):]
+                   if s.kind == StageKind.TRAIN and s.status not in FINISHED]
+        _refit_warm_start(night, (deadline - now).total_seconds(), fitting)
     spec = night.spec(record.name)
     reserve, floor_steps, kept_after, flat_ends = spec.fixed_s, 0, 0.0, True
     if deadline is not None and parallel:  # side by side: its own evaluation and the report
@@ -324,18 +328,19 @@ def _start(night: Night, record: StageRecord, parallel: bool, clock: Callable[[]
     return job
 
 
-def _refit_warm_start(night: Night, left_s: float) -> None:
-    """Before the night's first warm start: the ensemble its first plan left out, where the time left at the night's
-    pace now affords it (the references and the calibration, both padded, often took less); the config every later
-    stage and a resume read (config.yaml) then has it. Asked once."""
-    refit, night.refit = night.refit, None
-    assert refit is not None
-    fitted = refit(left_s, night.pace.factor)
+def _refit_warm_start(night: Night, left_s: float, fitting: list[str]) -> None:
+    """Before each warm start of the agents ``fitting`` (this stage's and the later ones'): the ensemble the night's
+    first plan left out, where the time left at the night's pace now affords it (the references and the
+    calibration, both padded, often took less; a flat curve may end a stage minutes early); the config every later
+    stage and a resume read (config.yaml) then has it. Asked until it is taken."""
+    assert night.refit is not None
+    fitted = night.refit(left_s, night.pace.factor, fitting)
     if fitted is None:
         return
+    night.refit = None
     cfg, night.specs, why = fitted
     night.ctx = with_fitted_warm_start(night.ctx, cfg)
-    logs.get().info(f"warm start, planned again after the references: {why}", pace=f"{night.pace.factor:.2f}x",
+    logs.get().info(f"warm start, planned again before {fitting[0]}'s stage: {why}", pace=f"{night.pace.factor:.2f}x",
                     left_s=round(left_s))
 
 
