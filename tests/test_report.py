@@ -399,11 +399,11 @@ def test_the_time_the_stages_left_shows_where_it_was_spent(tmp_path, monkeypatch
     saved = []
     monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda fig, *a, **k: saved.append(fig))
     report = write_report(run).read_text()
-    assert ("The time the stages left, 13:27:40–13:28:58, evaluated the warm start of a2c, ppo, which the night had "
+    assert ("The time the stages left, 13:27:40–13:28:58, evaluated the warm starts of a2c, ppo, which the night had "
             "left for lack of time.") in report
     [timeline] = [fig for fig in saved if fig.axes[0].get_title().startswith("The night")]
     labels = [t.get_text() for t in timeline.axes[0].get_yticklabels()]
-    assert labels == ["report (this report)", "time left (a2c, ppo warm start evaluated)", "a2c (done)"]
+    assert labels == ["report (this report)", "time left (warm starts evaluated: a2c, ppo)", "a2c (done)"]
     spent = [bar for bar in timeline.axes[0].patches if 0.5 < bar.get_y() + bar.get_height() / 2 < 1.5]  # its row
     assert [round(bar.get_width() * 86400) for bar in spent] == [78]  # 13:27:40 to 13:28:58
     assert "time left, spent" in [t.get_text() for t in timeline.axes[0].get_legend().get_texts()]

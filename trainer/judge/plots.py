@@ -345,7 +345,7 @@ def plot_timeline(schedule: dict[str, Any] | None, path: Path) -> None:
     # own above the report's.
     spent = (schedule or {}).get("time_left")
     if spent and rows:
-        rows.insert(len(rows) - 1, (f"time left ({', '.join(spent['warm_starts_evaluated'])} warm start evaluated)",
+        rows.insert(len(rows) - 1, (f"time left (warm starts evaluated: {', '.join(spent['warm_starts_evaluated'])})",
                                     [(-0.2, spent["start"], spent["end"], TIME_LEFT_COLOUR)]))
     for row, (_, bars) in enumerate(reversed(rows)):
         for offset, start, end, colour in bars:

@@ -441,9 +441,10 @@ def _compose(run: RunDir, plots: Path) -> str:
             lines.append(f"| {s['name']} | {stage_status(s)} | {planned} | {_actual(s)} | {steps} |")
         spent = schedule.get("time_left")
         if spent:  # after the stages, before the report (trainer.night.state._spend_time_left)
+            agents = spent["warm_starts_evaluated"]
             lines += ["", f"The time the stages left, {_hm(spent['start'])}–{_hm(spent['end'])}, evaluated the warm "
-                          f"start of {', '.join(spent['warm_starts_evaluated'])}, which the night had left for lack "
-                          "of time."]
+                          f"start{'s' if len(agents) > 1 else ''} of {', '.join(agents)}, which the night had left "
+                          "for lack of time."]
         lines += ["", "![Timeline](plots/timeline.png)", ""]
     if run.monitor.is_file():
         records = read_records(run.monitor)
