@@ -216,6 +216,12 @@ def test_the_headline_names_the_training_steps_and_a_raised_peak_and_cost_its_cu
         results["sac"].update(timesteps=trained, kept=kept, warm_start=warm)
         run.results_json.write_text(json.dumps(results))
         assert says in write_report(run).read_text().splitlines()[2]
+    # A warm start that is the student of an ensemble says so there too, as the agent's own line does.
+    results["sac"].update(timesteps=4_096, kept={**chosen, "step": 0},
+                          warm_start={**warm, "ensemble": {"members": 10, "teacher": "sac"}})
+    run.results_json.write_text(json.dumps(results))
+    assert (": its warm start (the mean of 10 imitations of the optimum, in one policy), untrained: none of its 4,096"
+            in write_report(run).read_text().splitlines()[2])
 
 
 def test_the_headline_says_when_other_agents_deploy_the_very_same_policy(tmp_path):

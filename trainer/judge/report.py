@@ -163,9 +163,9 @@ def _how_chosen(results: dict[str, dict[str, Any]], choice: Choice) -> str:
     return said
 
 
-def _which_policy(m: dict[str, Any]) -> str:
-    """Which policy of the agent is deployed, said as the headline's end: its warm start, untrained, where it trained
-    nothing or kept its start; else the step kept of those trained."""
+def _which_policy(agent: str, m: dict[str, Any]) -> str:
+    """Which policy of ``agent`` is deployed, said as the headline's end: its warm start (what it imitated),
+    untrained, where it trained nothing or kept its start; else the step kept of those trained."""
     trained, kept = int(m.get("timesteps") or 0), m.get("kept") or {}
     step = kept.get("step", trained) if isinstance(kept, dict) else trained
     if m.get("warm_start") and (trained <= 0 or step == 0):
@@ -174,12 +174,27 @@ def _which_policy(m: dict[str, Any]) -> str:
         judged = (f"on {kept['window']}" if isinstance(kept, dict) and kept.get("window") else
                   "over the years the selection holds out from training")
         why = "it trained no step" if trained <= 0 else f"none of its {trained:,} training steps did better {judged}"
-        return f": its warm start (the imitation of the optimum), untrained: {why}."
+        imitation = _imitation(agent, m["warm_start"]) or "the imitation of the optimum"
+        return f": its warm start ({imitation}), untrained: {why}."
     if not trained:
         return "."
     if step != trained:
         return f", the policy after {step:,} of its {trained:,} training steps."
     return f", after {trained:,} training steps."
+
+
+def _imitation(agent: str, warm: dict[str, Any]) -> str | None:
+    """What ``agent``'s warm start imitated where it was an ensemble (results.json's ``warm_start``): the member
+    picked, or the members' mean; None for one imitation."""
+    ensemble = warm.get("ensemble") or {}
+    members, picked = ensemble.get("members"), (ensemble.get("pick") or {}).get("member")
+    if members and picked:  # warm_start.pick_best chose a member over the mean
+        return f"imitation {picked} of {members}: it did better over the held-out years than their mean in one policy"
+    if members:
+        teacher = ensemble.get("teacher", agent)  # another agent's policies taught this one
+        whose = f"{teacher.upper()} " if teacher != agent else ""
+        return f"the mean of {members} {whose}imitations of the optimum, in one policy"
+    return None
 
 
 def _reused(results: dict[str, dict[str, Any]]) -> str | None:
@@ -217,7 +232,7 @@ def _headline(results: dict[str, dict[str, Any]], target_pct: float, run: RunDir
                      f"({_fmt(m.get('co2_vs_baseline_pct'), '+.1f')}% against the uncontrolled baseline"
                      + (f", {share:.0f}% of the optimum's cut" if share is not None else "")
                      + f"), meeting {_fmt(m.get('ev_departure_soc_met_pct'), '.1f')}% of EV departures"
-                     + _which_policy(m)
+                     + _which_policy(best, m)
                      + _same_policy(results, best)
                      + _how_chosen(results, choice)
                      + (_below_rbc(results, best) or ""))
@@ -328,17 +343,8 @@ def _deployed(results: dict[str, dict[str, Any]]) -> list[str]:
             line += (f" Its stage ended at step {kept['final_step']:,} of {early['target']:,}: no better policy on the "
                      f"window in {early['patience_steps']:,} steps or more (train.patience).")
         if isinstance(warm.get("co2_kg_per_year"), (int, float)):
-            ensemble = warm.get("ensemble") or {}
-            members, picked = ensemble.get("members"), (ensemble.get("pick") or {}).get("member")
-            if members and picked:  # warm_start.pick_best chose a member over the mean
-                imitation = (f" (imitation {picked} of {members}: it did better over the held-out years than their "
-                             "mean in one policy)")
-            elif members:
-                teacher = ensemble.get("teacher", agent)  # another agent's policies taught this one
-                whose = f"{teacher.upper()} " if teacher != agent else ""
-                imitation = f" (the mean of {members} {whose}imitations of the optimum, in one policy)"
-            else:
-                imitation = ""
+            said = _imitation(agent, warm)
+            imitation = f" ({said})" if said else ""
             line += (f" Warm start alone{imitation}: {warm['co2_kg_per_year']:,.0f} kg/yr; deployed: "
                      f"{metrics['co2_kg_per_year']:,.0f} kg/yr.")
         elif warm.get("not_evaluated"):
