@@ -432,42 +432,35 @@ def test_the_ensemble_left_out_is_asked_again_before_each_warm_start_until_it_is
     # Every agent's job carried its warm start as planned with the ensemble.
     assert [c[1] for c in runner.calls if c[0] == "train"] == ["sac", "ppo", "a2c"]
 
+    def night_asking(folder, taken_before: str | None) -> tuple[Night, list[list[str]]]:
+        """A night in ``folder`` driven to its end whose ensemble fits once ``taken_before``'s stage starts (None:
+        never); the agents it was asked for, each time."""
+        folder.mkdir()
+        clock = Clock(START)
+        runner = FakeExecutor(clock)
+        state = new_state(folder, deadline, clock, runner)
+        ctx = RunContext(single, RunDir(folder), Site(SCHEMA, folder / "schema.json", None, {}), "cpu")
+        fittings = []
+
+        def refit(left_s, pace, fitting):
+            fittings.append(fitting)
+            return (load_config(), with_ensemble, "the mean of 10 imitations: ...") if fitting[0] == taken_before \
+                else None
+
+        night = Night(ctx, state, SPECS, report=runner.report, refit=refit)
+        drive([night], runner, clock)
+        return night, fittings
+
     # Where it still does not fit: nothing changes.
-    later = tmp_path / "later"
-    later.mkdir()
-    clock = Clock(START)
-    runner = FakeExecutor(clock)
-    state = new_state(later, deadline, clock, runner)
-    ctx = RunContext(single, RunDir(later), Site(SCHEMA, later / "schema.json", None, {}), "cpu")
-    asked.clear()
-
-    def not_yet(left_s, pace, fitting):
-        asked.append(fitting)
-        return None
-
-    night = Night(ctx, state, SPECS, report=runner.report, refit=not_yet)
-    drive([night], runner, clock)
-    assert asked == [["sac", "ppo", "a2c"], ["ppo", "a2c"], ["a2c"]]  # before each stage, with the agents left
+    night, fittings = night_asking(tmp_path / "later", None)
+    assert fittings == [["sac", "ppo", "a2c"], ["ppo", "a2c"], ["a2c"]]  # before each stage, with the agents left
     assert night.ctx.cfg is single and night.specs is SPECS
-    assert not RunDir(later).config.exists()
+    assert not RunDir(tmp_path / "later").config.exists()
 
     # Taken before a later stage (an earlier one's curve went flat and left it time): that stage on run it.
-    third = tmp_path / "third"
-    third.mkdir()
-    clock = Clock(START)
-    runner = FakeExecutor(clock)
-    state = new_state(third, deadline, clock, runner)
-    ctx = RunContext(single, RunDir(third), Site(SCHEMA, third / "schema.json", None, {}), "cpu")
-    asked.clear()
-
-    def before_ppo(left_s, pace, fitting):
-        asked.append(fitting)
-        return (load_config(), with_ensemble, "the mean of 10 imitations: ...") if fitting[0] == "ppo" else None
-
-    night = Night(ctx, state, SPECS, report=runner.report, refit=before_ppo)
-    drive([night], runner, clock)
-    assert asked == [["sac", "ppo", "a2c"], ["ppo", "a2c"]] and night.refit is None
-    assert night.specs is with_ensemble and load_config([RunDir(third).config]).warm_start.ensemble == 10
+    night, fittings = night_asking(tmp_path / "third", "ppo")
+    assert fittings == [["sac", "ppo", "a2c"], ["ppo", "a2c"]] and night.refit is None
+    assert night.specs is with_ensemble and load_config([RunDir(tmp_path / "third").config]).warm_start.ensemble == 10
 
 
 def test_a_night_short_of_time_goes_lean_rather_than_skip_an_agent(tmp_path):
