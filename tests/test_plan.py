@@ -428,7 +428,7 @@ def test_after_the_references_the_ensemble_is_weighed_on_the_stages_left_at_the_
     report, the references run; the time left counts at the pace the night has shown."""
     from trainer.config.loading import load_config
     from trainer.night.calibrate import Speeds
-    from trainer.night.plan import fit_ensemble, refit_ensemble, stage_specs, untimed_night_s
+    from trainer.night.plan import fit_ensemble, human_duration, refit_ensemble, stage_specs, untimed_night_s
 
     # Three other years, as a night short of time for eight keeps (the step before: the test above).
     cfg = load_config(overrides=["warm_start.extra_draws=3"])
@@ -443,6 +443,11 @@ def test_after_the_references_the_ensemble_is_weighed_on_the_stages_left_at_the_
     assert fit_ensemble(cfg, built_in, speeds, agents, left, targets=targets)[0].warm_start.ensemble == 1
     fitted, specs, why = refit_ensemble(cfg, built_in, speeds, agents, targets, left, 1.0)
     assert fitted.warm_start.ensemble == cfg.warm_start.ensemble and why.startswith("the mean of 10 imitations")
+    # What it weighs is the time left, and it says so (not "of the night's 20 min").
+    assert why.endswith(f"in ~{human_duration(agents_only)} of the {human_duration(left)} left")
+    # On a machine faster than calibrated the stages' estimates shrink with the pace; the time left is the clock's.
+    why = refit_ensemble(cfg, built_in, speeds, agents, targets, 0.9 * left, 0.9)[2]
+    assert why.endswith(f"in ~{human_duration(0.9 * agents_only)} of the {human_duration(0.9 * left)} left")
     assert specs["sac"].setup_s == stage_specs(cfg, built_in, speeds, agents, targets)["sac"].setup_s
     # The same seconds on a machine 20 % slower than calibrated: still one imitation.
     assert refit_ensemble(cfg, built_in, speeds, agents, targets, left, 1.2) is None

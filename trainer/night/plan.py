@@ -266,7 +266,7 @@ def ensemble_for_size(cfg: Config, site: Site, targets: dict[str, int]) -> tuple
 
 def fit_ensemble(cfg: Config, site: Site, speeds: Speeds, agents: list[str], available_s: float | None,
                  one_process: bool = True, targets: dict[str, int] | None = None,
-                 references_done: bool = False) -> tuple[Config, str | None]:
+                 references_done: bool = False, pace: float = 1.0) -> tuple[Config, str | None]:
     """The night's config with ``warm_start.ensemble`` as it fits, and why it changed (None: it did not).
 
     A night without a deadline runs the configured ensemble where its size warrants it (:func:`ensemble_for_size`,
@@ -280,26 +280,29 @@ def fit_ensemble(cfg: Config, site: Site, speeds: Speeds, agents: list[str], ava
     and the untimed nights with it took 8-10 minutes on a 2-core machine, where a 20-minute night with one imitation
     ended after 7, its curves flat. Smaller ensembles are not tried: the mean of two measured worse than its first
     member, of three below the best one imitation of five (docs/agent-quality.md). ``references_done``: asked again
-    once the references have run (:func:`refit_ensemble`), the whole night is the agents' stages and the report."""
+    once the references have run (:func:`refit_ensemble`), the whole night is the agents' stages and the report, and
+    ``available_s`` the time left, the estimates counted at the ``pace`` the night's stages have shown."""
     settings = cfg.warm_start
     if available_s is None and targets is not None:
         return ensemble_for_size(cfg, site, targets)
     if available_s is None or settings.ensemble <= 1 or settings.epochs <= 0:
         return cfg, None
-    needed = sum(warm_start_s(cfg, site, speeds, agents, one_process).values())
+    needed = sum(warm_start_s(cfg, site, speeds, agents, one_process).values()) * pace
     if needed <= ENSEMBLE_SHARE * available_s:
         return cfg, None
+    # Asked again once the references have run, what is weighed is the time left, not the night's.
+    of_time = (f"the {human_duration(available_s)} left" if references_done
+               else f"the night's {human_duration(available_s)}")
     whole = ""
     if targets is not None:
         # Each agent as far as a flat curve may end its stage (train.patience): the steps the night owes it.
         share = cfg.train.patience or 1.0
         owed = {agent: int(steps * share) for agent, steps in targets.items()}
-        whole_s = untimed_night_s(cfg, site, speeds, agents, owed, one_process, references=not references_done)
+        whole_s = untimed_night_s(cfg, site, speeds, agents, owed, one_process, references=not references_done) * pace
         if whole_s <= ENSEMBLE_SPARE * available_s:
             reach = "its timesteps" if share >= 1.0 else f"{share:.0%} of its timesteps (train.patience)"
             return cfg, (f"the mean of {settings.ensemble} imitations{_over_years(site, cfg)}: with it every agent "
-                         f"still reaches {reach} in ~{human_duration(whole_s)} of the night's "
-                         f"{human_duration(available_s)}")
+                         f"still reaches {reach} in ~{human_duration(whole_s)} of {of_time}")
         # Both figures the choice weighed: each is padded (SAFETY), and a night that then ends early shows by how much.
         whole = f", and the whole night with it ~{human_duration(whole_s)}"
     years = site.demonstration_draws(settings)
@@ -307,15 +310,16 @@ def fit_ensemble(cfg: Config, site: Site, speeds: Speeds, agents: list[str], ava
         # Fewer years before one imitation: on the official EV buildings eight resampled years gained 0.9-1.4 points
         # with the ensemble, where one imitation of them lost 1.2 (docs/agent-quality.md, "More varied years").
         fewer = cfg.model_copy(update={"warm_start": settings.model_copy(update={"extra_draws": FEWER_DRAWS})})
-        kept, why = fit_ensemble(fewer, site, speeds, agents, available_s, one_process, targets, references_done)
+        kept, why = fit_ensemble(fewer, site, speeds, agents, available_s, one_process, targets, references_done,
+                                 pace)
         if kept.warm_start.ensemble > 1:
             return kept, (f"{FEWER_DRAWS} {_years_word(site)} imitated, not {years}, to keep the mean of "
                           f"{settings.ensemble} imitations: with {years} the warm starts would take "
                           f"~{human_duration(needed)}{whole}" + (f"; {why}" if why else ""))
     single, over = one_imitation(cfg, site)
     return single, (f"one imitation{over}, not the mean of {settings.ensemble}: with it the warm starts would take "
-                    f"~{human_duration(needed)}, over {ENSEMBLE_SHARE:.0%} of the night's "
-                    f"{human_duration(available_s)}{whole} (a longer night runs it)")
+                    f"~{human_duration(needed)}, over {ENSEMBLE_SHARE:.0%} of {of_time}{whole} "
+                    "(a longer night runs it)")
 
 
 def untimed_night_s(cfg: Config, site: Site, speeds: Speeds, agents: list[str], targets: dict[str, int],
@@ -363,8 +367,8 @@ def refit_ensemble(cfg: Config, site: Site, speeds: Speeds, agents: list[str], t
     fitting = agents if fitting is None else fitting
     if not any(agent_spec(agent).warm_start for agent in fitting):
         return None
-    fitted, why = fit_ensemble(cfg, site, speeds, fitting, left_s / max(pace, 1e-6), True,
-                               {agent: targets[agent] for agent in fitting}, references_done=True)
+    fitted, why = fit_ensemble(cfg, site, speeds, fitting, left_s, True, {agent: targets[agent] for agent in fitting},
+                               references_done=True, pace=pace)
     if fitted.warm_start.ensemble <= 1 or (current is not None and not left_out(fitted, current, site)):
         return None
     why = why or (f"the mean of {cfg.warm_start.ensemble} imitations{_over_years(site, fitted)}: the warm starts "
