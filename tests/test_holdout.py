@@ -425,6 +425,10 @@ def test_the_time_a_night_has_left_evaluates_the_warm_starts_it_left_unevaluated
     cfg = load_config(overrides=tiny_overrides())
     with open_run(cfg, "train", tmp_path / "run", str(one_year.schema)) as ctx:
         _left_unevaluated(ctx, cfg, {"sac": 31_000.0, "ppo": 30_000.0, "a2c": 30_500.0})
+        # What a night's last stage learning on past its target keeps for them: three judgings of 60 s, padded, and
+        # one more where that stage (in a night short of time) leaves its own too.
+        assert stages.left_warm_starts_s(ctx, own=False) == pytest.approx(3 * 60.0 * stages.SAFETY)
+        assert stages.left_warm_starts_s(ctx, own=True) == pytest.approx(4 * 60.0 * stages.SAFETY)
         # 100 s left: PPO's (least CO2) fits at 69 s padded; SAC's would not after it; A2C's has PPO's weights
         now = [1_000.0]
 
@@ -445,3 +449,14 @@ def test_the_time_a_night_has_left_evaluates_the_warm_starts_it_left_unevaluated
     assert any(row.startswith("- **ppo**") and row.endswith("Warm start alone: 21 kg/yr; deployed: 30,000 kg/yr.")
                for row in rows)
     assert any(row.startswith("- **sac**") and "not evaluated (the night was short of time)" in row for row in rows)
+    # A night's last stage that learnt on past its target says so; one that stopped short of it does not.
+    past = {"past_target": {"target": 800, "up_to": 6_400}}
+
+    def a2c_row(step: int, final_step: int) -> str:
+        kept = {"step": step, "final_step": final_step, "why": "it did best", "validation_co2_kg_per_year": 29_000.0}
+        rows = _deployed({"a2c": {**results["a2c"], **past, "kept": kept}})
+        return next(row for row in rows if row.startswith("- **a2c**"))
+
+    assert ("As the night's last stage it learnt on past its target of 800 steps, in time no stage after it could use "
+            "(6,400 at most, schedule.last_stage_past_target).") in a2c_row(800, 1000)
+    assert "past its target" not in a2c_row(700, 700)

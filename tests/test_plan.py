@@ -68,7 +68,8 @@ def test_second_plan_uses_the_cached_calibration(tmp_path, monkeypatch):
     assert second.exit_code == 0, second.output
     # 100 million steps in whole rollouts of 2,048, the number A2C trains (and the table will say)
     # (a note on a2c's warm start may still come where the calibration ran on a loaded machine)
-    assert "train 100,001,792/100,001,792 steps" in second.output
+    # (the night's last stage, it then learns on past them in the time left: schedule.last_stage_past_target)
+    assert "train 100,001,792 steps, on to ~" in second.output
     assert "of its 100,001,792 timesteps" not in second.output
     assert "! speeds measured while" not in second.output
     # Measured while other work ran: a plan from it says so while the machine is still busy ...
@@ -77,7 +78,7 @@ def test_second_plan_uses_the_cached_calibration(tmp_path, monkeypatch):
     monkeypatch.setattr("trainer.night.calibrate.others_load", lambda: 1.2)
     busy = plan(tmp_path, "--budget", "1h", "--agents", "a2c", *many)
     assert "! speeds measured while other work kept ~1.7 cores busy" in busy.output
-    assert "train 100,001,792/100,001,792 steps" in busy.output  # the cache still served it
+    assert "train 100,001,792 steps, on to ~" in busy.output  # the cache still served it
     # ... and once the machine is quiet, the next plan measures again (the planted figure is gone).
     monkeypatch.setattr("trainer.night.calibrate.others_load", lambda: 0.0)
     quiet = plan(tmp_path, "--budget", "30m", "--agents", "a2c", *many)
@@ -382,6 +383,34 @@ def test_a_night_short_of_time_imitates_fewer_years_before_it_gives_up_the_ensem
     fitted, why = fit_ensemble(cfg, site, speeds, ["sac", "ppo"], 0.5 * needed[3] / ENSEMBLE_SHARE)
     assert (fitted.warm_start.extra_draws, fitted.warm_start.ensemble) == (3, 1)
     assert why.startswith(f"one imitation over 3 {years}, not the mean of 10")
+
+
+def test_the_years_step_down_one_rung_at_a_time_and_the_plan_names_the_years_it_kept(tmp_path):
+    """Sixteen years without room: eight where they fit, three where only they do (FEWER_DRAWS), and the reason
+    names the years kept, not the first rung tried."""
+    from trainer.config.loading import load_config
+    from trainer.config.sections import FEWER_DRAWS
+    from trainer.night.calibrate import Speeds
+    from trainer.night.plan import ENSEMBLE_SHARE, fit_ensemble, warm_start_s
+
+    assert FEWER_DRAWS == (8, 3)
+    dataset = _a_year_of_one_site(tmp_path)
+    speeds = Speeds(eval_steps_per_s=400.0, train_steps_per_s={}, imitation_update_s={"sac": 0.006, "ppo": 0.002})
+    configs = {n: load_config(overrides=[f"warm_start.extra_draws={n}"]) for n in (16, 8, 3)}
+    needed = {n: sum(warm_start_s(c, dataset, speeds, ["sac", "ppo"]).values()) for n, c in configs.items()}
+    assert needed[16] > needed[8] > needed[3]
+    room = {n: needed[n] / ENSEMBLE_SHARE for n in needed}
+    assert fit_ensemble(configs[16], dataset, speeds, ["sac", "ppo"], room[16]) == (configs[16], None)
+    fitted, why = fit_ensemble(configs[16], dataset, speeds, ["sac", "ppo"], room[8])
+    assert (fitted.warm_start.extra_draws, fitted.warm_start.ensemble) == (8, 10)
+    assert why.startswith("8 resampled years imitated, not 16, to keep the mean of 10 imitations: with 16")
+    fitted, why = fit_ensemble(configs[16], dataset, speeds, ["sac", "ppo"], room[3])
+    assert (fitted.warm_start.extra_draws, fitted.warm_start.ensemble) == (3, 10)
+    assert why.startswith("3 resampled years imitated, not 16, to keep the mean of 10 imitations: with 16")
+    assert "; 3 resampled years imitated, not 8" in why  # each rung's figure, as it was weighed
+    fitted, why = fit_ensemble(configs[16], dataset, speeds, ["sac", "ppo"], 0.5 * room[3])
+    assert (fitted.warm_start.extra_draws, fitted.warm_start.ensemble) == (3, 1)
+    assert why.startswith("one imitation over 3 resampled years, not the mean of 10")
 
 
 def test_a_timed_night_its_targets_end_early_runs_the_ensemble_in_the_time_they_leave(built_in):

@@ -72,7 +72,8 @@ class FakeExecutor:
             self.clock.advance(EVAL_S)
             return [StageEvent(job, StageOutcome(metrics={"co2_kg_per_year": 100.0}))]
         speed = SPEEDS[job.name] * self.speed_factor
-        seconds = job.target / speed if limit is None else min(job.target / speed, limit)
+        target = max(job.target, job.past_target)  # a night's last stage may learn on past its target
+        seconds = target / speed if limit is None else min(target / speed, limit)
         self.clock.advance(seconds + EVAL_S)
         return [StageEvent(job, StageOutcome(metrics={"timesteps": int(seconds * speed),
                                                       "checkpoint": f"{job.name}/checkpoints/x"}))]
@@ -522,6 +523,37 @@ def test_a_timed_night_s_last_stage_learns_through_a_flat_curve(tmp_path, deadli
     run(new_state(tmp_path, deadline, clock, runner), runner, clock)
     flat_ends = {job.name: job.flat_ends for job in runner.jobs if job.kind == "train"}
     assert flat_ends == {"sac": True, "ppo": True, "a2c": not last_learns_on}
+
+
+@pytest.mark.parametrize("deadline, parallel, stretch, learns_on", [(START + timedelta(hours=2), False, 8.0, True),
+                                                                  (None, False, 8.0, False),
+                                                                  (START + timedelta(hours=2), True, 8.0, False),
+                                                                  (START + timedelta(hours=2), False, 1.0, False)])
+def test_a_timed_night_s_last_stage_learns_on_past_its_target_to_its_slot_s_end(tmp_path, deadline, parallel,
+                                                                                 stretch, learns_on):
+    """Every agent reaches its target in a quarter of its plan: one process with a deadline lets its last training
+    stage learn on past its target (schedule.last_stage_past_target) to its slot's end, which keeps what the
+    warm starts left unevaluated would take in the time left, so the night ends that long before its deadline, not
+    hours early. Untimed, side by side, or at 1: it stops at its target."""
+    clock = Clock(START)
+    runner = FakeExecutor(clock, speed_factor=4.0)
+    runner.parallel = parallel
+    state = new_state(tmp_path, deadline, clock, runner)
+    asked = []
+
+    def spare_s(ctx, own):  # the warm starts' evaluations the time left would run
+        asked.append(own)
+        return 120.0
+
+    ctx = SimpleNamespace(run=RunDir(tmp_path), site=Site(SCHEMA, tmp_path / "schema.json", None, {}))
+    drive([Night(ctx, state, SPECS, report=runner.report, spare_s=spare_s, past_target=stretch)], runner, clock)
+    past = {job.name: job.past_target for job in runner.jobs if job.kind == "train"}
+    assert past == {"sac": 0, "ppo": 0, "a2c": 4_000_000 if learns_on else 0}
+    assert asked == ([False] if learns_on else [])
+    if learns_on:  # its slot to the deadline less its evaluation, the report and the warm starts' 120 s
+        assert clock() == deadline - timedelta(seconds=120)
+    elif not parallel and deadline is not None:
+        assert clock() < deadline - timedelta(minutes=30)  # at its target: the night ends early
 
 
 def test_a_resumed_night_whose_last_agent_is_done_lets_the_one_before_learn_on(tmp_path):

@@ -6,6 +6,7 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from click.testing import CliRunner
 
@@ -203,6 +204,17 @@ def test_a_flat_curve_ends_the_stage_early_and_a_resume_does_not_train_on(tmp_pa
     # The first run, the resume, and this one: only this one says its flat curve does not end it.
     assert [e.get("patience") for e in events if e["event"] == "training"] == [
         None, None, "off: the night's last stage learns to its slot's end or its target"]
+    # Given time past its target (schedule.last_stage_past_target), it learns on to twice it, its learning rate held
+    # at its end value (ppo.learning_rate_end of 0.5) past the target, and results.json says so.
+    with reopen_run(run, "cpu") as ctx:
+        on = train_agent(ctx, "ppo", 2048, resume=True, flat_ends=False, past_target=4096)
+    assert on["ended_by"] == "target" and 4096 <= on["timesteps"] < 4096 + 128
+    assert on["past_target"] == {"target": 2048, "up_to": 4096}
+    progress = pd.read_csv(run / "ppo" / "progress.csv")
+    past = progress[progress["time/total_timesteps"] > 2048 + 128]["train/learning_rate"].dropna()
+    assert len(past) and all(rate == pytest.approx(0.5 * ctx.cfg.ppo.learning_rate_end) for rate in past)
+    events = [json.loads(line) for line in (run / "logs" / "trainer.jsonl").read_text().splitlines()]
+    assert "4,096 steps at most" in [e for e in events if e["event"] == "training"][-1]["past_target"]
 
 
 def test_without_keep_best_the_last_policy_is_deployed(tmp_path):

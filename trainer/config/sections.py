@@ -147,9 +147,9 @@ LOAD_NOW = "non_shiftable_load"
 # docs/agent-quality.md, "More varied years").
 BUILT_IN_DRAWS = 8
 ONE_PERIOD_DRAWS = 8
-# A timed night without room for the ensemble over those years tries it over this many before one imitation, which
-# imitates no more than this many either (trainer.night.plan.one_imitation).
-FEWER_DRAWS = 3
+# A timed night without room for the ensemble over those years tries it over each of these below them, most first,
+# before one imitation, which imitates no more than the last (trainer.night.plan.fit_ensemble, one_imitation).
+FEWER_DRAWS = (8, 3)
 
 
 Hours = Annotated[int, Field(ge=1, le=168)]
@@ -201,7 +201,8 @@ class WarmStartConfig(Section):
         "2000, 2001, ...) whose optimum the policy imitates too, built once into the run's demonstration-sites/: a "
         f"policy that keeps to the optimum in closed loop; auto: {BUILT_IN_DRAWS} on the built-in site, "
         f"{ONE_PERIOD_DRAWS} on a dataset of one period, whose varied years are all it sees of other seasons; a timed "
-        f"night short of time for the ensemble over them imitates {FEWER_DRAWS}, as one imitation does "
+        f"night short of time for the ensemble over them imitates {' or '.join(map(str, FEWER_DRAWS))}, one "
+        f"imitation {FEWER_DRAWS[-1]} "
         "(docs/agent-quality.md, docs/schedule.md).")
     draw_load_scale: ScaleRange = doc(
         "On a dataset of one period, each block (about a week) of a resampled year the warm start imitates has its "
@@ -366,6 +367,11 @@ class ScheduleConfig(Section):
     curve_max_share: float = doc(
         "Most of a stage's time its learning-curve evaluations (in CityLearn) may take: on a fast learner they "
         "wait longer than curve_every_steps between them.", gt=0, le=1)
+    last_stage_past_target: float = doc(
+        "A timed night's last training stage (one process, no stage after it to use the time) learns on past its "
+        "target to its slot's end, to at most this many times its target, its learning rate held at its end value "
+        "past the target; the best policy seen still deploys. 1 = it stops at its target, and the night ends early "
+        "by what is left (docs/schedule.md).", ge=1, le=100)
     reuse_references: bool = doc(
         "Reuse the references' figures of an earlier run with the same data, periods, seed, site settings and "
         "program (kept in the machine's cache) instead of evaluating them again.")

@@ -342,6 +342,10 @@ def _deployed(results: dict[str, dict[str, Any]]) -> list[str]:
         if early:
             line += (f" Its stage ended at step {kept['final_step']:,} of {early['target']:,}: no better policy on the "
                      f"window in {early['patience_steps']:,} steps or more (train.patience).")
+        past = metrics.get("past_target")
+        if past and kept["final_step"] > past["target"]:
+            line += (f" As the night's last stage it learnt on past its target of {past['target']:,} steps, in time no "
+                     f"stage after it could use ({past['up_to']:,} at most, schedule.last_stage_past_target).")
         if isinstance(warm.get("co2_kg_per_year"), (int, float)):
             said = _imitation(agent, warm)
             imitation = f" ({said})" if said else ""

@@ -94,12 +94,13 @@ def save_model_atomic(model: BaseAlgorithm, path: Path) -> None:
 
 
 def apply_sizes(model: BaseAlgorithm, batch_size: int | None, n_steps: int | None, learning_rate: float,
-                learning_rate_end: float = 1.0) -> None:
+                learning_rate_end: float = 1.0, decay_share: float = 1.0) -> None:
     """Set a model's batch, rollout and learning rate (after a back-off, a rollback or a resume).
 
     With ``learning_rate_end`` < 1 the rate falls linearly to that share of ``learning_rate`` at the
-    stage's last step. SB3 measures the progress from the steps taken and the stage's target, so a
-    resumed stage goes on at the rate the straight one would have had.
+    stage's last step, or over its first ``decay_share`` of its steps and held there after. SB3 measures the
+    progress from the steps taken and the stage's target, so a resumed stage goes on at the rate the straight one
+    would have had.
     """
     if batch_size is not None and hasattr(model, "batch_size"):
         model.batch_size = batch_size
@@ -112,7 +113,7 @@ def apply_sizes(model: BaseAlgorithm, batch_size: int | None, n_steps: int | Non
     if learning_rate_end < 1:
         from stable_baselines3.common.utils import get_linear_fn  # lazy: SB3 imports torch
 
-        model.lr_schedule = get_linear_fn(learning_rate, learning_rate * learning_rate_end, 1.0)
+        model.lr_schedule = get_linear_fn(learning_rate, learning_rate * learning_rate_end, decay_share)
     else:
         model._setup_lr_schedule()
 

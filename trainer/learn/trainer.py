@@ -60,9 +60,12 @@ class StageTrainer:
 
     def __init__(self, ctx: RunContext, handle: Agent, target: int, callbacks: list | None = None,
                  time_limit_s: float | None = None, warm_start_s: float | None = None, later: tuple[str, ...] = (),
-                 floor: tuple[int, float] | None = None, flat_ends: bool = True):
+                 floor: tuple[int, float] | None = None, flat_ends: bool = True, decay_steps: int | None = None):
         agent = handle.name
         self.ctx, self.cfg, self.handle, self.agent, self.target = ctx, ctx.cfg, handle, agent, target
+        # The steps its learning rate falls over (learning_rate_end), held at its end after: a night's last stage
+        # learning on past its target (StageJob.past_target) learns to the target as it would have stopped there.
+        self.decay_share = 1.0 if decay_steps is None else min(max(decay_steps / target, 0.0), 1.0)
         self.section = handle.section
         self.rel = self.cfg.reliability
         self.folder = ctx.run.agent(agent)
@@ -200,7 +203,7 @@ class StageTrainer:
             self._sb3_logger = sb3_logger(self.cfg, self.folder.root)
         model.set_logger(self._sb3_logger)
         apply_sizes(model, self.sizes.batch_size, self.sizes.n_steps, self.sizes.learning_rate,
-                    self.section.learning_rate_end)
+                    self.section.learning_rate_end, self.decay_share)
         keep_near_demonstrations(self.cfg, self.ctx.site, self.agent, model, self.ctx.run.demonstration_sites)
         from trainer.learn.fast_sac import TrainWhileStepping  # lazy: SB3 and torch
 

@@ -32,6 +32,9 @@ class StageSpec:
     steps_per_s: float = 0.0        # measured training speed
     setup_s: float = 0.0            # before training, inside the stage's time limit (the warm start)
     lean_fixed_s: float | None = None  # its evaluation when the night is short of time (None: it has no leaner)
+    # As a timed night's last training stage it learns on past its target to its slot's end, to this many times
+    # its target at most (schedule.last_stage_past_target; 1: it stops at its target).
+    past_target: float = 1.0
 
     def leaned(self) -> StageSpec:
         """This stage as a night short of time runs it: its confirmation judged on the training simulator."""
@@ -167,6 +170,7 @@ def forecast(stages: list[StageSpec], start: datetime, available_s: float | None
         return timeline(stages, start, None)
     lean = short_of_time(stages, available_s)
     specs = [s.leaned() for s in stages] if lean else list(stages)
+    last = max((i for i, s in enumerate(specs) if s.kind == StageKind.TRAIN), default=None)
     out, clock = [], start
     for i, spec in enumerate(specs):
         if spec.kind != StageKind.TRAIN:
@@ -181,8 +185,10 @@ def forecast(stages: list[StageSpec], start: datetime, available_s: float | None
                                     planned_setup_s=spec.setup_s, skipped=True, lean=lean))
             continue
         setup = min(spec.setup_s, warm_start_cap_s(limit, spec.setup_s, spec.target_steps, spec.steps_per_s))
-        train_s = min(spec.needed_train_s, max(limit - setup, 0.0))
+        stretch = spec.past_target if i == last else 1.0  # the last learns on past its target in what is left
+        train_s = min(spec.needed_train_s * stretch, max(limit - setup, 0.0))
         steps = spec.target_steps if train_s >= spec.needed_train_s else int(train_s * spec.steps_per_s)
+        steps = max(steps, min(int(train_s * spec.steps_per_s), int(spec.target_steps * stretch)))
         end = clock + timedelta(seconds=setup + train_s + spec.fixed_s)
         out.append(PlannedStage(spec.name, clock, end, train_s, steps, spec.target_steps, setup_s=setup,
                                 planned_setup_s=spec.setup_s, lean=lean))

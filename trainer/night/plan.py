@@ -126,7 +126,8 @@ def stage_specs(
                                  float(cfg.schedule.weights.get(agent, 1.0)),
                                  targets[agent], speeds.train_steps_per_s[agent] / SAFETY * training_share,
                                  setup_s=warm_starts.get(agent, 0.0),
-                                 lean_fixed_s=lean_eval_s if lean_eval_s < agent_eval_s - shared_s else None)
+                                 lean_fixed_s=lean_eval_s if lean_eval_s < agent_eval_s - shared_s else None,
+                                 past_target=cfg.schedule.last_stage_past_target if one_process else 1.0)
     return specs
 
 
@@ -237,15 +238,16 @@ def warm_start_s(cfg: Config, site: Site, speeds: Speeds, agents: list[str],
 
 
 def one_imitation(cfg: Config, site: Site) -> tuple[Config, str]:
-    """``cfg`` with one imitation instead of the ensemble, and over at most FEWER_DRAWS other years: more years pay
-    only with the ensemble's mean (on the built-in site one imitation of seven other years reached 91.4 and 91.7 %
-    where three gave 91.9 and 92.9: docs/agent-quality.md), and their demonstrations cost a short night's time.
+    """``cfg`` with one imitation instead of the ensemble, over at most the last of FEWER_DRAWS other years: more
+    years pay only with the ensemble's mean (on the built-in site one imitation of seven other years reached 91.4 and
+    91.7 % where three gave 91.9 and 92.9: docs/agent-quality.md), and their demonstrations cost a short night's time.
     The second value names the years where they were cut (' over 3 other years'), else ''."""
     settings = cfg.warm_start
     years = site.demonstration_draws(settings)
-    cut = {"extra_draws": FEWER_DRAWS} if years > FEWER_DRAWS else {}
+    least = FEWER_DRAWS[-1]
+    cut = {"extra_draws": least} if years > least else {}
     single = cfg.model_copy(update={"warm_start": settings.model_copy(update={"ensemble": 1, **cut})})
-    return single, (f" over {FEWER_DRAWS} {_years_word(site)}" if cut else "")
+    return single, (f" over {least} {_years_word(site)}" if cut else "")
 
 
 def ensemble_for_size(cfg: Config, site: Site, targets: dict[str, int]) -> tuple[Config, str | None]:
@@ -306,16 +308,17 @@ def fit_ensemble(cfg: Config, site: Site, speeds: Speeds, agents: list[str], ava
         # Both figures the choice weighed: each is padded (SAFETY), and a night that then ends early shows by how much.
         whole = f", and the whole night with it ~{human_duration(whole_s)}"
     years = site.demonstration_draws(settings)
-    if years > FEWER_DRAWS:
+    fewer_years = [rung for rung in FEWER_DRAWS if rung < years]
+    if fewer_years:
         # Fewer years before one imitation: on the official EV buildings eight resampled years gained 0.9-1.4 points
         # with the ensemble, where one imitation of them lost 1.2 (docs/agent-quality.md, "More varied years").
-        fewer = cfg.model_copy(update={"warm_start": settings.model_copy(update={"extra_draws": FEWER_DRAWS})})
+        fewer = cfg.model_copy(update={"warm_start": settings.model_copy(update={"extra_draws": fewer_years[0]})})
         kept, why = fit_ensemble(fewer, site, speeds, agents, available_s, one_process, targets, references_done,
                                  pace)
         if kept.warm_start.ensemble > 1:
-            return kept, (f"{FEWER_DRAWS} {_years_word(site)} imitated, not {years}, to keep the mean of "
-                          f"{settings.ensemble} imitations: with {years} the warm starts would take "
-                          f"~{human_duration(needed)}{whole}" + (f"; {why}" if why else ""))
+            return kept, (f"{site.demonstration_draws(kept.warm_start)} {_years_word(site)} imitated, not {years}, "
+                          f"to keep the mean of {settings.ensemble} imitations: with {years} the warm starts would "
+                          f"take ~{human_duration(needed)}{whole}" + (f"; {why}" if why else ""))
     single, over = one_imitation(cfg, site)
     return single, (f"one imitation{over}, not the mean of {settings.ensemble}: with it the warm starts would take "
                     f"~{human_duration(needed)}, over {ENSEMBLE_SHARE:.0%} of {of_time}{whole} "
@@ -339,7 +342,7 @@ def _years_word(site: Site) -> str:
 def _over_years(site: Site, cfg: Config) -> str:
     """' over N resampled years' where the warm start imitates more years than a night short of time keeps."""
     years = site.demonstration_draws(cfg.warm_start)
-    return f" over {years} {_years_word(site)}" if years > FEWER_DRAWS else ""
+    return f" over {years} {_years_word(site)}" if years > FEWER_DRAWS[-1] else ""
 
 
 def left_out(fitted: Config, configured: Config, site: Site) -> bool:
@@ -455,6 +458,8 @@ def render(planned: list[PlannedStage], deadline: datetime | None, notes: list[s
     for stage in planned:
         what = f"train {stage.planned_steps:,}/{stage.target_steps:,} steps + evaluate" if stage.target_steps else (
             "write the report" if stage.name == "report" else "evaluate")
+        if stage.planned_steps > stage.target_steps > 0:  # the night's last stage, on past its target
+            what = f"train {stage.target_steps:,} steps, on to ~{stage.planned_steps:,} + evaluate"
         if stage.skipped:
             what = "skipped: no time left for training"
         lines.append(f"  {stage.start:%a %H:%M}  {stage.name:<8} {what:<40} done {stage.end:%H:%M}")

@@ -19,7 +19,7 @@ from trainer.night.backends import backend
 from trainer.night.budget import StageKind, StageSpec
 from trainer.night.calibrate import Speeds, calibrate
 from trainer.night.plan import build_plan, fit_ensemble, left_out, refit_ensemble, render, stage_specs
-from trainer.night.stages import evaluate_left_warm_starts, record_results
+from trainer.night.stages import evaluate_left_warm_starts, left_warm_starts_s, record_results
 from trainer.night.state import Night, drive, plan
 from trainer.references.roster import REFERENCES
 from trainer.run.folder import RunContext, RunDir
@@ -62,7 +62,8 @@ def prepare(ctx: RunContext, agents: list[str], targets: dict[str, int], deadlin
                                 deadline, one_process)
     text = render([p for p in planned if p.name in remaining], deadline, [*fitted, *notes], speeds)
     return Night(ctx, state, specs, force, text, keep=lambda name, metrics: record_results(ctx.run, {name: metrics}),
-                 report=lambda: write_report(ctx.run), refit=refit, spare=evaluate_left_warm_starts)
+                 report=lambda: write_report(ctx.run), refit=refit, spare=evaluate_left_warm_starts,
+                 spare_s=left_warm_starts_s, past_target=ctx.cfg.schedule.last_stage_past_target)
 
 
 def _fit_warm_start(ctx: RunContext, speeds: Speeds, agents: list[str], targets: dict[str, int],

@@ -166,13 +166,15 @@ def _policy_on(ctx: RunContext, agent: str, model: BaseAlgorithm | Path, site: S
 def train_agent(ctx: RunContext, agent: str, timesteps: int, resume: bool = False, force: bool = False,
                 callbacks: list | None = None, time_limit_s: float | None = None,
                 warm_start_s: float | None = None, lean: bool = False, later: tuple[str, ...] = (),
-                floor: tuple[int, float] | None = None, flat_ends: bool = True) -> dict[str, Any]:
+                floor: tuple[int, float] | None = None, flat_ends: bool = True, past_target: int = 0) -> dict[str, Any]:
     """Train one SB3 agent (resuming from its checkpoints if asked), save it, evaluate it; within ``time_limit_s``
     (None: to its target), its warm start within ``warm_start_s`` of it; ``lean``: the night is short of time, and
     the pick is confirmed on the training simulator; ``later``: the night's training stages after it, whose warm
     starts may be prepared beside its own; ``floor``: (steps, seconds) it learns on past ``time_limit_s`` to those
     steps, for those seconds from now at most (trainer.night.state.StageJob.floor); ``flat_ends`` False: a flat
-    curve does not end it (train.patience; trainer.night.state.StageJob.flat_ends)."""
+    curve does not end it (train.patience; trainer.night.state.StageJob.flat_ends); ``past_target`` above
+    ``timesteps``: it learns on to that many steps within ``time_limit_s``, its learning rate held at its end past
+    ``timesteps`` (trainer.night.state.StageJob.past_target)."""
     from stable_baselines3.common.utils import (
         set_random_seed,  # lazy: SB3 imports torch
     )
@@ -182,10 +184,14 @@ def train_agent(ctx: RunContext, agent: str, timesteps: int, resume: bool = Fals
     folder.root.mkdir(parents=True, exist_ok=True)
     log = logs.get().bind(agent=agent)
     set_random_seed(ctx.seed)
-    trainer = StageTrainer(ctx, handle, timesteps, callbacks, time_limit_s=time_limit_s, warm_start_s=warm_start_s,
-                           later=later, floor=floor, flat_ends=flat_ends)
+    learns_to = max(timesteps, past_target)
+    trainer = StageTrainer(ctx, handle, learns_to, callbacks, time_limit_s=time_limit_s, warm_start_s=warm_start_s,
+                           later=later, floor=floor, flat_ends=flat_ends, decay_steps=timesteps)
     flat = {} if flat_ends or not ctx.cfg.train.patience else {
         "patience": "off: the night's last stage learns to its slot's end or its target"}
+    if learns_to > timesteps:
+        flat["past_target"] = (f"the night's last stage learns on to its slot's end, {learns_to:,} steps at most "
+                               "(schedule.last_stage_past_target), its learning rate held at its end past the target")
     log.info("training", timesteps=timesteps, device=handle.device, resume=resume, **flat, **_summary(handle.section))
     start = time.perf_counter()
     try:
@@ -210,6 +216,7 @@ def train_agent(ctx: RunContext, agent: str, timesteps: int, resume: bool = Fals
     metrics.update(timesteps=trained_steps, train_wall_s=round(learning, 2),
                    warm_start_s=round(trainer.warm_start_s, 2), steps_per_s=rate, **training_summary(trainer),
                    ended_by=("time slot" if trainer.timed_out else "flat curve" if trainer.ended_flat else "target"),
+                   **({"past_target": {"target": timesteps, "up_to": learns_to}} if learns_to > timesteps else {}),
                    checkpoint=str(last.path) if last else None, kept=kept)
     if folder.warm_start.is_file():
         metrics["warm_start"] = {**(metrics.get("warm_start") or {}),
@@ -371,6 +378,17 @@ def evaluate_left_warm_starts(ctx: RunContext, until: float, clock: Callable[[],
     return done
 
 
+def left_warm_starts_s(ctx: RunContext, own: bool) -> float:
+    """What :func:`evaluate_left_warm_starts` would take, padded (SAFETY): the warm starts the stages done left
+    unevaluated, each at what judging its agent took, and with ``own`` one more (the stage about to run, in a night
+    short of time, leaves its own) at the longest of those. A night's last stage learning on past its target keeps
+    it: the report compares each agent with its warm start."""
+    results = ctx.run.results()
+    done = {agent: float(results[agent].get("judged_s") or 0.0) for agent in AGENTS if agent in results}
+    waiting = [agent for agent in done if (results[agent].get("warm_start") or {}).get("not_evaluated")]
+    return (sum(done[agent] for agent in waiting) + (max(done.values(), default=0.0) if own else 0.0)) * SAFETY
+
+
 def _known_warm_start(ctx: RunContext, handle: Agent) -> bool:
     """Whether ``handle``'s warm start has weights this process has evaluated already (its figures cost nothing)."""
     try:
@@ -497,7 +515,7 @@ def run_job(ctx: RunContext, job: StageJob) -> StageOutcome:
     resume = job.resume and ctx.run.agent(job.name).checkpoints.is_dir()
     metrics = train_agent(ctx, job.name, job.target, resume=resume, force=job.force, time_limit_s=limit,
                           warm_start_s=job.warm_start_s(limit), lean=job.lean, later=job.later, floor=job.floor(now),
-                          flat_ends=job.flat_ends)
+                          flat_ends=job.flat_ends, past_target=job.past_target)
     return StageOutcome(metrics=metrics, time_limit_s=limit)
 
 

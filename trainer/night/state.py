@@ -78,6 +78,9 @@ class StageJob:
     # night's last training stage run one after another, whose time nothing after it could use: a busy 20-minute
     # night on the official Building_10 ended 267 s before its deadline, every agent's curve flat.
     flat_ends: bool = True
+    # That last stage learns on past its target to its slot's end, to this many steps at most (0: it stops at its
+    # target): schedule.last_stage_past_target. Busy 20-minute nights ended 75-200 s early, A2C at its target.
+    past_target: int = 0
 
     def slot(self, now: float) -> tuple[float | None, str | None]:
         """Starting at ``now``: (the training stage's time limit in seconds, or None untimed; why it is skipped
@@ -195,6 +198,12 @@ class Night:
     # the warm starts it left unevaluated for lack of time (trainer.night.stages.evaluate_left_warm_starts), whose
     # agents it returns.
     spare: Callable[[RunContext, float], list[str] | None] = _nothing
+    # What that would take (its run; whether the stage about to start leaves its own warm start too), kept from a
+    # last stage learning on past its target (trainer.night.stages.left_warm_starts_s).
+    spare_s: Callable[[RunContext, bool], float] = lambda ctx, own: 0.0
+    # A timed night's last training stage learns on past its target to its slot's end, to this many times its target
+    # (schedule.last_stage_past_target; 1: it stops at its target).
+    past_target: float = 1.0
     pace: Pace = field(default_factory=Pace)
     lean: bool = False  # short of time: the stages left confirm their picks on the training simulator
     # The ensemble its first plan left out, asked again before the first warm start (trainer.night.plan.refit_ensemble:
@@ -287,7 +296,7 @@ def _start(night: Night, record: StageRecord, parallel: bool, clock: Callable[[]
                    if s.kind == StageKind.TRAIN and s.status not in FINISHED]
         _refit_warm_start(night, (deadline - now).total_seconds(), fitting)
     spec = night.spec(record.name)
-    reserve, floor_steps, kept_after, flat_ends = spec.fixed_s, 0, 0.0, True
+    reserve, floor_steps, kept_after, flat_ends, past_target = spec.fixed_s, 0, 0.0, True, 0
     if deadline is not None and parallel:  # side by side: its own evaluation and the report
         reserve += sum(night.spec(s.name).fixed_s for s in state.stages if s.kind == StageKind.REPORT)
     elif deadline is not None:  # one after another: what the stages after it are planned to take
@@ -305,10 +314,14 @@ def _start(night: Night, record: StageRecord, parallel: bool, clock: Callable[[]
         floor_steps = min(LEARNING_KEPT_STEPS, record.timesteps_target) if record.kind == StageKind.TRAIN else 0
         kept_after = kept_after_s([night.spec(s.name) for s in later])
         flat_ends = any(s.kind == StageKind.TRAIN for s in later[1:])
+        stretched = int(record.timesteps_target * night.past_target)
+        if not flat_ends and record.kind == StageKind.TRAIN and stretched > record.timesteps_target:
+            past_target = stretched
+            reserve += night.spare_s(night.ctx, night.lean)  # the time left's evaluations are not its to learn in
     job = StageJob(str(night.ctx.run.root), night.ctx.site, record.name, record.kind,
                    record.timesteps_target, resume, night.force, deadline.timestamp() if deadline else None,
                    reserve, spec.steps_per_s, spec.setup_s, night.lean, _later(state, record, parallel),
-                   floor_steps, kept_after, flat_ends)
+                   floor_steps, kept_after, flat_ends, past_target)
     if not parallel:  # it starts now: the slot is known
         record.time_limit_s, skipped = job.slot(now.timestamp())
         if skipped is not None:
