@@ -69,7 +69,7 @@ def test_second_plan_uses_the_cached_calibration(tmp_path, monkeypatch):
     # 100 million steps in whole rollouts of 2,048, the number A2C trains (and the table will say)
     # (a note on a2c's warm start may still come where the calibration ran on a loaded machine)
     # (the night's last stage, it then learns on past them in the time left: schedule.last_stage_past_target)
-    assert "train 100,001,792 steps, on to ~" in second.output
+    assert "train 100,001,792, on to ~" in second.output
     assert "of its 100,001,792 timesteps" not in second.output
     assert "! speeds measured while" not in second.output
     # Measured while other work ran: a plan from it says so while the machine is still busy ...
@@ -78,7 +78,7 @@ def test_second_plan_uses_the_cached_calibration(tmp_path, monkeypatch):
     monkeypatch.setattr("trainer.night.calibrate.others_load", lambda: 1.2)
     busy = plan(tmp_path, "--budget", "1h", "--agents", "a2c", *many)
     assert "! speeds measured while other work kept ~1.7 cores busy" in busy.output
-    assert "train 100,001,792 steps, on to ~" in busy.output  # the cache still served it
+    assert "train 100,001,792, on to ~" in busy.output  # the cache still served it
     # ... and once the machine is quiet, the next plan measures again (the planted figure is gone).
     monkeypatch.setattr("trainer.night.calibrate.others_load", lambda: 0.0)
     quiet = plan(tmp_path, "--budget", "30m", "--agents", "a2c", *many)

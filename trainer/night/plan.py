@@ -459,7 +459,7 @@ def render(planned: list[PlannedStage], deadline: datetime | None, notes: list[s
         what = f"train {stage.planned_steps:,}/{stage.target_steps:,} steps + evaluate" if stage.target_steps else (
             "write the report" if stage.name == "report" else "evaluate")
         if stage.planned_steps > stage.target_steps > 0:  # the night's last stage, on past its target
-            what = f"train {stage.target_steps:,} steps, on to ~{stage.planned_steps:,} + evaluate"
+            what = f"train {stage.target_steps:,}, on to ~{stage.planned_steps:,} + evaluate"
         if stage.skipped:
             what = "skipped: no time left for training"
         lines.append(f"  {stage.start:%a %H:%M}  {stage.name:<8} {what:<40} done {stage.end:%H:%M}")
