@@ -142,7 +142,7 @@ def test_a_quick_night_evaluates_its_short_window_unless_a_shorter_one_is_set():
     full = load_config().warm_start
     assert (full.epochs, full.extra_draws, full.ensemble, full.student_epochs, full.student_decay) == \
         (400, "auto", 10, 1200, True)
-    assert (full.draws(one_period=False), full.draws(one_period=True)) == (BUILT_IN_DRAWS, ONE_PERIOD_DRAWS) == (8, 8)
+    assert (full.draws(one_period=False), full.draws(one_period=True)) == (BUILT_IN_DRAWS, ONE_PERIOD_DRAWS) == (8, 16)
     assert load_config(overrides=["warm_start.extra_draws=5"]).warm_start.draws(one_period=True) == 5  # as given
     assert load_config().warm_start.sac_critic_updates == 2000
 

@@ -369,7 +369,7 @@ def test_a_night_short_of_time_imitates_fewer_years_before_it_gives_up_the_ensem
     from trainer.night.plan import ENSEMBLE_SHARE, fit_ensemble, warm_start_s
 
     site = request.getfixturevalue("built_in") if kind == "built-in" else _a_year_of_one_site(tmp_path)
-    cfg = load_config()  # warm_start.extra_draws: auto, 8 other years of every site
+    cfg = load_config(overrides=["warm_start.extra_draws=8"])  # auto's 8 on the built-in site (a dataset's 16: below)
     three = load_config(overrides=["warm_start.extra_draws=3"])
     speeds = Speeds(eval_steps_per_s=400.0, train_steps_per_s={}, imitation_update_s={"sac": 0.006, "ppo": 0.002})
     needed = {n: sum(warm_start_s(c, site, speeds, ["sac", "ppo"]).values()) for n, c in ((8, cfg), (3, three))}
@@ -496,25 +496,30 @@ def test_after_the_references_a_dataset_s_night_imitates_the_years_its_first_pla
     from trainer.night.plan import ENSEMBLE_SHARE, fit_ensemble, refit_ensemble, stage_specs, warm_start_s
 
     dataset = _a_year_of_one_site(tmp_path)
-    cfg, targets = load_config(), {"sac": 500_000}
+    cfg, targets = load_config(), {"sac": 500_000}  # warm_start.extra_draws: auto, 16 resampled years on a dataset
     # Learning too slow for the whole night to fit (ENSEMBLE_SPARE): the warm starts' share decides.
     speeds = Speeds(eval_steps_per_s=400.0, train_steps_per_s={"sac": 50.0}, imitation_update_s={"sac": 0.006})
     room = {n: warm_start_s(load_config(overrides=[f"warm_start.extra_draws={n}"]), dataset, speeds, ["sac"])["sac"]
-            / ENSEMBLE_SHARE + 1 for n in (3, 8)}
+            / ENSEMBLE_SHARE + 1 for n in (3, 8, 16)}
     current, _ = fit_ensemble(cfg, dataset, speeds, ["sac"], room[3], targets=targets)
     assert current.warm_start.extra_draws == 3  # the first plan's: three years, the ensemble kept
-    # The references took less than planned: room for eight at the night's pace, and the night takes them.
-    fitted, specs, why = refit_ensemble(cfg, dataset, speeds, ["sac"], targets, room[8], 1.0, current=current)
+    # The references took less than planned: room for sixteen at the night's pace, and the night takes them.
+    fitted, specs, why = refit_ensemble(cfg, dataset, speeds, ["sac"], targets, room[16], 1.0, current=current)
     assert (fitted.warm_start.extra_draws, fitted.warm_start.ensemble) == ("auto", 10)
-    assert why.startswith("the mean of 10 imitations over 8 resampled years: the warm starts fit in 25% of")
+    assert why.startswith("the mean of 10 imitations over 16 resampled years: the warm starts fit in 25% of")
     # Or the whole night with them fits: said with the years too.
     fast = Speeds(eval_steps_per_s=400.0, train_steps_per_s={"sac": 5000.0}, imitation_update_s={"sac": 0.006})
-    whole = refit_ensemble(cfg, dataset, fast, ["sac"], {"sac": 50_000}, 0.9 * room[8], 1.0, current=current)[2]
-    assert whole.startswith("the mean of 10 imitations over 8 resampled years: with it every agent still reaches")
+    whole = refit_ensemble(cfg, dataset, fast, ["sac"], {"sac": 50_000}, 0.9 * room[16], 1.0, current=current)[2]
+    assert whole.startswith("the mean of 10 imitations over 16 resampled years: with it every agent still reaches")
     assert specs["sac"].setup_s == stage_specs(cfg, dataset, speeds, ["sac"], targets)["sac"].setup_s > \
-        stage_specs(current, dataset, speeds, ["sac"], targets)["sac"].setup_s  # eight years' demonstrations
+        stage_specs(current, dataset, speeds, ["sac"], targets)["sac"].setup_s  # sixteen years' demonstrations
     # Room for three only, as the first plan had: nothing more to run.
     assert refit_ensemble(cfg, dataset, speeds, ["sac"], targets, room[3], 1.0, current=current) is None
+    # Room for sixteen at the calibration's speeds is room for eight only at a pace 20 % slower: it takes eight.
+    assert room[16] / 1.2 > room[8]
+    fitted, _, why = refit_ensemble(cfg, dataset, speeds, ["sac"], targets, room[16], 1.2, current=current)
+    assert (fitted.warm_start.extra_draws, fitted.warm_start.ensemble) == (8, 10)
+    assert why.startswith("8 resampled years imitated, not 16, to keep the mean of 10 imitations")
     # Room for eight at the calibration's speeds, none at a pace 20 % slower: the first plan stands.
     assert refit_ensemble(cfg, dataset, speeds, ["sac"], targets, room[8], 1.2, current=current) is None
 
@@ -562,8 +567,8 @@ def test_a_night_that_imitates_fewer_years_records_how_many_for_the_report(tmp_p
     run = RunDir(tmp_path / "run")
     run.create(cfg, ["trainer", "night"], "cpu")
     record_held_out(run, dataset, cfg)
-    assert run.varied_years()["years"] == 8  # as the run began: warm_start.extra_draws auto on a dataset
-    # Learning too slow for the whole night to fit with eight years (ENSEMBLE_SPARE): the warm starts' share decides.
+    assert run.varied_years()["years"] == 16  # as the run began: warm_start.extra_draws auto on a dataset
+    # Learning too slow for the whole night to fit with sixteen (ENSEMBLE_SPARE): the warm starts' share decides.
     speeds = Speeds(eval_steps_per_s=400.0, train_steps_per_s={"sac": 50.0}, imitation_update_s={"sac": 0.006})
     three = load_config(overrides=["warm_start.extra_draws=3"])
     room_s = warm_start_s(three, dataset, speeds, ["sac"])["sac"] / ENSEMBLE_SHARE + 1

@@ -683,3 +683,13 @@ def test_a_warm_start_is_evaluated_once_a_run_whichever_stage_starts_from_it(mon
     assert stages._evaluate_warm_start(again, resolve_agent(tiny_cfg, "sac"), deployed) == {
         "co2_kg": 1.0, "co2_kg_per_year": 2.0, "ev_departure_soc_met_pct": 99.0}
     assert len(evaluated) == 3
+
+
+def test_the_confirmation_s_figures_read_apart_where_they_differ():
+    """A 0.09 % margin on a building's 1.48 t a year read "1.48 against 1.48 t/yr"; decimals are added until the two
+    figures read apart (at most 4), and larger figures keep 2."""
+    from trainer.learn.selection import _versus
+
+    assert _versus(1478.7, 1480.1) == "1.479 against 1.480 t/yr"
+    assert _versus(44_300.0, 44_480.0) == "44.30 against 44.48 t/yr"
+    assert _versus(1000.0, 1000.0) == "1.0000 against 1.0000 t/yr"

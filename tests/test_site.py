@@ -96,7 +96,7 @@ def test_a_new_kind_is_one_row_and_every_part_of_the_night_asks_it(site_schema, 
     assert [json.loads(y.schema.read_text())["bootstrap_seed"] for y in held_out_years(ctx)] == [1000, 1001]
     assert policy_evaluations(load_config(), site) == 4
     # By default a dataset's warm start imitates eight of them (warm_start.extra_draws: auto).
-    assert site.demonstration_draws(load_config().warm_start) == ONE_PERIOD_DRAWS == 8
+    assert site.demonstration_draws(load_config().warm_start) == ONE_PERIOD_DRAWS == 16
     cfg = load_config(overrides=["warm_start.extra_draws=2"])
     years = demonstration_years(cfg, site, tmp_path / "draws")
     assert [y.data.get("bootstrap_seed") for y in years] == [None, 2000, 2001]
