@@ -12,7 +12,7 @@ import pytest
 
 from trainer.base.durations import parse_duration, resolve_finish_by
 from trainer.base.errors import UsageError
-from trainer.night.budget import StageSpec, allocate, forecast, timeline
+from trainer.night.budget import SAFETY, StageSpec, allocate, forecast, timeline
 from trainer.night.state import Night, StageEvent, StageJob, StageOutcome, drive, plan
 from trainer.run.folder import RunDir
 from trainer.run.schedule_file import DONE, FAILED, PENDING, RUNNING, SKIPPED, ScheduleState, StageRecord
@@ -40,11 +40,15 @@ class FakeExecutor:
 
     parallel = False
 
-    def __init__(self, clock, interrupt_at: str | None = None, fail: str | None = None, speed_factor: float = 1.0):
+    def __init__(self, clock, interrupt_at: str | None = None, fail: str | None = None, speed_factor: float = 1.0,
+                 judging_factor: float | None = None):
         self.clock = clock
         self.interrupt_at = interrupt_at
         self.fail = fail
         self.speed_factor = speed_factor
+        # An agent's evaluation takes this share of its estimate, and its metrics say how long it learnt (None: they
+        # do not, and the night measures no pace on it).
+        self.judging_factor = judging_factor
         self.calls: list[tuple] = []
         self.jobs: list[StageJob] = []
         self.pending: StageJob | None = None
@@ -74,8 +78,9 @@ class FakeExecutor:
         speed = SPEEDS[job.name] * self.speed_factor
         target = max(job.target, job.past_target)  # a night's last stage may learn on past its target
         seconds = target / speed if limit is None else min(target / speed, limit)
-        self.clock.advance(seconds + EVAL_S)
-        return [StageEvent(job, StageOutcome(metrics={"timesteps": int(seconds * speed),
+        learnt = {} if self.judging_factor is None else {"train_wall_s": seconds, "warm_start_s": 0.0}
+        self.clock.advance(seconds + EVAL_S * (self.judging_factor or 1.0))
+        return [StageEvent(job, StageOutcome(metrics={"timesteps": int(seconds * speed), **learnt,
                                                       "checkpoint": f"{job.name}/checkpoints/x"}))]
 
     def report(self):
@@ -554,6 +559,27 @@ def test_a_timed_night_s_last_stage_learns_on_past_its_target_to_its_slot_s_end(
         assert clock() == deadline - timedelta(seconds=120)
     elif not parallel and deadline is not None:
         assert clock() < deadline - timedelta(minutes=30)  # at its target: the night ends early
+
+
+@pytest.mark.parametrize("judging_factor, a2c_eval_s", [(None, EVAL_S), (1.0, EVAL_S), (0.3, 0.3 * EVAL_S * SAFETY)])
+def test_a_later_agent_s_evaluation_is_planned_at_what_the_earlier_agents_took(tmp_path, judging_factor, a2c_eval_s):
+    """Every agent's evaluation takes 0.3 of its estimate: from SAC's on, the later agents' are planned at that,
+    padded (SAFETY), so the last stage's slot keeps 20.7 s for it, not 60 (a reference's evaluation follows the
+    night's pace alone, at least the estimate unpadded). Evaluations as planned (1.0) change nothing; nor does a
+    night that has measured none. The night ends by its deadline, within seconds, either way."""
+    clock = Clock(START)
+    runner = FakeExecutor(clock, judging_factor=judging_factor)
+    deadline = START + timedelta(hours=2)
+    state = new_state(tmp_path, deadline, clock, runner)
+    ctx = SimpleNamespace(run=RunDir(tmp_path), site=Site(SCHEMA, tmp_path / "schema.json", None, {}))
+    night = Night(ctx, state, SPECS, report=runner.report)
+    drive([night], runner, clock)
+    assert [s.status for s in state.stages] == [DONE] * 6
+    assert night.spec("a2c").fixed_s == pytest.approx(a2c_eval_s, rel=0.02)  # the stages' times in whole seconds
+    assert night.spec("rbc").fixed_s >= EVAL_S / SAFETY - 1e-9
+    a2c = next(job for job in runner.jobs if job.name == "a2c")
+    assert a2c.reserve_s == pytest.approx(a2c_eval_s + night.spec("report").fixed_s, rel=0.02)
+    assert abs((deadline - clock()).total_seconds()) < 5
 
 
 def test_a_resumed_night_whose_last_agent_is_done_lets_the_one_before_learn_on(tmp_path):

@@ -146,6 +146,12 @@ MAX_PACE = 4.0
 # a busy 20-minute night calibrated beside other work (2026-12-01) ran its references in 0.78 of their plan and
 # the agents' evaluations in 0.6, and ended 3.8 minutes early with SAC's warm start cut to 103 of its 400 epochs.
 MIN_PACE = 1 / SAFETY
+# The agents' own evaluations (each stage's after its slot) are planned from CityLearn's calibrated rate and each
+# policy's calls, and took 0.35-0.42 of that in a busy 20-minute night on the built-in site (2026-12-02: SAC's 106 s
+# of 251, PPO's 78 of 220), which ended 135 s early with its last stage learning to its slot's end and its evaluation
+# taking 58 of the 187 s kept for it. A later agent's is planned at what the earlier agents' took, padded (SAFETY),
+# down to this share of its estimate.
+MIN_JUDGING_PACE = 0.25
 PACE_WORTH_SAYING = 0.1  # a change of the pace by this much is logged with the night's new end
 
 
@@ -159,6 +165,7 @@ class Pace:
     planned_s: float = 0.0
     taken_s: float = 0.0
     said: float = 1.0  # the factor last logged
+    floor: float = MIN_PACE
 
     def add(self, planned_s: float, taken_s: float) -> None:
         if planned_s >= PACE_FROM_S and taken_s > 0:
@@ -167,7 +174,7 @@ class Pace:
 
     @property
     def factor(self) -> float:
-        return 1.0 if self.planned_s <= 0 else min(max(self.taken_s / self.planned_s, MIN_PACE), MAX_PACE)
+        return 1.0 if self.planned_s <= 0 else min(max(self.taken_s / self.planned_s, self.floor), MAX_PACE)
 
     def of(self, spec: StageSpec) -> StageSpec:
         """``spec`` at this pace: its evaluation and warm start longer, its training slower."""
@@ -205,6 +212,8 @@ class Night:
     # (schedule.last_stage_past_target; 1: it stops at its target).
     past_target: float = 1.0
     pace: Pace = field(default_factory=Pace)
+    # The agents' evaluations alone, against their estimates: a later agent's is planned at it where that is less.
+    judging: Pace = field(default_factory=lambda: Pace(floor=MIN_JUDGING_PACE))
     lean: bool = False  # short of time: the stages left confirm their picks on the training simulator
     # The ensemble its first plan left out, asked again before the first warm start (trainer.night.plan.refit_ensemble:
     # the seconds left and the pace -> the config with it, the specs with it and why; None: still one imitation).
@@ -213,8 +222,12 @@ class Night:
     def spec(self, name: str) -> StageSpec:
         """What the planner knows of stage ``name`` now: as calibrated, at the pace the night's stages have shown,
         lean where the night is short of time."""
+        planned = self.specs[name].leaned() if self.lean else self.specs[name]
         spec = self.pace.of(self.specs[name])
-        return spec.leaned() if self.lean else spec
+        spec = spec.leaned() if self.lean else spec
+        if spec.kind == StageKind.TRAIN and self.judging.planned_s > 0:  # as the agents' evaluations have gone
+            spec = replace(spec, fixed_s=min(spec.fixed_s, planned.fixed_s * self.judging.factor * SAFETY))
+        return spec
 
     def paced_specs(self) -> dict[str, StageSpec]:
         return {name: self.spec(name) for name in self.specs}
@@ -400,6 +413,7 @@ def _follow_the_pace(night: Night, record: StageRecord, result: dict[str, Any], 
         if result.get("train_wall_s") is None:
             return
         taken -= float(result["train_wall_s"])
+        night.judging.add(spec.fixed_s, taken - float(result.get("warm_start_s") or 0.0))
         if not (result.get("warm_start") or {}).get("stopped_at_its_time"):
             night.pace.add(spec.fixed_s + spec.setup_s, taken)
             return _replanned(night, clock)
