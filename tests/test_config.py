@@ -132,6 +132,9 @@ def test_a_quick_night_evaluates_its_short_window_unless_a_shorter_one_is_set():
     from trainer.run.session import quick_night
 
     assert quick_night(load_config()).schedule.eval_days == 28
+    # A smoke run ends when its stages reach their targets: its last does not learn on past it.
+    assert load_config().schedule.last_stage_past_target == 16 and \
+        quick_night(load_config()).schedule.last_stage_past_target == 1
     assert quick_night(load_config(overrides=["schedule.eval_days=3"])).schedule.eval_days == 3
     assert load_config().schedule.eval_days is None  # a full night still evaluates the whole period
     # Its warm start imitates the dataset's own year, briefly; a full night's is four years for 400 epochs, ten

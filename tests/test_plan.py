@@ -278,11 +278,11 @@ def test_the_plan_counts_each_warm_start_and_the_night_s_demonstrations_once(bui
     unchecked = (1 - CHECKED_EPOCHS_SHARE) * members * 0.003 * SAFETY
     assert warm_start_s(cfg, Site.load(other), speeds, ["ppo"])["ppo"] == pytest.approx(
         warm_start_s(cfg, built_in, speeds, ["ppo"])["ppo"] + checks_s + in_citylearn - unchecked)
-    # By default (warm_start.extra_draws: auto) every site imitates 8 other years, 5 more: each solved and replayed,
-    # a dataset's labelled in CityLearn, the built-in site's on the training simulator.
+    # By default (warm_start.extra_draws: auto) the built-in site imitates 8 other years, 5 more, a dataset 16, 13
+    # more: each solved and replayed, a dataset's labelled in CityLearn, the built-in site's on the training simulator.
     eight = load_config(overrides=[*five, "warm_start.extra_draws=auto"])
     assert warm_start_s(eight, Site.load(other), speeds, ["ppo"])["ppo"] == pytest.approx(
-        warm_start_s(cfg, Site.load(other), speeds, ["ppo"])["ppo"] + 5 * (year + 8759 / 1000.0 * SAFETY))
+        warm_start_s(cfg, Site.load(other), speeds, ["ppo"])["ppo"] + 13 * (year + 8759 / 1000.0 * SAFETY))
     assert warm_start_s(eight, built_in, speeds, ["ppo"])["ppo"] == pytest.approx(
         warm_start_s(cfg, built_in, speeds, ["ppo"])["ppo"] + 5 * (year + SIM_STEP_SHARE * 8759 / 1000.0 * SAFETY))
     labels_of_one_year = (1 / 1000.0 + 5 * POLICY_CALL_S) * 8759 * SAFETY

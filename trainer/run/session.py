@@ -265,11 +265,12 @@ def quick_night(cfg: Config) -> Config:
     warm start imitates the dataset's own period once for schedule.quick_warm_start_epochs (a smoke run, not the
     best).
     SAC's few quick updates all move its actor (its critics-first phase would outlast them: a smoke run runs the
-    whole update), and each stage trains its few steps whatever its curve (train.patience: a smoke run runs it all)."""
+    whole update), and each stage trains its few steps whatever its curve (train.patience: a smoke run runs it all)
+    and no more (schedule.last_stage_past_target: a smoke run ends when its stages do)."""
     days = min(cfg.schedule.quick_eval_days, cfg.schedule.eval_days or cfg.schedule.quick_eval_days)
     epochs = min(cfg.schedule.quick_warm_start_epochs, cfg.warm_start.epochs)
     return cfg.model_copy(update={
-        "schedule": cfg.schedule.model_copy(update={"eval_days": days}),
+        "schedule": cfg.schedule.model_copy(update={"eval_days": days, "last_stage_past_target": 1.0}),
         "train": cfg.train.model_copy(update={"patience": 0.0}),
         "warm_start": cfg.warm_start.model_copy(update={"epochs": epochs, "extra_draws": 0, "ensemble": 1,
                                                         "sac_critic_updates": 0})})
