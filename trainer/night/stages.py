@@ -187,12 +187,14 @@ def train_agent(ctx: RunContext, agent: str, timesteps: int, resume: bool = Fals
     learns_to = max(timesteps, past_target)
     trainer = StageTrainer(ctx, handle, learns_to, callbacks, time_limit_s=time_limit_s, warm_start_s=warm_start_s,
                            later=later, floor=floor, flat_ends=flat_ends, decay_steps=timesteps)
-    flat = {} if flat_ends or not ctx.cfg.train.patience else {
+    last_stage = {} if flat_ends or not ctx.cfg.train.patience else {
         "patience": "off: the night's last stage learns to its slot's end or its target"}
     if learns_to > timesteps:
-        flat["past_target"] = (f"the night's last stage learns on to its slot's end, {learns_to:,} steps at most "
-                               "(schedule.last_stage_past_target), its learning rate held at its end past the target")
-    log.info("training", timesteps=timesteps, device=handle.device, resume=resume, **flat, **_summary(handle.section))
+        last_stage["past_target"] = (f"the night's last stage learns on to its slot's end, {learns_to:,} steps at "
+                                     "most (schedule.last_stage_past_target), its learning rate held at its end past "
+                                     "the target")
+    log.info("training", timesteps=timesteps, device=handle.device, resume=resume, **last_stage,
+             **_summary(handle.section))
     start = time.perf_counter()
     try:
         model = trainer.train(resume=resume, force=force)
