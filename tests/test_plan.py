@@ -615,6 +615,7 @@ def test_the_built_in_site_confirms_on_the_simulator_and_a_shared_warm_start_is_
     assert specs["sac"].lean_fixed_s == pytest.approx(evaluation + confirmed_with(2) + candidacy)
     assert specs["ppo"].fixed_s == specs["sac"].fixed_s
     assert specs["a2c"].fixed_s == pytest.approx(specs["ppo"].fixed_s - evaluation)
+    assert [specs[agent].shares_warm_start for agent in agents] == [False, False, True]  # the time left's too
     # Its warm start's evaluation is PPO's: leaner only by the shortlist, as SAC's and PPO's lean stages are.
     assert specs["a2c"].lean_fixed_s == pytest.approx(specs["sac"].lean_fixed_s)
     in_citylearn = stage_specs(load_config(overrides=["train.choose_on=citylearn"]), built_in, speeds, agents,

@@ -76,8 +76,10 @@ class FakeExecutor:
             self.clock.advance(EVAL_S)
             return [StageEvent(job, StageOutcome(metrics={"co2_kg_per_year": 100.0}))]
         speed = SPEEDS[job.name] * self.speed_factor
-        target = max(job.target, job.past_target)  # a night's last stage may learn on past its target
-        seconds = target / speed if limit is None else min(target / speed, limit)
+        seconds = job.target / speed if limit is None else min(job.target / speed, limit)
+        if limit is not None and job.past_target > job.target:  # a night's last stage learns on past its target,
+            # to its slot's end less what the time left's evaluations take
+            seconds = min(max(seconds, limit - job.spare_s), job.past_target / speed, limit)
         learnt = {} if self.judging_factor is None else {"train_wall_s": seconds, "warm_start_s": 0.0}
         self.clock.advance(seconds + EVAL_S * (self.judging_factor or 1.0))
         return [StageEvent(job, StageOutcome(metrics={"timesteps": int(seconds * speed), **learnt,
@@ -559,6 +561,48 @@ def test_a_timed_night_s_last_stage_learns_on_past_its_target_to_its_slot_s_end(
         assert clock() == deadline - timedelta(seconds=120)
     elif not parallel and deadline is not None:
         assert clock() < deadline - timedelta(minutes=30)  # at its target: the night ends early
+
+
+def test_the_time_left_s_evaluations_never_take_the_last_stage_s_slot_to_its_target(tmp_path):
+    """What the warm starts left unevaluated would take is kept from the last stage's learning past its target, not
+    from its slot: where that is more than the slot (a busy 20-minute night kept 200 s for two warm starts with 200 s
+    left, and skipped A2C), it still learns to its target, and stops there."""
+    clock = Clock(START)
+    runner = FakeExecutor(clock, speed_factor=4.0)
+    deadline = START + timedelta(hours=2)
+    state = new_state(tmp_path, deadline, clock, runner)
+    ctx = SimpleNamespace(run=RunDir(tmp_path), site=Site(SCHEMA, tmp_path / "schema.json", None, {}))
+    drive([Night(ctx, state, SPECS, report=runner.report, spare_s=lambda ctx, own: 3 * 3600.0, past_target=8.0)],
+          runner, clock)
+    a2c = next(job for job in runner.jobs if job.name == "a2c")
+    assert (a2c.past_target, a2c.spare_s) == (4_000_000, 3 * 3600.0)
+    assert a2c.reserve_s == pytest.approx(EVAL_S + REPORT_S)  # its evaluation and the report's
+    record = next(s for s in state.stages if s.name == "a2c")
+    assert (record.status, record.timesteps_done) == (DONE, 500_000)
+    assert clock() < deadline - timedelta(minutes=30)  # at its target: the evaluations it kept for get their time
+
+
+@pytest.mark.parametrize("shares, counts_its_own", [(False, True), (True, False)])
+def test_a_lean_night_s_last_stage_keeps_its_own_warm_start_s_evaluation_unless_it_is_an_earlier_one_s(
+        tmp_path, shares, counts_its_own):
+    """A night short of time leaves each warm start unevaluated; its last stage, learning on past its target, keeps
+    the time left's evaluation of its own too, unless its warm start is an earlier stage's weights (A2C starts from
+    PPO's imitation, judged once in the process): that one costs nothing and is not kept for (a busy 20-minute night
+    ended 40 s early on it)."""
+    clock = Clock(START)
+    runner = FakeExecutor(clock, speed_factor=4.0)
+    state = new_state(tmp_path, START + timedelta(hours=2), clock, runner)
+    asked = []
+
+    def spare_s(ctx, own):
+        asked.append(own)
+        return 0.0
+
+    specs = {**SPECS, "a2c": replace(SPECS["a2c"], shares_warm_start=shares)}
+    ctx = SimpleNamespace(run=RunDir(tmp_path), site=Site(SCHEMA, tmp_path / "schema.json", None, {}))
+    drive([Night(ctx, state, specs, report=runner.report, spare_s=spare_s, past_target=8.0, lean=True)], runner,
+          clock)
+    assert asked == [counts_its_own]
 
 
 @pytest.mark.parametrize("judging_factor, a2c_eval_s", [(None, EVAL_S), (1.0, EVAL_S), (0.3, 0.3 * EVAL_S * SAFETY)])

@@ -237,6 +237,41 @@ def test_a_stage_short_of_its_least_learning_at_its_slot_s_end_learns_on_to_it_w
     assert stage(10_000, 30.0, rollouts) == (18_432, [18_432])  # past its floor already: the slot's end
 
 
+def test_a_last_stage_learning_on_past_its_target_stops_before_its_slot_s_end_to_leave_the_night_s_evaluations(
+        monkeypatch):
+    """A night's last stage learning on past its target (StageJob.past_target) stops ``spare_s`` before its slot's
+    end once past the target, the time the warm starts left unevaluated need; short of its target it learns to its
+    slot's end as any stage does."""
+    from types import SimpleNamespace
+
+    from trainer.learn import guard as guard_module
+    from trainer.learn.guard import CheckpointGuard
+    from trainer.learn.state import StopReason
+
+    now = [0.0]
+    monkeypatch.setattr(guard_module, "time", SimpleNamespace(monotonic=lambda: now[0]))
+
+    def stops_at(past_target, steps_by_second):
+        owner = SimpleNamespace(last_checkpoint_step=0, save_checkpoint=lambda model, boundary: None)
+        guard = CheckpointGuard(owner, SimpleNamespace(), every_steps=10**9, time_limit_at=100.0,
+                                past_target=past_target)
+        guard.model, guard.locals = SimpleNamespace(), {}
+        for at, step in steps_by_second:
+            now[0], guard.num_timesteps = at, step
+            guard.boundary = SimpleNamespace(step=step)
+            if not guard._on_step():
+                assert guard.stopped_by is StopReason.TIME_UP
+                return at, step
+        return None
+
+    fast = [(10.0, 1_000), (50.0, 5_000), (70.0, 7_000), (90.0, 9_000), (101.0, 10_100)]
+    assert stops_at(None, fast) == (101.0, 10_100)  # no past target: the slot's end
+    assert stops_at((1_000, 60.0), fast) == (70.0, 7_000)  # past its target at 10 s: it stops 40 s early
+    assert stops_at((8_000, 60.0), fast) == (90.0, 9_000)  # reaches its target late: stops there
+    slow = [(50.0, 5_000), (90.0, 9_000), (101.0, 10_100)]
+    assert stops_at((20_000, 60.0), slow) == (101.0, 10_100)  # short of its target: its whole slot
+
+
 @pytest.mark.parametrize("optimizer, expected", [("rmsprop", "RMSprop"), ("adam", "Adam")])
 def test_a2c_takes_its_configured_optimizer_and_advantage_normalisation(optimizer, expected, built_in):
     from trainer.config.loading import load_config

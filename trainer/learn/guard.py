@@ -29,7 +29,7 @@ class CheckpointGuard(BaseCallback):
 
     def __init__(self, owner: Checkpointer, tracker: EpisodeTracker, every_steps: int, time_limit_at: float | None,
                  min_interval_s: float = 0.0, clock: Callable[[], float] = time.monotonic, floor_steps: int = 0,
-                 floor_until: float | None = None):
+                 floor_until: float | None = None, past_target: tuple[int, float] | None = None):
         super().__init__()
         self.owner = owner
         self.tracker = tracker
@@ -42,6 +42,9 @@ class CheckpointGuard(BaseCallback):
         # it can stop), until floor_until at most (time.monotonic(); None: not past time_limit_at).
         self.floor_steps, self.floor_until = floor_steps, floor_until
         self.learnt_past_slot = False  # it went on past time_limit_at for floor_steps
+        # (steps, monotonic time): past those steps (its target, learning on past it), it stops at that time, before
+        # time_limit_at (trainer.learn.trainer.StageTrainer.past_target).
+        self.past_target = past_target
         self.boundary: Boundary | None = None
         self.stopped_by: StopReason | None = None
         self._started = False
@@ -80,6 +83,8 @@ class CheckpointGuard(BaseCallback):
         if self.time_limit_at is None:
             return False
         now = time.monotonic()
+        if self.past_target is not None and self.num_timesteps >= self.past_target[0] and now >= self.past_target[1]:
+            return True
         if now < self.time_limit_at:
             return False
         # What a stop now keeps is the last rollout's start (the boundary).

@@ -60,7 +60,8 @@ class StageTrainer:
 
     def __init__(self, ctx: RunContext, handle: Agent, target: int, callbacks: list | None = None,
                  time_limit_s: float | None = None, warm_start_s: float | None = None, later: tuple[str, ...] = (),
-                 floor: tuple[int, float] | None = None, flat_ends: bool = True, decay_steps: int | None = None):
+                 floor: tuple[int, float] | None = None, flat_ends: bool = True, decay_steps: int | None = None,
+                 spare_s: float = 0.0):
         agent = handle.name
         self.ctx, self.cfg, self.handle, self.agent, self.target = ctx, ctx.cfg, handle, agent, target
         # The steps its learning rate falls over (learning_rate_end), held at its end after: a night's last stage
@@ -78,6 +79,10 @@ class StageTrainer:
         self.checkpoints = StageCheckpoints(self.cfg, agent, target, self.folder, self.sizes, self.n_envs)
         self.stopped_by: StopReason | None = None
         self.time_limit_at = None if time_limit_s is None else time.monotonic() + time_limit_s
+        # Past decay_steps (learning on past its target) it stops spare_s before time_limit_at: the night's time left
+        # after it has evaluations to run.
+        self.past_target = None if decay_steps is None or decay_steps >= target or self.time_limit_at is None \
+            else (decay_steps, self.time_limit_at - spare_s)
         # Short of floor's steps at its slot's end, it learns on to them until floor's seconds from now at most.
         self.floor_steps, self.floor_until = (0, None) if floor is None else (floor[0], time.monotonic() + floor[1])
         self.warm_start_limit_s = warm_start_s  # from the stage's start; its box is opened when the stage starts
@@ -169,7 +174,7 @@ class StageTrainer:
 
         guard = CheckpointGuard(self.checkpoints, self.episodes, self.section.checkpoint_freq_steps, self.time_limit_at,
                                 self.rel.checkpoint_min_interval_s, floor_steps=self.floor_steps,
-                                floor_until=self.floor_until)
+                                floor_until=self.floor_until, past_target=self.past_target)
         if self.curve is not None:
             self.curve.close()
         curve = self.curve = EvalCurve(self.ctx, self.agent, self.folder.curve, best=self.best,

@@ -35,6 +35,9 @@ class StageSpec:
     # As a timed night's last training stage it learns on past its target to its slot's end, to this many times
     # its target at most (schedule.last_stage_past_target; 1: it stops at its target).
     past_target: float = 1.0
+    # Its warm start is an earlier stage's weights in the same process (A2C starts from PPO's imitation): judging it
+    # costs nothing once that one's is judged.
+    shares_warm_start: bool = False
 
     def leaned(self) -> StageSpec:
         """This stage as a night short of time runs it: its confirmation judged on the training simulator."""

@@ -127,7 +127,8 @@ def stage_specs(
                                  targets[agent], speeds.train_steps_per_s[agent] / SAFETY * training_share,
                                  setup_s=warm_starts.get(agent, 0.0),
                                  lean_fixed_s=lean_eval_s if lean_eval_s < agent_eval_s - shared_s else None,
-                                 past_target=cfg.schedule.last_stage_past_target if one_process else 1.0)
+                                 past_target=cfg.schedule.last_stage_past_target if one_process else 1.0,
+                                 shares_warm_start=shared_s > 0)
     return specs
 
 

@@ -166,7 +166,8 @@ def _policy_on(ctx: RunContext, agent: str, model: BaseAlgorithm | Path, site: S
 def train_agent(ctx: RunContext, agent: str, timesteps: int, resume: bool = False, force: bool = False,
                 callbacks: list | None = None, time_limit_s: float | None = None,
                 warm_start_s: float | None = None, lean: bool = False, later: tuple[str, ...] = (),
-                floor: tuple[int, float] | None = None, flat_ends: bool = True, past_target: int = 0) -> dict[str, Any]:
+                floor: tuple[int, float] | None = None, flat_ends: bool = True, past_target: int = 0,
+                spare_s: float = 0.0) -> dict[str, Any]:
     """Train one SB3 agent (resuming from its checkpoints if asked), save it, evaluate it; within ``time_limit_s``
     (None: to its target), its warm start within ``warm_start_s`` of it; ``lean``: the night is short of time, and
     the pick is confirmed on the training simulator; ``later``: the night's training stages after it, whose warm
@@ -174,7 +175,8 @@ def train_agent(ctx: RunContext, agent: str, timesteps: int, resume: bool = Fals
     steps, for those seconds from now at most (trainer.night.state.StageJob.floor); ``flat_ends`` False: a flat
     curve does not end it (train.patience; trainer.night.state.StageJob.flat_ends); ``past_target`` above
     ``timesteps``: it learns on to that many steps within ``time_limit_s``, its learning rate held at its end past
-    ``timesteps`` (trainer.night.state.StageJob.past_target)."""
+    ``timesteps`` (trainer.night.state.StageJob.past_target), and stops ``spare_s`` before the end of
+    ``time_limit_s`` once past ``timesteps`` (trainer.night.state.StageJob.spare_s)."""
     from stable_baselines3.common.utils import (
         set_random_seed,  # lazy: SB3 imports torch
     )
@@ -186,7 +188,7 @@ def train_agent(ctx: RunContext, agent: str, timesteps: int, resume: bool = Fals
     set_random_seed(ctx.seed)
     learns_to = max(timesteps, past_target)
     trainer = StageTrainer(ctx, handle, learns_to, callbacks, time_limit_s=time_limit_s, warm_start_s=warm_start_s,
-                           later=later, floor=floor, flat_ends=flat_ends, decay_steps=timesteps)
+                           later=later, floor=floor, flat_ends=flat_ends, decay_steps=timesteps, spare_s=spare_s)
     last_stage = {} if flat_ends or not ctx.cfg.train.patience else {
         "patience": "off: the night's last stage learns to its slot's end or its target"}
     if learns_to > timesteps:
@@ -517,7 +519,7 @@ def run_job(ctx: RunContext, job: StageJob) -> StageOutcome:
     resume = job.resume and ctx.run.agent(job.name).checkpoints.is_dir()
     metrics = train_agent(ctx, job.name, job.target, resume=resume, force=job.force, time_limit_s=limit,
                           warm_start_s=job.warm_start_s(limit), lean=job.lean, later=job.later, floor=job.floor(now),
-                          flat_ends=job.flat_ends, past_target=job.past_target)
+                          flat_ends=job.flat_ends, past_target=job.past_target, spare_s=job.spare_s)
     return StageOutcome(metrics=metrics, time_limit_s=limit)
 
 

@@ -81,6 +81,10 @@ class StageJob:
     # That last stage learns on past its target to its slot's end, to this many steps at most (0: it stops at its
     # target): schedule.last_stage_past_target. Busy 20-minute nights ended 75-200 s early, A2C at its target.
     past_target: int = 0
+    # Past its target it stops this long before its slot's end: what the time left's evaluations would take
+    # (trainer.night.stages.left_warm_starts_s). Not taken from the slot itself, which its target keeps whole: a
+    # busy 20-minute night that held it there left A2C 0 s and skipped it (2026-12-02).
+    spare_s: float = 0.0
 
     def slot(self, now: float) -> tuple[float | None, str | None]:
         """Starting at ``now``: (the training stage's time limit in seconds, or None untimed; why it is skipped
@@ -309,7 +313,7 @@ def _start(night: Night, record: StageRecord, parallel: bool, clock: Callable[[]
                    if s.kind == StageKind.TRAIN and s.status not in FINISHED]
         _refit_warm_start(night, (deadline - now).total_seconds(), fitting)
     spec = night.spec(record.name)
-    reserve, floor_steps, kept_after, flat_ends, past_target = spec.fixed_s, 0, 0.0, True, 0
+    reserve, floor_steps, kept_after, flat_ends, past_target, spare = spec.fixed_s, 0, 0.0, True, 0, 0.0
     if deadline is not None and parallel:  # side by side: its own evaluation and the report
         reserve += sum(night.spec(s.name).fixed_s for s in state.stages if s.kind == StageKind.REPORT)
     elif deadline is not None:  # one after another: what the stages after it are planned to take
@@ -330,11 +334,13 @@ def _start(night: Night, record: StageRecord, parallel: bool, clock: Callable[[]
         stretched = int(record.timesteps_target * night.past_target)
         if not flat_ends and record.kind == StageKind.TRAIN and stretched > record.timesteps_target:
             past_target = stretched
-            reserve += night.spare_s(night.ctx, night.lean)  # the time left's evaluations are not its to learn in
+            # The time left's evaluations are not its to learn on in; its own warm start, where it leaves it, only
+            # when judging it is not free (A2C's are PPO's imitation weights, judged once).
+            spare = night.spare_s(night.ctx, night.lean and not spec.shares_warm_start)
     job = StageJob(str(night.ctx.run.root), night.ctx.site, record.name, record.kind,
                    record.timesteps_target, resume, night.force, deadline.timestamp() if deadline else None,
                    reserve, spec.steps_per_s, spec.setup_s, night.lean, _later(state, record, parallel),
-                   floor_steps, kept_after, flat_ends, past_target)
+                   floor_steps, kept_after, flat_ends, past_target, spare)
     if not parallel:  # it starts now: the slot is known
         record.time_limit_s, skipped = job.slot(now.timestamp())
         if skipped is not None:
