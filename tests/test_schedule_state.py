@@ -328,6 +328,20 @@ def test_a_plan_with_no_time_for_an_agent_says_it_is_skipped():
     assert planned[4].planned_steps == 12_000 and planned[-1].end == START + timedelta(seconds=330)
 
 
+def test_the_pace_scales_a_stage_s_lean_evaluation_as_its_full_one():
+    """A night short of time plans its stages' lean evaluations: at twice the estimates' pace those take twice theirs
+    too (the lean figure had stayed at the calibration's, so a busy night's slots overran)."""
+    from trainer.night.state import Pace
+
+    pace = Pace()
+    pace.add(100.0, 200.0)
+    spec = replace(SPECS["sac"], setup_s=30.0, lean_fixed_s=20.0)
+    paced = pace.of(spec)
+    assert (paced.fixed_s, paced.setup_s, paced.steps_per_s) == (2 * EVAL_S, 60.0, SPEEDS["sac"] / 2)
+    assert paced.leaned().fixed_s == 40.0
+    assert pace.of(SPECS["sac"]).lean_fixed_s is None  # a stage with no leaner evaluation has none at any pace
+
+
 def test_a_machine_slower_than_calibrated_is_followed_and_the_night_still_ends_by_its_deadline(tmp_path):
     """Other work started after the calibration: every evaluation takes twice its estimate. The night measures that
     pace on its references and plans the rest at it, so the training slots shrink and it ends by its deadline (the
@@ -499,7 +513,8 @@ def test_a_night_short_of_time_goes_lean_rather_than_skip_an_agent(tmp_path):
     state = night.state
     trained = [c for c in runner.calls if c[0] == "train"]
     assert night.lean and [c[4] for c in trained] == [True, True, True]
-    assert [s.status for s in state.stages] == [DONE] * 6 and clock() <= deadline
+    # By its deadline, to the stages' whole seconds (the pace they give, 0.999, plans a2c's 200 s at 199.8).
+    assert [s.status for s in state.stages] == [DONE] * 6 and clock() <= deadline + timedelta(seconds=1)
     # 3600 s less two references, three lean evaluations and the report: 2,850 s of training, shared 2:1:1.
     assert [c[3] for c in trained] == pytest.approx([2850 / 2, 2850 / 4, 2850 / 4], abs=1)
 

@@ -186,7 +186,8 @@ class Pace:
         if factor == 1.0:
             return spec
         return replace(spec, fixed_s=spec.fixed_s * factor, setup_s=spec.setup_s * factor,
-                       steps_per_s=spec.steps_per_s / factor)
+                       steps_per_s=spec.steps_per_s / factor,
+                       lean_fixed_s=None if spec.lean_fixed_s is None else spec.lean_fixed_s * factor)
 
 
 # The seconds left, the pace and the agents still to train -> the config with the ensemble, the specs with it and
