@@ -251,14 +251,14 @@ def test_a_last_stage_learning_on_past_its_target_stops_before_its_slot_s_end_to
     now = [0.0]
     monkeypatch.setattr(guard_module, "time", SimpleNamespace(monotonic=lambda: now[0]))
 
-    def stops_at(past_target, steps_by_second):
+    def stops_at(past_target, steps_by_second, rollout=None):
         owner = SimpleNamespace(last_checkpoint_step=0, save_checkpoint=lambda model, boundary: None)
         guard = CheckpointGuard(owner, SimpleNamespace(), every_steps=10**9, time_limit_at=100.0,
                                 past_target=past_target)
         guard.model, guard.locals = SimpleNamespace(), {}
-        for at, step in steps_by_second:
+        for at, step in steps_by_second:  # (seconds, the step); a rollout starts at each, or every `rollout` steps
             now[0], guard.num_timesteps = at, step
-            guard.boundary = SimpleNamespace(step=step)
+            guard.boundary = SimpleNamespace(step=step if rollout is None else step // rollout * rollout)
             if not guard._on_step():
                 assert guard.stopped_by is StopReason.TIME_UP
                 return at, step
@@ -270,6 +270,10 @@ def test_a_last_stage_learning_on_past_its_target_stops_before_its_slot_s_end_to
     assert stops_at((8_000, 60.0), fast) == (90.0, 9_000)  # reaches its target late: stops there
     slow = [(50.0, 5_000), (90.0, 9_000), (101.0, 10_100)]
     assert stops_at((20_000, 60.0), slow) == (101.0, 10_100)  # short of its target: its whole slot
+    # Its target within the rollout that began at 8,000 (the boundary a stop keeps): that rollout is learnt to its
+    # end, so that what it keeps reaches the target.
+    within = [(70.0, 8_000), (75.0, 8_600), (80.0, 10_000)]
+    assert stops_at((8_500, 60.0), within, rollout=2_000) == (80.0, 10_000)
 
 
 @pytest.mark.parametrize("optimizer, expected", [("rmsprop", "RMSprop"), ("adam", "Adam")])

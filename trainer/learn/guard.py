@@ -83,12 +83,12 @@ class CheckpointGuard(BaseCallback):
         if self.time_limit_at is None:
             return False
         now = time.monotonic()
-        if self.past_target is not None and self.num_timesteps >= self.past_target[0] and now >= self.past_target[1]:
+        # What a stop now keeps is the last rollout's start (the boundary): past its target means kept past it.
+        kept = self.boundary.step if self.boundary is not None else self.num_timesteps
+        if self.past_target is not None and kept >= self.past_target[0] and now >= self.past_target[1]:
             return True
         if now < self.time_limit_at:
             return False
-        # What a stop now keeps is the last rollout's start (the boundary).
-        kept = self.boundary.step if self.boundary is not None else self.num_timesteps
         if kept >= self.floor_steps or self.floor_until is None or now >= self.floor_until:
             return True
         self.learnt_past_slot = True
