@@ -385,8 +385,9 @@ def evaluate_left_warm_starts(ctx: RunContext, until: float, clock: Callable[[],
 def left_warm_starts_s(ctx: RunContext, own: bool) -> float:
     """What :func:`evaluate_left_warm_starts` would take, padded (SAFETY): the warm starts the stages done left
     unevaluated, each at what judging its agent took, and with ``own`` one more (the stage about to run, in a night
-    short of time, leaves its own) at the longest of those. A night's last stage learning on past its target keeps
-    it: the report compares each agent with its warm start."""
+    short of time, leaves its own) at the longest of those. A night's last stage learning on past its target stops
+    that long before its slot's end (trainer.night.state.StageJob.spare_s): the report compares each agent with its
+    warm start."""
     results = ctx.run.results()
     done = {agent: float(results[agent].get("judged_s") or 0.0) for agent in AGENTS if agent in results}
     waiting = [agent for agent in done if (results[agent].get("warm_start") or {}).get("not_evaluated")]
