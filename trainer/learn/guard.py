@@ -85,10 +85,8 @@ class CheckpointGuard(BaseCallback):
         now = time.monotonic()
         # What a stop now keeps is the last rollout's start (the boundary): past its target means kept past it.
         kept = self.boundary.step if self.boundary is not None else self.num_timesteps
-        if self.past_target is not None and kept >= self.past_target[0] and now >= self.past_target[1]:
-            return True
-        if now < self.time_limit_at:
-            return False
+        if now < self.time_limit_at:  # every step: the common case first
+            return self.past_target is not None and now >= self.past_target[1] and kept >= self.past_target[0]
         if kept >= self.floor_steps or self.floor_until is None or now >= self.floor_until:
             return True
         self.learnt_past_slot = True
