@@ -41,7 +41,7 @@ class FakeExecutor:
     parallel = False
 
     def __init__(self, clock, interrupt_at: str | None = None, fail: str | None = None, speed_factor: float = 1.0,
-                 judging_factor: float | None = None):
+                 judging_factor: float | None = None, judged_share: float | None = None):
         self.clock = clock
         self.interrupt_at = interrupt_at
         self.fail = fail
@@ -49,6 +49,8 @@ class FakeExecutor:
         # An agent's evaluation takes this share of its estimate, and its metrics say how long it learnt (None: they
         # do not, and the night measures no pace on it).
         self.judging_factor = judging_factor
+        # Of its estimate, what the agent's final judging took (its metrics' judged_s; None: they do not say).
+        self.judged_share = judged_share
         self.calls: list[tuple] = []
         self.jobs: list[StageJob] = []
         self.pending: StageJob | None = None
@@ -81,6 +83,8 @@ class FakeExecutor:
             # to its slot's end less what the time left's evaluations take
             seconds = min(max(seconds, limit - job.spare_s), job.past_target / speed, limit)
         learnt = {} if self.judging_factor is None else {"train_wall_s": seconds, "warm_start_s": 0.0}
+        if self.judged_share is not None:
+            learnt["judged_s"] = self.judged_share * EVAL_S
         self.clock.advance(seconds + EVAL_S * (self.judging_factor or 1.0))
         return [StageEvent(job, StageOutcome(metrics={"timesteps": int(seconds * speed), **learnt,
                                                       "checkpoint": f"{job.name}/checkpoints/x"}))]
@@ -639,6 +643,31 @@ def test_a_later_agent_s_evaluation_is_planned_at_what_the_earlier_agents_took(t
     a2c = next(job for job in runner.jobs if job.name == "a2c")
     assert a2c.reserve_s == pytest.approx(a2c_eval_s + night.spec("report").fixed_s, rel=0.02)
     assert abs((deadline - clock()).total_seconds()) < 5
+
+
+@pytest.mark.parametrize("says_judged", [True, False])
+def test_a_later_agent_s_evaluation_keeps_at_least_what_an_earlier_agent_s_judging_took(tmp_path, says_judged):
+    """A2C's evaluation is planned at half the others' (its warm start is PPO's, judged once), and every agent's
+    evaluation, all of it the final judging, takes half its estimate. At the earlier agents' pace alone A2C would keep
+    about half its own estimate, padded (a quarter of theirs), for a judging that takes half of theirs, and the night
+    would end past its deadline (a busy 20-minute night's A2C ended 3 s late so). With the agents' judged_s the later
+    agent keeps at least the longest judging yet, padded, and the night ends by its deadline."""
+    clock = Clock(START)
+    runner = FakeExecutor(clock, judging_factor=0.5, judged_share=0.5 if says_judged else None)
+    deadline = START + timedelta(hours=2)
+    state = new_state(tmp_path, deadline, clock, runner)
+    ctx = SimpleNamespace(run=RunDir(tmp_path), site=Site(SCHEMA, tmp_path / "schema.json", None, {}))
+    specs = {**SPECS, "a2c": replace(SPECS["a2c"], fixed_s=EVAL_S / 2)}
+    night = Night(ctx, state, specs, report=runner.report)
+    drive([night], runner, clock)
+    assert [s.status for s in state.stages] == [DONE] * 6
+    ended = (clock() - deadline).total_seconds()
+    if says_judged:
+        assert night.spec("a2c").fixed_s == pytest.approx(0.5 * EVAL_S * SAFETY, rel=0.02)
+        assert -5 < ended <= 0
+    else:  # kept less than its judging takes: late by the difference
+        assert night.spec("a2c").fixed_s < 0.5 * EVAL_S
+        assert ended > 5
 
 
 def test_a_resumed_night_whose_last_agent_is_done_lets_the_one_before_learn_on(tmp_path):

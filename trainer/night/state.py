@@ -219,6 +219,10 @@ class Night:
     pace: Pace = field(default_factory=Pace)
     # The agents' evaluations alone, against their estimates: a later agent's is planned at it where that is less.
     judging: Pace = field(default_factory=lambda: Pace(floor=MIN_JUDGING_PACE))
+    # The longest an agent's final judging in CityLearn took so far (its metrics' judged_s): a later agent's evaluation
+    # is planned at no less, padded. Judging costs about the same whatever the agent; planned at the earlier agents'
+    # pace alone, a busy 20-minute night's A2C kept ~10 s for a judging that took 17, and the night ended 3 s late.
+    judged_s: float = 0.0
     lean: bool = False  # short of time: the stages left confirm their picks on the training simulator
     # The ensemble its first plan left out, asked again before the first warm start (trainer.night.plan.refit_ensemble:
     # the seconds left and the pace -> the config with it, the specs with it and why; None: still one imitation).
@@ -232,6 +236,8 @@ class Night:
         spec = spec.leaned() if self.lean else spec
         if spec.kind == StageKind.TRAIN and self.judging.planned_s > 0:  # as the agents' evaluations have gone
             spec = replace(spec, fixed_s=min(spec.fixed_s, planned.fixed_s * self.judging.factor * SAFETY))
+        if spec.kind == StageKind.TRAIN and spec.fixed_s < self.judged_s * SAFETY:  # at least one judging as it went
+            spec = replace(spec, fixed_s=self.judged_s * SAFETY)
         return spec
 
     def paced_specs(self) -> dict[str, StageSpec]:
@@ -421,6 +427,7 @@ def _follow_the_pace(night: Night, record: StageRecord, result: dict[str, Any], 
             return
         taken -= float(result["train_wall_s"])
         night.judging.add(spec.fixed_s, taken - float(result.get("warm_start_s") or 0.0))
+        night.judged_s = max(night.judged_s, float(result.get("judged_s") or 0.0))
         if not (result.get("warm_start") or {}).get("stopped_at_its_time"):
             night.pace.add(spec.fixed_s + spec.setup_s, taken)
             return _replanned(night, clock)
