@@ -234,10 +234,11 @@ class Night:
         planned = self.specs[name].leaned() if self.lean else self.specs[name]
         spec = self.pace.of(self.specs[name])
         spec = spec.leaned() if self.lean else spec
-        if spec.kind == StageKind.TRAIN and self.judging.planned_s > 0:  # as the agents' evaluations have gone
-            spec = replace(spec, fixed_s=min(spec.fixed_s, planned.fixed_s * self.judging.factor * SAFETY))
-        if spec.kind == StageKind.TRAIN and spec.fixed_s < self.judged_s * SAFETY:  # at least one judging as it went
-            spec = replace(spec, fixed_s=self.judged_s * SAFETY)
+        if spec.kind == StageKind.TRAIN:  # as the agents' evaluations have gone, at least one judging as it went
+            fixed_s = spec.fixed_s
+            if self.judging.planned_s > 0:
+                fixed_s = min(fixed_s, planned.fixed_s * self.judging.factor * SAFETY)
+            spec = replace(spec, fixed_s=max(fixed_s, self.judged_s * SAFETY))
         return spec
 
     def paced_specs(self) -> dict[str, StageSpec]:
@@ -423,11 +424,11 @@ def _follow_the_pace(night: Night, record: StageRecord, result: dict[str, Any], 
         return
     spec = spec.leaned() if night.lean else spec  # what it was planned to take as it ran
     if record.kind == StageKind.TRAIN:  # its training ran to its slot: its warm start and evaluations are the news
+        night.judged_s = max(night.judged_s, float(result.get("judged_s") or 0.0))
         if result.get("train_wall_s") is None:
             return
         taken -= float(result["train_wall_s"])
         night.judging.add(spec.fixed_s, taken - float(result.get("warm_start_s") or 0.0))
-        night.judged_s = max(night.judged_s, float(result.get("judged_s") or 0.0))
         if not (result.get("warm_start") or {}).get("stopped_at_its_time"):
             night.pace.add(spec.fixed_s + spec.setup_s, taken)
             return _replanned(night, clock)
