@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
+from trainer.base.source import source_record
 from trainer.cli.main import cli
 from trainer.config.loading import load_config
 from trainer.judge.metrics import METRIC_KEYS
@@ -54,6 +55,8 @@ def test_tiny_training_run(agent, steps, tmp_path, site_schema, monkeypatch):
     assert "baseline" in result.output and agent in result.output  # the table is printed
     assert (out / "config.yaml").is_file()
     assert (out / "command.txt").read_text() == shlex.join(["trainer", *args]) + "\n"  # repeatable as written
+    versions = json.loads((out / "versions.json").read_text())
+    assert versions["trainer"] == source_record()  # which source produced it
 
 
 def test_ppo_rollout_is_shortened_to_fit_a_short_run():

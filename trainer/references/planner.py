@@ -37,6 +37,7 @@ import numpy as np
 
 from trainer.base import logs
 from trainer.base.files import cache_root, write_bytes_atomic
+from trainer.base.source import program_digest
 from trainer.config.sections import Config, ScenarioConfig
 from trainer.env.citylearn import ActionScale, action_slices, make_sb3_env
 from trainer.env.ev_guard import connected_sessions
@@ -240,8 +241,6 @@ def _forecast(site_json: str, cfg_json: str, steps: int) -> Forecast:
     """The mean of :data:`FORECAST_YEARS` other draws of the site (cached: every evaluation of a night asks), kept on
     disk by the site's scenario, the length and the product's source: the draws are data (their loads, PV and carbon
     depend on nothing else in the config), and building them took 4-5 s of every night's planner on 2 cores."""
-    from trainer.references.reuse import program_digest  # lazy: reuse imports the references' roster
-
     key = json.dumps([FORECAST_FORMAT, FORECAST_YEARS, DRAW_SEED_OFFSET, steps, program_digest(), site_json])
     path = cache_root() / "planner" / f"{hashlib.sha256(key.encode()).hexdigest()[:24]}.npz"
     try:

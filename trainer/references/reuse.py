@@ -14,13 +14,12 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-from functools import lru_cache
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from trainer.base import logs
 from trainer.base.files import DamagedFile, cache_root, read_json, write_bytes_atomic, write_json_atomic
+from trainer.base.source import program_digest
 from trainer.config.sections import Config
 from trainer.site import Site
 
@@ -36,17 +35,6 @@ TIMESERIES = "eval_timeseries.csv"
 
 def cache_folder() -> Path:
     return cache_root() / "references"
-
-
-@lru_cache(maxsize=1)
-def program_digest() -> str:
-    """The product's own source: another version may judge differently."""
-    package = Path(__file__).resolve().parents[1]
-    digest = hashlib.sha256(metadata.version("citylearn").encode())
-    for source in sorted(package.rglob("*.py")):
-        digest.update(source.relative_to(package).as_posix().encode())
-        digest.update(source.read_bytes())
-    return digest.hexdigest()
 
 
 def references_key(cfg: Config, site: Site, seed: int) -> str:

@@ -2,7 +2,8 @@
 
     outputs/<run>/
         config.yaml        resolved config          command.txt   exact command line
-        versions.json      Python, packages, device  site/         the generated dataset (built-in site)
+        versions.json      Python, packages, device, the product's version, source digest and git commit
+        site/              the generated dataset (built-in site)
         run.json           its dataset (trainer.run.session.RunRecord)
         logs/trainer.jsonl structlog JSON lines      results.json  results.csv
         <agent>/           model.zip, metrics.json, progress.csv, eval_timeseries.csv, checkpoints/
@@ -24,6 +25,7 @@ import yaml
 
 from trainer.base.errors import UsageError
 from trainer.base.files import DamagedFile, read_typed, refuse_links_out, write_json_atomic, write_text_atomic
+from trainer.base.source import source_record
 from trainer.config.sections import Config
 from trainer.site import Site
 
@@ -236,7 +238,8 @@ def versions(device: str) -> dict[str, Any]:
             packages[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             packages[name] = None
-    return {"python": sys.version.split()[0], "platform": platform.platform(), "device": device, "packages": packages}
+    return {"python": sys.version.split()[0], "platform": platform.platform(), "device": device,
+            "trainer": source_record(), "packages": packages}
 
 
 @dataclass(frozen=True)

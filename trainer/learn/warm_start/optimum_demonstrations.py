@@ -30,12 +30,12 @@ from trainer.base import logs
 from trainer.base.beside import MIN_STEPS, beside
 from trainer.base.durations import TimeBox
 from trainer.base.files import cache_root, write_bytes_atomic
+from trainer.base.source import program_digest
 from trainer.config.sections import Config
 from trainer.env.citylearn import make_sb3_env
 from trainer.references.optimum import OptimumReplay
 from trainer.references.optimum_model import OptimumUnavailable, site_model
 from trainer.references.physics import solve_in_physics
-from trainer.references.reuse import program_digest
 from trainer.run.device import free_cores_now
 from trainer.site import Site
 from trainer.site.bootstrap import Variation
