@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from trainer.base.errors import ConfigError
 from trainer.cli.main import cli
 from trainer.config.loading import load_config
 from trainer.env.citylearn import make_sb3_env
@@ -603,3 +604,45 @@ def test_a_decaying_rate_fits_closer_in_as_many_epochs_and_is_its_own_imitation(
     assert decayed < 0.5 * constant  # measured: 5.4e-7 against 4.9e-6
     keys = {cloning.imitation_key(fresh(), demos, 30, *fit, critic_epochs=0, decay=d) for d in (False, True)}
     assert len(keys) == 2
+
+
+def test_the_student_imitates_the_mean_of_the_members_that_did_best_on_the_validation_part(cfg, monkeypatch):
+    """On a dataset with a validation part, warm_start.members_kept of the members make the mean: those of least CO2
+    there, at least one; each member is driven once a process; with no validation part, or a share of 1, all."""
+    import types
+
+    import torch
+
+    from trainer.learn.warm_start import ensemble as distilling
+
+    monkeypatch.setattr(distilling, "_SCORED", {})
+    driven = []
+
+    def check(cfg, parts, agent, model):  # a member's CO2 over the validation part: its weight, here
+        def co2():
+            driven.append(float(model.policy.weight))
+            return float(model.policy.weight)
+        return co2
+
+    monkeypatch.setattr(distilling, "policy_check", check)
+    members = []
+    for co2 in (3.0, 1.0, 4.0, 2.0):
+        member = torch.nn.Linear(1, 1, bias=False)
+        torch.nn.init.constant_(member.weight, co2)
+        members.append(member)
+    parts = types.SimpleNamespace(check=object(), label="fit 0-99 check 100-127")
+
+    def keeping(share):
+        return cfg.model_copy(update={"warm_start": cfg.warm_start.model_copy(update={"members_kept": share})})
+
+    assert distilling.best_members(keeping(0.5), parts, "sac", members) == ([1, 3], [3.0, 1.0, 4.0, 2.0])
+    assert driven == [3.0, 1.0, 4.0, 2.0]
+    assert distilling.best_members(keeping(0.5), parts, "sac", members)[0] == [1, 3]
+    assert len(driven) == 4  # a later stage of the night distils the same members: not driven again
+    assert distilling.best_members(keeping(0.1), parts, "sac", members) == ([1], [3.0, 1.0, 4.0, 2.0])
+    assert distilling.best_members(keeping(0.75), parts, "sac", members)[0] == [0, 1, 3]
+    assert distilling.best_members(keeping(1.0), parts, "sac", members) == ([0, 1, 2, 3], [])
+    unchecked = types.SimpleNamespace(check=None, label="")
+    assert distilling.best_members(keeping(0.5), unchecked, "sac", members) == ([0, 1, 2, 3], [])
+    with pytest.raises(ConfigError, match="warm_start.members_kept.*greater than 0"):
+        load_config(overrides=["warm_start.members_kept=0"])

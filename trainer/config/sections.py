@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
@@ -226,6 +227,12 @@ class WarmStartConfig(Section):
                                   "ensemble (its ten imitations, their labels and the student took 13.5 minutes of a "
                                   "quiet 2-core machine, many times a short run's learning); 0 = the ensemble "
                                   "whatever the run's length.", ge=0)
+    members_kept: float = doc("On a dataset with a validation part, the share of the ensemble's members whose mean "
+                              "action the student imitates: those whose policies did best over the validation part "
+                              "(rounded up; a 28-day drive each, ~1.5 s); 1.0 = all. The members generalise "
+                              "unequally: the best half's mean beat the student of all ten's held out on 9 nights "
+                              "of 10 with 256x256 members, not with 64x64 ones (docs/agent-quality.md).",
+                              gt=0, le=1)
     student_epochs: int = doc("Epochs of the one network that imitates the ensemble's mean action (each as many "
                               "samples as the dataset's period): it must fit the mean closely to keep it in closed "
                               "loop: three times an imitation's 400 by default, at a decaying rate "
@@ -285,6 +292,11 @@ class WarmStartConfig(Section):
         if self.extra_draws != "auto":
             return self.extra_draws
         return ONE_PERIOD_DRAWS if one_period else BUILT_IN_DRAWS
+
+    def members_meaned(self, members: int, ranked: bool) -> int:
+        """How many of ``members`` make the mean the student imitates: the members_kept share where they are
+        ``ranked`` on a validation part (rounded up: at least one), else all."""
+        return max(1, math.ceil(self.members_kept * members - 1e-9)) if ranked and self.members_kept < 1.0 else members
 
     def teacher_of(self, agent: str) -> str:
         """The agent whose policy ``agent``'s ensemble members are (``teacher``, or the agent itself for own)."""

@@ -184,12 +184,17 @@ def warm_start_s(cfg: Config, site: Site, speeds: Speeds, agents: list[str],
     # The years side by side: each step of them costs each member one call.
     # On the training simulator where it steps the years as CityLearn does (the ensemble's _Year).
     year_step_s = sim_step_s(speeds) if chooses_on_simulator(cfg, site) else 1 / speeds.eval_steps_per_s
-    labels_s = 0.0 if members <= 1 else (years * year_step_s + members * POLICY_CALL_S) * period * SAFETY
+    # On a dataset the members are first ranked by a drive over the validation part each (the best members_kept
+    # share of them make the mean: trainer.learn.warm_start.ensemble.best_members), once a process.
+    check = imitation_parts(site, None).check
+    meaned = settings.members_meaned(members, ranked=check is not None)
+    rank_s = 0.0 if check is None or meaned == members else \
+        members * check.length * (1 / speeds.eval_steps_per_s + POLICY_CALL_S) * SAFETY
+    labels_s = 0.0 if members <= 1 else (years * year_step_s + meaned * POLICY_CALL_S) * period * SAFETY + rank_s
     pick_s = (members + 1) * HELD_OUT_YEARS * period * POLICY_CALL_S * SAFETY if site.kind.draws else 0.0
     # Each imitation of the optimum (the one, or each member) drives its validation part at its checks
     # (trainer.learn.warm_start.validation), every check counted; and stops after two no better than its best: it
     # is counted at CHECKED_EPOCHS_SHARE of its epochs.
-    check = imitation_parts(site, None).check
     checks = sum(1 for e in CHECK_AT if e < settings.epochs) + 1
     check_s = 0.0 if check is None else checks * check.length * (1 / speeds.eval_steps_per_s + POLICY_CALL_S) * SAFETY
     checked = 1.0 if check is None else CHECKED_EPOCHS_SHARE
