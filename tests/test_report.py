@@ -222,6 +222,11 @@ def test_the_headline_names_the_training_steps_and_a_raised_peak_and_cost_its_cu
     run.results_json.write_text(json.dumps(results))
     assert (": its warm start (the mean of 10 imitations of the optimum, in one policy), untrained: none of its 4,096"
             in write_report(run).read_text().splitlines()[2])
+    # A dataset's: the mean of the members that did best on its validation part (warm_start.members_kept).
+    results["sac"]["warm_start"]["ensemble"]["members_kept"] = [1, 3, 4, 7, 10]
+    run.results_json.write_text(json.dumps(results))
+    assert (": its warm start (the mean of the 5 of 10 imitations of the optimum that did best on the validation "
+            "part, in one policy), untrained" in write_report(run).read_text().splitlines()[2])
 
 
 def test_the_headline_says_when_other_agents_deploy_the_very_same_policy(tmp_path):

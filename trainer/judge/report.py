@@ -193,6 +193,10 @@ def _imitation(agent: str, warm: dict[str, Any]) -> str | None:
     if members:
         teacher = ensemble.get("teacher", agent)  # another agent's policies taught this one
         whose = f"{teacher.upper()} " if teacher != agent else ""
+        kept = ensemble.get("members_kept")
+        if kept and len(kept) < members:  # a dataset's: the members best on its validation part
+            return (f"the mean of the {len(kept)} of {members} {whose}imitations of the optimum that did best on the "
+                    "validation part, in one policy")
         return f"the mean of {members} {whose}imitations of the optimum, in one policy"
     return None
 
