@@ -230,8 +230,8 @@ class WarmStartConfig(Section):
     members_kept: float = doc("On a dataset with a validation part, the share of the ensemble's members whose mean "
                               "action the student imitates: those whose policies did best over the validation part "
                               "(rounded up; a 28-day drive each, ~1.5 s); 1.0 = all. The members generalise "
-                              "unequally: the best half's mean beat the student of all ten's held out on 9 nights "
-                              "of 10 with 256x256 members, not with 64x64 ones (docs/agent-quality.md).",
+                              "unequally: the best half's mean beat the student of all ten's held out on 10 nights "
+                              "of 11 with 256x256 members, not reliably with 64x64 ones (docs/agent-quality.md).",
                               gt=0, le=1)
     student_epochs: int = doc("Epochs of the one network that imitates the ensemble's mean action (each as many "
                               "samples as the dataset's period): it must fit the mean closely to keep it in closed "

@@ -132,9 +132,9 @@ def best_members(cfg: Config, parts: ImitationParts, agent: str, members: list[A
     part, the ``warm_start.members_kept`` share of them that did best there (at least one), else all.
 
     Imitations from other initial weights generalise unequally (Building_5 seed 1's ten kept 73.6-82.8 % of the
-    held-out optimum's cut one by one), and on ten nights of the official EV Buildings 5, 7 and 10 the mean of the
-    five 256x256 members best on the validation part beat the student of all ten's by 0.56 points on average, on
-    nine (docs/agent-quality.md, "The members that did best on the validation part")."""
+    held-out optimum's cut one by one), and on eleven nights of the official EV Buildings 4, 5, 7 and 10 the mean of
+    the five 256x256 members best on the validation part beat the student of all ten's by 0.59 points on average, on
+    ten (docs/agent-quality.md, "The members that did best on the validation part")."""
     everyone = list(range(len(members)))
     count = cfg.warm_start.members_meaned(len(members), ranked=parts.check is not None)
     if count == len(members):
