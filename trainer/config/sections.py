@@ -295,7 +295,8 @@ class WarmStartConfig(Section):
 
     def members_meaned(self, members: int, ranked: bool) -> int:
         """How many of ``members`` make the mean the student imitates: the members_kept share where they are
-        ``ranked`` on a validation part (rounded up: at least one), else all."""
+        ``ranked`` on a validation part (rounded up: at least one), else all. The tolerance keeps a product that is
+        whole in decimal whole in binary (0.3 x 10 is 3.0000000000000004, not 4 members)."""
         return max(1, math.ceil(self.members_kept * members - 1e-9)) if ranked and self.members_kept < 1.0 else members
 
     def teacher_of(self, agent: str) -> str:
