@@ -121,14 +121,20 @@ def random_ev_curves(schema_path: Path, folder: Path) -> Path:
     return variant(schema_path, folder, drop_ev_curves)
 
 
+def built_in_config(*overrides: str) -> Config:
+    """The config with ``overrides``, settled on the built-in site (SAC's 256x256), as a run of it settles it: for
+    tests that build models without a run."""
+    return load_config(overrides=list(overrides)).on_site(one_period=False)
+
+
 @pytest.fixture(scope="session")
 def default_cfg() -> Config:
-    return load_config()
+    return built_in_config()
 
 
 @pytest.fixture(scope="session")
 def tiny_cfg() -> Config:
-    return load_config(overrides=tiny_overrides())
+    return built_in_config(*tiny_overrides())
 
 
 @pytest.fixture(scope="session")

@@ -33,6 +33,32 @@ def one_year(site_schema, tmp_path_factory) -> Site:
     return given_site(str(schema), None)
 
 
+def test_sac_s_network_is_settled_on_the_site_once_as_the_run_opens(one_year, built_in, tmp_path):
+    """sac.net_arch: auto is 64x64 on a dataset of one period and 256x256 on the built-in site, settled as the run
+    opens: its checks, config.yaml (which a resume and Ray's workers read) and every stage hold the size; a size given
+    by hand is kept; PPO's and A2C's are their own."""
+    from trainer.run.folder import RunContext
+    from trainer.run.session import open_run, reopen_run
+
+    cfg = load_config(overrides=tiny_overrides())
+    assert cfg.sac.net_arch == "auto"
+    with pytest.raises(TypeError, match="net_arch is still 'auto': settle the config on the run's site"):
+        cfg.sac.sb3_kwargs()
+    checked = []
+    with open_run(cfg, "train", tmp_path / "dataset", str(one_year.schema),
+                  checks=[lambda settled, site: checked.append(settled.sac.net_arch)]) as ctx:
+        assert ctx.cfg.sac.layers == (64, 64) and ctx.cfg.ppo.layers == ctx.cfg.a2c.layers == (256, 256)
+    assert checked == [[64, 64]]
+    assert yaml.safe_load((tmp_path / "dataset" / "config.yaml").read_text())["sac"]["net_arch"] == [64, 64]
+    with reopen_run(tmp_path / "dataset", "cpu") as ctx:
+        assert ctx.cfg.sac.layers == (64, 64)
+    # A context made by hand (a benchmark's trial, a Ray worker) is settled by its site too.
+    assert RunContext(cfg, RunDir(tmp_path / "other"), built_in, "cpu").cfg.sac.layers == (256, 256)
+    assert cfg.on_site(one_period=True).on_site(one_period=False).sac.layers == (64, 64)  # once settled, it stays
+    given = load_config(overrides=tiny_overrides("sac.net_arch=[32,32]"))
+    assert given.on_site(one_period=True).sac.layers == given.on_site(one_period=False).sac.layers == (32, 32)
+
+
 def test_a_year_is_learnt_from_its_first_months_and_judged_on_its_last(one_year, tmp_path):
     holdout = load_config().holdout
     site = hold_out(one_year, holdout, tmp_path / "draws")
@@ -424,7 +450,7 @@ def test_the_time_a_night_has_left_evaluates_the_warm_starts_it_left_unevaluated
     monkeypatch.setattr(stages, "judged", judging)
     cfg = load_config(overrides=tiny_overrides())
     with open_run(cfg, "train", tmp_path / "run", str(one_year.schema)) as ctx:
-        _left_unevaluated(ctx, cfg, {"sac": 31_000.0, "ppo": 30_000.0, "a2c": 30_500.0})
+        _left_unevaluated(ctx, ctx.cfg, {"sac": 31_000.0, "ppo": 30_000.0, "a2c": 30_500.0})
         # What a night's last stage learning on past its target keeps for them: three judgings of 60 s, padded, and
         # one more where that stage (in a night short of time) leaves its own too.
         assert stages.left_warm_starts_s(ctx, own=False) == pytest.approx(3 * 60.0 * stages.SAFETY)

@@ -19,12 +19,12 @@ from trainer.learn.warm_start import demonstrations, keep_near_demonstrations, t
 from trainer.references.controllers import PolicyController, UncontrolledBaseline
 from trainer.site import Site, SiteKind
 
-from .conftest import tiny_overrides
+from .conftest import built_in_config, tiny_overrides
 
 
 @pytest.fixture(scope="module")
 def cfg():
-    return load_config(overrides=["warm_start.epochs=20", "warm_start.ensemble=1"])
+    return built_in_config("warm_start.epochs=20", "warm_start.ensemble=1")
 
 
 def test_demonstrations_are_the_optimum_replayed_over_the_whole_dataset(built_in, cfg):
@@ -558,7 +558,7 @@ def test_the_ensemble_s_years_in_closed_loop_beside_this_process_are_labelled_as
     monkeypatch.setattr(distilling, "MIN_STEPS", 100)  # a week's loop is worth a process here
     # Two years of the demonstrations, each the week (a drawn year would read a whole year into the simulator).
     monkeypatch.setattr(distilling, "demonstration_years", lambda cfg, site, draws: [site, site])
-    cfg = load_config(overrides=["warm_start.epochs=2"])
+    cfg = week_site.settled(load_config(overrides=["warm_start.epochs=2"]))
     env = make_sb3_env(cfg, week_site, "train", cfg.seed)
     members = [build_model(cfg, "sac", env, "cpu", seed, 1000).policy for seed in (1, 2)]
     week = demonstrations(cfg, week_site, cfg.seed)

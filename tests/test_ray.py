@@ -19,14 +19,14 @@ from trainer.night.ray_cluster import RAY_VERSION, import_ray
 from trainer.night.ray_runner import stage_resources
 from trainer.run.schedule_file import StageRecord
 
-from .conftest import tiny_overrides
+from .conftest import built_in_config, tiny_overrides
 
 ROOT = Path(__file__).resolve().parents[1]
 ray = pytest.importorskip("ray", reason="the ray extra is not installed (pip install 'pvbess-trainer[ray]')")
 
 
 def test_resources_come_from_the_config_and_sac_reserves_its_replay_buffer():
-    cfg = load_config(overrides=["ray.num_gpus={sac: 0.5, ppo: 0, a2c: 0, eval: 0}", "sac.buffer_size=100000"])
+    cfg = built_in_config("ray.num_gpus={sac: 0.5, ppo: 0, a2c: 0, eval: 0}", "sac.buffer_size=100000")
     sac = stage_resources(cfg, StageRecord("sac", StageKind.TRAIN), (48, 5))
     ppo = stage_resources(cfg, StageRecord("ppo", StageKind.TRAIN), (48, 5))
     rbc = stage_resources(cfg, StageRecord("rbc", StageKind.EVAL), (48, 5))
@@ -248,7 +248,7 @@ def _meet(marker: str, other: str, limit_s: float) -> dict:
 
 
 def test_two_half_gpu_stages_run_at_once_and_a_no_gpu_stage_is_told_cpu(local_ray, tmp_path):
-    cfg = load_config(overrides=["ray.num_gpus={sac: 0.5, ppo: 0, a2c: 0, eval: 0}"])
+    cfg = built_in_config("ray.num_gpus={sac: 0.5, ppo: 0, a2c: 0, eval: 0}")
     half = {k: v for k, v in stage_resources(cfg, StageRecord("sac", StageKind.TRAIN), (48, 5)).items()
             if k != "memory"}
     task = local_ray.remote(_meet)
@@ -282,8 +282,8 @@ def test_the_plan_shows_which_stages_run_side_by_side(tmp_path):
     from trainer.run.folder import RunDir
     from trainer.run.schedule_file import ScheduleState
 
-    cfg = load_config(overrides=["ray.num_cpus={sac: 1, ppo: 2, a2c: 2, eval: 1}",
-                                 "ray.num_gpus={sac: 0.5, ppo: 0, a2c: 0, eval: 0}"])
+    cfg = built_in_config("ray.num_cpus={sac: 1, ppo: 2, a2c: 2, eval: 1}",
+                          "ray.num_gpus={sac: 0.5, ppo: 0, a2c: 0, eval: 0}")
     now = datetime(2026, 11, 23, 22, 0)
     specs = {"baseline": StageSpec("baseline", StageKind.EVAL, 10), "rbc": StageSpec("rbc", StageKind.EVAL, 10),
              "sac": StageSpec("sac", StageKind.TRAIN, 10, 1, 900, 10.0),  # 90 s of training + 10 s evaluation

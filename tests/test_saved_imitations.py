@@ -15,11 +15,13 @@ from trainer.learn.warm_start import cloning, demonstrations, imitation_key, war
 from trainer.learn.warm_start import ensemble as distilling
 from trainer.learn.warm_start.saved import SavedImitations
 
+from .conftest import built_in_config
+
 
 @pytest.fixture
 def cfg():
-    return load_config(overrides=["warm_start.epochs=2", "warm_start.ensemble=2", "warm_start.student_epochs=2",
-                                  "warm_start.teacher=sac"])
+    return built_in_config("warm_start.epochs=2", "warm_start.ensemble=2", "warm_start.student_epochs=2",
+                           "warm_start.teacher=sac")
 
 
 @pytest.fixture
@@ -187,8 +189,8 @@ def test_members_imitated_beside_the_stage_are_the_ones_it_would_imitate(week_si
 
     monkeypatch.setattr(cloning, "_IMITATED", {})
     monkeypatch.setattr(distilling, "_DISTILLED", {})
-    cfg = load_config(overrides=["warm_start.epochs=2", "warm_start.ensemble=3", "warm_start.student_epochs=2",
-                                 "warm_start.member_processes=1"])
+    cfg = week_site.settled(load_config(overrides=["warm_start.epochs=2", "warm_start.ensemble=3",
+                                                   "warm_start.student_epochs=2", "warm_start.member_processes=1"]))
     parts = imitation_parts(week_site, None)
     demos = demonstrations(cfg, parts.fit, cfg.seed)
     folder = tmp_path / "imitations"
@@ -247,8 +249,8 @@ from trainer.learn.warm_start.validation import imitation_parts
 from trainer.site import Site
 
 if __name__ == "__main__":
-    cfg = load_config(overrides=["warm_start.epochs=2000", "warm_start.ensemble=16"])
     site = Site.load(Path(sys.argv[1]))
+    cfg = site.settled(load_config(overrides=["warm_start.epochs=2000", "warm_start.ensemble=16"]))
     parts = imitation_parts(site, None)
     demos = demonstrations(cfg, parts.fit, cfg.seed)
     with members_beside(1, cfg, site, "sac", demos, parts, Path(sys.argv[2]), 0):

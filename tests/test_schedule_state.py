@@ -441,14 +441,15 @@ def test_the_ensemble_left_out_is_asked_again_before_each_warm_start_until_it_is
 
     def refit(left_s, pace, fitting):
         asked.append((round(left_s), pace, fitting))
-        return load_config(), with_ensemble, "the mean of 10 imitations: ..."
+        # Fitted from the night's config, which its site settled (a dataset's: SAC at 64x64).
+        return load_config().on_site(one_period=True), with_ensemble, "the mean of 10 imitations: ..."
 
     clock = Clock(START)
     deadline = START + timedelta(hours=1)
     runner = FakeExecutor(clock)
     state = new_state(tmp_path, deadline, clock, runner)
     run_dir = RunDir(tmp_path)
-    single = load_config(overrides=["warm_start.ensemble=1"])
+    single = load_config(overrides=["warm_start.ensemble=1"]).on_site(one_period=True)  # as the night's site did
     ctx = RunContext(single, run_dir, Site(SCHEMA, tmp_path / "schema.json", None, {}), "cpu")
     night = Night(ctx, state, SPECS, report=runner.report, refit=refit)
     drive([night], runner, clock)
@@ -470,7 +471,8 @@ def test_the_ensemble_left_out_is_asked_again_before_each_warm_start_until_it_is
 
         def refit(left_s, pace, fitting):
             fittings.append(fitting)
-            return (load_config(), with_ensemble, "the mean of 10 imitations: ...") if fitting[0] == taken_before \
+            return (load_config().on_site(one_period=True), with_ensemble,
+                    "the mean of 10 imitations: ...") if fitting[0] == taken_before \
                 else None
 
         night = Night(ctx, state, SPECS, report=runner.report, refit=refit)

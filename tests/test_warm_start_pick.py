@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from trainer.config.loading import load_config
 from trainer.env.citylearn import make_sb3_env
 from trainer.judge.metrics import run_episode
 from trainer.learn.agents import build_model
@@ -15,10 +14,12 @@ from trainer.learn.warm_start.pick import co2_over_the_years, pick_the_best
 from trainer.references.controllers import PolicyController
 from trainer.site import Site
 
+from .conftest import built_in_config
+
 
 @pytest.fixture(scope="module")
 def cfg():
-    return load_config(overrides=["warm_start.epochs=3", "warm_start.ensemble=1", "warm_start.pick_best=true"])
+    return built_in_config("warm_start.epochs=3", "warm_start.ensemble=1", "warm_start.pick_best=true")
 
 
 @pytest.fixture(scope="module")

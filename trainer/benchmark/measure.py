@@ -379,6 +379,7 @@ def _measure(cfg: Config, given: Site | None, agents: list[str], sizes: Sizes, l
              ) -> tuple[dict[str, Any], str, bool]:
     device = resolve_device(cfg.gpu.device)
     with site_for(cfg, given) as site:
+        cfg = site.settled(cfg)  # the trials' children load a site by its schema alone: they get the settled config
         if learning:
             report = run_learning_check(cfg, site, device, agents, seeds, progress)
             return report, format_learning(report), bool(report["errors"])

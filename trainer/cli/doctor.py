@@ -126,7 +126,7 @@ def check_memory(cfg: Config, obs_act: tuple[int, int], device: str) -> list[Che
     """The largest replay buffer against the host's RAM, the largest batch against the memory it may use."""
 
     def shapes(agent: str) -> Shapes:
-        return Shapes(*obs_act, tuple(cfg.agent(agent).net_arch))
+        return Shapes(*obs_act, cfg.agent(agent).layers)
 
     checks = []
     have = host_available_bytes()
@@ -216,7 +216,7 @@ def run_checks(load: Callable[[], Config], schema: str | None, dataset: str | No
     checks += [*check_gpu_switches(cfg), check_tensorboard(cfg)]
     checks.append(check_disk(Path(cfg.output.root)))
     try:
-        obs_act, simulator = _dataset_checks(cfg, schema, dataset)
+        cfg, obs_act, simulator = _dataset_checks(cfg, schema, dataset)
         checks.append(Check("dataset", PASS, f"{schema or dataset or 'built-in site'} loads offline "
                                              f"({obs_act[0]} observations, {obs_act[1]} actions)"))
     except TrainerError as exc:
@@ -229,10 +229,12 @@ def run_checks(load: Callable[[], Config], schema: str | None, dataset: str | No
     return checks
 
 
-def _dataset_checks(cfg: Config, schema: str | None, dataset: str | None) -> tuple[tuple[int, int], Check]:
-    """(observations, actions) of the dataset, and what agents will train on there."""
+def _dataset_checks(cfg: Config, schema: str | None, dataset: str | None) -> tuple[Config, tuple[int, int], Check]:
+    """The config settled on the dataset (its networks' sizes), its (observations, actions), and what agents will
+    train on there."""
     with site_for(cfg, given_site(schema, dataset)) as site:
-        return policy_sizes(cfg, site), simulator_check(cfg, site)
+        cfg = site.settled(cfg)
+        return cfg, policy_sizes(cfg, site), simulator_check(cfg, site)
 
 
 def format_table(checks: list[Check]) -> str:

@@ -65,7 +65,7 @@ def train(agent: str, config_files: tuple[str, ...], overrides: tuple[str, ...],
     if resume is not None:
         check_resume_config(Path(out), agent, cfg, force, require_checkpoint=True)
     with session.open_run(cfg, f"train {agent}", out, schema, dataset, resuming=resume is not None,
-                          checks=memory_checks(cfg, [agent])) as ctx:
+                          checks=memory_checks([agent])) as ctx:
         State.opened(ctx, f"train {agent}")
         with handle_stop_signals():
             results = stages.train_with_baseline(ctx, agent, resume=resume is not None, force=force)
@@ -141,7 +141,8 @@ def plan_command(config_files: tuple[str, ...], overrides: tuple[str, ...], prof
     """Print the night's timeline from measured speed, and what cannot fit."""
     cfg = session.resolve_config(config_files, overrides, device=device, profile=profile)
     cfg, chosen, deadline = session.night_plan(cfg, quick, agents, budget, finish_by)
-    click.echo(plan.plan_text(cfg, given_site(schema, dataset), chosen, quick, deadline, refresh))
+    given = given_site(schema, dataset)
+    click.echo(plan.plan_text(session.settled_on(cfg, given), given, chosen, quick, deadline, refresh))
 
 
 @command(cli)

@@ -14,7 +14,7 @@ import json
 import math
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Self
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import Field, ValidationInfo, create_model, field_validator, model_validator
@@ -229,9 +229,10 @@ class WarmStartConfig(Section):
                                   "whatever the run's length.", ge=0)
     members_kept: float = doc("On a dataset with a validation part, the share of the ensemble's members whose mean "
                               "action the student imitates: those whose policies did best over the validation part "
-                              "(rounded up; a 28-day drive each, ~1.5 s); 1.0 = all. The members generalise "
-                              "unequally: the best half's mean beat the student of all ten's held out on 10 nights "
-                              "of 11 with 256x256 members, not reliably with 64x64 ones (docs/agent-quality.md).",
+                              "(rounded up; a 28-day drive each, ~1.5 s); 1.0 = all. The best half's mean beat the "
+                              "student of all ten's held out on 10 nights of 11 with 256x256 members, not with the "
+                              "64x64 ones sac.net_arch: auto builds on a dataset (-0.14 points; "
+                              "docs/agent-quality.md).",
                               gt=0, le=1)
     student_epochs: int = doc("Epochs of the one network that imitates the ensemble's mean action (each as many "
                               "samples as the dataset's period): it must fit the mean closely to keep it in closed "
@@ -541,6 +542,15 @@ class _Sections(Section):
     def agent(self, name: str) -> AgentConfig:
         """The config section of an agent of the roster."""
         return getattr(self, name)
+
+    def on_site(self, one_period: bool) -> Self:
+        """This config with every ``auto`` that depends on the site settled (an agent's network size), for a site of
+        ``one_period`` (a dataset: its one year) or the built-in site: done once where a run's site is first known,
+        so config.yaml, checkpoints and every stage hold the value (the observations' and the warm start's autos are
+        asked of the site as they are read: ``trainer.site.Site``)."""
+        settled = {name: self.agent(name).on_site(one_period) for name in AGENTS}
+        changed = {name: section for name, section in settled.items() if section is not self.agent(name)}
+        return self.model_copy(update=changed) if changed else self
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")

@@ -97,9 +97,10 @@ def check_resume_config(run_dir: Path, agent: str, cfg: Config, force: bool, req
                      "resume with the same config, or pass --force to resume with the new one")
 
 
-def memory_checks(cfg: Config, agents: Sequence[str]) -> list[Callable[[Site], None]]:
-    """:func:`check_memory` of each agent, as checks ``trainer.run.session.open_run`` runs before the run folder."""
-    return [functools.partial(check_memory, cfg, agent=agent) for agent in agents]
+def memory_checks(agents: Sequence[str]) -> list[Callable[[Config, Site], None]]:
+    """:func:`check_memory` of each agent, as checks ``trainer.run.session.open_run`` runs (with the config settled
+    on the run's site) before the run folder."""
+    return [functools.partial(check_memory, agent=agent) for agent in agents]
 
 
 def check_memory(cfg: Config, site: Site, agent: str) -> None:
@@ -107,7 +108,7 @@ def check_memory(cfg: Config, site: Site, agent: str) -> None:
     section = cfg.agent(agent)
     if not isinstance(section, OffPolicyConfig):
         return
-    shapes = Shapes(*policy_sizes(cfg, site), tuple(section.net_arch))
+    shapes = Shapes(*policy_sizes(cfg, site), section.layers)
     need, have = replay_buffer_bytes(shapes, section.buffer_size), host_available_bytes()
     if need > have:
         per = replay_buffer_bytes(shapes, 1)

@@ -115,7 +115,7 @@ class StageTrainer:
         self.episodes = EpisodeTracker(self.env)
         check_memory(self.cfg, self.ctx.site, self.agent)  # again: memory may have gone since the night began
         self.recovery.fit_batch(Shapes(self.env.observation_space.shape[0], self.env.action_space.shape[0],
-                                       tuple(self.section.net_arch)))
+                                       self.section.layers))
         checkpoint = self.checkpoints.store.latest() if resume else None
         if resume and checkpoint is None:
             kept = " (its warm start loads the imitations the run kept)" if self.imitations.holds_any() else ""

@@ -114,7 +114,7 @@ def stage_resources(cfg: Config, record: StageRecord, obs_act: tuple[int, int]) 
     memory = cfg.ray.memory_headroom_gb * 1e9
     section = cfg.agent(record.name) if record.kind == StageKind.TRAIN else None
     if isinstance(section, OffPolicyConfig):
-        memory += replay_buffer_bytes(Shapes(*obs_act, tuple(section.net_arch)), section.buffer_size)
+        memory += replay_buffer_bytes(Shapes(*obs_act, section.layers), section.buffer_size)
     return {"num_cpus": cfg.ray.num_cpus.get(key, 1.0), "num_gpus": cfg.ray.num_gpus.get(key, 0.0),
             "memory": int(memory)}
 

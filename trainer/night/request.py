@@ -94,9 +94,9 @@ def run_request(request: NightRequest, say: Callable[[str], None],
     for agent in chosen if resuming else ():
         check_resume_config(Path(str(out)), agent, cfg, request.force)
     with session.open_run(cfg, "night", out, request.schema, request.dataset, resuming=resuming,
-                          checks=memory_checks(cfg, chosen)) as ctx:
+                          checks=memory_checks(chosen)) as ctx:
         opened(ctx)
-        targets = session.training_targets(cfg, chosen, request.quick, ctx.site)
+        targets = session.training_targets(ctx.cfg, chosen, request.quick, ctx.site)
         state = runner.run_night(ctx, chosen, targets, deadline, resuming, request.force, say, request.backend,
                                  request.backend_options)
         return NightDone(ctx.run, ctx.cfg, ctx.run.results(), state)

@@ -31,7 +31,7 @@ from trainer.references.roster import REFERENCES
 from trainer.run import session
 from trainer.run.folder import RunDir
 from trainer.run.schedule_file import ScheduleState
-from trainer.run.session import open_run, training_targets
+from trainer.run.session import open_run, settled_on, training_targets
 from trainer.site import given_site
 
 SWEEP = "sweep.json"
@@ -107,10 +107,11 @@ def run_sweep(cfg: Config, sweep: Sweep, schema: str | None, dataset: str | None
     """Every variant's night (resuming those begun) on one backend, then the summary; returns the summary's path and
     the states."""
     folder, variants = sweep.folder, sweep.variants
-    given_site(schema, dataset)  # every check before the sweep's folder or any variant's is written
+    given = given_site(schema, dataset)  # every check before the sweep's folder or any variant's is written
     RunDir(folder).refuse_links_out()  # a variant's folder linked out of the sweep's would take its writes elsewhere
     runs = [folder / variant.name for variant in variants]
-    configs = [variant.config(cfg) for variant in variants]
+    # Settled as open_run settles them: a resumed variant's checkpoints hold the settled values.
+    configs = [settled_on(variant.config(cfg), given) for variant in variants]
     for run, run_cfg in zip(runs, configs, strict=True):
         for agent in agents if sweep.resume and RunDir(run).config.is_file() else ():
             check_resume_config(run, agent, run_cfg, force)
@@ -120,7 +121,7 @@ def run_sweep(cfg: Config, sweep: Sweep, schema: str | None, dataset: str | None
     def night(stack: ExitStack, run: Path, run_cfg: Config, variant: Variant) -> Night:
         resuming = sweep.resume and RunDir(run).config.is_file()
         ctx = stack.enter_context(open_run(run_cfg, "night", run, schema, dataset, resuming=resuming,
-                                           checks=memory_checks(run_cfg, agents)))
+                                           checks=memory_checks(agents)))
         if not is_sweep(folder):  # sweep.json once the first night has passed its checks (and made the folder)
             write_json_atomic(folder / SWEEP, sweep.record(backend_name))
         prepared = prepare(ctx, agents, training_targets(ctx.cfg, agents, quick, ctx.site), deadline, resuming,

@@ -251,6 +251,11 @@ class RunContext:
     site: Site
     device: str
 
+    def __post_init__(self) -> None:
+        # The config as the site settles it (SAC's network size): open_run settled it before config.yaml; a context
+        # made by hand (a benchmark trial, a Ray worker, a library user) gets the same, never an unsettled 'auto'.
+        object.__setattr__(self, "cfg", self.site.settled(self.cfg))
+
     @property
     def seed(self) -> int:
         return self.cfg.seed

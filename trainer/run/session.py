@@ -37,8 +37,9 @@ from trainer.site.holdout import hold_out, judged_instead
 from trainer.site.kinds import kind_of
 from trainer.site.scenario import build_site
 
-# A check of the run's site before its folder is touched (trainer.learn.preflight.memory_checks); raises to refuse.
-SiteCheck = Callable[[Site], None]
+# A check of the run's config on its site before its folder is touched (trainer.learn.preflight.memory_checks);
+# raises to refuse.
+SiteCheck = Callable[[Config, Site], None]
 
 LATEST = "latest"  # --resume without a folder: --out, else the newest run
 
@@ -339,6 +340,12 @@ def _read_json_or_none(path: Path) -> Any:
         return None
 
 
+def settled_on(cfg: Config, given: Site | None) -> Config:
+    """``cfg`` settled on the dataset ``given`` (None: the built-in site), where a command knows its site before
+    :func:`open_run` does (a sweep's or a tune's checks and config.yaml)."""
+    return given.settled(cfg) if given is not None else cfg.on_site(one_period=False)
+
+
 def judged_apart(cfg: Config, run: RunDir, site: Site) -> Site:
     """The run's site as the part it learns from, carrying the part it is judged on (``cfg.holdout``), recorded in
     held-out.json for the report."""
@@ -405,10 +412,11 @@ def open_run(cfg: Config, command: str, out: str | Path | None, schema: str | No
     if run.results_json.is_file():
         run.results()  # a damaged one is named before anything is written: the stages would fail on it later
     with staged_dataset(cfg, run, given, resuming) as staged:
+        cfg = staged.settled(cfg)  # once, before config.yaml is written: every stage and a resume read it there
         judged_instead(staged, cfg.holdout)  # a dataset to judge on that the policy could not drive is refused now
         check_ignored(staged, cfg.observations)
         for check in checks:
-            check(staged)
+            check(cfg, staged)
         lock = _create(run)
         try:
             run.create(cfg, ["trainer", *sys.argv[1:]], device, resuming=resuming)
@@ -480,6 +488,7 @@ def reopen_run(run_dir: str | Path, device: str,
     cfg = load_config([run.config], as_it_was_made(run))
     # Before the lock note and the log: a built-in site is checked too, to refuse a class CityLearn would run.
     site = RunRecord.load(run).given() or Site.load(run.site_schema, BUILT_IN, check=True, fallback=cfg.scenario)
+    cfg = site.settled(cfg)  # the run settled it into config.yaml; a hand-edited 'auto' settles as the run did
     resolved = resolve_device(device)
     lock = RunLock(run.root).acquire()  # its note goes with it: a refusal below leaves the folder as it was
     try:

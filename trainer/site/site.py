@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 from trainer.base.errors import DatasetError
 from trainer.base.files import DamagedFile
-from trainer.config.sections import ObservationsConfig, ScenarioConfig, WarmStartConfig
+from trainer.config.sections import Config, ObservationsConfig, ScenarioConfig, WarmStartConfig
 from trainer.site.bootstrap import Variation
 from trainer.site.datasets import check_dataset, check_name, find_dataset, read_schema
 from trainer.site.kinds import BUILT_IN, NAMED, SCHEMA, SiteKind, kind_of
@@ -100,22 +100,33 @@ class Site:
         return frozenset(name for name, spec in (self.data.get("observations") or {}).items()
                          if isinstance(spec, Mapping) and spec.get("active"))
 
+    @property
+    def one_period(self) -> bool:
+        """Whether this site is one period of data (a dataset: its one year, whose other seasons its policy never
+        sees) rather than the built-in site, which draws as many years as it likes: what every site-dependent
+        ``auto`` of the config asks."""
+        return not self.kind.unseen_draws
+
+    def settled(self, cfg: Config) -> Config:
+        """``cfg`` with what depends on this site settled (:meth:`Config.on_site`: SAC's network size)."""
+        return cfg.on_site(self.one_period)
+
     def unread(self, seen: ObservationsConfig) -> frozenset[str]:
         """What a policy on this site does not read (``observations.ignore``; ``auto`` asks the kind: a dataset has
         one period, whose months a policy would tell apart, the built-in site draws years that show every month)."""
-        return seen.ignored(one_period=not self.kind.unseen_draws, observed=self.observed)
+        return seen.ignored(one_period=self.one_period, observed=self.observed)
 
     def demonstration_draws(self, warm: WarmStartConfig) -> int:
         """Other years of this site whose optimum the warm start imitates (``warm_start.extra_draws``; ``auto`` asks
         the kind: a dataset's varied years are the only other seasons its policy sees); 0 where the kind draws
         none."""
-        return warm.draws(one_period=not self.kind.unseen_draws) if self.kind.draws else 0
+        return warm.draws(one_period=self.one_period) if self.kind.draws else 0
 
     def load_look_back(self, seen: ObservationsConfig) -> tuple[int, ...]:
         """Hours ago of each building's load a policy on this site reads (``observations.load_ago_hours``; ``auto``
         asks the kind as :meth:`unread` does: a dataset's held-out months may keep other habits than those learnt
         from, and yesterday's meter says which hold now)."""
-        return seen.load_look_back(one_period=not self.kind.unseen_draws, observed=self.observed)
+        return seen.load_look_back(one_period=self.one_period, observed=self.observed)
 
     @property
     def root(self) -> Path:

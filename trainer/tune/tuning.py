@@ -158,13 +158,14 @@ def prepare(agent: str, config_files: tuple[str, ...], overrides: tuple[str, ...
     cfg = session.resolve_config(config_files, [*overrides, *session.holdout_overrides(holdout, eval_schema,
                                                                                          eval_dataset), *extra],
                                  seed=seed, device=device, profile=profile)
+    given = given_site(schema, dataset)
+    cfg = session.settled_on(cfg, given)  # before the tune's config.yaml, which its trials and a resume read
     params = spaces.read_space(Path(space_file)) if space_file else spaces.space(agent)
     spaces.check_space(params, cfg)
     deadline = session.night_deadline(cfg, budget, finish_by)
     if deadline is None and trials is None:
         raise UsageError(f"trainer tune needs --budget, --finish-by or --trials (without one it would run "
                          f"tune.trials, {cfg.tune.trials} trials): e.g. trainer tune {agent} --budget 30m")
-    given = given_site(schema, dataset)
     if given is not None:
         session.judged_instead(given, cfg.holdout)
     backend(backend_name).check(cfg, backend_options)
