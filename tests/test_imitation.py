@@ -620,8 +620,8 @@ def test_the_student_imitates_the_mean_of_the_members_that_did_best_on_the_valid
 
     def check(cfg, parts, agent, model):  # a member's CO2 over the validation part: its weight, here
         def co2():
-            driven.append(float(model.policy.weight))
-            return float(model.policy.weight)
+            driven.append(float(model.policy.weight.detach()))
+            return float(model.policy.weight.detach())
         return co2
 
     monkeypatch.setattr(distilling, "policy_check", check)
