@@ -488,7 +488,6 @@ def reopen_run(run_dir: str | Path, device: str,
     cfg = load_config([run.config], as_it_was_made(run))
     # Before the lock note and the log: a built-in site is checked too, to refuse a class CityLearn would run.
     site = RunRecord.load(run).given() or Site.load(run.site_schema, BUILT_IN, check=True, fallback=cfg.scenario)
-    cfg = site.settled(cfg)  # the run settled it into config.yaml; a hand-edited 'auto' settles as the run did
     resolved = resolve_device(device)
     lock = RunLock(run.root).acquire()  # its note goes with it: a refusal below leaves the folder as it was
     try:
