@@ -490,6 +490,16 @@ def test_what_each_agent_deploys_names_a_dataset_s_validation_part(tmp_path):
     report = write_report(_run(tmp_path, results)).read_text()
     assert ("(the validation part, the last days of the part learnt from, which no stage trained on: 0.67 t/yr, the "
             "last policy 0.78).") in report and "another year of the data" not in report
+    # Confirmed against its warm start over that part, the sentence names the part once, with the figures there.
+    confirmed = ("a later policy was worse on the validation window, and it beat its warm start over the validation "
+                 "part (the last days of the part learnt from, which no stage trained on) by more than 0.05% (0.671 "
+                 "against 0.690 t/yr)")
+    results["sac"]["kept"]["why"] = confirmed
+    (tmp_path / "confirmed").mkdir()
+    report = write_report(_run(tmp_path / "confirmed", results)).read_text()
+    line = next(line for line in report.splitlines() if line.startswith("- **sac** deploys"))
+    assert line == (f"- **sac** deploys the policy of step 2,048 of 4,096 steps: {confirmed}; the last policy 0.78 "
+                    "t/yr there.")
 
 
 def test_the_week_s_caption_names_each_controller_drawn_once(tmp_path):

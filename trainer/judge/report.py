@@ -336,12 +336,17 @@ def _deployed(results: dict[str, dict[str, Any]]) -> list[str]:
             continue
         which = ("its warm start (step 0)" if kept["step"] == 0 else
                  "its last policy" if kept["step"] == kept["final_step"] else f"the policy of step {kept['step']:,}")
-        window = _window(kept)
-        line = (f"- **{agent}** deploys {which} of {kept['final_step']:,} steps: {kept['why']} "
-                f"({window}: {kept['validation_co2_kg_per_year'] / 1000:,.2f} t/yr")
-        if kept.get("last_validation_co2_kg_per_year") is not None and kept["step"] != kept["final_step"]:
-            line += f", the last policy {kept['last_validation_co2_kg_per_year'] / 1000:,.2f}"
-        line += ")."
+        window, last = _window(kept), kept.get("last_validation_co2_kg_per_year")
+        last = None if kept["step"] == kept["final_step"] else last
+        line = f"- **{agent}** deploys {which} of {kept['final_step']:,} steps: {kept['why']}"
+        if kept.get("window") and window.split(",")[0] in kept["why"]:
+            # A dataset's window is its validation part, which the confirmation against the warm start has just
+            # named with the deployed policy's figure there: the sentence does not name it twice.
+            line += "" if last is None else f"; the last policy {last / 1000:,.2f} t/yr there"
+        else:
+            line += f" ({window}: {kept['validation_co2_kg_per_year'] / 1000:,.2f} t/yr"
+            line += ("" if last is None else f", the last policy {last / 1000:,.2f}") + ")"
+        line += "."
         early = kept.get("ended_early")
         if early:
             line += (f" Its stage ended at step {kept['final_step']:,} of {early['target']:,}: no better policy on the "
