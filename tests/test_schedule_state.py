@@ -13,7 +13,7 @@ import pytest
 from trainer.base.durations import parse_duration, resolve_finish_by
 from trainer.base.errors import UsageError
 from trainer.night.budget import SAFETY, StageSpec, allocate, forecast, timeline
-from trainer.night.state import Night, StageEvent, StageJob, StageOutcome, drive, plan
+from trainer.night.state import JUDGING_SPREAD, Night, StageEvent, StageJob, StageOutcome, drive, plan
 from trainer.run.folder import RunDir
 from trainer.run.schedule_file import DONE, FAILED, PENDING, RUNNING, SKIPPED, ScheduleState, StageRecord
 from trainer.site import SCHEMA, Site
@@ -665,8 +665,8 @@ def test_a_later_agent_s_evaluation_keeps_at_least_what_an_earlier_agent_s_judgi
     assert [s.status for s in state.stages] == [DONE] * 6
     ended = (clock() - deadline).total_seconds()
     if says_judged:
-        assert night.spec("a2c").fixed_s == pytest.approx(0.5 * EVAL_S * SAFETY, rel=0.02)
-        assert -5 < ended <= 0
+        assert night.spec("a2c").fixed_s == pytest.approx(0.5 * EVAL_S * JUDGING_SPREAD, rel=0.02)
+        assert -0.5 * EVAL_S * (JUDGING_SPREAD - 1) - 5 < ended <= 0  # early by what the spread kept, no more
     else:  # kept less than its judging takes: late by the difference
         assert night.spec("a2c").fixed_s < 0.5 * EVAL_S
         assert ended > 5
