@@ -500,6 +500,19 @@ def test_what_each_agent_deploys_names_a_dataset_s_validation_part(tmp_path):
     line = next(line for line in report.splitlines() if line.startswith("- **sac** deploys"))
     assert line == (f"- **sac** deploys the policy of step 2,048 of 4,096 steps: {confirmed}; the last policy 0.78 "
                     "t/yr there.")
+    # This version says so in a field, whatever the words: a "why" that does not quote the window is still not
+    # followed by the window a second time; a confirmation over other years names the window.
+    results["sac"]["kept"].update(why="reworded, over the part it names", why_names_window=True)
+    (tmp_path / "flagged").mkdir()
+    line = next(line for line in write_report(_run(tmp_path / "flagged", results)).read_text().splitlines()
+                if line.startswith("- **sac** deploys"))
+    assert line.endswith("reworded, over the part it names; the last policy 0.78 t/yr there.")
+    results["sac"]["kept"].update(why=confirmed, why_names_window=False)
+    (tmp_path / "years").mkdir()
+    line = next(line for line in write_report(_run(tmp_path / "years", results)).read_text().splitlines()
+                if line.startswith("- **sac** deploys"))
+    assert line.endswith("(the validation part, the last days of the part learnt from, which no stage trained on: "
+                         "0.67 t/yr, the last policy 0.78).")
 
 
 def test_the_week_s_caption_names_each_controller_drawn_once(tmp_path):

@@ -305,10 +305,14 @@ def test_a_policy_must_beat_its_warm_start_over_two_held_out_years_too(monkeypat
     # confirmed on its validation part, and said so.
     short = cfg.model_copy(update={"schedule": tiny_cfg.schedule})
     ctx = RunContext(short, RunDir(tmp_path / "run"), replace(_unread(tmp_path), kind=BUILT_IN), "cpu")
-    assert "over the first 3 days of the 2 held-out years together by more than 0.05%" in confirm()[1]["why"]
+    summary = confirm()[1]
+    assert "over the first 3 days of the 2 held-out years together by more than 0.05%" in summary["why"]
+    assert summary["why_names_window"] is False  # the report names the window beside it
     ctx = RunContext(short, RunDir(tmp_path / "run"), _unread(tmp_path), "cpu")
+    summary = confirm()[1]
     assert ("over the validation part (the last days of the part learnt from, which no stage trained on) by more "
-            "than 0.05%") in confirm()[1]["why"]
+            "than 0.05%") in summary["why"]
+    assert summary["why_names_window"] is True
 
 
 def test_the_years_choose_among_the_window_s_shortlist_and_the_warm_start_still_has_to_be_beaten(monkeypatch,

@@ -339,9 +339,10 @@ def _deployed(results: dict[str, dict[str, Any]]) -> list[str]:
         window, last = _window(kept), kept.get("last_validation_co2_kg_per_year")
         last = None if kept["step"] == kept["final_step"] else last
         line = f"- **{agent}** deploys {which} of {kept['final_step']:,} steps: {kept['why']}"
-        if kept.get("window") and window.split(",")[0] in kept["why"]:
-            # A dataset's window is its validation part, which the confirmation against the warm start has just
-            # named with the deployed policy's figure there: the sentence does not name it twice.
+        # A dataset's window is its validation part, which the confirmation against the warm start has just named
+        # with the deployed policy's figure there: the sentence does not name it twice (a run of an older version
+        # says so only in its words).
+        if kept.get("why_names_window", bool(kept.get("window")) and window.split(",")[0] in kept["why"]):
             line += "" if last is None else f"; the last policy {last / 1000:,.2f} t/yr there"
         else:
             line += f" ({window}: {kept['validation_co2_kg_per_year'] / 1000:,.2f} t/yr"

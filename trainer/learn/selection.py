@@ -352,7 +352,9 @@ def confirm_over_the_years(ctx: RunContext, agent: str, contenders: list[tuple[C
                              for i, (c, _) in enumerate(contenders)]
     # The built-in site's other years are new draws of its climate; a dataset's pick is confirmed on its validation
     # part, the days before the part held out that nothing learnt from.
-    if validation_part(ctx.site) is not None:
+    # The validation part is the window itself: the report then does not name it a second time ("why_names_window").
+    kept["why_names_window"] = validation_part(ctx.site) is not None
+    if kept["why_names_window"]:
         period = "the validation part (the last days of the part learnt from, which no stage trained on)"
     else:
         period = (f"the {len(years)} whole held-out years together" if days is None else
