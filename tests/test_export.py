@@ -17,19 +17,19 @@ import pytest
 from click.testing import CliRunner
 
 from trainer.cli.main import cli
-from trainer.shipped.controller import CHECK_FILE, EXPECTED_PREFIX, SPEC_FILE, Controller, InputError
+from trainer.shipped.controller import CHECK_FILE, EXPECTED_PREFIX, SPEC_FILE, Controller, InputError, forecast_names
 
 from .conftest import tiny_overrides
 
 pytest.importorskip("onnxruntime", reason="trainer export needs the export extra (pip install -e '.[export]')")
 
-# Each algorithm on a short window; SAC reading neither the month nor the day type, PPO with the carbon look-ahead
-# and the load's look-back among its observations, A2C on the V2G site, so the exported guard also meets
-# discharging cars (and its validation year is a V2G site too: built from the site's own scenario, not the run's
-# config).
+# Each algorithm on a short window; SAC reading neither the month nor the day type, PPO with the carbon look-ahead,
+# the load's look-back and the forecast of the hours ahead among its observations, A2C on the V2G site, so the
+# exported guard also meets discharging cars (and its validation year is a V2G site too: built from the site's own
+# scenario, not the run's config).
 CASES = {"sac": ("site_schema", 200, ("observations.ignore=[month,day_type]",)),
          "ppo": ("site_schema", 256, ("observations.carbon_ahead_hours=[3,12]",
-                                      "observations.load_ago_hours=[24]")),
+                                      "observations.load_ago_hours=[24]", "observations.forecast=true")),
          "a2c": ("v2g_schema", 200, ())}
 # What a process running controller.py may not import: everything but numpy, onnxruntime and the stdlib.
 BLOCKED = ("torch", "stable_baselines3", "citylearn", "trainer", "gymnasium", "pandas", "onnx", "onnxscript",
@@ -101,6 +101,34 @@ def test_the_export_acts_as_the_product_did_in_citylearn(agent, exports):
     checked = {o["name"]: o["valid"] for o in spec["observations"]}
     assert ({"month", "day_type"} & read == set()) == (agent == "sac")
     assert checked["month"][0] <= 1 and checked["month"][1] >= 12 and checked["day_type"][1] >= 7
+    # The forecast is the controller's own, learnt from the readings it acts on: never asked of the site, and over
+    # every step of the evaluation the same as the product's.
+    if agent == "ppo":
+        names = forecast_names(["any"])
+        assert spec["forecast"]["names"] == names and names[0] == "net_load_forecast_1_3h" and len(names) == 8
+        assert not set(names) & set(checked) and set(names) <= read
+        assert spec["forecast"]["loads"] == ["non_shiftable_load"] and spec["forecast"]["hour"] == "hour"
+        assert proof["max_forecast_difference"] == 0.0
+    else:
+        assert "forecast" not in spec and proof["max_forecast_difference"] == 0.0
+
+
+def test_the_exported_forecast_learns_from_the_readings_in_order_and_refuses_half_of_it_given(exports):
+    folder = exports["ppo"][1]
+    rows = _sample(folder)
+    controller = Controller.load(folder)
+    site = {n: float(rows[0][n]) for n in controller.site_names}
+    first = controller.raw_vector(dict(site))
+    again = controller.raw_vector(dict(site))  # the same readings an hour later: the forecast has learnt them
+    n = len(controller.site_names)
+    assert len(first) == n + 8 and np.array_equal(first[:n], again[:n]) and not np.array_equal(first[n:], again[n:])
+    fresh = Controller.load(folder)
+    assert np.array_equal(fresh.raw_vector(dict(site))[n:], first[n:])  # it starts where the spec says
+    given = {**site, **{name: float(rows[0][name]) for name in controller.names[n:]}}
+    assert np.array_equal(fresh.raw_vector(given)[n:], [float(rows[0][name]) for name in controller.names[n:]])
+    with pytest.raises(InputError, match="1 of the forecast's 8 readings given: the controller forecasts the hours "
+                                         "ahead itself"):
+        fresh.raw_vector({**site, controller.names[n]: 0.0})
 
 
 @pytest.mark.parametrize("agent", list(CASES))

@@ -44,9 +44,10 @@ def drive_both(cfg, schema, steps: int, seed: int = 0):
 @pytest.mark.parametrize("site, overrides", [("built-in", ()), ("built-in", ("reward.storage=1.0",)),
                                              ("built-in", ("observations.ignore=[month,day_type]",)),
                                              ("built-in", ("observations.load_ago_hours=[1,24,48]",)),
+                                             ("built-in", ("observations.forecast=true",)),
                                              ("v2g", ()), ("random-curves", ())],
-                         ids=["built-in", "storage-credit", "calendar-ignored", "load-look-back", "v2g-curves",
-                              "charging-curves"])
+                         ids=["built-in", "storage-credit", "calendar-ignored", "load-look-back", "forecast",
+                              "v2g-curves", "charging-curves"])
 def test_observations_rewards_and_the_guard_are_the_product_s(site, overrides, sites):
     cfg = load_config(overrides=list(overrides))
     worst_obs, worst_reward, (raised, lowered), sim_changes = drive_both(cfg, sites[site], TWO_WEEKS - 2)

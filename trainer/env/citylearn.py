@@ -24,6 +24,7 @@ from trainer.base.errors import ConfigError, DatasetError
 from trainer.base.signals import STOP, Stopped
 from trainer.config.sections import LOAD_NOW, Config, ObservationsConfig
 from trainer.env.ev_guard import EvServiceGuard
+from trainer.env.forecast import ForecastTable, forecast_table
 from trainer.shipped.controller import Normaliser
 from trainer.site import Site
 
@@ -153,13 +154,14 @@ class CentralAgentArrays(gymnasium.Wrapper):
 
     def __init__(
         self, env: CityLearnEnv, guard: EvServiceGuard | None = None, seen: ObservationsConfig | None = None,
-        learnt: NormalisationPlan | None = None, site: Site | None = None,
+        learnt: NormalisationPlan | None = None, site: Site | None = None, forecast: ForecastTable | None = None,
     ):
         super().__init__(env)
-        seen = seen or ObservationsConfig(carbon_ahead_hours=[], load_ago_hours=[], ignore=[])
+        seen = seen or ObservationsConfig(carbon_ahead_hours=[], load_ago_hours=[], ignore=[], forecast=False)
         self.carbon_ahead = np.asarray(seen.carbon_ahead_hours, dtype=int)
         self.load_ago = np.asarray(load_look_back(seen, site), dtype=int)
         self.ignored = ignored_observations(seen, site)
+        self.forecast = forecast  # observations.forecast: its table over the site's period, read by the step
         # Every feature is min-max scaled to [0, 1] (cos/sin to [-1, 1] before it), as CityLearn's own wrapper
         # declares; its space is not asked, for it knows nothing of the features added or left out here.
         size = len((learnt or self._own_plan(env.unwrapped)).features)
@@ -184,7 +186,7 @@ class CentralAgentArrays(gymnasium.Wrapper):
         return self._observe(observations), info
 
     def _own_plan(self, env: CityLearnEnv) -> NormalisationPlan:
-        return NormalisationPlan(env, self.carbon_ahead, self.ignored, self.load_ago)
+        return NormalisationPlan(env, self.carbon_ahead, self.ignored, self.load_ago, self.forecast)
 
     @property
     def raw(self) -> np.ndarray:
@@ -204,6 +206,10 @@ class CentralAgentArrays(gymnasium.Wrapper):
             ago = np.maximum(env.time_step - self.load_ago, 0)
             self._raw = np.concatenate([self._raw, *(np.asarray(getattr(b.energy_simulation, LOAD_NOW))[ago]
                                                      for b in env.buildings)])
+        if self.forecast is not None:  # by the step of the period (a training episode is a window of it)
+            tracker = env.episode_tracker
+            step = tracker.episode_start_time_step - tracker.simulation_start_time_step + env.time_step
+            self._raw = np.concatenate([self._raw, self.forecast.at(step)])
         return self._plan(self._raw)
 
     def step(self, action):
@@ -282,7 +288,7 @@ class NormalisationPlan:
     """The central agent's raw observation list, by name, and the features the policy reads from it."""
 
     def __init__(self, env: CityLearnEnv, carbon_ahead: np.ndarray, ignored: frozenset[str] = frozenset(),
-                 load_ago: np.ndarray | None = None):
+                 load_ago: np.ndarray | None = None, forecast: ForecastTable | None = None):
         periodic = env.buildings[0].get_periodic_observation_metadata()
         shared, seen = set(env.shared_observations), set()
         self.names: list[str] = []  # the raw list's positions
@@ -331,6 +337,11 @@ class NormalisationPlan:
                 name = load_ago_name(building.name, hours, len(env.buildings))
                 self.names.append(name)
                 self.features.append(Feature(name, "identity", 0.0, float(lows[LOAD_NOW]), float(highs[LOAD_NOW])))
+        # The forecast of the hours ahead (observations.forecast), scaled by its range over this site's period.
+        self.forecast_names: list[str] = [] if forecast is None else list(forecast.names)
+        for name, (low, high) in zip(self.forecast_names, [] if forecast is None else forecast.ranges):
+            self.names.append(name)
+            self.features.append(Feature(name, "identity", 0.0, low, high))
         self.normalise = Normaliser.from_features([asdict(f) for f in self.features], self.names)
 
     def __call__(self, raw) -> np.ndarray:
@@ -370,7 +381,12 @@ def make_sb3_env(cfg: Config, site: Site, purpose: Purpose, seed: int, eval_days
     learnt = None if site.scaled_as is None else learnt_normalisation(cfg, site.scaled_as)
     env = make_citylearn_env(cfg, site, purpose, seed, eval_days)
     guard = EvServiceGuard.of(cfg.ev)
-    return Monitor(CentralAgentArrays(env, guard, cfg.observations, learnt, site))
+    return Monitor(CentralAgentArrays(env, guard, cfg.observations, learnt, site, site_forecast(cfg, site)))
+
+
+def site_forecast(cfg: Config, site: Site) -> ForecastTable | None:
+    """The forecast a policy on ``site`` reads (observations.forecast), or None."""
+    return forecast_table(cfg, site) if site.reads_forecast(cfg.observations) else None
 
 
 def learnt_normalisation(cfg: Config, site: Site) -> NormalisationPlan:
@@ -388,8 +404,8 @@ def learnt_normalisation(cfg: Config, site: Site) -> NormalisationPlan:
 
     seen = cfg.observations
     ignored = tuple(sorted(ignored_observations(seen, site)))
-    return site.remember(("normalisation", tuple(seen.carbon_ahead_hours), load_look_back(seen, site), ignored),
-                         measure)
+    return site.remember(("normalisation", tuple(seen.carbon_ahead_hours), load_look_back(seen, site), ignored,
+                          site.reads_forecast(seen)), measure)
 
 
 def policy_sizes(cfg: Config, site: Site) -> tuple[int, int]:
@@ -403,8 +419,8 @@ def policy_sizes(cfg: Config, site: Site) -> tuple[int, int]:
 
     ignored = tuple(sorted(ignored_observations(cfg.observations, site)))
     seen = cfg.observations
-    return site.remember(("policy sizes", tuple(seen.carbon_ahead_hours), load_look_back(seen, site), ignored),
-                         measure)
+    return site.remember(("policy sizes", tuple(seen.carbon_ahead_hours), load_look_back(seen, site), ignored,
+                          site.reads_forecast(seen)), measure)
 
 
 # CityLearn seeds episode window k with random_seed x (k + 1): a prime stride between the seeds of

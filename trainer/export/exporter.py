@@ -27,7 +27,7 @@ from trainer.base.errors import TrainerError, UsageError
 from trainer.base.files import write_json_atomic, write_text_atomic
 from trainer.config.roster import agent_spec
 from trainer.config.sections import Config
-from trainer.env.citylearn import CentralAgentArrays, learnt_normalisation, make_citylearn_env
+from trainer.env.citylearn import CentralAgentArrays, learnt_normalisation, make_citylearn_env, site_forecast
 from trainer.env.ev_guard import EvServiceGuard
 from trainer.export import onnx_policy, spec
 from trainer.judge.metrics import best_agent, evaluation_window, run_episode
@@ -54,6 +54,7 @@ class _Replay:
     product: list[np.ndarray] = field(default_factory=list)
     worst: float = 0.0
     worst_step: int = -1
+    forecast_worst: float = 0.0  # |the controller's forecast - the product's|, where the policy reads one
     seconds: list[float] = field(default_factory=list)
 
 
@@ -67,7 +68,11 @@ class _ExportedActing:
     def act(self, obs: np.ndarray, env: Any) -> np.ndarray:
         raw = self.arrays.raw
         started = time.perf_counter()
-        native, _ = self.exported.native(raw)
+        # The controller forecasts the hours ahead itself from the site's readings (where the policy reads them).
+        own = self.exported.with_forecast(raw[:len(self.exported.site_names)])
+        native, _ = self.exported.native(own)
+        if len(own) > len(self.exported.site_names):
+            self.replay.forecast_worst = max(self.replay.forecast_worst, float(np.max(np.abs(own - raw))))
         self.replay.seconds.append(time.perf_counter() - started)
         action, _ = self.model.predict(obs, deterministic=True)
         product = self.arrays.scale.to_native(action)
@@ -148,7 +153,8 @@ def _build(ctx: RunContext, agent: str, model: Any, staging: Path, log: Any) -> 
     learnt = learnt_normalisation(cfg, ctx.site)
     env = make_citylearn_env(cfg, judged, "eval", ctx.seed, eval_days=cfg.schedule.eval_days)
     try:
-        arrays = CentralAgentArrays(env, None, cfg.observations, learnt, judged)
+        forecast = site_forecast(cfg, judged)
+        arrays = CentralAgentArrays(env, None, cfg.observations, learnt, judged, forecast)
         arrays.reset()
         plan = arrays.plan
         assert plan is not None  # reset made it
@@ -158,7 +164,8 @@ def _build(ctx: RunContext, agent: str, model: Any, staging: Path, log: Any) -> 
         document = spec.spec(
             env, plan, currency=cfg.scenario.currency, ev=cfg.ev,
             policy=_policy_entry(agent, model, staging / POLICY_FILE, len(plan.features)),
-            site=_site_entry(ctx, env), metrics=_metrics_entry(ctx, results, agent), run=_run_entry(ctx, agent))
+            site=_site_entry(ctx, env), metrics=_metrics_entry(ctx, results, agent), run=_run_entry(ctx, agent),
+            forecast_table=forecast)
         write_json_atomic(staging / SPEC_FILE, document)
         shutil.copyfile(standalone_controller.__file__, staging / "controller.py")
         log.info("replaying the evaluation with the exported controller", hours=env.time_steps - 1)
@@ -199,6 +206,7 @@ def _verify(replay: _Replay, figures: dict[str, Any], night: dict[str, Any]) -> 
     step_ms = 1000 * np.asarray(replay.seconds)
     out: dict[str, Any] = {
         "steps": len(replay.raw), "max_action_difference": replay.worst, "tolerance": CHECK_TOLERANCE,
+        "max_forecast_difference": replay.forecast_worst,
         "step_ms_median": round(float(np.median(step_ms)), 4),
         "step_ms_p99": round(float(np.percentile(step_ms, 99)), 4),
         "figures": {k: {"exported": figures.get(k), "night": night.get(k)} for k in COMPARED},

@@ -15,9 +15,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from trainer.base.errors import TrainerError
+from trainer.config.sections import LOAD_NOW
 from trainer.env.citylearn import ActionScale, raw_observation_name
 from trainer.env.ev_guard import charging_path
-from trainer.shipped.controller import FORMAT, VERSION
+from trainer.env.forecast import SOLAR_NOW, ForecastTable
+from trainer.shipped.controller import FORECAST_WINDOWS, FORMAT, VERSION
 
 if TYPE_CHECKING:
     from citylearn.citylearn import CityLearnEnv
@@ -104,7 +106,7 @@ def observations(env: CityLearnEnv, plan: NormalisationPlan, currency: str) -> l
             held = _held(env, key)
             limits[key] = (float(min(min(periodic[key]), *held[:1])), float(max(max(periodic[key]), *held[1:])))
     out = []
-    for name in plan.names:
+    for name in plan.names[:len(plan.names) - len(plan.forecast_names)]:  # the forecast is the controller's own
         unit, fixed = _unit(name, currency)
         trained = low, high = limits[name]
         if not fixed:
@@ -167,9 +169,36 @@ def guard(env: CityLearnEnv, names: list[str], ev: EvConfig) -> dict[str, Any]:
             "hours": float(env.seconds_per_time_step) / 3600.0, "chargers": chargers, "ev_batteries": batteries}
 
 
+def forecast(env: CityLearnEnv, plan: NormalisationPlan, table: ForecastTable | None) -> dict[str, Any] | None:
+    """What the controller forecasts itself (observations.forecast): the readings it learns from, the windows and
+    where it starts (what the night had learnt by the period the export is proven on); None where the policy reads
+    no forecast."""
+    if not plan.forecast_names or table is None:
+        return None
+    n = len(env.buildings)
+
+    def name(key: str, building: Any = None) -> str:
+        shared = key if key in plan.names else None  # hour and carbon intensity are the site's, said once
+        return shared or raw_observation_name((building or env.buildings[0]).name, key, n)
+
+    solar = [name(SOLAR_NOW, b) if b.pv is not None and SOLAR_NOW in b.active_observations else None
+             for b in env.buildings]
+    reads = {"hour": name("hour"), "carbon": name("carbon_intensity"),
+             "loads": [name(LOAD_NOW, b) for b in env.buildings], "solar": solar}
+    for read in [reads["hour"], reads["carbon"], *reads["loads"], *filter(None, solar)]:
+        if read not in plan.names:
+            raise TrainerError(f"cannot export the forecast: it reads {read!r}, which this site's schema.json leaves "
+                               "inactive; activate it under observations and train again")
+    return {"names": list(plan.forecast_names), "windows": [list(w) for w in FORECAST_WINDOWS],
+            "unit": "the mean over each window of hours ahead (1 = the next) of a building's net load in kWh (its "
+                    "other loads less its PV) or of the grid's kg CO2 per kWh, forecast from the readings so far",
+            **reads, "state": table.start}
+
+
 def spec(env: CityLearnEnv, plan: NormalisationPlan, *, currency: str, ev: EvConfig,
-         policy: dict[str, Any], site: dict[str, Any], metrics: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
-    return {
+         policy: dict[str, Any], site: dict[str, Any], metrics: dict[str, Any], run: dict[str, Any],
+         forecast_table: ForecastTable | None = None) -> dict[str, Any]:
+    document = {
         "format": FORMAT,
         "version": VERSION,
         "policy": policy,
@@ -181,3 +210,7 @@ def spec(env: CityLearnEnv, plan: NormalisationPlan, *, currency: str, ev: EvCon
         "metrics": metrics,
         "run": run,
     }
+    learnt = forecast(env, plan, forecast_table)
+    if learnt is not None:
+        document["forecast"] = learnt
+    return document

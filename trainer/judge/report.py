@@ -102,6 +102,10 @@ def _judged_on(run: RunDir, results: dict[str, dict[str, Any]]) -> list[str]:
         hours = ", ".join(map(str, look_back[:-1])) + (" and " if len(look_back) > 1 else "") + str(look_back[-1])
         reads += (f" The agents read each building's loads {hours} hours before (`observations.load_ago_hours`): what "
                   "the site's meter said, which a deployed controller must be given too (docs/export.md).")
+    if run.reads_forecast():
+        reads += (" They read the forecast of each building's net load and of the grid's carbon intensity over the "
+                  "next 1-3, 4-8, 9-16 and 17-24 hours, learnt from the readings so far as the planner's "
+                  "(`observations.forecast`): an exported controller keeps learning it (docs/export.md).")
     if varied := run.varied_years():
         load, solar = ("-".join(f"{x:g}" for x in varied[key]) for key in ("load_scale", "solar_scale"))
         reshaped = varied["load_shape"] > 0

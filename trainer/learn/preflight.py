@@ -48,8 +48,8 @@ def training_view(config: dict[str, Any], agent: str) -> dict[str, Any]:
     view.setdefault("train", {"simulator": "citylearn"})  # checkpoints from before the choice trained on CityLearn
     # Checkpoints from before held-out periods learnt from all of their data (such a run resumes with share 0).
     view.setdefault("holdout", {"share": 0.0, "eval_schema": None, "eval_dataset": None})
-    if isinstance(view.get("observations"), dict):  # and before the loads of hours before, read none
-        view["observations"] = {"load_ago_hours": [], **view["observations"]}
+    if isinstance(view.get("observations"), dict):  # and before the loads of hours before, or the forecast, read none
+        view["observations"] = {"load_ago_hours": [], "forecast": False, **view["observations"]}
     # Which policy is deployed (and among how many: the shortlist) is chosen after training; when a stage stops (a
     # flat curve) is like its length.
     if isinstance(view["train"], dict):

@@ -51,16 +51,14 @@ from trainer.references.optimum_model import (
     session_limits,
     site_model,
 )
+from trainer.shipped.controller import FORECAST_DECAY, HourlyForecast
 from trainer.site import BUILT_IN, Site
 from trainer.site.scenario import DRAW_SEED_OFFSET, build_site
 
 FORECAST_FORMAT = 1  # bump when Forecast or the way its draws are read changes
 HORIZON_STEPS = 24  # a day: 12 hours reach 94.4 %, 24 and 48 the same 95.4 % (linear model, docs/agent-quality.md)
 FORECAST_YEARS = 3  # the other draws whose mean is the forecast
-# A learnt forecast's weight on an hour seen a step ago (its profile's half-life ~3 days): on the official 2022
-# dataset's first 28 days, 0.99 reached 66 % of the optimum's cut, an unweighted mean by hour and day type 61 %
-# (perfect foresight of the load: 90 %).
-PROFILE_DECAY = 0.99
+PROFILE_DECAY = FORECAST_DECAY  # a learnt forecast's weight on an hour seen a step ago (the shipped controller's)
 
 
 @dataclass(frozen=True)
@@ -94,31 +92,19 @@ class Forecast:
         return fixed, carbon
 
 
-class ProfileForecast:
-    """A forecast learnt from the hours seen so far (see the module's doc): their mean by hour of the day, per
-    building, weighted to the recent days (:data:`PROFILE_DECAY` an hour), and the lag-one persistence of each hour's
-    deviation from that mean."""
+class ProfileForecast(HourlyForecast):
+    """A forecast learnt from the hours seen so far (see the module's doc; the maths is the shipped controller's
+    :class:`HourlyForecast`, which the agents read on a dataset too), over a period whose hours of the day are
+    ``hour``."""
 
     def __init__(self, hour: np.ndarray, buildings: int) -> None:
+        super().__init__(buildings, PROFILE_DECAY)
         self.slot = np.nan_to_num(np.asarray(hour, dtype=float), nan=0.0).astype(int) % 24  # CityLearn's are 1..24
-        self.fixed_sum, self.carbon_sum = np.zeros((buildings, 24)), np.zeros(24)
-        self.weight = np.zeros(24)
         self.seen = 0  # the hours observed, in order
-        self.previous: np.ndarray | None = None  # the last hour's deviations (buildings..., carbon)
-        self.lag = np.zeros(2)  # sums of d[t] d[t-1] and of d[t-1]^2: fixed, carbon
-        self.power = np.zeros(2)
 
     @property
     def steps(self) -> int:
         return len(self.slot)
-
-    def _mean(self, slots: np.ndarray, fixed_now: np.ndarray, carbon_now: float) -> tuple[np.ndarray, np.ndarray]:
-        """The profile at each slot (hour of the day); an hour not seen yet takes what is seen now."""
-        seen = self.weight[slots] > 0
-        weight = np.maximum(self.weight[slots], 1e-12)
-        fixed = np.where(seen, self.fixed_sum[:, slots] / weight, np.asarray(fixed_now).reshape(-1, 1))
-        carbon = np.where(seen, self.carbon_sum[slots] / weight, carbon_now)
-        return fixed, carbon
 
     def learn_from(self, hour: np.ndarray, fixed_net_kwh: np.ndarray, carbon: np.ndarray) -> ProfileForecast:
         """Learn first from the hours of another period, in order (the part of the data a run learns from, before the
@@ -126,38 +112,18 @@ class ProfileForecast:
         slots = np.nan_to_num(np.asarray(hour, dtype=float), nan=0.0).astype(int) % 24
         fixed = np.atleast_2d(np.asarray(fixed_net_kwh, dtype=float))
         for t in range(min(len(slots), fixed.shape[1], len(carbon))):
-            self._update(int(slots[t]), fixed[:, t], float(carbon[t]))
+            self.observe(int(slots[t]), fixed[:, t], float(carbon[t]))
         self.previous = None  # the periods do not join: no deviation carries over
         return self
 
-    def _observe(self, t: int, fixed_now: np.ndarray, carbon_now: float) -> None:
-        self._update(int(self.slot[t]), fixed_now, carbon_now)
-        self.seen = t + 1
-
-    def _update(self, slot: int, fixed_now: np.ndarray, carbon_now: float) -> None:
-        slots = np.asarray([slot])
-        mean_fixed, mean_carbon = self._mean(slots, fixed_now, carbon_now)
-        deviation = np.append(fixed_now - mean_fixed[:, 0], carbon_now - mean_carbon[0])
-        if self.previous is not None:
-            self.lag += [float(deviation[:-1] @ self.previous[:-1]), deviation[-1] * self.previous[-1]]
-            self.power += [float(self.previous[:-1] @ self.previous[:-1]), self.previous[-1] ** 2]
-        self.previous = deviation
-        for table in (self.fixed_sum, self.carbon_sum, self.weight):
-            table *= PROFILE_DECAY
-        self.fixed_sum[:, slot] += fixed_now
-        self.carbon_sum[slot] += carbon_now
-        self.weight[slot] += 1.0
-
-    def ahead(self, t: int, steps: int, fixed_now: np.ndarray, carbon_now: float) -> tuple[np.ndarray, np.ndarray]:
+    def ahead(self, t: int, steps: int, fixed_now: np.ndarray, carbon_now: float  # type: ignore[override]
+              ) -> tuple[np.ndarray, np.ndarray]:
         """The next ``steps`` hours from ``t``, the first the one observed now (learnt from, after it is forecast)."""
         fixed_now = np.asarray(fixed_now, dtype=float)
-        mean_fixed, mean_carbon = self._mean(self.slot[t:t + steps], fixed_now, carbon_now)
-        persistence = np.clip(self.lag / np.where(self.power > 0, self.power, 1.0), 0.0, 1.0)
-        fade = np.arange(mean_fixed.shape[1])
-        fixed = mean_fixed + (fixed_now - mean_fixed[:, 0]).reshape(-1, 1) * persistence[0] ** fade
-        carbon = mean_carbon + (carbon_now - mean_carbon[0]) * persistence[1] ** fade
+        fixed, carbon = super().ahead(self.slot[t:t + steps], fixed_now, carbon_now)
         if t == self.seen:
-            self._observe(t, fixed_now, carbon_now)
+            self.observe(int(self.slot[t]), fixed_now, carbon_now)
+            self.seen = t + 1
         return fixed, carbon
 
 

@@ -156,6 +156,10 @@ class RunDir:
         hours = self._held_out_file().get("load_ago_hours")
         return [int(h) for h in hours] if isinstance(hours, list) and all(isinstance(h, int) for h in hours) else []
 
+    def reads_forecast(self) -> bool:
+        """Whether the run's agents read the forecast of the hours ahead (``held-out.json``'s ``forecast``)."""
+        return self._held_out_file().get("forecast") is True
+
     def varied_years(self) -> dict[str, Any] | None:
         """How the resampled years the warm start imitated were varied (``held-out.json``'s ``varied_years``: their
         count, each range of factors and the loads' daily profile's largest amplitude); None where they were not, or

@@ -127,12 +127,15 @@ def as_it_was_made(run: RunDir) -> list[str]:
     """Overrides that keep a run an earlier version made as it was made, where its config.yaml lacks a setting
     whose default has changed since: without a holdout section it learnt from all of its data (resumed and
     re-evaluated with nothing held out); without ``observations.load_ago_hours`` its policy reads no load of
-    hours before; without ``warm_start.draw_load_scale`` its resampled years were the data's days unscaled."""
+    hours before; without ``warm_start.draw_load_scale`` its resampled years were the data's days unscaled; without
+    ``observations.forecast`` its policy reads no forecast."""
     data = run_config(run)
     observations, warm_start = data.get("observations"), data.get("warm_start")
     return [*([] if "holdout" in data else ["holdout.share=0"]),
             *([] if isinstance(observations, dict) and "load_ago_hours" in observations
               else ["observations.load_ago_hours=[]"]),
+            *([] if isinstance(observations, dict) and "forecast" in observations
+              else ["observations.forecast=false"]),
             *([] if isinstance(warm_start, dict) and "draw_load_scale" in warm_start
               else ["warm_start.draw_load_scale=[1,1]", "warm_start.draw_solar_scale=[1,1]"])]
 
@@ -382,6 +385,9 @@ def record_held_out(run: RunDir, site: Site, cfg: Config, log: bool = True) -> N
         record["load_ago_hours"] = list(look_back)
         info("the agents read each building's loads hours before (observations.load_ago_hours)",
              hours=list(look_back))
+    if site.reads_forecast(seen):
+        record["forecast"] = True
+        info("the agents read the forecast of the hours ahead, learnt from the readings so far (observations.forecast)")
     warm = cfg.warm_start
     if not site.kind.unseen_draws and warm.epochs and (years := site.demonstration_draws(warm)) and \
             Variation.of(warm).varies:

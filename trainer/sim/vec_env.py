@@ -18,7 +18,13 @@ import numpy as np
 from stable_baselines3.common.vec_env.base_vec_env import VecEnv
 
 from trainer.config.sections import Config
-from trainer.env.citylearn import CentralAgentArrays, learnt_normalisation, make_citylearn_env, site_scales
+from trainer.env.citylearn import (
+    CentralAgentArrays,
+    learnt_normalisation,
+    make_citylearn_env,
+    site_forecast,
+    site_scales,
+)
 from trainer.env.reward import TERMS, _grid_kwh_per_stored_kwh, kwh_value, mean_kwh_value
 from trainer.sim.ev import Guard, ReachTable, Sessions, Shortfalls, linear_paths
 from trainer.sim.site import SiteTables, VectorSite
@@ -36,10 +42,10 @@ class SimVecEnv(VecEnv):
         self.tables = tables = site_tables(env, site, seed, episode_steps if from_start else None)
         # A part of a site (its learning part) reads its observations scaled as the whole site, as every evaluation.
         learnt = None if site.scaled_as is None else learnt_normalisation(cfg, site.scaled_as)
-        arrays = CentralAgentArrays(env, None, cfg.observations, learnt, site)
+        arrays = CentralAgentArrays(env, None, cfg.observations, learnt, site, site_forecast(cfg, site))
         arrays.reset()
         self.plan, self.scale, self.carbon_ahead = arrays.plan, arrays.scale, arrays.carbon_ahead
-        self.load_ago = arrays.load_ago
+        self.load_ago, self.forecast = arrays.load_ago, arrays.forecast
         self.reward = _RewardTerms(cfg, env, tables)
         self.guard = Guard.of(cfg.ev)
         self.linear = linear_paths(tables)
@@ -94,6 +100,8 @@ class SimVecEnv(VecEnv):
             # As CityLearnEnv's wrapper: each building's load that many steps before, the period's first at most.
             ago = np.maximum(np.minimum(self.site.t, self.site.end)[:, None] - self.load_ago[None, :], 0)
             raw = np.concatenate([raw, *(self.tables.raw[ago, column] for column in self.plan.load_columns)], axis=1)
+        if self.forecast is not None:
+            raw = np.concatenate([raw, self.forecast.at(np.minimum(self.site.t, self.site.end))], axis=1)
         return self.plan(raw)
 
     # ----------------------------------------------------------------- VecEnv

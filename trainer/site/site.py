@@ -128,6 +128,12 @@ class Site:
         from, and yesterday's meter says which hold now)."""
         return seen.load_look_back(one_period=self.one_period, observed=self.observed)
 
+    def reads_forecast(self, seen: ObservationsConfig) -> bool:
+        """Whether a policy on this site reads the forecast of the hours ahead (``observations.forecast``; ``auto``
+        asks the kind as :meth:`unread` does: a dataset's months held out are next season's, which the forecast
+        learns as they come)."""
+        return seen.reads_forecast(one_period=self.one_period, observed=self.observed)
+
     @property
     def root(self) -> Path:
         """Where CityLearn reads the dataset's files: ``root_directory`` (absolute, or relative to the schema), else
