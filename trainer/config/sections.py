@@ -141,9 +141,9 @@ ONE_PERIOD_LOAD_AGO = (24, 21, 18, 15)
 LOAD_NOW = "non_shiftable_load"
 # What ``observations.forecast`` learns from: the hour, the grid's carbon intensity, each building's load and its PV's
 # output (the last where a building has PV). On by ``auto`` on a dataset of one period: an imitation of the optimum
-# over eight resampled years (five members, their mean) reached +0.5 to +1.6 points of the held-out optimum's cut on
-# Buildings 4, 5 and 7 reading it, -0.3 on Building_10 (docs/agent-quality.md, "The planner's forecast as
-# observations").
+# over eight resampled years (five members, their mean action) reading it moved the held-out optimum's cut by +1.6
+# points on Building_5 and +0.8 on Building_4 (the mean of three and two sets of members), -0.4 on Building_7 and
+# -0.3 on Building_10 (docs/agent-quality.md, "The planner's forecast as observations").
 FORECAST_READS = ("hour", "carbon_intensity", LOAD_NOW, "solar_generation")
 
 # What ``warm_start.extra_draws: auto`` imitates: on the built-in site 8 other years of its climate (with the

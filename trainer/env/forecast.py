@@ -109,7 +109,9 @@ def _table(cfg: Config, site: Site, before: Site | None) -> ForecastTable:
     slots, fixed, carbon, buildings = _readings_of(cfg, site)
     forecast = HourlyForecast(len(buildings))
     if before is not None:
-        past_slots, past_fixed, past_carbon, _ = _readings_of(cfg, before)
+        # Read once a site: every resampled year a warm start imitates learns first from the same part.
+        past_slots, past_fixed, past_carbon, _ = before.remember(("forecast readings",),
+                                                                 lambda: _readings_of(cfg, before))
         if past_fixed.shape[0] != fixed.shape[0]:
             raise ConfigError(f"{site.schema} has {fixed.shape[0]} buildings where the data learnt from has "
                               f"{past_fixed.shape[0]}: the forecast needs the same buildings")
