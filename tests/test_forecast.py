@@ -10,8 +10,8 @@ import pytest
 
 from trainer.base.errors import ConfigError
 from trainer.config.loading import load_config
-from trainer.env.citylearn import central_arrays, make_sb3_env
-from trainer.env.forecast import forecast_table, history, readings
+from trainer.env.citylearn import central_arrays, make_sb3_env, site_forecast
+from trainer.env.forecast import history, readings
 from trainer.learn.warm_start.validation import imitation_parts
 from trainer.references.planner import ProfileForecast
 from trainer.shipped.controller import FORECAST_WINDOWS, HourlyForecast, forecast_names
@@ -74,18 +74,18 @@ def test_each_period_starts_from_what_came_before_it(one_year, tiny_cfg, tmp_pat
     assert history(site) is None and history(fit) is None  # the part learnt from starts from nothing
     assert (history(judged).start, history(judged).end) == (site.start, site.end)  # the part held out: all of it
     assert (history(check).start, history(check).end) == (site.start, check.start - 1)  # validation: days before
-    learnt = forecast_table(cfg, site)
+    learnt = site_forecast(cfg, site)
     assert not any(learnt.start["weight"]) and learnt.values.shape == (site.length, 8)
     # The part held out begins where the part learnt from left the forecast: its first rows are what a forecast
     # that read the whole part learnt from gives, not a fresh one's.
     env = make_sb3_env(cfg, site, "eval", 0)
     env.reset()
-    slots, fixed, carbon = readings(env.unwrapped)
+    slots, fixed, carbon, _ = readings(env.unwrapped)
     env.close()
     going = HourlyForecast(1)
     for t in range(len(slots)):
         going.observe(int(slots[t]), fixed[:, t], float(carbon[t]))
-    ahead = forecast_table(cfg, judged)
+    ahead = site_forecast(cfg, judged)
     np.testing.assert_allclose(ahead.start["fixed_sum"], going.fixed_sum)
     assert ahead.start["previous"] is None  # the periods need not join: no deviation carries over
     # Both parts' policies read it, scaled by the part learnt from's range.

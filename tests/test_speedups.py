@@ -15,6 +15,7 @@ from trainer.config.sections import ONE_PERIOD_IGNORED, ONE_PERIOD_LOAD_AGO
 from trainer.env.citylearn import CentralAgentArrays, central_arrays, make_citylearn_env, make_sb3_env
 from trainer.learn.agents import MAX_AUTO_ENVS, apply_sizes, training_envs
 from trainer.learn.fast_sac import FastSAC
+from trainer.shipped.controller import forecast_names
 from trainer.sim.simulators import CITYLEARN, VECTOR
 from trainer.site import Site
 
@@ -97,8 +98,9 @@ def test_a_dataset_of_one_period_is_read_without_its_month_and_weather_and_the_b
 
 def test_a_dataset_of_one_period_is_read_with_yesterday_s_loads_and_the_built_in_site_without(built_in,
                                                                                             official_ev_schema):
-    auto, none = load_config(), load_config(overrides=["observations.load_ago_hours=[]"])
-    assert auto.observations.load_ago_hours == "auto"  # the default
+    alone = ["observations.forecast=false"]  # the forecast of the hours ahead comes after them: below
+    auto, none = load_config(overrides=alone), load_config(overrides=["observations.load_ago_hours=[]", *alone])
+    assert auto.observations.load_ago_hours == load_config().observations.load_ago_hours == "auto"  # the default
     dataset = Site.load(official_ev_schema)
     read, raw = _read(auto, dataset)
     added = read - _read(none, dataset)[0]
@@ -106,6 +108,9 @@ def test_a_dataset_of_one_period_is_read_with_yesterday_s_loads_and_the_built_in
     assert len(buildings) == 14
     assert added == {f"{b}.non_shiftable_load_ago_{h}h" for b in buildings for h in ONE_PERIOD_LOAD_AGO}
     assert raw[-len(added):] == [f"{b}.non_shiftable_load_ago_{h}h" for b in buildings for h in ONE_PERIOD_LOAD_AGO]
+    # By default the district's policy also reads each building's forecast, and the carbon intensity's, last.
+    forecast = forecast_names(buildings)
+    assert len(forecast) == 14 * 4 + 4 and _read(load_config(), dataset)[1] == raw + forecast
     assert _read(auto, built_in) == _read(none, built_in)  # the built-in site: nothing added
     hand = load_config(overrides=["observations.load_ago_hours=[48]"])  # a list is read as given, on any site
     assert _read(hand, built_in)[1][-1] == "non_shiftable_load_ago_48h"

@@ -24,7 +24,7 @@ from trainer.base.errors import ConfigError, DatasetError
 from trainer.base.signals import STOP, Stopped
 from trainer.config.sections import LOAD_NOW, Config, ObservationsConfig
 from trainer.env.ev_guard import EvServiceGuard
-from trainer.env.forecast import ForecastTable, forecast_table
+from trainer.env.forecast import ForecastTable, Readings, forecast_table, readings
 from trainer.shipped.controller import Normaliser
 from trainer.site import Site
 
@@ -386,7 +386,18 @@ def make_sb3_env(cfg: Config, site: Site, purpose: Purpose, seed: int, eval_days
 
 def site_forecast(cfg: Config, site: Site) -> ForecastTable | None:
     """The forecast a policy on ``site`` reads (observations.forecast), or None."""
-    return forecast_table(cfg, site) if site.reads_forecast(cfg.observations) else None
+    if not site.reads_forecast(cfg.observations):
+        return None
+
+    def read(period: Site) -> Readings:
+        env = make_citylearn_env(cfg, period, "eval", cfg.seed)
+        try:
+            env.reset()
+            return readings(env)
+        finally:
+            env.close()
+
+    return forecast_table(site, read)
 
 
 def learnt_normalisation(cfg: Config, site: Site) -> NormalisationPlan:

@@ -15,13 +15,14 @@ point and keeps learning from its readings (trainer.shipped.controller.HourlyFor
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from trainer.base.errors import ConfigError
-from trainer.config.sections import FORECAST_READS, LOAD_NOW, Config
+from trainer.config.sections import FORECAST_READS, LOAD_NOW
 from trainer.shipped.controller import HourlyForecast, forecast_names
 from trainer.site import Site
 
@@ -29,6 +30,8 @@ if TYPE_CHECKING:
     from citylearn.citylearn import CityLearnEnv
 
 SOLAR_NOW = "solar_generation"
+# A site's readings over its period: (hour of the day, each building's net load, carbon intensity, building names).
+Readings = tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]
 
 
 @dataclass(frozen=True)
@@ -49,11 +52,13 @@ class ForecastTable:
         return [(float(low), float(high)) for low, high in zip(self.values.min(axis=0), self.values.max(axis=0))]
 
 
-def forecast_table(cfg: Config, site: Site) -> ForecastTable:
-    """The forecast a policy reads over ``site``'s period, learnt first from its :func:`history`; once a site."""
+def forecast_table(site: Site, read: Callable[[Site], Readings]) -> ForecastTable:
+    """The forecast a policy reads over ``site``'s period, learnt first from its :func:`history`; once a site.
+    ``read`` opens a site's environment and gives its :func:`readings` (trainer.env.citylearn's, which reads this
+    module)."""
     before = history(site)
     key = ("forecast table", None if before is None else (str(before.schema), before.start, before.end))
-    return site.remember(key, lambda: _table(cfg, site, before))
+    return site.remember(key, lambda: _table(site, before, read))
 
 
 def history(site: Site) -> Site | None:
@@ -71,9 +76,9 @@ def history(site: Site) -> Site | None:
     return None
 
 
-def readings(env: CityLearnEnv) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(hour of the day 0-23, each building's net load in kWh, carbon intensity) at each step of ``env``'s period,
-    as its raw observations give them (the load less the PV's output)."""
+def readings(env: CityLearnEnv) -> Readings:
+    """(hour of the day 0-23, each building's net load in kWh, carbon intensity, the buildings' names) at each step of
+    ``env``'s period (a reset one), as its raw observations give them (the load less the PV's output)."""
     steps = env.time_steps
     buildings = env.buildings
     missing = sorted({key for key in FORECAST_READS
@@ -91,27 +96,15 @@ def readings(env: CityLearnEnv) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
             solar = building.pv.get_generation(np.asarray(sim.solar_generation[:steps]))
             fixed[b] -= np.asarray(solar, dtype=np.float32)
     carbon = np.asarray(buildings[0].carbon_intensity.carbon_intensity[:steps], dtype=np.float32).astype(float)
-    return slots, fixed, carbon
+    return slots, fixed, carbon, [b.name for b in buildings]
 
 
-def _readings_of(cfg: Config, site: Site) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
-    from trainer.env.citylearn import make_citylearn_env  # lazy: CityLearn takes seconds to import
-
-    env = make_citylearn_env(cfg, site, "eval", cfg.seed)
-    try:
-        env.reset()
-        return (*readings(env), [b.name for b in env.buildings])
-    finally:
-        env.close()
-
-
-def _table(cfg: Config, site: Site, before: Site | None) -> ForecastTable:
-    slots, fixed, carbon, buildings = _readings_of(cfg, site)
+def _table(site: Site, before: Site | None, read: Callable[[Site], Readings]) -> ForecastTable:
+    slots, fixed, carbon, buildings = read(site)
     forecast = HourlyForecast(len(buildings))
     if before is not None:
         # Read once a site: every resampled year a warm start imitates learns first from the same part.
-        past_slots, past_fixed, past_carbon, _ = before.remember(("forecast readings",),
-                                                                 lambda: _readings_of(cfg, before))
+        past_slots, past_fixed, past_carbon, _ = before.remember(("forecast readings",), lambda: read(before))
         if past_fixed.shape[0] != fixed.shape[0]:
             raise ConfigError(f"{site.schema} has {fixed.shape[0]} buildings where the data learnt from has "
                               f"{past_fixed.shape[0]}: the forecast needs the same buildings")
