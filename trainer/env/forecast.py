@@ -1,9 +1,10 @@
 """The forecast the agents read on a dataset of one period (``observations.forecast``).
 
-The day-ahead planner reaches more of the optimum than a policy that imitates it on some of the official EV
-buildings: it knows which mornings come, from a profile of the hours it has seen. A policy that reads the same
-forecast (each building's net load and the grid's carbon intensity, their means over the next 1-3, 4-8, 9-16 and
-17-24 hours) imitates the optimum closer on the months held out (docs/agent-quality.md, "The planner's forecast as
+The day-ahead planner cuts more than the agents that imitate the optimum on some of the official EV buildings: it
+knows which mornings come, from a profile of the hours it has seen. A policy that reads the same forecast (each
+building's net load and the grid's carbon intensity, their means over the next 1-3, 4-8, 9-16 and 17-24 hours) can
+tell them too: on the months held out of four official EV buildings it moved the night's choice by -1.4 to +0.8
+points of the optimum's cut, +0.2 on average, one seed each (docs/agent-quality.md, "The planner's forecast as
 observations").
 
 It is a function of the data alone, never of the actions, so it is computed once a site as a table (a row a step)
