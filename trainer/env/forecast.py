@@ -109,9 +109,7 @@ def _table(site: Site, before: Site | None, read: Callable[[Site], Readings]) ->
         if past_fixed.shape[0] != fixed.shape[0]:
             raise ConfigError(f"{site.schema} has {fixed.shape[0]} buildings where the data learnt from has "
                               f"{past_fixed.shape[0]}: the forecast needs the same buildings")
-        for t in range(len(past_slots)):
-            forecast.observe(int(past_slots[t]), past_fixed[:, t], float(past_carbon[t]))
-        forecast.previous = None  # the periods need not join: no deviation carries over
+        forecast.learn(past_slots, past_fixed, past_carbon)
     start = forecast.state()
     values = np.asarray([forecast.windows(int(slots[t]), fixed[:, t], float(carbon[t])) for t in range(len(slots))])
     return ForecastTable(forecast_names(buildings), values, start)

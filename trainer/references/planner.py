@@ -109,11 +109,7 @@ class ProfileForecast(HourlyForecast):
     def learn_from(self, hour: np.ndarray, fixed_net_kwh: np.ndarray, carbon: np.ndarray) -> ProfileForecast:
         """Learn first from the hours of another period, in order (the part of the data a run learns from, before the
         part it is judged on): the forecast then starts from what the site was, not from nothing."""
-        slots = np.nan_to_num(np.asarray(hour, dtype=float), nan=0.0).astype(int) % 24
-        fixed = np.atleast_2d(np.asarray(fixed_net_kwh, dtype=float))
-        for t in range(min(len(slots), fixed.shape[1], len(carbon))):
-            self.observe(int(slots[t]), fixed[:, t], float(carbon[t]))
-        self.previous = None  # the periods do not join: no deviation carries over
+        self.learn(np.nan_to_num(np.asarray(hour, dtype=float), nan=0.0).astype(int) % 24, fixed_net_kwh, carbon)
         return self
 
     def ahead(self, t: int, steps: int, fixed_now: np.ndarray, carbon_now: float  # type: ignore[override]

@@ -304,6 +304,14 @@ class HourlyForecast:
         self.carbon_sum[slot] += carbon_now
         self.weight[slot] += 1.0
 
+    def learn(self, slots: np.ndarray, fixed_net_kwh: np.ndarray, carbon: np.ndarray) -> None:
+        """Learn another period's hours first, in order (``slots``: their hours of the day): the forecast then starts
+        from what the site was, not from nothing. The periods need not join: no deviation carries over."""
+        fixed = np.atleast_2d(np.asarray(fixed_net_kwh, dtype=float))
+        for t in range(min(len(slots), fixed.shape[1], len(carbon))):
+            self.observe(int(slots[t]), fixed[:, t], float(carbon[t]))
+        self.previous = None
+
     def ahead(self, slots: np.ndarray, fixed_now: np.ndarray, carbon_now: float) -> tuple[np.ndarray, np.ndarray]:
         """The forecast at ``slots`` (the hours of the day from now on, the first this one's), nothing learnt."""
         fixed_now = np.asarray(fixed_now, dtype=float)
