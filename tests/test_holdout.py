@@ -224,6 +224,32 @@ def test_the_report_leads_with_held_out_figures_and_names_what_falls_below_rbc(t
     assert "**Held out, ppo (+60 points; rbc -5) lose more than 5 points" in section
 
 
+def test_the_report_says_how_many_years_each_agents_warm_start_imitated(tmp_path):
+    # held-out.json keeps the plan's count; a stage short of time imitates fewer (Building_7 seed 0: SAC 8, PPO 3),
+    # and results.json's warm_start.periods (the part learnt from and its years) says how many each did.
+    run = RunDir(tmp_path / "run")
+    run.root.mkdir()
+    varied = {"years": 16, "load_scale": [0.35, 1.3], "solar_scale": [0.8, 1.4]}
+    (run.root / "held-out.json").write_text(json.dumps({"held_out": "the last 91 days (May-July)",
+                                                        "learnt_from": "the first 274 days", "varied_years": varied}))
+    results = _results(True)
+    results["sac"], results["a2c"] = dict(results["ppo"]), dict(results["ppo"])
+    for name, periods in (("sac", 9), ("ppo", 4), ("a2c", 4)):
+        results[name]["warm_start"] = {"periods": periods}
+    (run.root / "results.json").write_text(json.dumps(results))
+    headline = write_report(run).read_text().split("## Results")[0]
+    assert "imitated the optimum of the part learnt from and of SAC's 8, PPO's and A2C's 3 years of its days" \
+        in headline
+    for name in ("sac", "a2c"):
+        results[name]["warm_start"] = {"periods": 4}
+    (run.root / "results.json").write_text(json.dumps(results))
+    assert "of the part learnt from and of 3 years of its days" in write_report(run).read_text()
+    for name in ("sac", "ppo", "a2c"):  # a run before the count per agent: the plan's
+        del results[name]["warm_start"]
+    (run.root / "results.json").write_text(json.dumps(results))
+    assert "of the part learnt from and of 16 years of its days" in write_report(run).read_text()
+
+
 def test_the_report_says_the_imitated_years_loads_were_reshaped_where_they_were(tmp_path):
     run = RunDir(tmp_path / "run")
     run.root.mkdir()

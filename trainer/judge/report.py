@@ -99,7 +99,7 @@ def _judged_on(run: RunDir, results: dict[str, dict[str, Any]]) -> list[str]:
     reads = (f" The agents do not read {', '.join(f'`{name}`' for name in unread)} (`observations.ignore`): a "
              "calendar they would tell the months of the one period apart by (docs/scenario.md)." if unread else "")
     if look_back:
-        hours = ", ".join(map(str, look_back[:-1])) + (" and " if len(look_back) > 1 else "") + str(look_back[-1])
+        hours = _joined([str(h) for h in look_back])
         reads += (f" The agents read each building's loads {hours} hours before (`observations.load_ago_hours`): what "
                   "the site's meter said, which a deployed controller must be given too (docs/export.md).")
     if run.reads_forecast():
@@ -111,8 +111,9 @@ def _judged_on(run: RunDir, results: dict[str, dict[str, Any]]) -> list[str]:
         reshaped = varied["load_shape"] > 0
         shape = (f" and its loads' daily course reshaped by up to {varied['load_shape']:.0%} "
                  "(`warm_start.draw_load_shape`)" if reshaped else "")
-        reads += (f" Their warm start imitated the optimum of the part learnt from and of {varied['years']} years of "
-                  f"its days resampled, each week's loads scaled by {load} and its PV by {solar} "
+        years = _years_imitated(results, varied)
+        reads += (f" Their warm start imitated the optimum of the part learnt from and of {years} years of its days "
+                  f"resampled, each week's loads scaled by {load} and its PV by {solar} "
                   f"(`warm_start.draw_load_scale`, `draw_solar_scale`){shape}: weeks lighter and sunnier than the "
                   f"data's{', and days whose peaks fall at other hours' if reshaped else ''}.")
     if record is None:
@@ -124,6 +125,30 @@ def _judged_on(run: RunDir, results: dict[str, dict[str, Any]]) -> list[str]:
     return ["", f"*Every figure here is held out: judged on {record['held_out']}; the agents learnt from "
                 f"{record['learnt_from']}. The figures on the part they learnt from are under \"Held out and "
                 f"in-sample\".{reads}*"]
+
+
+def _years_imitated(results: dict[str, dict[str, Any]], varied: dict[str, Any]) -> str:
+    """How many resampled years each agent's warm start imitated ("8", or "SAC's 8, PPO's and A2C's 3"): its
+    ``warm_start.periods`` in results.json less the part learnt from. A stage short of time imitates fewer than the plan
+    (trainer.learn.warm_start.optimum_demonstrations), so ``held-out.json``'s count, the plan's, is only the fallback
+    (a run before the count per agent, or no agent's warm start recorded)."""
+    counts: dict[int, list[str]] = {}
+    for name in AGENTS:
+        periods = ((results.get(name) or {}).get("warm_start") or {}).get("periods")
+        if isinstance(periods, int) and periods >= 1:
+            counts.setdefault(periods - 1, []).append(name.upper())
+    if len(counts) <= 1:
+        return str(next(iter(counts), varied["years"]))
+    whose = []
+    for years, names in sorted(counts.items(), reverse=True):
+        possessive = [name + "'s" for name in names]
+        whose.append(f"{_joined(possessive)} {years}")
+    return ", ".join(whose)
+
+
+def _joined(words: list[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} and {words[-1]}"
 
 
 def _below_rbc(results: dict[str, dict[str, Any]], name: str) -> str | None:
