@@ -131,6 +131,54 @@ def test_the_exported_forecast_learns_from_the_readings_in_order_and_refuses_hal
         fresh.raw_vector({**site, controller.names[n]: 0.0})
 
 
+def test_act_keeps_the_forecast_between_calls_in_a_state_file(exports, tmp_path):
+    # A site calls `act` once an hour: with --state each call goes on learning the forecast where the last left it,
+    # as one controller acting on every hour would; without it each call starts from the export's.
+    folder = exports["ppo"][1]
+    rows = _sample(folder)
+    one = Controller.load(folder)
+    steps = [{n: float(row[n]) for n in one.site_names} for row in rows[:3]]
+    expected = [one.act(dict(step)) for step in steps]
+    state = tmp_path / "forecast.json"
+    for i, step in enumerate(steps):
+        path = tmp_path / f"step-{i}.json"
+        path.write_text(json.dumps(step))
+        acted = standalone(folder, "act", "--obs", str(path), "--state", str(state))
+        assert acted.returncode == 0, acted.stderr
+        got = json.loads(acted.stdout)
+        for name, action in expected[i].items():
+            assert got[name]["kw"] == pytest.approx(action["kw"], abs=1e-6), (i, name)
+    assert json.loads(state.read_text()) == json.loads(json.dumps(one.forecast_state()))
+    assert "act --obs step.json --state forecast.json" in (folder / "README.md").read_text()
+    assert "--state" not in (exports["sac"][1] / "README.md").read_text()  # it reads no forecast
+    alone = standalone(folder, "act", "--obs", str(tmp_path / "step-2.json"))  # from the export's state
+    fresh = Controller.load(folder).act(dict(steps[2]))
+    assert {n: a["kw"] for n, a in json.loads(alone.stdout).items()} == pytest.approx(
+        {n: a["kw"] for n, a in fresh.items()}, abs=1e-6)
+    assert Controller.load(folder).forecast_state() != one.forecast_state()
+
+    for text, says in (("{not json", "is not JSON"), (json.dumps({"fixed_sum": [[0.0] * 24] * 2}), "is damaged"),
+                       (json.dumps({**one.forecast_state(), "fixed_sum": [[0.0] * 24] * 2}),
+                        "forecasts 2 building(s), this export 1: it is another export's")):
+        state.write_text(text)
+        refused = standalone(folder, "act", "--obs", str(tmp_path / "step-0.json"), "--state", str(state))
+        lines = refused.stderr.strip().splitlines()
+        assert refused.returncode == 2 and refused.stdout == "" and len(lines) == 1, refused.stderr
+        assert lines[0].startswith(f"error: --state {state} ") and says in lines[0], lines[0]
+        assert state.read_text() == text  # left as it was
+    # A state that cannot be written: the actions stand, one line says so, exit 2.
+    nowhere = tmp_path / "no-such-folder" / "forecast.json"
+    unwritten = standalone(folder, "act", "--obs", str(tmp_path / "step-0.json"), "--state", str(nowhere))
+    assert unwritten.returncode == 2 and json.loads(unwritten.stdout).keys() == expected[0].keys()
+    assert f"--state {nowhere} could not be written" in unwritten.stderr and not nowhere.parent.exists()
+    # An export whose policy reads no forecast keeps nothing.
+    plain = exports["sac"][1]
+    step = tmp_path / "plain.json"
+    step.write_text(standalone(plain, "example").stdout)
+    kept = tmp_path / "plain-state.json"
+    assert standalone(plain, "act", "--obs", str(step), "--state", str(kept)).returncode == 0 and not kept.exists()
+
+
 @pytest.mark.parametrize("agent", list(CASES))
 def test_controller_py_checks_acts_and_gives_an_example_with_numpy_and_onnxruntime_only(agent, exports):
     folder = exports[agent][1]

@@ -291,6 +291,8 @@ def _readme(document: dict[str, Any]) -> str:
         "python controller.py check              # the evaluation's sample, replayed: exit 0 when it acts as trained",
         "python controller.py example > step.json   # one step of raw observations: a template for live data",
         "python controller.py act --obs step.json   # the actions in kW, with the EV guard applied",
+        *(["python controller.py act --obs step.json --state forecast.json   # each hour: it keeps learning its "
+           "forecast"] if "forecast" in document else []),
         "```",
         "",
         f"Replayed through CityLearn before it was written: {proof['steps']:,} steps, largest difference from the "

@@ -12,6 +12,7 @@ Use, from the export folder::
     python controller.py check              # replay the export's sample; exit 0 when every action matches
     python controller.py example            # one step of raw observations, as the JSON `act` reads
     python controller.py act --obs step.json   # or a CSV of steps: the actions in kW, guard applied
+    python controller.py act --obs step.json --state forecast.json   # each hour: the forecast learnt on between calls
 
     from controller import Controller
     controller = Controller.load(".")
@@ -544,6 +545,28 @@ class Controller:
             return values
         return self.with_forecast(values[:len(self.site_names)])
 
+    def forecast_state(self) -> dict[str, Any] | None:
+        """What the controller's forecast has learnt so far, as JSON (None: the policy reads no forecast): keep it
+        between calls and give it back to :meth:`resume_forecast`, or a controller loaded again starts from the
+        export's state, the start of the period it was proven on."""
+        return None if self.forecast is None else self.forecast.state()
+
+    def resume_forecast(self, state: dict[str, Any], source: str = "the forecast's state") -> None:
+        """Go on from a :meth:`forecast_state` kept earlier (``source`` names it in an error); nothing where the
+        policy reads no forecast."""
+        if self.forecast is None:
+            return
+        try:
+            resumed = HourlyForecast.from_state(state)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InputError(f"{source} is damaged ({type(exc).__name__}: {exc}): delete it to start again from "
+                             "the export's forecast") from None
+        buildings = self.forecast.fixed_sum.shape[0]
+        if resumed.fixed_sum.shape[0] != buildings:
+            raise InputError(f"{source} forecasts {resumed.fixed_sum.shape[0]} building(s), this export "
+                             f"{buildings}: it is another export's; pass this export's, or delete it to start again")
+        self.forecast = resumed
+
     def with_forecast(self, site_values: np.ndarray) -> np.ndarray:
         """The site's readings of this step, in ``observations``' order -> the raw vector, the forecast of the hours
         ahead appended (and this hour learnt: steps must come in order, an hour apart)."""
@@ -738,6 +761,38 @@ def _check(controller: Controller, sample: Path) -> int:
     return 0 if ok else 1
 
 
+def _resume(controller: Controller, path: Path) -> None:
+    """The forecast's state kept at ``path`` by an earlier ``act --state``, where there is one."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return  # the first call: the export's state
+    except OSError as exc:
+        raise InputError(f"--state {path} could not be read ({exc}): check the path") from None
+    try:
+        state = json.loads(text)
+    except ValueError as exc:
+        raise InputError(f"--state {path} is not JSON ({exc}): delete it to start again from the export's "
+                         "forecast") from None
+    controller.resume_forecast(state, f"--state {path}")
+
+
+def _keep(controller: Controller, path: Path) -> None:
+    """Write the forecast's state to ``path`` whole or not at all (beside it, then renamed over it): a call killed
+    while writing leaves the last state, never half of one."""
+    state = controller.forecast_state()
+    if state is None:
+        return
+    aside = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        aside.write_text(json.dumps(state), encoding="utf-8")
+        os.replace(aside, path)
+    except OSError as exc:
+        aside.unlink(missing_ok=True)
+        raise InputError(f"--state {path} could not be written ({exc}): the actions above stand, the next call "
+                         "starts from the state kept before; free the disk or pass a writable path") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     here = Path(__file__).resolve().parent
     parser = argparse.ArgumentParser(prog="controller.py", description=__doc__.split("\n\n")[0])
@@ -745,6 +800,10 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     act = sub.add_parser("act", help="print the actions for raw observations (JSON of one step, or a CSV of steps)")
     act.add_argument("--obs", type=Path, required=True, help="a .json of {name: value} or a .csv with a header")
+    act.add_argument("--state", type=Path, default=None,
+                     help="a .json the forecast of the hours ahead is kept in between calls: read where it exists, "
+                          "written after acting (a site that calls act each hour keeps learning it); without it each "
+                          "call starts from the export's forecast. Nothing where the policy reads no forecast")
     check = sub.add_parser("check", help="replay the export's sample of the evaluation (or --obs: another period's "
                                          "readings); exit 0 when every step is acted on and every action matches")
     check.add_argument("--obs", type=Path, default=None, help="a .csv of raw observations with a header (optionally "
@@ -762,6 +821,8 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(step, indent=2))
             return 0
         steps, as_csv = _read_steps(args.obs)
+        if args.state is not None:
+            _resume(controller, args.state)
         results = []
         for i, step in enumerate(steps):
             try:
@@ -779,6 +840,8 @@ def main(argv: list[str] | None = None) -> int:
                                 + [int(r[n]["guard_lowered"]) for n in names])
         else:
             print(json.dumps(results[0] if len(results) == 1 else results, indent=2))
+        if args.state is not None:  # after the actions: a site gets them even where the state cannot be kept
+            _keep(controller, args.state)
         return 0
     except InputError as exc:
         print(f"error: {exc}", file=sys.stderr)
