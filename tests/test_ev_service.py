@@ -67,14 +67,15 @@ def test_a_random_policy_behind_the_guard_meets_every_departure(site_schema, v2g
 def test_cars_charged_at_full_power_leave_at_their_target_and_no_fuller(built_in, stop_at_target):
     cfg = load_config(overrides=[f"ev.stop_at_target={str(stop_at_target).lower()}"])
     env = make_sb3_env(cfg, built_in, "eval", 0, eval_days=14)
-    left: list[tuple[float, float]] = []  # (state of charge at departure, target)
+    left: list[tuple[float, float, float]] = []  # (state of charge at departure, target, capacity kWh)
 
     class FullPowerWatchingDepartures:
         leaving: list = []  # (car, target) leaving after this step
 
         def act(self, obs, citylearn_env):
             t = citylearn_env.time_step
-            left.extend((float(car.battery.soc[t - 1]), target) for car, target in self.leaving)
+            left.extend((float(car.battery.soc[t - 1]), target, float(car.battery.capacity))
+                        for car, target in self.leaving)
             chargers = [c for b in citylearn_env.buildings for c in b.electric_vehicle_chargers or []]
             self.leaving = [(c.connected_electric_vehicle,
                              float(c.charger_simulation.electric_vehicle_required_soc_departure[t]))
@@ -85,11 +86,19 @@ def test_cars_charged_at_full_power_leave_at_their_target_and_no_fuller(built_in
 
     metrics = run_episode(FullPowerWatchingDepartures(), env)
     assert metrics["ev_departure_soc_met_pct"] == 100.0 and len(left) > 10
-    above = [soc - target for soc, target in left]
+    above = [soc - target for soc, target, _ in left]
     if stop_at_target:  # each car leaves with its target and the margin, what full power till then would pass
         assert max(above) <= cfg.ev.margin_soc + 1e-4 and env.env.guard.lowered > 0
     else:
         assert max(above) > 0.1 and env.env.guard.lowered == 0
+    # What the cars took away beyond their targets, as results.json counts it: those leaving after the episode's
+    # last action (one a charger at most) are counted there and not seen here.
+    excess = sum(max(soc - target, 0.0) * capacity for soc, target, capacity in left)
+    chargers = sum(len(b.electric_vehicle_chargers or []) for b in env.unwrapped.buildings)
+    unseen = chargers * max(capacity for *_, capacity in left)
+    assert excess - 1e-6 <= metrics["ev_excess_kwh"] <= excess + unseen
+    margin_kwh = sum((cfg.ev.margin_soc + 1e-4) * capacity for *_, capacity in left)
+    assert (excess <= margin_kwh) == stop_at_target
 
 
 def test_the_uncontrolled_baseline_runs_unguarded(built_in, default_cfg):

@@ -99,9 +99,9 @@ def test_each_period_starts_from_what_came_before_it(one_year, tiny_cfg, tmp_pat
 
 def test_auto_reads_it_on_a_dataset_of_one_period_only_and_a_site_without_a_load_reading_is_refused(
         one_year, built_in, site_schema, tmp_path):
-    cfg = load_config()
+    cfg = load_config(overrides=["observations.forecast=auto"])
     assert one_year.reads_forecast(cfg.observations) and not built_in.reads_forecast(cfg.observations)
-    assert not one_year.reads_forecast(load_config(overrides=["observations.forecast=false"]).observations)
+    assert not one_year.reads_forecast(load_config().observations)  # off by default (docs/agent-quality.md)
     def no_load(data):
         data.pop("pvbess_site")
         data["observations"]["non_shiftable_load"]["active"] = False

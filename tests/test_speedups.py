@@ -108,9 +108,12 @@ def test_a_dataset_of_one_period_is_read_with_yesterday_s_loads_and_the_built_in
     assert len(buildings) == 14
     assert added == {f"{b}.non_shiftable_load_ago_{h}h" for b in buildings for h in ONE_PERIOD_LOAD_AGO}
     assert raw[-len(added):] == [f"{b}.non_shiftable_load_ago_{h}h" for b in buildings for h in ONE_PERIOD_LOAD_AGO]
-    # By default the district's policy also reads each building's forecast, and the carbon intensity's, last.
+    # With the forecast (auto: on a dataset of one period) the district's policy also reads each building's, and
+    # the carbon intensity's, last; by default it reads none.
     forecast = forecast_names(buildings)
-    assert len(forecast) == 14 * 4 + 4 and _read(load_config(), dataset)[1] == raw + forecast
+    with_forecast = load_config(overrides=["observations.forecast=auto"])
+    assert len(forecast) == 14 * 4 + 4 and _read(with_forecast, dataset)[1] == raw + forecast
+    assert _read(load_config(), dataset)[1] == raw
     assert _read(auto, built_in) == _read(none, built_in)  # the built-in site: nothing added
     hand = load_config(overrides=["observations.load_ago_hours=[48]"])  # a list is read as given, on any site
     assert _read(hand, built_in)[1][-1] == "non_shiftable_load_ago_48h"

@@ -140,10 +140,11 @@ ONE_PERIOD_IGNORED = frozenset({
 ONE_PERIOD_LOAD_AGO = (24, 21, 18, 15)
 LOAD_NOW = "non_shiftable_load"
 # What ``observations.forecast`` learns from: the hour, the grid's carbon intensity, each building's load and its PV's
-# output (the last where a building has PV). On by ``auto`` on a dataset of one period: 20-minute nights on the
-# official EV buildings reading it moved the night's choice held out by +0.65, +0.83 and +0.76 points of the
-# optimum's cut on Buildings 5, 7 and 4, -1.36 on Building_10 (one seed each; docs/agent-quality.md, "The planner's
-# forecast as observations").
+# output (the last where a building has PV). Off by default: 20-minute nights on the official EV buildings reading
+# it (``auto``: on a dataset of one period) moved the night's choice held out by +0.65 and +0.05 points of the
+# optimum's cut on Building_5, +0.83 and +0.74 on Building_7, +0.76 on Building_4, and -1.36 and -2.83 on Building_10
+# (seeds apart; docs/agent-quality.md, "The planner's forecast as observations"): a little more on three buildings,
+# much less on the fourth.
 FORECAST_READS = ("hour", "carbon_intensity", LOAD_NOW, "solar_generation")
 
 # What ``warm_start.extra_draws: auto`` imitates: on the built-in site 8 other years of its climate (with the
@@ -190,7 +191,8 @@ class ObservationsConfig(Section):
         "by hour of the day over the hours seen so far, weighted to the recent days, and this hour's deviation from "
         "it fading; learnt from the site's own readings, never from an hour to come (an export keeps learning it); "
         "auto: on a dataset of one period that observes the hour, carbon intensity and load, off on the built-in "
-        "site (docs/scenario.md).")
+        "site; false by default (on the official EV buildings it moved 20-minute nights by -2.8 to +0.8 points of "
+        "the optimum's cut; docs/scenario.md).")
 
     def reads_forecast(self, one_period: bool, observed: frozenset[str]) -> bool:
         """Whether the agents read the forecast on a site of ``one_period`` that observes ``observed``."""

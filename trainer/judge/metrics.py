@@ -13,6 +13,10 @@ per step): imports are ``max(net, 0)``, exports ``max(-net, 0)``.
   (within ``EV_SOC_TOLERANCE``); null on a dataset without EV chargers.
 - ``ev_unmet_kwh``: energy the EVs lacked at departure to reach their required SoC. An agent
   that leaves cars uncharged imports less, so read its CO2 saving together with this.
+- ``ev_excess_kwh``: energy the EVs left with beyond their required SoC (what a car arrived with
+  counts too). A car takes it away: charging past the target is import for the site's CO2 with
+  nothing back, so compare controllers by it (the guard stops cars at their target on chargers
+  that cannot discharge, ``ev.stop_at_target``; a V2G car's surplus is the policy's).
 - ``co2_share_of_optimum_pct``: the agent's CO2 cut against ``baseline`` as a share of the cut
   of the perfect-foresight linear program (trainer.references.optimum; ``lp_co2_kg`` of the ``optimum``
   entry, the bound): 100 % is the physical limit.
@@ -51,7 +55,7 @@ CITYLEARN_EV_TOLERANCE = 0.05  # citylearn.internal.kpi's default ev_departure_s
 HOURS_PER_YEAR = 8760
 METRIC_KEYS = (
     "co2_kg", "co2_kg_per_year", "co2_vs_baseline_pct", "co2_share_of_optimum_pct", "cost", "grid_import_kwh",
-    "peak_kw", "pv_self_consumption_pct", "ev_departure_soc_met_pct", "ev_unmet_kwh",
+    "peak_kw", "pv_self_consumption_pct", "ev_departure_soc_met_pct", "ev_unmet_kwh", "ev_excess_kwh",
     "citylearn_ev_departure_success_pct", "timesteps", "train_wall_s", "steps_per_s", "citylearn_kpis",
 )
 TABLE_COLUMNS = (
@@ -91,7 +95,7 @@ def run_episode(controller: Controller, sb3_env: gymnasium.Env, timeseries_path:
     obs, _ = sb3_env.reset()
     progress = Progress("evaluation progress", env.time_steps, every=0.25, agent=label) if label else None
     departures_met: list[bool] = []
-    unmet_kwh = 0.0
+    unmet_kwh = excess_kwh = 0.0
     done = False
     steps = 0
     start = time.perf_counter()
@@ -122,6 +126,7 @@ def run_episode(controller: Controller, sb3_env: gymnasium.Env, timeseries_path:
                 soc = float(ev.battery.soc[t])
                 departures_met.append(soc >= required - EV_SOC_TOLERANCE)
                 unmet_kwh += max(required - soc, 0.0) * float(ev.battery.capacity)
+                excess_kwh += max(soc - required, 0.0) * float(ev.battery.capacity)
             done = terminated or truncated
             if progress is not None:
                 progress.update(steps)
@@ -130,6 +135,7 @@ def run_episode(controller: Controller, sb3_env: gymnasium.Env, timeseries_path:
     wall = time.perf_counter() - start
     metrics = summarise(env, steps, departures_met)
     metrics["ev_unmet_kwh"] = unmet_kwh if departures_met else None
+    metrics["ev_excess_kwh"] = excess_kwh if departures_met else None
     metrics["eval_wall_s"] = round(wall, 2)
     metrics["eval_hours"] = steps
     tracker = env.episode_tracker  # the period the environment simulates: whether the evaluation covered all of it

@@ -65,8 +65,8 @@ def _history_env(ctx: RunContext):
 
 
 # What results.json keeps of an evaluation on the part a run learnt from, beside the held-out figures.
-IN_SAMPLE_KEYS = ("co2_kg", "co2_kg_per_year", "ev_departure_soc_met_pct", "ev_unmet_kwh", "cost", "peak_kw",
-                  "eval_hours", "lp_co2_kg", "skipped")
+IN_SAMPLE_KEYS = ("co2_kg", "co2_kg_per_year", "ev_departure_soc_met_pct", "ev_unmet_kwh", "ev_excess_kwh", "cost",
+                  "peak_kw", "eval_hours", "lp_co2_kg", "skipped")
 
 
 def judged(ctx: RunContext, evaluate: Callable[[Site, Path | None], dict[str, Any]],
