@@ -24,7 +24,7 @@ import numpy as np
 
 from trainer.base.errors import ConfigError
 from trainer.config.sections import FORECAST_READS, LOAD_NOW
-from trainer.shipped.controller import HourlyForecast, forecast_names
+from trainer.shipped.controller import HourlyForecast, forecast_names, hour_slots
 from trainer.site import Site
 
 if TYPE_CHECKING:
@@ -87,7 +87,7 @@ def readings(env: CityLearnEnv) -> Readings:
     if missing:
         raise ConfigError(f"observations.forecast reads {', '.join(missing)}, which this dataset leaves inactive: "
                           "activate them in the schema or set observations.forecast: false")
-    slots = np.nan_to_num(np.asarray(buildings[0].energy_simulation.hour[:steps], dtype=float)).astype(int) % 24
+    slots = hour_slots(buildings[0].energy_simulation.hour[:steps])
     fixed = np.zeros((len(buildings), steps))
     for b, building in enumerate(buildings):
         sim = building.energy_simulation

@@ -51,7 +51,7 @@ from trainer.references.optimum_model import (
     session_limits,
     site_model,
 )
-from trainer.shipped.controller import FORECAST_DECAY, HourlyForecast
+from trainer.shipped.controller import FORECAST_DECAY, HourlyForecast, hour_slots
 from trainer.site import BUILT_IN, Site
 from trainer.site.scenario import DRAW_SEED_OFFSET, build_site
 
@@ -99,7 +99,7 @@ class ProfileForecast(HourlyForecast):
 
     def __init__(self, hour: np.ndarray, buildings: int) -> None:
         super().__init__(buildings, PROFILE_DECAY)
-        self.slot = np.nan_to_num(np.asarray(hour, dtype=float), nan=0.0).astype(int) % 24  # CityLearn's are 1..24
+        self.slot = hour_slots(hour)
         self.seen = 0  # the hours observed, in order
 
     @property
@@ -109,7 +109,7 @@ class ProfileForecast(HourlyForecast):
     def learn_from(self, hour: np.ndarray, fixed_net_kwh: np.ndarray, carbon: np.ndarray) -> ProfileForecast:
         """Learn first from the hours of another period, in order (the part of the data a run learns from, before the
         part it is judged on): the forecast then starts from what the site was, not from nothing."""
-        self.learn(np.nan_to_num(np.asarray(hour, dtype=float), nan=0.0).astype(int) % 24, fixed_net_kwh, carbon)
+        self.learn(hour_slots(hour), fixed_net_kwh, carbon)
         return self
 
     def ahead(self, t: int, steps: int, fixed_now: np.ndarray, carbon_now: float  # type: ignore[override]

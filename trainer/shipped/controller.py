@@ -352,6 +352,11 @@ class HourlyForecast:
         return forecast
 
 
+def hour_slots(hours: Any) -> np.ndarray:
+    """CityLearn's hours (1-24; a missing one as 0) -> the forecast's hours of the day (0-23)."""
+    return np.nan_to_num(np.asarray(hours, dtype=float), nan=0.0).astype(int) % 24
+
+
 def forecast_names(buildings: list[str]) -> list[str]:
     """The raw observations a policy reads of the forecast (``observations.forecast``), in the raw vector's order:
     each building's net load forecast over each window, then the carbon intensity's."""
