@@ -63,10 +63,11 @@ def test_a_random_policy_behind_the_guard_meets_every_departure(site_schema, v2g
     assert env.env.guard.interventions > 0  # it had work to do
 
 
-@pytest.mark.parametrize("stop_at_target", [True, False])
-def test_cars_charged_at_full_power_leave_at_their_target_and_no_fuller(built_in, stop_at_target):
+@pytest.mark.parametrize("site, stop_at_target", [("charge-only", True), ("charge-only", False), ("v2g", True)])
+def test_cars_charged_at_full_power_leave_at_their_target_and_no_fuller(built_in, v2g_schema, site, stop_at_target):
     cfg = load_config(overrides=[f"ev.stop_at_target={str(stop_at_target).lower()}"])
-    env = make_sb3_env(cfg, built_in, "eval", 0, eval_days=14)
+    # a V2G car filled past its target is discharged into the site before it leaves: it too leaves at its target
+    env = make_sb3_env(cfg, built_in if site == "charge-only" else Site.load(v2g_schema), "eval", 0, eval_days=14)
     left: list[tuple[float, float, float]] = []  # (state of charge at departure, target, capacity kWh)
 
     class FullPowerWatchingDepartures:

@@ -241,7 +241,16 @@ def test_the_exported_guard_keeps_a_discharge_only_where_the_car_is_still_served
     assert change == 1 and 0.0 < action <= 1.0
     goal = (needed + controller.margin_soc) * capacity
     assert path.reachable(path.stored_after(0.3 * capacity, action), 3) >= goal
-    assert guarded(0.9, 0.3, 5, 1.0) == (1.0, 0)  # a car that can feed the site back may hold more than its goal
+    assert guarded(0.35, 0.3, 5, 1.0) == (1.0, 0)  # a car that can feed the site back may hold more than its goal
+    # ... as much as it can still feed back before it leaves: at its last step, what is beyond its goal goes to the
+    # site (all a step can give here), and a step before that, it is kept to one step's discharge above the goal
+    assert guarded(0.9, 0.3, 5, 1.0)[1] == -1 and guarded(0.9, 0.3, 0, 0.0) == (-1.0, -1)
+    goal = (0.3 + controller.margin_soc) * capacity
+    one_step = goal - path.stored_after(goal, -1.0)
+    start = goal + one_step + 1.0  # a kWh more than it can feed back: idle becomes a discharge of that kWh
+    action, change = guarded(start / capacity, 0.3, 1, 0.0)
+    assert change == -1 and -1.0 < action < 0.0
+    assert path.stored_after(start, action) == pytest.approx(goal + one_step, abs=1e-4)
 
 
 def test_the_exported_guard_stops_a_charge_only_car_at_its_goal(exports):

@@ -222,21 +222,34 @@ def minimum_action(path: ChargingPath, energy_init: float, goal_kwh: float, step
     return high
 
 
-def maximum_action(path: ChargingPath, energy_init: float, goal_kwh: float, action: float) -> float:
-    """The greatest action <= ``action`` after which the car holds no more than ``goal_kwh``: a car that can only be
-    charged stops once it holds its departure goal, since what it takes beyond leaves with it, imported for nothing.
+def most_kept_kwh(path: ChargingPath, goal_kwh: float, steps_left: int) -> float:
+    """The most a car should hold after this step: its goal, and on a charger that can discharge it (V2G) the goal plus
+    what full discharge could still give the site over the ``steps_left`` steps after this one (each a step's
+    discharge from a car holding its goal). What it holds beyond that leaves with it: imported for nothing."""
+    if path.max_discharge_kw <= 0.0 or steps_left <= 0:
+        return goal_kwh
+    return goal_kwh + steps_left * max(goal_kwh - path.stored_after(goal_kwh, -1.0), 0.0)
 
-    ``action`` itself where it is not a charge or its step stays within the goal; 0 where the car already holds more.
+
+def maximum_action(path: ChargingPath, energy_init: float, most_kwh: float, action: float) -> float:
+    """The greatest action <= ``action`` after which the car holds no more than ``most_kwh`` (:func:`most_kept_kwh`):
+    a car stops charging once it holds what it can still use, and a V2G car holding more is discharged.
+
+    ``action`` itself where its step stays within ``most_kwh`` (or, on a charger that cannot discharge, is no charge);
+    there, 0 where the car already holds more; on a V2G charger, full discharge where even that leaves it above.
     """
     action = min(max(float(action), -1.0), 1.0)
-    if action <= 0.0 or path.stored_after(energy_init, action) <= goal_kwh:
+    v2g = path.max_discharge_kw > 0.0
+    if (action <= 0.0 and not v2g) or path.stored_after(energy_init, action) <= most_kwh:
         return action
-    if energy_init >= goal_kwh:
+    if not v2g and energy_init >= most_kwh:
         return 0.0
-    low, high = 0.0, action
+    low, high = (-1.0 if v2g else 0.0), action
+    if path.stored_after(energy_init, low) > most_kwh:
+        return low
     for _ in range(BISECTION_STEPS):
         mid = 0.5 * (low + high)
-        if path.stored_after(energy_init, mid) <= goal_kwh:
+        if path.stored_after(energy_init, mid) <= most_kwh:
             low = mid
         else:
             high = mid
@@ -247,15 +260,16 @@ def guarded_action(path: ChargingPath, energy_init: float, goal_kwh: float, step
                    stop_at_target: bool) -> tuple[float, int]:
     """The guard on one connected car: (the action, +1 where it raised ``wanted``, -1 where it lowered it, else 0).
 
-    Raised to the least that still serves the car by departure (:func:`minimum_action`); with ``stop_at_target``, on
-    a charger that cannot discharge the car, lowered to the most that does not fill it past its goal
-    (:func:`maximum_action`). A change smaller than GUARD_RAISE is bisection noise, not a change.
+    Raised to the least that still serves the car by departure (:func:`minimum_action`); with ``stop_at_target``,
+    lowered to the most after which it holds no more than it can use (:func:`most_kept_kwh`, :func:`maximum_action`):
+    its goal on a charger that cannot discharge it; on a V2G charger its goal plus what it can still discharge into
+    the site before it leaves. A change smaller than GUARD_RAISE is bisection noise, not a change.
     """
     needed = minimum_action(path, energy_init, goal_kwh, steps_left, wanted)
     if needed > wanted + GUARD_RAISE:
         return needed, 1
-    if stop_at_target and path.max_discharge_kw <= 0.0:
-        most = maximum_action(path, energy_init, goal_kwh, wanted)
+    if stop_at_target:
+        most = maximum_action(path, energy_init, most_kept_kwh(path, goal_kwh, steps_left), wanted)
         if most < wanted - GUARD_RAISE:  # and never below what still serves the car
             return minimum_action(path, energy_init, goal_kwh, steps_left, most), -1
     return wanted, 0

@@ -259,21 +259,32 @@ class Sessions:
             _, high = self._searched(lambda a, rows, after: after(now[rows], a) >= needed[rows], base, high, search)
         return np.where(enough, action, np.where(hopeless, 1.0, high))
 
-    def maximum_action(self, action: np.ndarray, margin_kwh: np.ndarray) -> np.ndarray:
-        """The greatest action <= ``action`` after which each car holds no more than its goal (the standalone
-        controller's ``maximum_action``): ``action`` where it is no charge or stays within the goal."""
-        goal = self.required_kwh + margin_kwh
+    def most_kept_kwh(self, goal: np.ndarray) -> np.ndarray:
+        """The most each car should hold after this step (the standalone controller's ``most_kept_kwh``): its goal,
+        on a V2G charger plus a step's full discharge from the goal for each step left after this one."""
+        v2g = self.valid & (self.tables.chargers.max_discharge_kw > 0) & (self.steps_left > 0)
+        if not v2g.any():
+            return goal
+        drain = np.maximum(goal - self.stored_after(goal, np.full_like(goal, -1.0)), 0.0)
+        return np.where(v2g, goal + self.steps_left * drain, goal)
+
+    def maximum_action(self, action: np.ndarray, most_kwh: np.ndarray) -> np.ndarray:
+        """The greatest action <= ``action`` after which each car holds no more than ``most_kwh`` (the standalone
+        controller's ``maximum_action``): ``action`` where its step stays within it (or, charge-only, is no charge);
+        a charge-only car already above it takes 0, a V2G car is discharged (at full power where even that is
+        not enough)."""
         now = self.stored()
         base = np.clip(action, -1.0, 1.0)
-        over = self.valid & (base > 0) & (self.stored_after(now, base) > goal)
+        v2g = self.tables.chargers.max_discharge_kw > 0
+        over = self.valid & ((base > 0) | v2g) & (self.stored_after(now, base) > most_kwh)
         if not over.any():
             return base
-        if self.linear:  # a step stores in proportion to the action below the power and capacity limits
-            most = np.clip((goal - now) / np.maximum(self._stored_per_action(), 1e-12), 0.0, base)
+        low = np.where(v2g, -1.0, 0.0) * np.ones_like(base)
+        if self.linear and not v2g.any():  # a step stores in proportion to the action below the power and capacity limits
+            most = np.clip((most_kwh - now) / np.maximum(self._stored_per_action(), 1e-12), 0.0, base)
         else:
-            most, _ = self._searched(lambda a, rows, after: after(now[rows], a) > goal[rows], np.zeros_like(base), base,
-                                     over)
-        return np.where(over, np.where(now >= goal, 0.0, most), base)
+            most, _ = self._searched(lambda a, rows, after: after(now[rows], a) > most_kwh[rows], low, base, over)
+        return np.where(over, np.where(~v2g & (now >= most_kwh), 0.0, most), base)
 
     def _stored_per_action(self) -> np.ndarray:
         """On linear paths, the kWh a step stores per unit of action (below the power and capacity limits)."""
@@ -315,11 +326,9 @@ class Guard(GuardSettings):
                  + (np.maximum(-wanted, 0.0) - np.maximum(-needed, 0.0)) * chargers.max_discharge_kw)
         self.raised_kwh += float((added * sessions.spec.hours)[raise_].sum())
         result = np.where(raise_, needed, wanted)
-        charge_only = chargers.max_discharge_kw <= 0
-        if self.stop_at_target and (sessions.valid & charge_only).any():
-            # charge-only chargers stop at the goal (standalone_controller.guarded_action)
-            most = sessions.maximum_action(wanted, margin)
-            lower = sessions.valid & ~raise_ & charge_only & (most < wanted - GUARD_RAISE)
+        if self.stop_at_target:  # no car holds more than it can use (standalone_controller.guarded_action)
+            most = sessions.maximum_action(wanted, sessions.most_kept_kwh(sessions.required_kwh + margin))
+            lower = sessions.valid & ~raise_ & (most < wanted - GUARD_RAISE)
             self.lowered += int(lower.sum())
             if lower.any():  # and never below what still serves the car
                 result = np.where(lower, sessions.minimum_action(most, margin), result)
