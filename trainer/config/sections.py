@@ -114,7 +114,8 @@ class EvConfig(Section):
                       "target (off: the reward alone must teach it; docs/scenario.md).")
     margin_soc: float = doc("Safety margin of the guard, as a fraction of the car's capacity.", ge=0, le=0.2)
     stop_at_target: bool = doc("The guard also stops charging a car once it holds its departure target (plus "
-                               "margin_soc), on chargers that cannot discharge it: energy beyond the target leaves "
+                               "margin_soc); on a V2G charger, once it holds that plus what it can still discharge "
+                               "into the site before it leaves, discharging the rest: energy beyond the target leaves "
                                "with the car, imported for nothing (false lets controllers fill cars further).")
     target_met_pct: float = doc("Share of departures an agent must meet to be recommended in the report, %.",
                                 ge=0, le=100)

@@ -15,8 +15,9 @@ per step): imports are ``max(net, 0)``, exports ``max(-net, 0)``.
   that leaves cars uncharged imports less, so read its CO2 saving together with this.
 - ``ev_excess_kwh``: energy the EVs left with beyond their required SoC (what a car arrived with
   counts too). A car takes it away: charging past the target is import for the site's CO2 with
-  nothing back, so compare controllers by it (the guard stops cars at their target on chargers
-  that cannot discharge, ``ev.stop_at_target``; a V2G car's surplus is the policy's).
+  nothing back, so compare controllers by it (``ev.stop_at_target``: the guard stops cars at their
+  target, and on a V2G charger discharges into the site what a car could not otherwise use before
+  it leaves).
 - ``co2_share_of_optimum_pct``: the agent's CO2 cut against ``baseline`` as a share of the cut
   of the perfect-foresight linear program (trainer.references.optimum; ``lp_co2_kg`` of the ``optimum``
   entry, the bound): 100 % is the physical limit.

@@ -259,28 +259,39 @@ class Sessions:
             _, high = self._searched(lambda a, rows, after: after(now[rows], a) >= needed[rows], base, high, search)
         return np.where(enough, action, np.where(hopeless, 1.0, high))
 
-    def most_kept_kwh(self, goal: np.ndarray) -> np.ndarray:
+    def most_kept_kwh(self, goal: np.ndarray, where: np.ndarray) -> np.ndarray:
         """The most each car should hold after this step (the standalone controller's ``most_kept_kwh``): its goal,
-        on a V2G charger plus a step's full discharge from the goal for each step left after this one."""
-        v2g = self.valid & (self.tables.chargers.max_discharge_kw > 0) & (self.steps_left > 0)
-        if not v2g.any():
-            return goal
+        and where ``where`` (cars on V2G chargers) that plus a step's full discharge from the goal for each step left
+        after this one."""
         drain = np.maximum(goal - self.stored_after(goal, np.full_like(goal, -1.0)), 0.0)
-        return np.where(v2g, goal + self.steps_left * drain, goal)
+        return np.where(where, goal + self.steps_left * drain, goal)
 
-    def maximum_action(self, action: np.ndarray, most_kwh: np.ndarray) -> np.ndarray:
-        """The greatest action <= ``action`` after which each car holds no more than ``most_kwh`` (the standalone
-        controller's ``maximum_action``): ``action`` where its step stays within it (or, charge-only, is no charge);
-        a charge-only car already above it takes 0, a V2G car is discharged (at full power where even that is
-        not enough)."""
+    def maximum_action(self, action: np.ndarray, goal: np.ndarray) -> np.ndarray:
+        """The greatest action <= ``action`` after which each car holds no more than it can use (the standalone
+        controller's ``maximum_action`` at its ``most_kept_kwh``): ``action`` where its step stays within that (or,
+        charge-only, is no charge); a charge-only car already above its goal takes 0, a V2G car is discharged (at
+        full power where even that is not enough)."""
         now = self.stored()
         base = np.clip(action, -1.0, 1.0)
-        v2g = self.tables.chargers.max_discharge_kw > 0
-        over = self.valid & ((base > 0) | v2g) & (self.stored_after(now, base) > most_kwh)
+        chargers = self.tables.chargers
+        v2g = chargers.max_discharge_kw > 0
+        # A step stores at most its charge at the best efficiencies: a car that cannot pass its goal is not stepped.
+        best = max([1.0, float(np.max(chargers.efficiency))] + [float(c[1].max()) for c in chargers.charge_curves
+                                                                 if c is not None])
+        best *= np.sqrt(max(1.0, float(np.max(self.spec.efficiency_y))))
+        near = self.valid & (now + np.maximum(base, 0.0) * chargers.max_charge_kw * self.spec.hours * best > goal)
+        if not near.any():
+            return base
+        after = self.stored_after(now, base)
+        over = near & ((base > 0) | v2g) & (after > goal)  # past the goal: what it may hold is worked out there
+        most_kwh = goal
+        if (over & v2g).any():
+            most_kwh = self.most_kept_kwh(goal, v2g & (self.steps_left > 0))
+            over &= after > most_kwh
         if not over.any():
             return base
         low = np.where(v2g, -1.0, 0.0) * np.ones_like(base)
-        if self.linear and not v2g.any():  # a step stores in proportion to the action below the power and capacity limits
+        if self.linear and not v2g.any():  # a step stores in proportion to the action below the power and capacity
             most = np.clip((most_kwh - now) / np.maximum(self._stored_per_action(), 1e-12), 0.0, base)
         else:
             most, _ = self._searched(lambda a, rows, after: after(now[rows], a) > most_kwh[rows], low, base, over)
@@ -327,7 +338,7 @@ class Guard(GuardSettings):
         self.raised_kwh += float((added * sessions.spec.hours)[raise_].sum())
         result = np.where(raise_, needed, wanted)
         if self.stop_at_target:  # no car holds more than it can use (standalone_controller.guarded_action)
-            most = sessions.maximum_action(wanted, sessions.most_kept_kwh(sessions.required_kwh + margin))
+            most = sessions.maximum_action(wanted, sessions.required_kwh + margin)
             lower = sessions.valid & ~raise_ & (most < wanted - GUARD_RAISE)
             self.lowered += int(lower.sum())
             if lower.any():  # and never below what still serves the car
