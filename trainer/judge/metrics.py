@@ -14,8 +14,8 @@ per step): imports are ``max(net, 0)``, exports ``max(-net, 0)``.
 - ``ev_unmet_kwh``: energy the EVs lacked at departure to reach their required SoC. An agent
   that leaves cars uncharged imports less, so read its CO2 saving together with this.
 - ``ev_excess_kwh``: energy the EVs left with beyond their required SoC (what a car arrived with
-  counts too). A car takes it away: charging past the target is import for the site's CO2 with
-  nothing back, so compare controllers by it (``ev.stop_at_target``: the guard stops cars at their
+  counts too). A car takes it away: charging past the target is energy the site never gets back,
+  so compare controllers by it (``ev.stop_at_target``: the guard stops cars at their
   target, and on a V2G charger discharges into the site what a car could not otherwise use before
   it leaves).
 - ``co2_share_of_optimum_pct``: the agent's CO2 cut against ``baseline`` as a share of the cut

@@ -273,17 +273,9 @@ class Sessions:
         full power where even that is not enough)."""
         now = self.stored()
         base = np.clip(action, -1.0, 1.0)
-        chargers = self.tables.chargers
-        v2g = chargers.max_discharge_kw > 0
-        # A step stores at most its charge at the best efficiencies: a car that cannot pass its goal is not stepped.
-        best = max([1.0, float(np.max(chargers.efficiency))] + [float(c[1].max()) for c in chargers.charge_curves
-                                                                 if c is not None])
-        best *= np.sqrt(max(1.0, float(np.max(self.spec.efficiency_y))))
-        near = self.valid & (now + np.maximum(base, 0.0) * chargers.max_charge_kw * self.spec.hours * best > goal)
-        if not near.any():
-            return base
+        v2g = self.tables.chargers.max_discharge_kw > 0
         after = self.stored_after(now, base)
-        over = near & ((base > 0) | v2g) & (after > goal)  # past the goal: what it may hold is worked out there
+        over = self.valid & ((base > 0) | v2g) & (after > goal)  # past the goal: what it may hold is worked out there
         most_kwh = goal
         if (over & v2g).any():
             most_kwh = self.most_kept_kwh(goal, v2g & (self.steps_left > 0))
