@@ -528,6 +528,15 @@ def test_after_the_references_a_dataset_s_night_imitates_the_years_its_first_pla
     assert why.startswith("8 resampled years imitated, not 16, to keep the mean of 10 imitations")
     # Room for eight at the calibration's speeds, none at a pace 20 % slower: the first plan stands.
     assert refit_ensemble(cfg, dataset, speeds, ["sac"], targets, room[8], 1.2, current=current) is None
+    # A first plan of eight years, later room for three only (before A2C's stage, say): never fewer than the stages
+    # before imitated, whose student the later agent shares.
+    eight, _ = fit_ensemble(cfg, dataset, speeds, ["sac"], room[8], targets=targets)
+    assert eight.warm_start.extra_draws == 8
+    assert fit_ensemble(cfg, dataset, speeds, ["sac"], room[3], targets=targets)[0].warm_start.extra_draws == 3
+    assert refit_ensemble(cfg, dataset, speeds, ["sac"], targets, room[3], 1.0, current=eight) is None
+    assert refit_ensemble(cfg, dataset, speeds, ["sac"], targets, room[8], 1.0, current=eight) is None
+    assert refit_ensemble(cfg, dataset, speeds, ["sac"], targets, room[16], 1.0, current=eight)[0].warm_start \
+        .extra_draws == "auto"
 
 
 def test_the_night_runs_and_records_the_ensemble_its_time_affords(built_in, tmp_path):
