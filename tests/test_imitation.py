@@ -211,12 +211,11 @@ def test_the_later_years_replay_beside_this_process_to_the_same_demonstrations(w
     out = {}
     for free in (2, 1):
         monkeypatch.setattr(replays, "_CACHE", {})
-        monkeypatch.setattr(replays, "free_cores_now", lambda free=free: free)
-        out[free] = replays._replays(cfg, years, cfg.seed)
+        out[free] = replays._replays(cfg, years, cfg.seed, free)
         if free == 2:  # kept here: asked again, nothing replays
             with monkeypatch.context() as no_citylearn:
                 no_citylearn.setattr(replays, "make_sb3_env", None)
-                assert all(a is b for a, b in zip(replays._replays(cfg, years, cfg.seed), out[2]))
+                assert all(a is b for a, b in zip(replays._replays(cfg, years, cfg.seed, free), out[2]))
     assert started == [True, False]
     assert [len(d.actions) for d in out[2]] == [167, 95, 95]  # a period's steps, less its last
     for there, here in zip(out[2], out[1]):
@@ -254,6 +253,13 @@ def test_a_timed_warm_start_imitates_the_other_years_that_fit_its_slot_and_fine_
     assert imitated(replayed_only=True) == (167, 95)
     assert imitated(TimeBox()) == (167, 95, 95)  # untimed: every year
     assert imitated(replayed_only=True) == (167, 95, 95)
+    # Where a second core is free, the later half of the years replay beside this process: each costs half as long
+    # in the box, and the half a year short of one more year's replay above now holds it.
+    monkeypatch.setattr(replays, "_CACHE", {replays.demonstrations_key(cfg, week_site, cfg.seed):
+                                            replace(own, replay_s=1000.0)})
+    monkeypatch.setattr(replays, "free_cores_now", lambda: 2)
+    monkeypatch.setattr(replays, "MIN_STEPS", 24)
+    assert imitated(TimeBox.of(2 * 0.9 * a_year_s)) == (167, 95)
 
 
 def test_the_optimum_reference_s_run_over_the_part_learnt_from_is_kept_as_the_warm_start_s_demonstrations(

@@ -203,10 +203,11 @@ def test_a_short_night_s_plan_says_which_warm_start_stops_early_which_agent_is_s
     assert "ppo      skipped: no time left for training" in text and "train 30,000/150,000 steps" in text
 
 
-def test_the_plan_counts_each_warm_start_and_the_night_s_demonstrations_once(built_in, tmp_path):
+def test_the_plan_counts_each_warm_start_and_the_night_s_demonstrations_once(built_in, tmp_path, monkeypatch):
     import math
 
     from trainer.config.loading import load_config
+    from trainer.night import plan as night_plan
     from trainer.night.calibrate import Speeds
     from trainer.night.plan import (
         CHECKED_EPOCHS_SHARE,
@@ -217,6 +218,8 @@ def test_the_plan_counts_each_warm_start_and_the_night_s_demonstrations_once(bui
         warm_start_s,
     )
 
+    # One core free, whatever this machine's: every year replayed and labelled in the stage's process (two: below).
+    monkeypatch.setattr(night_plan, "free_cores", lambda others=None: 1)
     # 400 epochs of 8,759 samples in minibatches of 256; three more years of the built-in site (eight by default,
     # counted below); five SAC members (warm_start.teacher: sac), then each agent's student's 1,200 epochs.
     five = ["warm_start.ensemble=5", "warm_start.student_epochs=1200", "warm_start.member_processes=1",
@@ -301,6 +304,17 @@ def test_the_plan_counts_each_warm_start_and_the_night_s_demonstrations_once(bui
         CHECKED_EPOCHS_SHARE * single * 0.001 * SAFETY + year + 5 * 28 * 24 * (1 / 1000.0 + POLICY_CALL_S) * SAFETY)
     off = load_config(overrides=["warm_start.epochs=0"])
     assert warm_start_s(off, built_in, speeds, ["sac", "ppo"]) == {}
+    # A second core free: the later half of the years replay and run the members' mean beside the stage's process,
+    # which waits for its own half (two of the four years; nine of a dataset's seventeen).
+    monkeypatch.setattr(night_plan, "free_cores", lambda others=None: 2)
+    halves = {"sac": (members + student) * 0.003 * SAFETY + 2 * year
+              + (2 * SIM_STEP_SHARE / 1000.0 + 5 * POLICY_CALL_S) * 8759 * SAFETY, "ppo": student * 0.001 * SAFETY}
+    assert warm_start_s(cfg, built_in, speeds, ["sac", "ppo"]) == pytest.approx(halves)
+    assert warm_start_s(eight, Site.load(other), speeds, ["ppo"])["ppo"] == pytest.approx(
+        warm_start_s(cfg, Site.load(other), speeds, ["ppo"])["ppo"] + 7 * (year + 8759 / 1000.0 * SAFETY))
+    assert night_plan.years_in_turn(17, 5903, 2) == 9 and night_plan.years_in_turn(17, 5903, 1) == 17
+    assert night_plan.years_in_turn(1, 8760, 2) == 1 and night_plan.years_in_turn(2, 100, 2) == 2  # too short
+    monkeypatch.setattr(night_plan, "free_cores", lambda others=None: 1)
     # A2C starts from PPO's policy: the night fits that student once, whichever comes first.
     shared = Speeds(eval_steps_per_s=1000.0, train_steps_per_s={},
                     imitation_update_s={"sac": 0.003, "ppo": 0.001, "a2c": 0.002},

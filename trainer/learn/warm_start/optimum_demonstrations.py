@@ -234,22 +234,27 @@ def training_demonstrations(cfg: Config, site: Site, seed: int, draws: Path | No
     the years after it already replayed (what the stage's warm start imitated: its fine-tuning stays near those).
     """
     years = demonstration_years(cfg, site, draws)
+    # Cores free for a process beside this one, looked at once: the years' replays share them (_replays), and the
+    # years a slot affords are counted as they will run (_years_in_time).
+    free = free_cores_now() if len(years) > 1 and not replayed_only else 1
     if replayed_only:
         years = years[:1] + list(takewhile(lambda year: _replayed(cfg, year, seed), years[1:]))
     elif box is not None and box.until is not None and len(years) > 1:
-        years = _years_in_time(cfg, years, seed, box)
-    parts = _replays(cfg, years, seed)
+        years = _years_in_time(cfg, years, seed, box, free)
+    parts = _replays(cfg, years, seed, free)
     return parts[0] if len(parts) == 1 else Demonstrations.joined(parts)
 
 
-def _years_in_time(cfg: Config, years: list[Site], seed: int, box: TimeBox) -> list[Site]:
+def _years_in_time(cfg: Config, years: list[Site], seed: int, box: TimeBox, free: int) -> list[Site]:
     """The dataset's year (always) and the next years, in order, while those still to replay fit their share of
-    ``box``: each costs what the dataset's replay cost (measured now, or when it was kept); one already replayed
-    costs nothing."""
+    ``box``: each costs what the dataset's replay cost (measured now, or when it was kept), half that where ``free``
+    cores let half of them replay beside this process (:func:`_replays`); one already replayed costs nothing."""
     budget = (box.left_s() or 0.0) * DEMONSTRATIONS_SHARE
     started = time.perf_counter()
     own = demonstrations(cfg, years[0], seed)
     a_year_s = own.replay_s * years[1].length / max(years[0].length, 1)
+    # Side by side the pair costs a year: an approximation the plan makes too (trainer.night.plan.years_in_turn).
+    a_year_s /= 2 if free >= 2 and years[1].length >= MIN_STEPS else 1
     chosen, ahead_s = years[:1], time.perf_counter() - started
     for year in years[1:]:
         if not _replayed(cfg, year, seed):
@@ -262,15 +267,16 @@ def _years_in_time(cfg: Config, years: list[Site], seed: int, box: TimeBox) -> l
     return chosen
 
 
-def _replays(cfg: Config, years: list[Site], seed: int) -> list[Demonstrations]:
+def _replays(cfg: Config, years: list[Site], seed: int, free: int) -> list[Demonstrations]:
     """Each year's :func:`demonstrations`. A year's replay is a core's pure Python: where two or more are still to
-    replay (none in this process or the machine's cache) and a core is free, the later half replay in a process
-    beside this one (the same arrays: the replay is deterministic) and are kept here as if replayed here."""
+    replay (none in this process or the machine's cache) and ``free`` cores leave one for it, the later half replay
+    in a process beside this one (the same arrays: the replay is deterministic) and are kept here as if replayed
+    here."""
     todo = [year for year in years if not _replayed(cfg, year, seed)]
     later = todo[(len(todo) + 1) // 2:]
     if not later or sum(year.length for year in later) < MIN_STEPS:
         return [demonstrations(cfg, year, seed) for year in years]
-    pending = beside(_replay_all, cfg, later, seed, free=free_cores_now())
+    pending = beside(_replay_all, cfg, later, seed, free=free)
     try:
         here = {id(year): demonstrations(cfg, year, seed) for year in years if year not in later}
         there = dict(zip(map(id, later), pending.result("the warm start's demonstrations")))
