@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from trainer.base import beside as beside_module
 from trainer.base.errors import ConfigError
 from trainer.cli.main import cli
 from trainer.config.loading import load_config
@@ -207,7 +208,7 @@ def test_the_later_years_replay_beside_this_process_to_the_same_demonstrations(w
     years = [week_site, week_site.period(week_site.start, week_site.start + 95),
              week_site.period(week_site.start + 24, week_site.start + 119)]
     monkeypatch.setattr(replays, "beside", watched)
-    monkeypatch.setattr(replays, "MIN_STEPS", 24)  # a few days are worth a process here
+    monkeypatch.setattr(beside_module, "MIN_STEPS", 24)  # a few days are worth a process here
     out = {}
     for free in (2, 1):
         monkeypatch.setattr(replays, "_CACHE", {})
@@ -216,7 +217,7 @@ def test_the_later_years_replay_beside_this_process_to_the_same_demonstrations(w
             with monkeypatch.context() as no_citylearn:
                 no_citylearn.setattr(replays, "make_sb3_env", None)
                 assert all(a is b for a, b in zip(replays._replays(cfg, years, cfg.seed, free), out[2]))
-    assert started == [True, False]
+    assert started == [True]  # one core: all here, no process beside
     assert [len(d.actions) for d in out[2]] == [167, 95, 95]  # a period's steps, less its last
     for there, here in zip(out[2], out[1]):
         for name in ("observations", "actions", "rewards"):
@@ -253,13 +254,15 @@ def test_a_timed_warm_start_imitates_the_other_years_that_fit_its_slot_and_fine_
     assert imitated(replayed_only=True) == (167, 95)
     assert imitated(TimeBox()) == (167, 95, 95)  # untimed: every year
     assert imitated(replayed_only=True) == (167, 95, 95)
-    # Where a second core is free, the later half of the years replay beside this process: each costs half as long
-    # in the box, and the half a year short of one more year's replay above now holds it.
-    monkeypatch.setattr(replays, "_CACHE", {replays.demonstrations_key(cfg, week_site, cfg.seed):
-                                            replace(own, replay_s=1000.0)})
-    monkeypatch.setattr(replays, "free_cores_now", lambda: 2)
-    monkeypatch.setattr(replays, "MIN_STEPS", 24)
-    assert imitated(TimeBox.of(2 * 0.9 * a_year_s)) == (167, 95)
+    # Where a second core is free, the later half of the years replay beside this process, counted as they run: two
+    # years to replay cost one year's time in the box (the one-and-a-half above held one), one still a whole year.
+    for free, held in ((1, (167, 95)), (2, (167, 95, 95))):
+        monkeypatch.setattr(replays, "_CACHE", {replays.demonstrations_key(cfg, week_site, cfg.seed):
+                                                replace(own, replay_s=1000.0)})
+        monkeypatch.setattr(replays, "free_cores_now", lambda free=free: free)
+        monkeypatch.setattr(beside_module, "MIN_STEPS", 24)
+        assert imitated(TimeBox.of(2 * 0.9 * a_year_s)) == (167,)
+        assert imitated(TimeBox.of(2 * 1.5 * a_year_s)) == held
 
 
 def test_the_optimum_reference_s_run_over_the_part_learnt_from_is_kept_as_the_warm_start_s_demonstrations(
@@ -561,7 +564,7 @@ def test_the_ensemble_s_years_in_closed_loop_beside_this_process_are_labelled_as
     from trainer.learn.warm_start import ensemble as distilling
 
     monkeypatch.setattr(distilling, "_DISTILLED", {})
-    monkeypatch.setattr(distilling, "MIN_STEPS", 100)  # a week's loop is worth a process here
+    monkeypatch.setattr(beside_module, "MIN_STEPS", 100)  # a week's loop is worth a process here
     # Two years of the demonstrations, each the week (a drawn year would read a whole year into the simulator).
     monkeypatch.setattr(distilling, "demonstration_years", lambda cfg, site, draws: [site, site])
     cfg = week_site.settled(load_config(overrides=["warm_start.epochs=2"]))

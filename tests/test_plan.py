@@ -7,6 +7,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
+from trainer.base.beside import in_turn
 from trainer.cli.main import cli
 from trainer.sim.simulators import VECTOR, Simulator
 from trainer.site import Site, SiteKind
@@ -312,8 +313,8 @@ def test_the_plan_counts_each_warm_start_and_the_night_s_demonstrations_once(bui
     assert warm_start_s(cfg, built_in, speeds, ["sac", "ppo"]) == pytest.approx(halves)
     assert warm_start_s(eight, Site.load(other), speeds, ["ppo"])["ppo"] == pytest.approx(
         warm_start_s(cfg, Site.load(other), speeds, ["ppo"])["ppo"] + 7 * (year + 8759 / 1000.0 * SAFETY))
-    assert night_plan.years_in_turn(17, 5903, 2) == 9 and night_plan.years_in_turn(17, 5903, 1) == 17
-    assert night_plan.years_in_turn(1, 8760, 2) == 1 and night_plan.years_in_turn(2, 100, 2) == 2  # too short
+    assert in_turn(17, 5903, 2) == 9 and in_turn(17, 5903, 1) == 17
+    assert in_turn(1, 8760, 2) == 1 and in_turn(2, 100, 2) == 2  # too short
     monkeypatch.setattr(night_plan, "free_cores", lambda others=None: 1)
     # A2C starts from PPO's policy: the night fits that student once, whichever comes first.
     shared = Speeds(eval_steps_per_s=1000.0, train_steps_per_s={},

@@ -32,6 +32,16 @@ POLL_S = 1.0  # how often the wait for the process beside looks for a stop reque
 STOP_WAIT_S = 5.0  # how long a process beside is given to end when stopped, before it is killed
 
 
+def in_turn(count: int, length: int, free: int) -> int:
+    """How many of ``count`` pieces of work (``length`` steps of CityLearn each) a process runs one after another
+    where ``free`` cores are free (trainer.run.device.free_cores_now): the first, larger half where a process
+    :func:`beside` it takes the rest, all of them where no core is free or the rest is too short to pay a process's
+    start. The one rule for the warm start's years (their replays, the ensemble's labels) and the night's plan of
+    them, so that the plan counts them as they run."""
+    here = (count + 1) // 2
+    return here if count > 1 and free >= 2 and length * (count - here) >= MIN_STEPS else count
+
+
 class Beside(Generic[T]):
     """``fn(*args)``, in a process beside this one or (``process`` None) here when its result is asked for."""
 

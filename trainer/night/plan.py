@@ -7,7 +7,7 @@ import tempfile
 from datetime import datetime
 from pathlib import Path
 
-from trainer.base.beside import MIN_STEPS
+from trainer.base.beside import in_turn
 from trainer.config.agents import OffPolicyConfig
 from trainer.config.roster import agent_spec
 from trainer.config.sections import FEWER_DRAWS, Config
@@ -183,8 +183,8 @@ def warm_start_s(cfg: Config, site: Site, speeds: Speeds, agents: list[str],
     # stage's (optimum_demonstrations._replays, ensemble._ensemble_labels): the stage waits for the larger half.
     # Counted one after another, a quiet 20-minute night on Building_5 planned 306 s of demonstrations and 308 s of
     # labels for sixteen years that took 133 and 97 s, and nights that had room for them imitated eight.
-    in_turn = years_in_turn(years, site.length, free)
-    demonstrations_s = in_turn * (period / speeds.eval_steps_per_s * SAFETY + DEMONSTRATION_SOLVE_S)
+    years_here = in_turn(years, site.length, free)
+    demonstrations_s = years_here * (period / speeds.eval_steps_per_s * SAFETY + DEMONSTRATION_SOLVE_S)
     members = settings.ensemble
     # The agent's own network: the student where there is an ensemble, else the one imitation.
     own_epochs = settings.student_epochs if members > 1 else settings.epochs
@@ -197,7 +197,7 @@ def warm_start_s(cfg: Config, site: Site, speeds: Speeds, agents: list[str],
     meaned = settings.members_meaned(members, ranked=check is not None)
     rank_s = 0.0 if check is None or meaned == members else \
         members * check.length * (1 / speeds.eval_steps_per_s + POLICY_CALL_S) * SAFETY
-    labels_s = 0.0 if members <= 1 else (in_turn * year_step_s + meaned * POLICY_CALL_S) * period * SAFETY + rank_s
+    labels_s = 0.0 if members <= 1 else (years_here * year_step_s + meaned * POLICY_CALL_S) * period * SAFETY + rank_s
     pick_s = (members + 1) * HELD_OUT_YEARS * period * POLICY_CALL_S * SAFETY if site.kind.draws else 0.0
     # Each imitation of the optimum (the one, or each member) drives its validation part at its checks
     # (trainer.learn.warm_start.validation), every check counted; and stops after two no better than its best: it
@@ -247,14 +247,6 @@ def warm_start_s(cfg: Config, site: Site, speeds: Speeds, agents: list[str],
         if one_process:
             demonstrations_s = 0.0
     return out
-
-
-def years_in_turn(years: int, length: int, free: int) -> int:
-    """How many of ``years`` (each ``length`` steps) the stage's process replays one after another where ``free``
-    cores are free: the larger half where a process beside it takes the rest (trainer.base.beside), all where none
-    can or the rest is too short to pay its start."""
-    here = (years + 1) // 2
-    return here if years > 1 and free >= 2 and length * (years - here) >= MIN_STEPS else years
 
 
 def one_imitation(cfg: Config, site: Site) -> tuple[Config, str]:

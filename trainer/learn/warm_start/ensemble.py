@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from trainer.base import logs
-from trainer.base.beside import MIN_STEPS, beside
+from trainer.base.beside import beside, in_turn
 from trainer.base.durations import TimeBox
 from trainer.base.signals import STOP
 from trainer.config.sections import Config
@@ -249,8 +249,8 @@ def _ensemble_labels(cfg: Config, site: Site, members: list[Any], demos: Demonst
                           demos.rewards, 0.0)]
     years = demonstration_years(cfg, site, draws)[:len(demos.periods) or 1]  # those imitated (a timed slot: fewer)
     # Each year's closed loop is a core's Python: where a core is free, half of them run in a process beside this one.
-    half = (len(years) + 1) // 2
-    if len(years) > 1 and site.length * (len(years) - half) >= MIN_STEPS and free_cores_now() >= 2:
+    half = in_turn(len(years), site.length, free_cores_now())
+    if half < len(years):
         pending = beside(_closed_loop, cfg, years[half:], members, free=2)
         try:
             runs = _closed_loop(cfg, years[:half], members) + pending.result("the warm start's ensemble")

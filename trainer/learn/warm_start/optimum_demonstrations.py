@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from trainer.base import logs
-from trainer.base.beside import MIN_STEPS, beside
+from trainer.base.beside import beside, in_turn
 from trainer.base.durations import TimeBox
 from trainer.base.files import cache_root, write_bytes_atomic
 from trainer.base.source import program_digest
@@ -234,9 +234,11 @@ def training_demonstrations(cfg: Config, site: Site, seed: int, draws: Path | No
     the years after it already replayed (what the stage's warm start imitated: its fine-tuning stays near those).
     """
     years = demonstration_years(cfg, site, draws)
-    # Cores free for a process beside this one, looked at once: the years' replays share them (_replays), and the
-    # years a slot affords are counted as they will run (_years_in_time).
-    free = free_cores_now() if len(years) > 1 and not replayed_only else 1
+    # Cores free for a process beside this one, looked at once (a quarter of a second), and only where a year is
+    # still to replay: the years' replays share them (_replays), and the years a slot affords are counted as they
+    # will run (_years_in_time).
+    todo = len(years) > 1 and not replayed_only and not all(_replayed(cfg, year, seed) for year in years)
+    free = free_cores_now() if todo else 1
     if replayed_only:
         years = years[:1] + list(takewhile(lambda year: _replayed(cfg, year, seed), years[1:]))
     elif box is not None and box.until is not None and len(years) > 1:
@@ -247,22 +249,21 @@ def training_demonstrations(cfg: Config, site: Site, seed: int, draws: Path | No
 
 def _years_in_time(cfg: Config, years: list[Site], seed: int, box: TimeBox, free: int) -> list[Site]:
     """The dataset's year (always) and the next years, in order, while those still to replay fit their share of
-    ``box``: each costs what the dataset's replay cost (measured now, or when it was kept), half that where ``free``
-    cores let half of them replay beside this process (:func:`_replays`); one already replayed costs nothing."""
+    ``box``: each costs what the dataset's replay cost (measured now, or when it was kept), and those this process
+    replays one after another are counted as :func:`_replays` runs them (trainer.base.beside.in_turn: the later half
+    beside it where ``free`` cores allow, as the night's plan counts them); one already replayed costs nothing."""
     budget = (box.left_s() or 0.0) * DEMONSTRATIONS_SHARE
     started = time.perf_counter()
     own = demonstrations(cfg, years[0], seed)
     a_year_s = own.replay_s * years[1].length / max(years[0].length, 1)
-    # Side by side the pair costs a year: an approximation the plan makes too (trainer.night.plan.years_in_turn).
-    a_year_s /= 2 if free >= 2 and years[1].length >= MIN_STEPS else 1
-    chosen, ahead_s = years[:1], time.perf_counter() - started
+    chosen, todo, before_s = years[:1], 0, time.perf_counter() - started
     for year in years[1:]:
         if not _replayed(cfg, year, seed):
-            if ahead_s + a_year_s > budget:
+            if before_s + a_year_s * in_turn(todo + 1, year.length, free) > budget:
                 logs.get().info("warm start: fewer years imitated, to fit its time", years=len(chosen),
                                 of=len(years), a_year_s=round(a_year_s, 1), share_s=round(budget, 1))
                 break
-            ahead_s += a_year_s
+            todo += 1
         chosen.append(year)
     return chosen
 
@@ -273,8 +274,8 @@ def _replays(cfg: Config, years: list[Site], seed: int, free: int) -> list[Demon
     in a process beside this one (the same arrays: the replay is deterministic) and are kept here as if replayed
     here."""
     todo = [year for year in years if not _replayed(cfg, year, seed)]
-    later = todo[(len(todo) + 1) // 2:]
-    if not later or sum(year.length for year in later) < MIN_STEPS:
+    later = todo[in_turn(len(todo), todo[-1].length, free):] if todo else []
+    if not later:
         return [demonstrations(cfg, year, seed) for year in years]
     pending = beside(_replay_all, cfg, later, seed, free=free)
     try:
