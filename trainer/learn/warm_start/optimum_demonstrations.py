@@ -237,8 +237,8 @@ def training_demonstrations(cfg: Config, site: Site, seed: int, draws: Path | No
     # Cores free for a process beside this one, looked at once (a quarter of a second), and only where a year is
     # still to replay: the years' replays share them (_replays), and the years a slot affords are counted as they
     # will run (_years_in_time).
-    todo = len(years) > 1 and not replayed_only and not all(_replayed(cfg, year, seed) for year in years)
-    free = free_cores_now() if todo else 1
+    any_to_replay = len(years) > 1 and not replayed_only and not all(_replayed(cfg, year, seed) for year in years)
+    free = free_cores_now() if any_to_replay else 1
     if replayed_only:
         years = years[:1] + list(takewhile(lambda year: _replayed(cfg, year, seed), years[1:]))
     elif box is not None and box.until is not None and len(years) > 1:
@@ -256,14 +256,14 @@ def _years_in_time(cfg: Config, years: list[Site], seed: int, box: TimeBox, free
     started = time.perf_counter()
     own = demonstrations(cfg, years[0], seed)
     a_year_s = own.replay_s * years[1].length / max(years[0].length, 1)
-    chosen, todo, before_s = years[:1], 0, time.perf_counter() - started
+    chosen, to_replay, before_s = years[:1], 0, time.perf_counter() - started
     for year in years[1:]:
         if not _replayed(cfg, year, seed):
-            if before_s + a_year_s * in_turn(todo + 1, year.length, free) > budget:
+            if before_s + a_year_s * in_turn(to_replay + 1, year.length, free) > budget:
                 logs.get().info("warm start: fewer years imitated, to fit its time", years=len(chosen),
                                 of=len(years), a_year_s=round(a_year_s, 1), share_s=round(budget, 1))
                 break
-            todo += 1
+            to_replay += 1
         chosen.append(year)
     return chosen
 
