@@ -69,6 +69,37 @@ def test_a_hand_solved_v2g_day():
     assert charging_only.co2_kg == pytest.approx(base, rel=1e-5)  # nothing owed, nothing worth charging
 
 
+def test_a_plan_that_stores_early_fills_the_battery_from_the_first_surplus_at_the_same_co2():
+    # A flat grid (1 kg/kWh), a site importing 10 kWh but for 08:00-16:00, when its PV leaves 5 kWh a step spare
+    # (exports worth nothing), and an empty 10 kWh battery (5 kWh a step, 0.9 each way). Any two and a bit of the
+    # eight spare hours fill it for the evening: the same CO2 whichever. HiGHS takes the last ones; a planner on a
+    # forecast wants the first (the afternoon it waits for may be cloudy), and store_early gives it those.
+    fixed = np.full(24, 10.0)
+    fixed[8:16] = -5.0
+    battery = BatteryModel(building=0, capacity_kwh=10.0, max_kwh_per_step=5.0, efficiency=0.81,
+                           loss_per_step=0.0, min_kwh=0.0, initial_kwh=0.0, nominal_power_kw=5.0)
+    model = SiteModel(24, 1.0, np.ones(24), fixed, [battery])
+    anyhow, early = solve(model), solve(model, store_early=True)
+    assert early.co2_kg == pytest.approx(anyhow.co2_kg, abs=1e-9)
+    assert early.co2_kg == pytest.approx(16 * 10.0 - 10.0 * 0.9, rel=1e-6)  # 10 kWh stored return 9
+    charged = early.battery_actions[0] * 5.0
+    assert charged[8:11] == pytest.approx([5.0, 5.0, 10.0 / 0.9 - 10.0], abs=1e-6)
+    assert np.all(np.abs(charged[11:16]) < 1e-6)
+
+
+def test_a_plan_that_stores_early_charges_a_car_in_the_first_of_equally_clean_hours():
+    # A night as clean hour after hour; a car connected 01:00-06:00 needs 9 kWh stored (10 grid kWh, 5 a step).
+    # HiGHS charges it in its last two hours; stored early, in its first two: a planner whose forecast of the
+    # night is wrong then still has the hours after.
+    car = EvSession(building=0, charger="c", steps=tuple(range(1, 7)), max_grid_kwh_per_step=5.0,
+                    stored_per_grid_kwh=0.9, need_kwh=9.0, room_kwh=40.0, charger_power_kw=5.0)
+    model = SiteModel(8, 1.0, np.ones(8), np.full(8, 2.0), [], [car])
+    anyhow, early = solve(model), solve(model, store_early=True)
+    assert early.co2_kg == pytest.approx(anyhow.co2_kg, abs=1e-9)
+    assert early.co2_kg == pytest.approx(8 * 2.0 + 10.0, rel=1e-6)
+    assert early.ev_actions["c"] * 5.0 == pytest.approx([0.0, 5.0, 5.0, 0.0, 0.0, 0.0, 0.0, 0.0], abs=1e-6)
+
+
 @pytest.mark.parametrize("site", ["built-in", "v2g-random-curves"])
 def test_the_models_uncontrolled_co2_is_the_baseline(site_schema, v2g_schema, tmp_path, default_cfg, site):
     # The baseline charges each car at full power from arrival in CityLearn's own physics: with random

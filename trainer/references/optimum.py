@@ -54,6 +54,13 @@ from trainer.references.optimum_model import (
 from trainer.shipped.controller import ChargingPath, minimum_action
 
 TIE_BREAK = 1e-6
+# kg a kWh held in a battery or a car for a step earns a plan that stores early (``solve(store_early=True)``): among
+# plans of equal CO2 (the surplus of noon stored at 9:00 or at 14:00, exports being worth nothing; a car charged at
+# 1:00 or at 4:00 of a night as clean) the one that stores first. Small enough to change no plan's CO2 (the official
+# EV buildings' optimum: the same to the gram).
+STORE_EARLY = 1e-6
+
+
 @dataclass
 class Solution:
     """The LP's optimum and the dispatch that reaches it (native CityLearn actions per step)."""
@@ -222,8 +229,11 @@ def short_penalty(model: SiteModel) -> float:
     return 10.0 * max(float(np.max(model.carbon, initial=0.0)), 1e-3)
 
 
-def solve(model: SiteModel) -> Solution:
-    """Minimise the period's CO2 (HiGHS via scipy's linprog)."""
+def solve(model: SiteModel, store_early: bool = False) -> Solution:
+    """Minimise the period's CO2 (HiGHS via scipy's linprog). ``store_early``: of the plans of least CO2, one that
+    fills each battery and car as soon as it can (:data:`STORE_EARLY`): what a plan on a forecast wants, since the
+    hours it waits for may not come; with perfect foresight they do, and which of the ties the optimum takes is
+    HiGHS's."""
     started = time.perf_counter()
     T, B = model.steps, model.buildings
     imp, bat, ev_index, feed_index, gain_index, offset = _layout(model)
@@ -246,9 +256,13 @@ def solve(model: SiteModel) -> Solution:
             lp.at_most(site[b][t], -model.fixed_net_kwh[b, t])
     for (charge, discharge, energy), battery in zip(bat, model.batteries):
         _add_battery(lp, battery, charge, discharge, energy)
+        if store_early:
+            lp.cost[energy] -= STORE_EARLY
     penalty = short_penalty(model)
     for cols, feeds, gain, short, session in zip(ev_index, feed_index, gain_index, shorts, model.sessions):
         _add_car(lp, session, cols, feeds, gain, int(short), penalty)
+        if store_early:
+            lp.cost[gain] -= STORE_EARLY
 
     x = lp.solve()
     net = model.fixed_net_kwh.copy()
