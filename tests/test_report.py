@@ -529,3 +529,23 @@ def test_the_week_s_caption_names_each_controller_drawn_once(tmp_path):
         week.to_csv(run.agent(name).timeseries, index=False)
     report = write_report(run).read_text()
     assert "(cars connected shaded): baseline (dashed) and rbc." in report and "rbc and rbc" not in report
+
+
+def test_the_week_draws_the_planner_where_it_cuts_more_than_the_best_agent(tmp_path):
+    import pandas as pd
+
+    week = pd.DataFrame({"step": range(48), "net_kwh": 1.0, "carbon_kg_per_kwh": 0.2, "battery_soc": 0.5,
+                         "ev_charging_kwh": 0.0})
+    for folder, planner_kg in (("ahead", 30_100.0), ("behind", 34_500.0)):
+        results = _results()
+        results["planner"] = {"co2_kg": planner_kg, "co2_kg_per_year": planner_kg, "ev_departure_soc_met_pct": 100.0,
+                              "ev_unmet_kwh": 0.0}
+        compare_to_baseline(results)
+        (tmp_path / folder).mkdir()
+        run = _run(tmp_path / folder, results)
+        for name in ("baseline", "rbc", "planner", "sac"):
+            run.agent(name).root.mkdir(parents=True)
+            week.to_csv(run.agent(name).timeseries, index=False)
+        report = write_report(run).read_text()
+        drawn = "baseline (dashed), rbc, planner and sac." if folder == "ahead" else "baseline (dashed), rbc and sac."
+        assert f"(cars connected shaded): {drawn}" in report

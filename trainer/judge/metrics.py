@@ -426,3 +426,11 @@ def best_agent(results: dict[str, dict[str, Any]], target_met_pct: float = DEFAU
     """The agent :func:`agent_choice` recommends (None if none serves the cars)."""
     choice = agent_choice(results, target_met_pct)
     return choice.agent if choice else None
+
+
+def planner_cuts_more(results: dict[str, dict[str, Any]], agent: str, target_met_pct: float) -> bool:
+    """Whether the `planner` reference emits less than ``agent`` while serving the cars as the product requires: the
+    report's headline says so and its week draws the planner (a causal controller that did better is worth seeing)."""
+    planner = results.get("planner", {})
+    return (planner.get("co2_kg_per_year") is not None and agent in results
+            and planner["co2_kg_per_year"] < results[agent]["co2_kg_per_year"] and serves_cars(planner, target_met_pct))

@@ -19,6 +19,7 @@ from trainer.judge.metrics import (
     HOURS_PER_YEAR,
     best_agent,
     held_out_figures,
+    planner_cuts_more,
     serves_cars,
 )
 from trainer.references.roster import REFERENCE_ROSTER
@@ -282,8 +283,8 @@ MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", 
 def plot_week(
     run: RunDir, results: dict[str, dict[str, Any]], path: Path, target_pct: float = DEFAULT_TARGET_MET_PCT
 ) -> list[str] | None:
-    """Grid import, battery and EV charging over the median week: baseline, rbc and the recommended agent; the
-    controllers drawn beside the baseline (None: no plot)."""
+    """Grid import, battery and EV charging over the median week: baseline, rbc, the planner where it cuts more than
+    the recommended agent, and that agent; the controllers drawn beside the baseline (None: no plot)."""
     best = best_agent(results, target_pct)
     base_path = run.agent("baseline").timeseries
     if not base_path.is_file():
@@ -291,7 +292,8 @@ def plot_week(
     base = read_written_csv(base_path, TIMESERIES)
     window = representative_week(base)
     series = {"baseline": base.iloc[window]}
-    for name in ("rbc", best):
+    planner = ("planner",) if best and planner_cuts_more(results, best, target_pct) else ()
+    for name in ("rbc", *planner, best):
         if name and run.agent(name).timeseries.is_file():
             series[name] = read_written_csv(run.agent(name).timeseries, TIMESERIES).iloc[window]
     plt = _pyplot()

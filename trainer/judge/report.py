@@ -20,6 +20,7 @@ from trainer.judge.metrics import (
     agent_choice,
     evaluation_window,
     optimum_reach,
+    planner_cuts_more,
     serves_cars,
 )
 from trainer.judge.plots import (
@@ -274,8 +275,7 @@ def _headline(results: dict[str, dict[str, Any]], target_pct: float, run: RunDir
             lines[-1] += (f" Its peak import is {peak:,.0f} kW, {100 * (peak / base_peak - 1):.0f}% above the "
                           f"uncontrolled site's {base_peak:,.0f} kW.")
         planner = results.get("planner", {})
-        if planner.get("co2_kg_per_year") is not None and planner["co2_kg_per_year"] < m["co2_kg_per_year"] and \
-                serves_cars(planner, target_pct):
+        if planner_cuts_more(results, best, target_pct):
             lines[-1] += (" The `planner` reference, which plans the next day every hour on a forecast that never "
                           f"reads ahead, cuts more: {planner['co2_kg_per_year']:,.0f} kg CO2/year"
                           + (f" ({planner['co2_share_of_optimum_pct']:.0f}% of the optimum's cut)"
