@@ -44,13 +44,14 @@ RUNNER = textwrap.dedent("""
     sys.meta_path.insert(0, Refuse())
     sys.argv = ["controller.py", *sys.argv[1:]]
     runpy.run_path("controller.py", run_name="__main__")
-""").format(blocked=BLOCKED)
+""")
 
 
-def standalone(folder: Path, *args: str) -> subprocess.CompletedProcess:
-    """``python controller.py ARGS`` in ``folder``, in an isolated interpreter that refuses the product's stack."""
-    return subprocess.run([sys.executable, "-I", "-c", RUNNER, *args], cwd=folder, capture_output=True, text=True,
-                          timeout=120)
+def standalone(folder: Path, *args: str, blocked: tuple[str, ...] = BLOCKED) -> subprocess.CompletedProcess:
+    """``python controller.py ARGS`` in ``folder``, in an isolated interpreter that refuses the product's stack
+    (``blocked``: the packages it may not import)."""
+    return subprocess.run([sys.executable, "-I", "-c", RUNNER.format(blocked=blocked), *args], cwd=folder,
+                          capture_output=True, text=True, timeout=120)
 
 
 @pytest.fixture(scope="module")

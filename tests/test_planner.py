@@ -159,15 +159,15 @@ def test_the_planner_runs_on_a_dataset_without_other_years_and_never_reads_ahead
 def test_a_window_without_a_feasible_plan_leaves_the_battery_idle_and_the_guard_serves_the_cars(default_cfg,
                                                                                                site_schema,
                                                                                                monkeypatch):
-    from trainer.references import planner as planner_module
     from trainer.references.optimum_model import OptimumUnavailable
+    from trainer.shipped import program
 
     planner, env, _ = _planner_and_env(default_cfg, site_schema, 2)
 
     def infeasible(model, store_early=False):
         raise OptimumUnavailable("the linear program could not be solved: The problem is infeasible.")
 
-    monkeypatch.setattr(planner_module, "solve", infeasible)
+    monkeypatch.setattr(program, "solve", infeasible)
     result = run_episode(planner, env)
     assert planner.idle_steps == result["eval_timesteps"] and result["ev_departure_soc_met_pct"] == 100.0
 
@@ -175,7 +175,7 @@ def test_a_window_without_a_feasible_plan_leaves_the_battery_idle_and_the_guard_
 def test_the_planner_plans_to_store_early(default_cfg, site_schema, monkeypatch):
     # Of its plans of least CO2 on the forecast, the one that stores soonest (the LP's part: test_optimum's hand cases;
     # what it is worth held out: docs/agent-quality.md, "A planner that stores early").
-    from trainer.references import planner as planner_module
+    from trainer.shipped import program
 
     planner, env, _ = _planner_and_env(default_cfg, site_schema, 1)
     asked = []
@@ -184,6 +184,6 @@ def test_the_planner_plans_to_store_early(default_cfg, site_schema, monkeypatch)
         asked.append(store_early)
         return solve(model, store_early=store_early)
 
-    monkeypatch.setattr(planner_module, "solve", recording)
+    monkeypatch.setattr(program, "solve", recording)
     result = run_episode(planner, env)
     assert len(asked) == result["eval_timesteps"] > 20 and all(asked)

@@ -176,13 +176,23 @@ def test_the_headline_says_when_the_planner_cuts_more_than_the_best_agent(tmp_pa
     results["planner"] = {"co2_kg": 30_100.0, "co2_kg_per_year": 30_100.0, "ev_departure_soc_met_pct": 100.0,
                           "ev_unmet_kwh": 0.0}
     compare_to_baseline(results)
-    headline = write_report(_run(tmp_path, results)).read_text().splitlines()[2]
+    report = write_report(_run(tmp_path, results)).read_text()
+    headline = report.splitlines()[2]
     assert headline.startswith("**Best agent: sac**")  # the agents' ranking is unchanged: the planner is a reference
     assert ("The `planner` reference, which plans the next day every hour on a forecast that never reads ahead, "
             "cuts more: 30,100 kg CO2/year (94% of the optimum's cut)") in headline
+    # The built-in site's planner forecasts from other years of its climate: the agent is what goes to the site.
+    assert f"To take it to the site: `trainer export {tmp_path / 'run'}` writes it as ONNX" in report
+    results["planner"]["forecast"] = "the readings so far"  # a dataset's: a site can run it, so it is what to export
+    (tmp_path / "dataset").mkdir()
+    report = write_report(_run(tmp_path / "dataset", results)).read_text()
+    assert (f"To take the planner to the site: `trainer export {tmp_path / 'dataset' / 'run'}` writes it with the "
+            "linear program it solves each hour and a `controller.py` that needs only numpy and scipy") in report
+    assert f"`trainer export {tmp_path / 'dataset' / 'run'} --agent sac` exports sac instead, as ONNX" in report
     results["planner"].update(co2_kg_per_year=34_500.0, co2_kg=34_500.0)  # behind the agent: nothing to say
     (tmp_path / "behind").mkdir()
-    assert "`planner`" not in write_report(_run(tmp_path / "behind", results)).read_text().splitlines()[2]
+    report = write_report(_run(tmp_path / "behind", results)).read_text()
+    assert "`planner`" not in report.splitlines()[2] and "To take the planner" not in report
 
 
 def test_the_headline_names_the_training_steps_and_a_raised_peak_and_cost_its_currency(tmp_path):

@@ -17,8 +17,8 @@ from trainer.cli import options as opts
 from trainer.cli.group import cli
 from trainer.cli.options import State, command, options
 from trainer.config.roster import AGENTS
-from trainer.judge.metrics import best_agent
 from trainer.judge.metrics import format_table as results_table
+from trainer.judge.metrics import recommended_controller
 from trainer.judge.report import currency, write_report
 from trainer.learn.preflight import check_resume_config, memory_checks
 from trainer.night import install, plan, runner, stages
@@ -90,10 +90,11 @@ def night(**given: Any) -> None:
     for line in runner.untrained(done.state):  # an agent missing from the table, or there untrained, says why
         click.echo(f"note:    {line}")
     click.echo(f"report:  {done.run.report}")
-    best = best_agent(done.results, done.cfg.ev.target_met_pct)
+    best = recommended_controller(done.results, done.cfg.ev.target_met_pct)
     if best:
-        click.echo(f"export:  {opts.invoked()} export {done.run.root}   ({best}, the agent the report recommends, as "
-                   "ONNX + controller.py)")
+        what = ("the planner, which cuts more than every agent, as controller.py + its linear program"
+                if best == "planner" else f"{best}, the agent the report recommends, as ONNX + controller.py")
+        click.echo(f"export:  {opts.invoked()} export {done.run.root}   ({what})")
     runner.raise_for_failures(done.state, done.run)
 
 
@@ -221,12 +222,14 @@ EXPORT_PACKAGES = ("onnx", "onnxscript", "onnxruntime")
 
 @command(cli, "export")
 @opts.run_dir_argument
-@click.option("--agent", type=click.Choice(AGENTS), default=None,
-              help="The agent to export (default: the one the report recommends).")
+@click.option("--agent", type=click.Choice([*AGENTS, "planner"]), default=None,
+              help="The agent to export, or planner: the run's day-ahead planner (default: the controller the report "
+                   "recommends).")
 @click.option("--out", type=click.Path(file_okay=False), default=None,
               help="The export folder (default: RUN_DIR/export/<agent>; an earlier export there is replaced).")
 def export_command(run_dir: str, agent: str | None, out: str | None) -> None:
-    """Export an agent as ONNX with controller.py (numpy + onnxruntime only), proven on the night's evaluation."""
+    """Export an agent as ONNX with controller.py (numpy + onnxruntime only), or the day-ahead planner with its
+    linear program (numpy + scipy), proven on the night's evaluation."""
     missing = [name for name in EXPORT_PACKAGES if importlib.util.find_spec(name) is None]
     if missing:
         raise UsageError(f"trainer export needs {', '.join(missing)} (the export extra): run "

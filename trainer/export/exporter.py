@@ -6,6 +6,12 @@ evaluation's raw observations with the product's actions) and a README. Before i
 evaluation is replayed through CityLearn with the *exported* controller acting, and the product's own
 policy and guard are asked the same step: the actions must agree within ``CHECK_TOLERANCE`` at every
 step and CO2, EV service and cost must be the night's. Nothing in the folder is a pickle.
+
+Where the run's day-ahead planner is the controller to deploy (it cuts more than every agent, as on the official
+EV buildings), the folder holds the planner instead of a network: ``program.py`` (trainer/shipped/program.py, the
+site's linear program the product's planner solves) beside ``controller.py``, the forecast it had learnt by the
+period it is proven on, and ``check.csv`` with every hour of that period (the planner learns its forecast hour by
+hour, so a sample hours apart could not be replayed). The proof is the same.
 """
 
 from __future__ import annotations
@@ -27,18 +33,36 @@ from trainer.base.errors import TrainerError, UsageError
 from trainer.base.files import write_json_atomic, write_text_atomic
 from trainer.config.roster import agent_spec
 from trainer.config.sections import Config
-from trainer.env.citylearn import CentralAgentArrays, learnt_normalisation, make_citylearn_env, site_forecast
+from trainer.env.citylearn import (
+    CentralAgentArrays,
+    learnt_normalisation,
+    make_citylearn_env,
+    make_sb3_env,
+    site_forecast,
+)
 from trainer.env.ev_guard import EvServiceGuard
 from trainer.export import onnx_policy, spec
-from trainer.judge.metrics import best_agent, evaluation_window, run_episode
+from trainer.judge.metrics import evaluation_window, recommended_controller, run_episode
 from trainer.learn.model_file import load_model
+from trainer.references.planner import FORECAST_OF_DRAWS, ProfileForecast, planner_exports
+from trainer.references.roster import REFERENCE_ROSTER, ReferenceUnavailable
 from trainer.run.folder import RunContext, RunDir
 from trainer.shipped import controller as standalone_controller
-from trainer.shipped.controller import CHECK_FILE, CHECK_TOLERANCE, EXPECTED_PREFIX, SPEC_FILE, Controller
+from trainer.shipped import program as shipped_program
+from trainer.shipped.controller import (
+    CHECK_FILE,
+    CHECK_TOLERANCE,
+    EXPECTED_PREFIX,
+    PLANNER,
+    PROGRAM_FILE,
+    SPEC_FILE,
+    Controller,
+)
 
 POLICY_FILE = "policy.onnx"
 # What an export writes (and Python leaves beside controller.py once run): all that replacing it may delete.
-EXPORT_FILES = frozenset({POLICY_FILE, SPEC_FILE, CHECK_FILE, "controller.py", "README.md", "__pycache__"})
+EXPORT_FILES = frozenset({POLICY_FILE, SPEC_FILE, CHECK_FILE, PROGRAM_FILE, "controller.py", "README.md",
+                          "__pycache__"})
 SAMPLE_ROWS = 1000  # check.csv: evenly spaced steps of the evaluation (the policy and the guard are per step)
 # The exported controller's year against the night's evaluation of the same agent: the same actions within
 # CHECK_TOLERANCE give the same figures to this relative tolerance.
@@ -66,16 +90,10 @@ class _ExportedActing:
         self.replay = _Replay()
 
     def act(self, obs: np.ndarray, env: Any) -> np.ndarray:
-        raw = self.arrays.raw
         started = time.perf_counter()
-        # The controller forecasts the hours ahead itself from the site's readings (where the policy reads them).
-        own = self.exported.with_forecast(raw[:len(self.exported.site_names)])
-        native, _ = self.exported.native(own)
-        if len(own) > len(self.exported.site_names):
-            self.replay.forecast_worst = max(self.replay.forecast_worst, float(np.max(np.abs(own - raw))))
+        native, raw = self._exported(self.arrays.raw)
         self.replay.seconds.append(time.perf_counter() - started)
-        action, _ = self.model.predict(obs, deterministic=True)
-        product = self.arrays.scale.to_native(action)
+        product = self._product(obs, env)
         if self.guard is not None:
             product = self.guard.apply(env, product)
         diff = float(np.max(np.abs(native - product)))
@@ -85,10 +103,41 @@ class _ExportedActing:
         self.replay.product.append(product)
         return self.arrays.scale.to_agent(native)
 
+    def _exported(self, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The exported controller's actions for the step's raw observations, and the raw row check.csv keeps."""
+        # The controller forecasts the hours ahead itself from the site's readings (where the policy reads them).
+        own = self.exported.with_forecast(raw[:len(self.exported.site_names)])
+        native, _ = self.exported.native(own)
+        if len(own) > len(self.exported.site_names):
+            self.replay.forecast_worst = max(self.replay.forecast_worst, float(np.max(np.abs(own - raw))))
+        return native, raw
+
+    def _product(self, obs: np.ndarray, env: Any) -> np.ndarray:
+        """The product's own action for the step (before its guard), in CityLearn's units."""
+        action, _ = self.model.predict(obs, deterministic=True)
+        return self.arrays.scale.to_native(action)
+
+
+class _ExportedPlanning(_ExportedActing):
+    """The exported planner acts; the product's planner and guard are asked the same step."""
+
+    def __init__(self, exported: Controller, planner: Any, arrays: CentralAgentArrays, guard: EvServiceGuard | None,
+                 steps: int):
+        super().__init__(exported, None, arrays, guard)
+        self.planner, self.steps = planner, steps
+
+    def _exported(self, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        raw = raw[:len(self.exported.site_names)]  # the site's readings: the planner's forecast is its own
+        return self.exported.native(raw, self.steps - len(self.replay.raw))[0], raw
+
+    def _product(self, obs: np.ndarray, env: Any) -> np.ndarray:
+        return self.arrays.scale.to_native(self.planner.act(obs, env))
+
 
 @dataclass
 class ExportRequest:
-    """What an export was asked for, checked before the run folder is touched: the agent, its model, the folder."""
+    """What an export was asked for, checked before the run folder is touched: the agent (or the planner), its
+    model (None for the planner), the folder."""
 
     agent: str
     model: Any
@@ -96,25 +145,39 @@ class ExportRequest:
 
 
 def request(run: RunDir, cfg: Config, agent: str | None, out: str | Path | None) -> ExportRequest:
-    """Every check of an export that needs no site: the agent (given, or the one the report recommends), its model
-    loaded, and ``out`` (default RUN_DIR/export/<agent>) free or an earlier export's."""
+    """Every check of an export that needs no evaluation: the controller (given, or the one the report
+    recommends), its model loaded, and ``out`` (default RUN_DIR/export/<name>) free or an earlier export's."""
     run.results()  # the night's figures the proof compares with: a damaged file is named before anything is written
     name = choose_agent(run, cfg, agent)
     target = Path(out) if out else run.export / name
-    model = load_model(cfg, name, run.agent(name).model, fix=f"train it again: trainer train {name} --resume "
-                       f"{run.root}")
+    model = None if name == PLANNER else load_model(cfg, name, run.agent(name).model,
+                                                    fix=f"train it again: trainer train {name} --resume {run.root}")
     _refuse_to_replace(target)
     return ExportRequest(name, model, target)
 
 
 def choose_agent(run: RunDir, cfg: Config, agent: str | None) -> str:
+    if agent == PLANNER:
+        planned = run.results().get(PLANNER, {})
+        if planned.get("co2_kg_per_year") is None:
+            why = planned.get("skipped") or "the run did not evaluate it"
+            raise UsageError(f"{run.root} has no planner to export ({why}): evaluate it first "
+                             f"(trainer evaluate {run.root})")
+        if planned.get("forecast") == FORECAST_OF_DRAWS:
+            raise UsageError("the built-in site's planner forecasts from other years of the site's climate, which a "
+                             "site does not have: export an agent (--agent NAME), or the planner of a night on your "
+                             "own dataset")
+        if not planner_exports(planned):
+            raise UsageError(f"{run.root}'s planner was evaluated by an earlier version, which did not record what "
+                             f"its forecast learns from: evaluate it again (trainer evaluate {run.root})")
+        return agent
     if agent is not None:
         agent_spec(agent)  # an unknown name is refused with the roster's list
         if not run.agent(agent).model.is_file():
             raise UsageError(f"{run.root} has no trained {agent}: no {run.agent(agent).model} "
                              f"(train it first: trainer train {agent} --resume {run.root})")
         return agent
-    best = best_agent(run.results(), cfg.ev.target_met_pct)
+    best = recommended_controller(run.results(), cfg.ev.target_met_pct)
     if best is None:
         raise UsageError(f"{run.root}: no trained agent meets the EV target, so none is recommended; "
                          "pass --agent NAME to export one anyway")
@@ -146,6 +209,8 @@ def export_run(ctx: RunContext, asked: ExportRequest) -> dict[str, Any]:
 
 def _build(ctx: RunContext, agent: str, model: Any, staging: Path, log: Any) -> tuple[dict[str, Any], _Replay]:
     """Write the export into ``staging`` and prove it on the evaluation; raises where the proof fails."""
+    if agent == PLANNER:
+        return _build_planner(ctx, staging, log)
     cfg = ctx.cfg
     # The proof replays what results.json's figures are of: the part held out where the run has one, read with the
     # normalisation the policy learnt (the export's), so the export is proven on data it never saw.
@@ -176,6 +241,61 @@ def _build(ctx: RunContext, agent: str, model: Any, staging: Path, log: Any) -> 
         env.close()
     document["verification"] = _verify(acting.replay, figures, results.get(agent, {}))
     _write_sample(staging / CHECK_FILE, plan.names, [a["name"] for a in document["actions"]], acting.replay)
+    write_json_atomic(staging / SPEC_FILE, document)
+    write_text_atomic(staging / "README.md", _readme(document))
+    return document, acting.replay
+
+
+def _build_planner(ctx: RunContext, staging: Path, log: Any) -> tuple[dict[str, Any], _Replay]:
+    """The planner's export (the module's doc) into ``staging``, proven as an agent's is."""
+    cfg = ctx.cfg
+    held = ctx.site.held_out
+    judged = held.site if held is not None else ctx.site
+
+    def open_env() -> Any:  # as the night evaluated the planner (trainer.night.stages)
+        return make_sb3_env(cfg, judged, "eval", ctx.seed, eval_days=cfg.schedule.eval_days)
+
+    def history() -> Any:  # the part the run learnt from, which the planner's forecast learns first
+        return make_sb3_env(cfg, ctx.site, "eval", ctx.seed)
+
+    try:
+        planner, _ = REFERENCE_ROSTER[PLANNER].prepare(cfg, open_env, history if held is not None else None)
+    except ReferenceUnavailable as exc:
+        raise UsageError(f"the planner cannot run on this dataset ({exc}): export an agent (--agent NAME)") from None
+    if not isinstance(planner.forecast, ProfileForecast):  # planner_exports said yes: a dataset's forecast
+        raise TrainerError("the planner's forecast is not one a site can learn: export an agent (--agent NAME)")
+    start = planner.forecast.state()  # what it learnt of the part before, as the exported controller starts
+    learnt = learnt_normalisation(cfg, ctx.site)
+    env = make_citylearn_env(cfg, judged, "eval", ctx.seed, eval_days=cfg.schedule.eval_days)
+    try:
+        arrays = CentralAgentArrays(env, None, cfg.observations, learnt, judged, site_forecast(cfg, judged))
+        arrays.reset()
+        plan = arrays.plan
+        assert plan is not None  # reset made it
+        steps = env.time_steps - 1
+        results = ctx.run.results()
+        document = spec.spec(
+            env, plan, currency=cfg.scenario.currency, ev=cfg.ev,
+            policy={"kind": PLANNER, "agent": PLANNER, "algorithm": "day-ahead linear program (HiGHS)",
+                    "file": PROGRAM_FILE, "sha256": hashlib.sha256(Path(shipped_program.__file__).read_bytes())
+                    .hexdigest(),
+                    "action": "the first hour of the plan of least CO2 over the next day, in CityLearn's units"},
+            site=_site_entry(ctx, env), metrics=_metrics_entry(ctx, results, PLANNER), run=_run_entry(ctx, PLANNER))
+        document.pop("features")  # a network's inputs: the planner reads the observations as they are
+        site_names = [o["name"] for o in document["observations"]]
+        document["planner"] = spec.planner(env, site_names, planner.model.batteries, start, steps)
+        write_json_atomic(staging / SPEC_FILE, document)
+        shutil.copyfile(standalone_controller.__file__, staging / "controller.py")
+        shutil.copyfile(shipped_program.__file__, staging / PROGRAM_FILE)
+        log.info("replaying the evaluation with the exported planner", hours=steps)
+        acting = _ExportedPlanning(Controller.load(staging), planner, arrays, EvServiceGuard.of(cfg.ev), steps)
+        figures = run_episode(acting, arrays, label="planner export")
+    finally:
+        env.close()
+    document["verification"] = _verify(acting.replay, figures, results.get(PLANNER, {}))
+    document["verification"]["idle_steps"] = acting.exported.idle_steps
+    _write_sample(staging / CHECK_FILE, site_names, [a["name"] for a in document["actions"]], acting.replay,
+                  every=True)
     write_json_atomic(staging / SPEC_FILE, document)
     write_text_atomic(staging / "README.md", _readme(document))
     return document, acting.replay
@@ -226,8 +346,10 @@ def _verify(replay: _Replay, figures: dict[str, Any], night: dict[str, Any]) -> 
     return out
 
 
-def _write_sample(path: Path, names: list[str], actions: list[str], replay: _Replay) -> None:
-    rows = np.unique(np.linspace(0, len(replay.raw) - 1, min(SAMPLE_ROWS, len(replay.raw))).astype(int))
+def _write_sample(path: Path, names: list[str], actions: list[str], replay: _Replay, every: bool = False) -> None:
+    """check.csv: :data:`SAMPLE_ROWS` steps evenly spaced, or ``every`` step (a planner's)."""
+    count = len(replay.raw) if every else min(SAMPLE_ROWS, len(replay.raw))
+    rows = np.unique(np.linspace(0, len(replay.raw) - 1, count).astype(int))
     with path.open("w", encoding="utf-8", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow([*names, *(EXPECTED_PREFIX + a for a in actions)])
@@ -268,8 +390,8 @@ def _metrics_entry(ctx: RunContext, results: dict[str, dict[str, Any]], agent: s
 
 
 def _run_entry(ctx: RunContext, agent: str) -> dict[str, Any]:
-    return {"folder": str(ctx.run.root.resolve()), "agent": agent, "seed": ctx.seed,
-            "model": str(ctx.run.agent(agent).model.relative_to(ctx.run.root)),
+    model = None if agent == PLANNER else str(ctx.run.agent(agent).model.relative_to(ctx.run.root))
+    return {"folder": str(ctx.run.root.resolve()), "agent": agent, "seed": ctx.seed, "model": model,
             "exported_at": datetime.now(UTC).isoformat(timespec="seconds")}
 
 
@@ -285,14 +407,15 @@ def _readme(document: dict[str, Any]) -> str:
         f"{_num(share, '.0f')} % of the optimum's cut, {_num(metrics.get('ev_departure_soc_met_pct'), '.1f')} % of EV "
         "departures met.",
         "",
-        "Needs Python 3 with numpy and onnxruntime only:",
+        ("Needs Python 3 with numpy and scipy only (the planner solves program.py's linear program each hour):"
+         if document["policy"].get("kind") == PLANNER else "Needs Python 3 with numpy and onnxruntime only:"),
         "",
         "```bash",
         "python controller.py check              # the evaluation's sample, replayed: exit 0 when it acts as trained",
         "python controller.py example > step.json   # one step of raw observations: a template for live data",
         "python controller.py act --obs step.json   # the actions in kW, with the EV guard applied",
         *(["python controller.py act --obs step.json --state forecast.json   # each hour: it keeps learning its "
-           "forecast"] if "forecast" in document else []),
+           "forecast"] if "forecast" in document or "planner" in document else []),
         "```",
         "",
         f"Replayed through CityLearn before it was written: {proof['steps']:,} steps, largest difference from the "

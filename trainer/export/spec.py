@@ -16,10 +16,11 @@ import numpy as np
 
 from trainer.base.errors import TrainerError
 from trainer.config.sections import LOAD_NOW
-from trainer.env.citylearn import ActionScale, raw_observation_name
+from trainer.env.citylearn import ActionScale, action_layout, raw_observation_name
 from trainer.env.ev_guard import charging_path
 from trainer.env.forecast import SOLAR_NOW, ForecastTable
 from trainer.shipped.controller import FORECAST_WINDOWS, FORMAT, VERSION
+from trainer.shipped.program import HORIZON_STEPS, BatteryModel
 
 if TYPE_CHECKING:
     from citylearn.citylearn import CityLearnEnv
@@ -146,7 +147,7 @@ def guard(env: CityLearnEnv, names: list[str], ev: EvConfig) -> dict[str, Any]:
     enabled = ev.guard
     evs = list(env.electric_vehicles or [])
     chargers, position = [], 0
-    for building in env.buildings:
+    for b, building in enumerate(env.buildings):
         offsets = {key: position + i for i, key in enumerate(building.active_actions)}
         position += len(building.active_actions)
         for charger in building.electric_vehicle_chargers or []:
@@ -161,7 +162,7 @@ def guard(env: CityLearnEnv, names: list[str], ev: EvConfig) -> dict[str, Any]:
                                        "leaves inactive; activate it under observations and train again")
                 readings[field] = name
             charger_part = charging_path(charger, evs[0].battery).parts()[0]
-            chargers.append({"action": action, **readings, "charger": charger_part})
+            chargers.append({"action": action, "building": b, **readings, "charger": charger_part})
     # A car's battery numbers do not depend on the charger it is plugged into: any one serves to read them.
     site_chargers = [c for b in env.buildings for c in b.electric_vehicle_chargers or []]
     batteries = [charging_path(site_chargers[0], car.battery).parts()[1] for car in evs] if site_chargers else []
@@ -175,24 +176,52 @@ def forecast(env: CityLearnEnv, plan: NormalisationPlan, table: ForecastTable | 
     no forecast."""
     if not plan.forecast_names or table is None:
         return None
-    n = len(env.buildings)
-
-    def name(key: str, building: Any = None) -> str:
-        shared = key if key in plan.names else None  # hour and carbon intensity are the site's, said once
-        return shared or raw_observation_name((building or env.buildings[0]).name, key, n)
-
-    solar = [name(SOLAR_NOW, b) if b.pv is not None and SOLAR_NOW in b.active_observations else None
-             for b in env.buildings]
-    reads = {"hour": name("hour"), "carbon": name("carbon_intensity"),
-             "loads": [name(LOAD_NOW, b) for b in env.buildings], "solar": solar}
-    for read in [reads["hour"], reads["carbon"], *reads["loads"], *filter(None, solar)]:
-        if read not in plan.names:
-            raise TrainerError(f"cannot export the forecast: it reads {read!r}, which this site's schema.json leaves "
-                               "inactive; activate it under observations and train again")
     return {"names": list(plan.forecast_names), "windows": [list(w) for w in FORECAST_WINDOWS],
             "unit": "the mean over each window of hours ahead (1 = the next) of a building's net load in kWh (its "
                     "other loads less its PV) or of the grid's kg CO2 per kWh, forecast from the readings so far",
-            **reads, "state": table.start}
+            **_forecast_reads(env, plan.names), "state": table.start}
+
+
+def _name(env: CityLearnEnv, names: list[str], key: str, building: Any = None) -> str:
+    """The raw observation ``key`` of ``building`` (hour and carbon intensity are the site's, said once)."""
+    return key if key in names else raw_observation_name((building or env.buildings[0]).name, key, len(env.buildings))
+
+
+def _forecast_reads(env: CityLearnEnv, names: list[str]) -> dict[str, Any]:
+    """The readings a forecast learns from (each building's load less its PV, the carbon intensity, by the hour),
+    all of them among the site's observations ``names``."""
+    solar = [_name(env, names, SOLAR_NOW, b) if b.pv is not None and SOLAR_NOW in b.active_observations else None
+             for b in env.buildings]
+    reads = {"hour": _name(env, names, "hour"), "carbon": _name(env, names, "carbon_intensity"),
+             "loads": [_name(env, names, LOAD_NOW, b) for b in env.buildings], "solar": solar}
+    for read in [reads["hour"], reads["carbon"], *reads["loads"], *filter(None, solar)]:
+        if read not in names:
+            raise TrainerError(f"cannot export the forecast: it reads {read!r}, which this site's schema.json leaves "
+                               "inactive; activate it under observations and train again")
+    return reads
+
+
+def planner(env: CityLearnEnv, names: list[str], batteries: list[BatteryModel], forecast_state: dict[str, Any],
+            steps: int) -> dict[str, Any]:
+    """The day-ahead planner as a site runs it: its window, the forecast it plans on (the readings it learns from,
+    and what the night had learnt by the period it is proven on), each battery's constants in the program and
+    where its state of charge and action are; ``steps``: the length of the period it is proven on."""
+    action_of = {(b, key): i for i, (b, key) in enumerate(action_layout(env))}
+    entries = []
+    for battery in batteries:
+        building = env.buildings[battery.building]
+        soc = _name(env, names, "electrical_storage_soc", building)
+        if soc not in names:
+            raise TrainerError(f"cannot export the planner: it reads {soc!r}, which this site's schema.json leaves "
+                               "inactive; activate it under observations and run the night again")
+        entries.append({
+            "building": battery.building, "action": action_of[(battery.building, "electrical_storage")], "soc": soc,
+            "capacity_kwh": battery.capacity_kwh, "max_kwh_per_step": battery.max_kwh_per_step,
+            "efficiency": battery.efficiency, "loss_per_step": battery.loss_per_step, "min_kwh": battery.min_kwh,
+            "nominal_power_kw": battery.nominal_power_kw, "power_lines": [list(line) for line in battery.power_lines],
+            "period_start_kwh": battery.initial_kwh})
+    return {"horizon_steps": HORIZON_STEPS, "proven_steps": steps,
+            "forecast": {**_forecast_reads(env, names), "state": forecast_state}, "batteries": entries}
 
 
 def spec(env: CityLearnEnv, plan: NormalisationPlan, *, currency: str, ev: EvConfig,

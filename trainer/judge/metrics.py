@@ -46,6 +46,7 @@ from trainer.base.signals import STOP
 from trainer.config.roster import AGENTS
 from trainer.env.citylearn import central_arrays, guard_for
 from trainer.references.controllers import Controller
+from trainer.references.planner import planner_exports
 
 if TYPE_CHECKING:
     import gymnasium
@@ -434,3 +435,14 @@ def planner_cuts_more(results: dict[str, dict[str, Any]], agent: str, target_met
     planner = results.get("planner", {})
     return (planner.get("co2_kg_per_year") is not None and agent in results
             and planner["co2_kg_per_year"] < results[agent]["co2_kg_per_year"] and serves_cars(planner, target_met_pct))
+
+
+def recommended_controller(results: dict[str, dict[str, Any]], target_met_pct: float) -> str | None:
+    """What the report recommends deploying (and ``trainer export`` exports): the best agent, or the `planner` where
+    it cuts more and serves the cars and can be exported (on a dataset); None where nothing serves the cars."""
+    best = best_agent(results, target_met_pct)
+    planner = results.get("planner", {})
+    if planner_exports(planner) and planner.get("co2_kg_per_year") is not None and (
+            planner_cuts_more(results, best, target_met_pct) if best else serves_cars(planner, target_met_pct)):
+        return "planner"
+    return best

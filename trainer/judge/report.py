@@ -21,6 +21,7 @@ from trainer.judge.metrics import (
     evaluation_window,
     optimum_reach,
     planner_cuts_more,
+    recommended_controller,
     serves_cars,
 )
 from trainer.judge.plots import (
@@ -254,6 +255,12 @@ def _same_policy(results: dict[str, dict[str, Any]], best: str) -> str:
             f"untrained): one controller, not {len(same) + 1} that agree.")
 
 
+def _planner_to_the_site(run: RunDir) -> str:
+    return (f"To take the planner to the site: `trainer export {run.root}` writes it with the linear program it "
+            "solves each hour and a `controller.py` that needs only numpy and scipy, its forecast learnt from the "
+            "readings as it goes, the EV guard included, proven on this evaluation (docs/export.md).")
+
+
 def _headline(results: dict[str, dict[str, Any]], target_pct: float, run: RunDir) -> list[str]:
     """The morning answer: which controller to deploy, judged by CO2 and EV service together, and how."""
     choice = agent_choice(results, target_pct)
@@ -281,12 +288,18 @@ def _headline(results: dict[str, dict[str, Any]], target_pct: float, run: RunDir
                           + (f" ({planner['co2_share_of_optimum_pct']:.0f}% of the optimum's cut)"
                              if planner.get("co2_share_of_optimum_pct") is not None else "")
                           + "; a controller that cannot see ahead reaches that much (docs/agent-quality.md).")
-        lines += ["", f"To take it to the site: `trainer export {run.root}` writes it as ONNX with a `controller.py` "
-                      "that needs only numpy and onnxruntime, the EV guard included, proven on this evaluation "
-                      "(docs/export.md)."]
+        if recommended_controller(results, target_pct) == "planner":
+            lines += ["", _planner_to_the_site(run) + f" `trainer export {run.root} --agent {best}` exports {best} "
+                          "instead, as ONNX with a `controller.py` that needs only numpy and onnxruntime."]
+        else:
+            lines += ["", f"To take it to the site: `trainer export {run.root}` writes it as ONNX with a "
+                          "`controller.py` that needs only numpy and onnxruntime, the EV guard included, proven on "
+                          "this evaluation (docs/export.md)."]
     elif any(a in results for a in AGENTS):
         lines.append(f"**No agent is worth deploying from this run**: none both cut CO2 and met {target_pct:g}% of "
                      "EV departures (`ev.target_met_pct`).")
+        if recommended_controller(results, target_pct) == "planner":
+            lines += ["", _planner_to_the_site(run)]
     short = [n for n, m in results.items() if n in AGENTS and not serves_cars(m, target_pct)]
     if short:
         lines += [

@@ -9,119 +9,26 @@ Whatever the program does not model is refused with :class:`OptimumUnavailable` 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from trainer.env.ev_guard import charging_path
 from trainer.shipped.controller import ChargingPath, Curve
+from trainer.shipped.program import (
+    BatteryModel,
+    EvSession,
+    OptimumUnavailable,
+    SiteModel,
+    power_lines,
+    session_limits,
+)
+
+__all__ = ["BatteryModel", "EvSession", "OptimumUnavailable", "SiteModel", "power_lines", "session_limits",
+           "site_model"]
 
 SUPPORTED_ACTIONS = ("electrical_storage",)
 EV_ACTION_PREFIX = "electric_vehicle_storage_"
-
-
-class OptimumUnavailable(Exception):
-    """The dataset holds something the linear program does not model (the message says what)."""
-
-
-@dataclass(frozen=True)
-class BatteryModel:
-    building: int
-    capacity_kwh: float
-    max_kwh_per_step: float
-    efficiency: float  # round trip; its square root applies each way
-    loss_per_step: float
-    min_kwh: float
-    initial_kwh: float
-    nominal_power_kw: float
-    final_kwh: float | None = None  # the least it must hold at the end; None: what it held at the start
-    # CityLearn's physics of this battery (its curves), from which trainer.references.physics makes the plan hold.
-    path: ChargingPath | None = field(default=None, compare=False, repr=False)
-    # Per step, once the plan is fitted to the physics: stored kWh per grid kWh charged, and grid kWh delivered per
-    # stored kWh taken (None: the square root of ``efficiency`` both ways).
-    charge_root: np.ndarray | None = field(default=None, compare=False, repr=False)
-    discharge_root: np.ndarray | None = field(default=None, compare=False, repr=False)
-    # The capacity-power curve as lines (kWh a step may move, per kWh stored at its start) whose least bounds the
-    # step: exact where the curve is concave, as CityLearn's are; () where only ``max_kwh_per_step`` bounds it.
-    power_lines: tuple[tuple[float, float], ...] = ()
-
-
-@dataclass(frozen=True)
-class EvSession:
-    building: int
-    charger: str
-    steps: tuple[int, ...]
-    max_grid_kwh_per_step: float
-    stored_per_grid_kwh: float
-    need_kwh: float  # what it must have stored by its last step (0: it leaves after the period, or unflagged)
-    room_kwh: float  # what the car can still take: capacity less its arrival energy
-    charger_power_kw: float
-    # V2G: grid kWh the charger can feed the building per step (0: it cannot discharge), grid kWh per
-    # stored kWh taken, what the car holds above its depth-of-discharge floor on arrival, and the power.
-    max_feed_kwh_per_step: float = 0.0
-    fed_per_stored_kwh: float = 1.0
-    reserve_kwh: float = 0.0
-    discharge_power_kw: float = 0.0
-    # The baseline's grid kWh per step (full power from arrival) in CityLearn's own physics, curves,
-    # standby loss and capacity included; None: the linear model's (hand-built sessions).
-    uncontrolled_kwh: tuple[float, ...] | None = None
-    # Departures flagged before the last step while the same car stays plugged in (a charger file whose
-    # countdown restarts without a new arrival): (index in ``steps``, kWh it must have stored by then).
-    interim_needs: tuple[tuple[int, float], ...] = ()
-    # CityLearn's physics of this charger and car, and, once the plan is fitted to it, per step: stored kWh per grid
-    # kWh, grid kWh fed per stored kWh taken, and the grid kWh a step must draw at least (a charger's minimum power).
-    path: ChargingPath | None = field(default=None, compare=False, repr=False)
-    arrival_kwh: float = 0.0
-    stored_per_grid_steps: tuple[float, ...] | None = field(default=None, compare=False, repr=False)
-    fed_per_stored_steps: tuple[float, ...] | None = field(default=None, compare=False, repr=False)
-    min_grid_steps: tuple[float, ...] | None = field(default=None, compare=False, repr=False)
-    max_grid_steps: tuple[float, ...] | None = field(default=None, compare=False, repr=False)
-    min_feed_steps: tuple[float, ...] | None = field(default=None, compare=False, repr=False)
-    max_feed_steps: tuple[float, ...] | None = field(default=None, compare=False, repr=False)
-
-
-@dataclass
-class SiteModel:
-    """The evaluation period as numbers: what the linear program sees.
-
-    Each building has its own meter, as CityLearn counts emissions and the product's metrics do: what one
-    building exports is not another's import (``fixed_net_kwh`` is per building; a 1-D array is one meter).
-    """
-
-    steps: int
-    hours: float
-    carbon: np.ndarray
-    fixed_net_kwh: np.ndarray  # (buildings, steps) net import with batteries idle and no car charging
-    batteries: list[BatteryModel] = field(default_factory=list)
-    sessions: list[EvSession] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        self.fixed_net_kwh = np.atleast_2d(np.asarray(self.fixed_net_kwh, dtype=float))
-
-    @property
-    def buildings(self) -> int:
-        return self.fixed_net_kwh.shape[0]
-
-    def co2_kg(self, net_kwh: np.ndarray) -> float:
-        """kg CO2 of each building's imports (its own meter), summed."""
-        return float((np.clip(np.atleast_2d(net_kwh), 0.0, None) * self.carbon).sum())
-
-    def uncontrolled_net_kwh(self) -> np.ndarray:
-        """Batteries idle; every car charges at full power from arrival until full or gone (the baseline)."""
-        net = self.fixed_net_kwh.copy()
-        for session in self.sessions:
-            if session.uncontrolled_kwh is not None:
-                net[session.building, list(session.steps)] += session.uncontrolled_kwh
-                continue
-            left = session.room_kwh
-            for t in session.steps:
-                if left <= 1e-9:
-                    break
-                grid = min(session.max_grid_kwh_per_step, left / session.stored_per_grid_kwh)
-                net[session.building, t] += grid
-                left -= grid * session.stored_per_grid_kwh
-        return net
 
 
 def _unsupported(env: Any) -> str | None:
@@ -209,20 +116,6 @@ def _full_power_kwh(path: ChargingPath, energy: float, steps: int) -> tuple[floa
     return tuple(drawn)
 
 
-def session_limits(path: ChargingPath, hours: float) -> tuple[float, float, float, float]:
-    """A charger and car as the program's limits, each curve at its best point: grid kWh a step can charge, kWh
-    stored per grid kWh, grid kWh a step can feed back (V2G; 0 without) and grid kWh fed per stored kWh taken."""
-    best_battery = math.sqrt(max(path.power_efficiency.y))
-    charger_eff = max(path.charger_curve.y) if path.charger_curve else path.charger_efficiency
-    battery_kwh = path.nominal_power_kw * max(path.capacity_power.y) * hours
-    max_grid = min(path.max_power_kw * hours, battery_kwh / charger_eff)
-    if path.max_discharge_kw <= 0:
-        return max_grid, charger_eff * best_battery, 0.0, 1.0
-    discharge_eff = max(path.discharge_curve.y) if path.discharge_curve else path.charger_efficiency
-    feed = min(path.max_discharge_kw * hours, battery_kwh * discharge_eff)
-    return max_grid, charger_eff * best_battery, feed, discharge_eff * best_battery
-
-
 def _session(b: int, charger: Any, ev: Any, span: tuple[int, int, float | None], hours: float, margin_soc: float
              ) -> EvSession:
     """One car's stay at a charger (``span``: first step, end step, the state of charge forced on arrival)."""
@@ -275,18 +168,6 @@ def battery_path(storage: Any) -> ChargingPath:
         capacity_power=Curve.of(storage.capacity_power_curve), loss_per_step=float(storage.loss_coefficient),
         min_soc=float(np.clip(1.0 - storage.depth_of_discharge, 0.0, 1.0)),
         hours=float(storage.seconds_per_time_step) / 3600.0, max_discharge_kw=nominal)
-
-
-def power_lines(curve: Curve, full_kwh: float, capacity_kwh: float, loss: float) -> tuple[tuple[float, float], ...]:
-    """The capacity-power curve (power share by state of charge at the step's start) as lines in the energy stored
-    at the end of the step before (kWh a step may move = a + b x that energy, less the standby loss): exact where the
-    curve is concave (its least line is the curve); () where it is not, leaving only its best point as the bound."""
-    xs, ys = np.asarray(curve.x), np.asarray(curve.y)
-    slopes = np.diff(ys) / np.maximum(np.diff(xs), 1e-12)
-    if len(xs) < 2 or np.any(np.diff(slopes) > 1e-9) or capacity_kwh <= 0:
-        return ()
-    return tuple((full_kwh * (y0 - m * x0), full_kwh * m * (1.0 - loss) / capacity_kwh)
-                 for x0, y0, m in zip(xs[:-1], ys[:-1], slopes))
 
 
 def site_model(env: Any, margin_soc: float) -> SiteModel:

@@ -12,6 +12,8 @@ have not arrived yet are unknown to it. With a perfect forecast instead the same
 (``solve(store_early=True)``): the sunny afternoon or clean night a forecast waits for may not come, and a battery
 or car filled at the first free hour has lost nothing if it does (docs/agent-quality.md, "A planner that stores
 early": 1.8 points of the optimum's cut on the built-in site's year held out, more on the official EV buildings).
+The decision itself (the window's program, its first hour) is trainer.shipped.program's :func:`decide`, which a
+planner's export runs at a site on the readings instead of CityLearn's objects (docs/export.md).
 
 On the built-in site the other years are its own draws (``Site.draw``'s seeds, the warm start's
 demonstration years). A dataset a user brings has one period (its other years are its own days resampled, no
@@ -28,10 +30,9 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import math
 import tempfile
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -42,24 +43,15 @@ from trainer.base import logs
 from trainer.base.files import cache_root, write_bytes_atomic
 from trainer.base.source import program_digest
 from trainer.config.sections import Config, ScenarioConfig
-from trainer.env.citylearn import ActionScale, action_slices, make_sb3_env
+from trainer.env.citylearn import ActionScale, action_layout, make_sb3_env
 from trainer.env.ev_guard import connected_sessions
-from trainer.references.optimum import solve
-from trainer.references.optimum_model import (
-    EV_ACTION_PREFIX,
-    BatteryModel,
-    EvSession,
-    OptimumUnavailable,
-    SiteModel,
-    session_limits,
-    site_model,
-)
+from trainer.references.optimum_model import EV_ACTION_PREFIX, OptimumUnavailable, SiteModel, site_model
 from trainer.shipped.controller import FORECAST_DECAY, HourlyForecast, hour_slots
+from trainer.shipped.program import HORIZON_STEPS, CarNow, decide, window_battery
 from trainer.site import BUILT_IN, Site
 from trainer.site.scenario import DRAW_SEED_OFFSET, build_site
 
 FORECAST_FORMAT = 1  # bump when Forecast or the way its draws are read changes
-HORIZON_STEPS = 24  # a day: 12 hours reach 94.4 %, 24 and 48 the same 95.4 % (linear model, docs/agent-quality.md)
 FORECAST_YEARS = 3  # the other draws whose mean is the forecast
 PROFILE_DECAY = FORECAST_DECAY  # a learnt forecast's weight on an hour seen a step ago (the shipped controller's)
 
@@ -149,57 +141,26 @@ class DayAheadPlanner:
         t = min(env.time_step, self.model.steps - 1)
         steps = min(HORIZON_STEPS, self.model.steps - t, self.forecast.steps - t)
         fixed, carbon = self.forecast.ahead(t, steps, self.model.fixed_net_kwh[:, t], self.model.carbon[t])
-        batteries = [self._battery(b, float(env.buildings[b.building].electrical_storage.energy_init), steps,
-                                   t + steps >= self.model.steps) for b in self.model.batteries]
+        # The period being judged ends with the last window: its plan returns the battery to the period's start.
+        ending = t + steps >= self.model.steps
+        batteries = [window_battery(b, float(env.buildings[b.building].electrical_storage.energy_init), steps,
+                                    b.initial_kwh if ending else None) for b in self.model.batteries]
         try:
-            plan = solve(SiteModel(steps, self.model.hours, carbon, fixed, batteries, self._cars(env, steps)),
-                         store_early=True)
+            battery, car = decide(fixed, carbon, self.model.hours, batteries, self._cars(env), self.margin_soc)
         except OptimumUnavailable:  # a state the window cannot recover from in its hours: idle, the guard serves cars
             self.idle_steps += 1
-            return ActionScale.of(env).to_agent([0.0] * sum(len(names) for _, names in action_slices(env)))
-        native: list[float] = []
-        for (_, names), b in zip(action_slices(env), range(len(env.buildings))):
-            for name in names:
-                if name == "electrical_storage" and b in plan.battery_actions:
-                    series = plan.battery_actions[b]
-                elif name.startswith(EV_ACTION_PREFIX):
-                    series = plan.ev_actions.get(name[len(EV_ACTION_PREFIX):])
-                else:
-                    series = None
-                native.append(float(np.clip(series[0], -1.0, 1.0)) if series is not None else 0.0)
+            battery, car = {}, {}
+        native = [battery.get(b, 0.0) if name == "electrical_storage"
+                  else car.get(name[len(EV_ACTION_PREFIX):], 0.0) if name.startswith(EV_ACTION_PREFIX) else 0.0
+                  for b, name in action_layout(env)]
         return ActionScale.of(env).to_agent(native)
 
     @staticmethod
-    def _battery(battery: BatteryModel, energy: float, steps: int, last_window: bool) -> BatteryModel:
-        """Each plan ends with at least the energy it starts with; the last ones with the period's start (as the
-        optimum must), or as near it as the steps left can charge: the period is not won by emptying the battery."""
-        if not last_window:
-            return replace(battery, initial_kwh=energy)
-        reachable = energy + 0.98 * steps * battery.max_kwh_per_step * math.sqrt(battery.efficiency)
-        return replace(battery, initial_kwh=energy, final_kwh=min(max(battery.initial_kwh, energy), reachable))
-
-    def _cars(self, env: Any, steps: int) -> list[EvSession]:
-        """The cars connected now, from what they have and need; one leaving after the horizon owes nothing yet."""
-        cars = []
-        for b, row in enumerate(connected_sessions(env)):
-            for session in row:
-                if session is None:
-                    continue
-                path = session.path
-                max_grid, stored_per_grid, feed, fed_per_stored = session_limits(path, self.model.hours)
-                span = min(session.steps_left + 1, steps)
-                room = max(path.capacity_kwh - session.energy_init, 0.0)
-                need = 0.0
-                if session.steps_left + 1 <= steps:
-                    goal = session.required_kwh + self.margin_soc * path.capacity_kwh
-                    # what full power can reach, a hair under: the guard serves the rest in CityLearn's physics
-                    need = min(max(goal - session.energy_init, 0.0), 0.999 * span * max_grid * stored_per_grid,
-                               0.999 * room)
-                reserve = max(session.energy_init - path.min_soc * path.capacity_kwh, 0.0)
-                cars.append(EvSession(b, session.charger.charger_id, tuple(range(span)), max_grid, stored_per_grid,
-                                      need, room, path.max_power_kw, feed, fed_per_stored, reserve,
-                                      path.max_discharge_kw))
-        return cars
+    def _cars(env: Any) -> list[CarNow]:
+        """The cars connected now whose departure is known, as CityLearn's objects hold them."""
+        return [CarNow(b, session.charger.charger_id, session.path, session.energy_init, session.required_kwh,
+                       session.steps_left)
+                for b, row in enumerate(connected_sessions(env)) for session in row if session is not None]
 
 
 @lru_cache(maxsize=4)
@@ -243,6 +204,22 @@ def _drawn_forecast(site_json: str, cfg_json: str, steps: int) -> Forecast:
             finally:
                 env.close()
     return Forecast.of_years(years)
+
+
+# What the planner's forecast is learnt from (its results' ``forecast``): on a dataset the readings it has seen, which a
+# site has too, so it can be exported; on the built-in site other draws of the site's climate, which a site has not.
+FORECAST_OF_READINGS = "the readings so far"
+FORECAST_OF_DRAWS = "other years of the site"
+
+
+def forecast_source(planner: DayAheadPlanner) -> str:
+    return FORECAST_OF_READINGS if isinstance(planner.forecast, ProfileForecast) else FORECAST_OF_DRAWS
+
+
+def planner_exports(planner: dict[str, Any]) -> bool:
+    """Whether the planner a run evaluated (its entry in results.json) can be exported: it forecasts from the
+    readings (an entry from before it said is taken as not)."""
+    return planner.get("forecast") == FORECAST_OF_READINGS
 
 
 def day_ahead_planner(cfg: Config, env: Any, history: Callable[[], Any] | None = None) -> DayAheadPlanner:

@@ -1,11 +1,15 @@
 """A site controller that needs only numpy and onnxruntime: a trained policy, its observations'
-normalisation, its action scale and the EV service guard, read from an export folder.
+normalisation, its action scale and the EV service guard, read from an export folder. Or, where the run's
+day-ahead planner is what the export holds, that planner: the site's linear program (``program.py``, beside this
+file) solved every hour over the next day on the forecast it learns from the readings, which needs scipy instead of
+onnxruntime.
 
 This file is copied unchanged into every export as ``controller.py`` (``trainer export``,
 docs/export.md). Inside the product, ``trainer.env.citylearn`` normalises observations and ``trainer.env.ev_guard``
 guards EV actions with this file's classes, so what trained and evaluated a policy is, line for line,
-what ships with it. It imports nothing but numpy, onnxruntime (when a policy runs) and the standard
-library, and it must stay so: a test imports it in a process that has nothing else.
+what ships with it. It imports nothing but numpy, onnxruntime (when a policy runs), program.py and scipy
+(when a planner plans) and the standard library, and it must stay so: a test imports it in a process that has
+nothing else.
 
 Use, from the export folder::
 
@@ -26,6 +30,8 @@ from __future__ import annotations
 import argparse
 import bisect
 import csv
+import importlib
+import importlib.util
 import json
 import math
 import os
@@ -38,6 +44,8 @@ import numpy as np
 
 SPEC_FILE = "spec.json"
 CHECK_FILE = "check.csv"
+PROGRAM_FILE = "program.py"  # the site's linear program, which a planner's export ships beside this file
+PLANNER = "planner"  # spec.json's policy.kind for the day-ahead planner (no network: a program solved each hour)
 FORMAT = "pvbess-controller"
 VERSION = 1  # of spec.json; a controller refuses a spec of another version
 CHECK_TOLERANCE = 1e-5  # |action - the product's action|, in CityLearn's units (a fraction of full power)
@@ -456,6 +464,29 @@ def _number(name: str, value: Any, unit: str) -> float:
     return number
 
 
+def _program() -> Any:
+    """The site's linear program: the product's module inside the product, else program.py beside this file (a
+    planner's export ships it); scipy solves it."""
+    if __package__:
+        module = importlib.import_module(".program", __package__)
+    else:
+        module = sys.modules.get("pvbess_program")
+        if module is None:
+            path = Path(__file__).resolve().with_name(PROGRAM_FILE)
+            if not path.is_file():
+                raise InputError(f"{path} not found: a planner's export ships it beside controller.py; export the "
+                                 "run again")
+            spec = importlib.util.spec_from_file_location("pvbess_program", path)
+            module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+            sys.modules["pvbess_program"] = module  # registered first: its dataclasses look their module up
+            spec.loader.exec_module(module)  # type: ignore[union-attr]
+    try:
+        import scipy.optimize  # noqa: F401 - the program's solver (HiGHS)
+    except ImportError:
+        raise InputError("the planner needs scipy to solve its program: pip install scipy numpy") from None
+    return module
+
+
 # ------------------------------------------------------------------------------------------------ the controller
 
 
@@ -470,6 +501,7 @@ class GuardedCharger:
     required_soc: str
     departure_time: str
     charger: dict[str, Any]
+    building: int = 0  # the site's building it is in (exports before the planner was one did not say)
 
 
 class Controller:
@@ -483,13 +515,17 @@ class Controller:
         self.folder = folder
         self.observations: list[dict[str, Any]] = spec["observations"]  # what the site gives, each step
         self.site_names = [o["name"] for o in self.observations]
-        # The forecast of the hours ahead the policy reads (observations.forecast): the controller learns it from
-        # the readings it acts on, from where the night had learnt it by the period it was proven on.
-        forecast = spec.get("forecast")
+        # The day-ahead planner (policy.kind "planner"): the program it solves and the forecast it plans on.
+        self.planner: dict[str, Any] | None = spec["planner"] if spec["policy"].get("kind") == PLANNER else None
+        self.idle_steps = 0  # the planner's hours without a feasible plan (devices idle, the guard serves cars)
+        # The forecast of the hours ahead the policy reads (observations.forecast), or the planner plans on: the
+        # controller learns it from the readings it acts on, from where the night had learnt it by the period it was
+        # proven on.
+        forecast = self.planner["forecast"] if self.planner is not None else spec.get("forecast")
         self.forecast = None if forecast is None else HourlyForecast.from_state(forecast["state"])
         self.forecast_spec: dict[str, Any] = forecast or {}
         self.names = self.site_names + list(self.forecast_spec.get("names", []))  # the raw vector's order
-        self.normalise = Normaliser.from_features(spec["features"], self.names)
+        self.normalise = None if self.planner is not None else Normaliser.from_features(spec["features"], self.names)
         self.actions: list[dict[str, Any]] = spec["actions"]
         self.native_low = np.asarray([a["low"] for a in self.actions], dtype=float)
         self.native_high = np.asarray([a["high"] for a in self.actions], dtype=float)
@@ -497,7 +533,7 @@ class Controller:
                 and np.all(self.native_low <= self.native_high)):
             raise InputError(f"{folder / SPEC_FILE}: an action's range is not two finite numbers, low to high: "
                              "export the run again")
-        self.policy_file = _policy_file(spec["policy"], folder)
+        self.policy_file = None if self.planner is not None else _policy_file(spec["policy"], folder)
         guard = spec["ev_guard"]
         self.guard_on = bool(guard["enabled"])
         self.margin_soc = float(guard["margin_soc"])
@@ -589,14 +625,19 @@ class Controller:
     def with_forecast(self, site_values: np.ndarray) -> np.ndarray:
         """The site's readings of this step, in ``observations``' order -> the raw vector, the forecast of the hours
         ahead appended (and this hour learnt: steps must come in order, an hour apart)."""
-        if self.forecast is None:
+        if self.forecast is None or self.planner is not None:  # the planner reads its forecast as it plans
             return np.asarray(site_values, dtype=float)
+        slot, fixed, carbon = self._now(site_values)
+        return np.concatenate([site_values, self.forecast.windows(slot, fixed, carbon)])
+
+    def _now(self, site_values: np.ndarray) -> tuple[int, np.ndarray, float]:
+        """What the forecast learns of this hour: its hour of the day, each building's net load (its other loads
+        less its PV), the grid's carbon intensity."""
         value = dict(zip(self.site_names, np.asarray(site_values, dtype=float).tolist()))
         reads = self.forecast_spec
         fixed = np.asarray([value[load] - (value[solar] if solar else 0.0)
                             for load, solar in zip(reads["loads"], reads["solar"])])
-        slot = int(value[reads["hour"]]) % 24
-        return np.concatenate([site_values, self.forecast.windows(slot, fixed, value[reads["carbon"]])])
+        return int(value[reads["hour"]]) % 24, fixed, float(value[reads["carbon"]])
 
     # -- acting
 
@@ -630,14 +671,63 @@ class Controller:
                              "export the run again")
         return np.clip(out, -1.0, 1.0)
 
-    def native(self, raw: np.ndarray) -> tuple[np.ndarray, list[int]]:
-        """CityLearn's actions (each in its own range) for one raw vector, with the guard applied."""
-        action = self.policy_actions(self.normalise(raw)[None, :])[0]
-        native = self.native_low + (action + 1.0) / 2.0 * (self.native_high - self.native_low)
+    def native(self, raw: np.ndarray, period_left: int | None = None) -> tuple[np.ndarray, list[int]]:
+        """CityLearn's actions (each in its own range) for one raw vector, with the guard applied. ``period_left``:
+        for a planner replaying the period it was proven on, the steps left of it, this one included (its last day's
+        plans return the battery to where the period began, as the product's did); None at a site, which runs on."""
+        if self.planner is not None:
+            native = self.planned(raw, period_left)
+        else:
+            action = self.policy_actions(self.normalise(raw)[None, :])[0]  # type: ignore[misc]
+            native = self.native_low + (action + 1.0) / 2.0 * (self.native_high - self.native_low)
         native, changed = self.guarded(raw, native)
         if not np.all(np.isfinite(native)):  # every action leaves finite and in its range, or the step is refused
             raise InputError("an action came out non-finite for these readings: nothing is sent to the site")
         return np.clip(native, self.native_low, self.native_high), changed
+
+    def planned(self, raw: np.ndarray, period_left: int | None = None) -> np.ndarray:
+        """The day-ahead planner's actions for one raw vector (the product's planner, trainer.references.planner):
+        the next :data:`program.HORIZON_STEPS` hours forecast from the hours seen so far, this one learnt, the
+        plan of least CO2 over them solved and its first hour applied (before the guard)."""
+        program = _program()
+        planner = self.planner
+        assert planner is not None  # a planner's export
+        value = dict(zip(self.names, raw.tolist()))
+        slot, fixed_now, carbon_now = self._now(raw[:len(self.site_names)])
+        horizon = int(planner["horizon_steps"])
+        steps = horizon if period_left is None else max(1, min(horizon, period_left))
+        fixed, carbon = self.forecast.ahead((slot + np.arange(steps)) % 24, fixed_now, carbon_now)  # type: ignore
+        self.forecast.observe(slot, fixed_now, carbon_now)  # type: ignore[union-attr]
+        ending = period_left is not None and steps >= period_left
+        batteries = []
+        for entry in planner["batteries"]:
+            model = program.BatteryModel(
+                building=int(entry["building"]), capacity_kwh=float(entry["capacity_kwh"]),
+                max_kwh_per_step=float(entry["max_kwh_per_step"]), efficiency=float(entry["efficiency"]),
+                loss_per_step=float(entry["loss_per_step"]), min_kwh=float(entry["min_kwh"]),
+                initial_kwh=float(entry["period_start_kwh"]), nominal_power_kw=float(entry["nominal_power_kw"]),
+                power_lines=tuple((float(a), float(b)) for a, b in entry["power_lines"]))
+            energy = max(value[entry["soc"]] * model.capacity_kwh, model.min_kwh)  # CityLearn floors it there
+            batteries.append(program.window_battery(model, energy, steps, model.initial_kwh if ending else None))
+        cars = []
+        for index, c in enumerate(self.chargers):
+            capacity, required, left = value[c.capacity], value[c.required_soc], value[c.departure_time]
+            if value[c.connected] != 1 or required <= 0 or capacity <= 0 or left < 0:  # as the guard: none owed yet
+                continue
+            path = self._path(index, capacity)
+            cars.append(program.CarNow(c.building, str(index), path, max(value[c.soc], path.min_soc) * capacity,
+                                       required * capacity, int(min(left, MAX_STEPS_AHEAD))))
+        native = np.zeros(len(self.actions))
+        try:
+            battery, car = program.decide(fixed, carbon, self.hours, batteries, cars, self.margin_soc)
+        except program.OptimumUnavailable:  # no plan the window can reach: idle, the guard serves the cars
+            self.idle_steps += 1
+            return native
+        for entry in planner["batteries"]:
+            native[int(entry["action"])] = battery.get(int(entry["building"]), 0.0)
+        for index, c in enumerate(self.chargers):
+            native[c.action] = car.get(str(index), 0.0)
+        return native
 
     def guarded(self, raw: np.ndarray, native: np.ndarray) -> tuple[np.ndarray, list[int]]:
         """``native`` with the product's EV guard applied from the readings: each connected car's action raised to
@@ -748,6 +838,10 @@ def _check(controller: Controller, sample: Path) -> int:
     rows = _sample(sample)
     worst, at, refused, first_refusal = 0.0, None, 0, ""
     compared = all(EXPECTED_PREFIX + n in rows[0] for n in names)
+    # A planner's check.csv is the whole period it was proven on, every hour in order: its last day plans to the
+    # period's end, as the product's did. Another period's readings (--obs) are planned as a site runs on.
+    planner = controller.planner
+    whole = planner is not None and sample.name == CHECK_FILE and len(rows) == int(planner.get("proven_steps", -1))
     for i, row in enumerate(rows):
         try:
             raw = controller.raw_vector({k: _cell(v) for k, v in row.items() if not k.startswith(EXPECTED_PREFIX)})
@@ -755,7 +849,7 @@ def _check(controller: Controller, sample: Path) -> int:
             refused += 1
             first_refusal = first_refusal or f"row {i + 1}: {exc}"
             continue
-        native = controller.native(raw)[0]
+        native = controller.native(raw, len(rows) - i if whole else None)[0]
         if compared:
             expected = [_cell(row[EXPECTED_PREFIX + n]) for n in names]
             if not all(isinstance(e, float) and math.isfinite(e) for e in expected):
@@ -777,6 +871,9 @@ def _check(controller: Controller, sample: Path) -> int:
         print(f"readings beyond the range the policy trained on (acted on, as a deployed controller would): {counted}")
     if refused:
         print(f"refused {refused} step(s) with a reading outside what is plausible; first: {first_refusal}")
+    if controller.idle_steps:
+        print(f"the planner found no feasible plan in {controller.idle_steps} hour(s): the battery and chargers were "
+              "left idle there, the EV guard serving the cars")
     return 0 if ok else 1
 
 
