@@ -130,3 +130,23 @@ def test_a_planner_evaluated_before_it_said_what_it_forecasts_from_is_evaluated_
     assert (f"{run}'s planner was evaluated by an earlier version, which did not record what its forecast learns "
             f"from: evaluate it again (trainer evaluate {run})") in refused.output
     assert not (run / "export").exists()
+
+
+def test_a_reading_beyond_the_part_learnt_from_is_planned_on_and_counted(planned, tmp_path, capsys):
+    folder = planned[1]
+    spec = json.loads((folder / SPEC_FILE).read_text())
+    load = next(o for o in spec["observations"] if o["name"] == "non_shiftable_load")
+    with (folder / CHECK_FILE).open() as handle:
+        rows = list(csv.DictReader(handle))[:3]
+    rows[1]["non_shiftable_load"] = repr(load["trained"][1] + 0.5 * (load["valid"][1] - load["trained"][1]))
+    sample = tmp_path / "june.csv"
+    with sample.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=[o["name"] for o in spec["observations"]], extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+    assert _check(Controller.load(folder), sample) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"ok: acted on 3 of 3 steps of {sample}")
+    # A planner trains nothing: the range is the data's it learnt its forecast from.
+    assert ("readings beyond the range of the part of the data the run learnt from (acted on, as a deployed controller "
+            "would): non_shiftable_load 1") in out

@@ -868,7 +868,8 @@ def _check(controller: Controller, sample: Path) -> int:
     beyond = controller.beyond_training
     if beyond:
         counted = ", ".join(f"{name} {count}" for name, count in sorted(beyond.items(), key=lambda kv: -kv[1]))
-        print(f"readings beyond the range the policy trained on (acted on, as a deployed controller would): {counted}")
+        learnt = "of the part of the data the run learnt from" if controller.planner else "the policy trained on"
+        print(f"readings beyond the range {learnt} (acted on, as a deployed controller would): {counted}")
     if refused:
         print(f"refused {refused} step(s) with a reading outside what is plausible; first: {first_refusal}")
     if controller.idle_steps:
