@@ -150,3 +150,19 @@ def test_a_reading_beyond_the_part_learnt_from_is_planned_on_and_counted(planned
     # A planner trains nothing: the range is the data's it learnt its forecast from.
     assert ("readings beyond the range of the part of the data the run learnt from (acted on, as a deployed controller "
             "would): non_shiftable_load 1") in out
+
+
+def test_a_planner_is_not_exported_where_a_cars_readings_are_inactive(planned):
+    # The planner plans with every plugged-in car's readings whether the guard is on or not: a site whose schema leaves
+    # one inactive is refused when exporting, in one line, not at the site's first hour.
+    from trainer.base.errors import TrainerError
+    from trainer.export import spec as export_spec
+
+    document = json.loads((planned[1] / SPEC_FILE).read_text())
+    chargers = document["ev_guard"]["chargers"]
+    missing = chargers[0]["departure_time"]
+    names = [o["name"] for o in document["observations"] if o["name"] != missing]
+    with pytest.raises(TrainerError) as refused:
+        export_spec.planner(None, names, [], chargers, {}, 1)
+    assert str(refused.value) == (f"cannot export the planner: it reads {missing!r}, which this site's schema.json "
+                                  "leaves inactive; activate it under observations and run the night again")

@@ -283,7 +283,8 @@ def _build_planner(ctx: RunContext, staging: Path, log: Any) -> tuple[dict[str, 
             site=_site_entry(ctx, env), metrics=_metrics_entry(ctx, results, PLANNER), run=_run_entry(ctx, PLANNER))
         document.pop("features")  # a network's inputs: the planner reads the observations as they are
         site_names = [o["name"] for o in document["observations"]]
-        document["planner"] = spec.planner(env, site_names, planner.model.batteries, start, steps)
+        document["planner"] = spec.planner(env, site_names, planner.model.batteries, document["ev_guard"]["chargers"],
+                                           start, steps)
         write_json_atomic(staging / SPEC_FILE, document)
         shutil.copyfile(standalone_controller.__file__, staging / "controller.py")
         shutil.copyfile(shipped_program.__file__, staging / PROGRAM_FILE)

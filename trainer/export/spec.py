@@ -201,11 +201,18 @@ def _forecast_reads(env: CityLearnEnv, names: list[str]) -> dict[str, Any]:
     return reads
 
 
-def planner(env: CityLearnEnv, names: list[str], batteries: list[BatteryModel], forecast_state: dict[str, Any],
-            steps: int) -> dict[str, Any]:
+def planner(env: CityLearnEnv, names: list[str], batteries: list[BatteryModel], chargers: list[dict[str, Any]],
+            forecast_state: dict[str, Any], steps: int) -> dict[str, Any]:
     """The day-ahead planner as a site runs it: its window, the forecast it plans on (the readings it learns from,
     and what the night had learnt by the period it is proven on), each battery's constants in the program and
-    where its state of charge and action are; ``steps``: the length of the period it is proven on."""
+    where its state of charge and action are; ``chargers``: the guard's (:func:`guard`), whose cars' readings it plans
+    with whether the guard is on or not; ``steps``: the length of the period it is proven on."""
+    for charger in chargers:
+        for field in GUARD_READINGS:
+            if charger[field] not in names:
+                raise TrainerError(f"cannot export the planner: it reads {charger[field]!r}, which this site's "
+                                   "schema.json leaves inactive; activate it under observations and run the night "
+                                   "again")
     action_of = {(b, key): i for i, (b, key) in enumerate(action_layout(env))}
     entries = []
     for battery in batteries:
