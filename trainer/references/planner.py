@@ -136,6 +136,9 @@ class DayAheadPlanner:
         # and carbon intensity (what CityLearn observes now); the hours after t come from the forecast.
         self.model, self.forecast, self.margin_soc = model, forecast, margin_soc
         self.idle_steps = 0  # steps whose window had no feasible plan (the battery and chargers left idle)
+        self._on: Any = None  # the environment the action layout and scale were read from (they do not change)
+        self._layout: list[tuple[int, str]] = []
+        self._scale: ActionScale | None = None
 
     def act(self, obs: np.ndarray, env: Any) -> np.ndarray:
         t = min(env.time_step, self.model.steps - 1)
@@ -150,10 +153,12 @@ class DayAheadPlanner:
         except OptimumUnavailable:  # a state the window cannot recover from in its hours: idle, the guard serves cars
             self.idle_steps += 1
             battery, car = {}, {}
+        if self._on is not env:
+            self._on, self._layout, self._scale = env, action_layout(env), ActionScale.of(env)
         native = [battery.get(b, 0.0) if name == "electrical_storage"
                   else car.get(name[len(EV_ACTION_PREFIX):], 0.0) if name.startswith(EV_ACTION_PREFIX) else 0.0
-                  for b, name in action_layout(env)]
-        return ActionScale.of(env).to_agent(native)
+                  for b, name in self._layout]
+        return self._scale.to_agent(native)  # type: ignore[union-attr]
 
     @staticmethod
     def _cars(env: Any) -> list[CarNow]:

@@ -518,6 +518,7 @@ class Controller:
         # The day-ahead planner (policy.kind "planner"): the program it solves and the forecast it plans on.
         self.planner: dict[str, Any] | None = spec["planner"] if spec["policy"].get("kind") == PLANNER else None
         self.idle_steps = 0  # the planner's hours without a feasible plan (devices idle, the guard serves cars)
+        self._planning: tuple[Any, list[tuple[dict[str, Any], Any]]] | None = None  # program, each battery's model
         # The forecast of the hours ahead the policy reads (observations.forecast), or the planner plans on: the
         # controller learns it from the readings it acts on, from where the night had learnt it by the period it was
         # proven on.
@@ -627,13 +628,12 @@ class Controller:
         ahead appended (and this hour learnt: steps must come in order, an hour apart)."""
         if self.forecast is None or self.planner is not None:  # the planner reads its forecast as it plans
             return np.asarray(site_values, dtype=float)
-        slot, fixed, carbon = self._now(site_values)
+        slot, fixed, carbon = self._now(dict(zip(self.site_names, np.asarray(site_values, dtype=float).tolist())))
         return np.concatenate([site_values, self.forecast.windows(slot, fixed, carbon)])
 
-    def _now(self, site_values: np.ndarray) -> tuple[int, np.ndarray, float]:
-        """What the forecast learns of this hour: its hour of the day, each building's net load (its other loads
-        less its PV), the grid's carbon intensity."""
-        value = dict(zip(self.site_names, np.asarray(site_values, dtype=float).tolist()))
+    def _now(self, value: dict[str, float]) -> tuple[int, np.ndarray, float]:
+        """What the forecast learns of this hour (``value``: the site's readings by name): its hour of the day, each
+        building's net load (its other loads less its PV), the grid's carbon intensity."""
         reads = self.forecast_spec
         fixed = np.asarray([value[load] - (value[solar] if solar else 0.0)
                             for load, solar in zip(reads["loads"], reads["solar"])])
@@ -689,24 +689,18 @@ class Controller:
         """The day-ahead planner's actions for one raw vector (the product's planner, trainer.references.planner):
         the next :data:`program.HORIZON_STEPS` hours forecast from the hours seen so far, this one learnt, the
         plan of least CO2 over them solved and its first hour applied (before the guard)."""
-        program = _program()
         planner = self.planner
         assert planner is not None  # a planner's export
+        program, models = self._planned_batteries()
         value = dict(zip(self.names, raw.tolist()))
-        slot, fixed_now, carbon_now = self._now(raw[:len(self.site_names)])
+        slot, fixed_now, carbon_now = self._now(value)
         horizon = int(planner["horizon_steps"])
         steps = horizon if period_left is None else max(1, min(horizon, period_left))
         fixed, carbon = self.forecast.ahead((slot + np.arange(steps)) % 24, fixed_now, carbon_now)  # type: ignore
         self.forecast.observe(slot, fixed_now, carbon_now)  # type: ignore[union-attr]
         ending = period_left is not None and steps >= period_left
         batteries = []
-        for entry in planner["batteries"]:
-            model = program.BatteryModel(
-                building=int(entry["building"]), capacity_kwh=float(entry["capacity_kwh"]),
-                max_kwh_per_step=float(entry["max_kwh_per_step"]), efficiency=float(entry["efficiency"]),
-                loss_per_step=float(entry["loss_per_step"]), min_kwh=float(entry["min_kwh"]),
-                initial_kwh=float(entry["period_start_kwh"]), nominal_power_kw=float(entry["nominal_power_kw"]),
-                power_lines=tuple((float(a), float(b)) for a, b in entry["power_lines"]))
+        for entry, model in models:
             energy = max(value[entry["soc"]] * model.capacity_kwh, model.min_kwh)  # CityLearn floors it there
             batteries.append(program.window_battery(model, energy, steps, model.initial_kwh if ending else None))
         cars = []
@@ -723,11 +717,26 @@ class Controller:
         except program.OptimumUnavailable:  # no plan the window can reach: idle, the guard serves the cars
             self.idle_steps += 1
             return native
-        for entry in planner["batteries"]:
-            native[int(entry["action"])] = battery.get(int(entry["building"]), 0.0)
+        for entry, model in models:
+            native[int(entry["action"])] = battery.get(model.building, 0.0)
         for index, c in enumerate(self.chargers):
             native[c.action] = car.get(str(index), 0.0)
         return native
+
+    def _planned_batteries(self) -> tuple[Any, list[tuple[dict[str, Any], Any]]]:
+        """The program's module and each battery's constants in it (with its spec entry), read once: the hours
+        after the first only fill in what each battery holds."""
+        if self._planning is None:
+            program = _program()
+            models = [(entry, program.BatteryModel(
+                building=int(entry["building"]), capacity_kwh=float(entry["capacity_kwh"]),
+                max_kwh_per_step=float(entry["max_kwh_per_step"]), efficiency=float(entry["efficiency"]),
+                loss_per_step=float(entry["loss_per_step"]), min_kwh=float(entry["min_kwh"]),
+                initial_kwh=float(entry["period_start_kwh"]), nominal_power_kw=float(entry["nominal_power_kw"]),
+                power_lines=tuple((float(a), float(b)) for a, b in entry["power_lines"])))
+                for entry in self.planner["batteries"]]  # type: ignore[index]
+            self._planning = program, models
+        return self._planning
 
     def guarded(self, raw: np.ndarray, native: np.ndarray) -> tuple[np.ndarray, list[int]]:
         """``native`` with the product's EV guard applied from the readings: each connected car's action raised to
