@@ -22,15 +22,38 @@ from .test_export import BLOCKED, standalone
 pytest.importorskip("onnxruntime", reason="trainer export needs the export extra (pip install -e '.[export]')")
 
 EVAL_DAYS = 3
+# What a planner's export may not import: the product's stack and onnxruntime (no network); scipy solves.
+PLANNER_BLOCKED = (*(b for b in BLOCKED if b != "scipy"), "onnxruntime")
+
+
+KNOWN_HOURS = 3  # the last hours of a stay in which the dataset's charger files read the car's departure
+
+
+def known_late(site: Path, folder: Path) -> Path:
+    """A copy of ``site``'s folder whose charger files read a car's departure only in its last :data:`KNOWN_HOURS`
+    (blank before), as the official CityLearn datasets' do."""
+    shutil.copytree(site, folder)
+    for path in folder.glob("charger_*.csv"):
+        with path.open(newline="") as handle:
+            rows = list(csv.DictReader(handle))
+        for row in rows:
+            if row["electric_vehicle_departure_time"] and float(row["electric_vehicle_departure_time"]) >= KNOWN_HOURS:
+                row["electric_vehicle_departure_time"] = ""
+        with path.open("w", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+    return folder / "schema.json"
 
 
 @pytest.fixture(scope="module")
 def planned(v2g_schema, tmp_path_factory) -> tuple[Path, Path, str]:
     """(run folder, export folder, the export's output) of the references' run on 48 days of the V2G site as a
-    user's dataset (its last 12 held out), exported with no --agent: no agent trained, the planner serves the
-    cars."""
+    user's dataset (its last 12 held out) whose chargers read a car's departure only in its last hours, exported with
+    no --agent: no agent trained, the planner serves the cars."""
     folder = tmp_path_factory.mktemp("dataset")
-    schema = variant(v2g_schema, folder, edit=lambda data: data.pop("pvbess_site"), steps=24 * 48)
+    site = known_late(v2g_schema.parent, folder / "site")
+    schema = variant(site, folder, edit=lambda data: data.pop("pvbess_site"), steps=24 * 48)
     run = folder / "run"
     done = CliRunner().invoke(cli, ["baseline", "--schema", str(schema), "--out", str(run),
                                     "--set", f"schedule.eval_days={EVAL_DAYS}"])
@@ -66,8 +89,7 @@ def test_the_planner_is_exported_with_its_program_and_acts_as_the_night_did(plan
 
 def test_the_exported_planner_plans_with_numpy_and_scipy_alone(planned, tmp_path):
     folder = planned[1]
-    # What a planner's export may not import: the product's stack and onnxruntime (no network); scipy solves.
-    blocked = (*(b for b in BLOCKED if b != "scipy"), "onnxruntime")
+    blocked = PLANNER_BLOCKED
     checked = standalone(folder, "check", blocked=blocked)
     assert checked.returncode == 0, checked.stderr
     assert checked.stdout.startswith(f"ok: acted on {EVAL_DAYS * 24 - 1} of {EVAL_DAYS * 24 - 1} steps")
@@ -129,6 +151,15 @@ def test_a_planner_evaluated_before_it_said_what_it_forecasts_from_is_evaluated_
     assert refused.exit_code == 2
     assert (f"{run}'s planner was evaluated by an earlier version, which did not record what its forecast learns "
             f"from: evaluate it again (trainer evaluate {run})") in refused.output
+    # One of an earlier version of the planner (it planned no car before its departure read): the export would prove
+    # this version's against figures it did not make.
+    results["planner"]["forecast"] = "the readings so far"
+    del results["planner"]["version"]
+    (run / "results.json").write_text(json.dumps(results))
+    refused = CliRunner().invoke(cli, ["export", str(run), "--agent", "planner"])
+    assert refused.exit_code == 2
+    assert (f"{run}'s planner was evaluated by an earlier version of it (version 1, this one's 2 decides "
+            f"otherwise): evaluate it again (trainer evaluate {run})") in refused.output
     assert not (run / "export").exists()
 
 
@@ -163,6 +194,48 @@ def test_a_planner_is_not_exported_where_a_cars_readings_are_inactive(planned):
     missing = chargers[0]["departure_time"]
     names = [o["name"] for o in document["observations"] if o["name"] != missing]
     with pytest.raises(TrainerError) as refused:
-        export_spec.planner(None, names, [], chargers, {}, 1)
+        export_spec.planner(None, names, [], chargers, {}, 1, {})
     assert str(refused.value) == (f"cannot export the planner: it reads {missing!r}, which this site's schema.json "
                                   "leaves inactive; activate it under observations and run the night again")
+
+
+def test_a_car_whose_departure_is_not_read_yet_is_planned_for_with_the_stays_learnt_before(planned, tmp_path):
+    # The dataset's chargers read a departure only in a car's last hours: the planner assumes the charger's usual stay
+    # (learnt from the part before the one judged) and plans the car's charge from its arrival, at the site as in the
+    # product (the proof above holds every hour to 1e-5).
+    folder = planned[1]
+    spec = json.loads((folder / SPEC_FILE).read_text())
+    chargers = spec["ev_guard"]["chargers"]
+    stays = spec["planner"]["stays"]
+    assert sorted(stays) == sorted(c["charger_id"] for c in chargers)
+    for entry in stays.values():
+        assert len(entry["steps"]) == 24 and all(KNOWN_HOURS < s < 48 for s in entry["steps"])
+    with (folder / CHECK_FILE).open() as handle:
+        rows = list(csv.DictReader(handle))
+    action = {a["name"]: a for a in spec["actions"]}
+    unknown = planned_for = 0
+    for row in rows:
+        for c in chargers:
+            if float(row[c["connected"]]) == 1 and float(row[c["departure_time"]]) < 0:
+                unknown += 1
+                name = next(n for n in action if n.endswith(c["charger_id"]))
+                planned_for += abs(float(row[f"expected:{name}"])) > 1e-6
+    assert unknown > 0 and planned_for > unknown // 4
+    # A site keeps each car's arrival between hourly calls, with the forecast; a state kept by an earlier version
+    # (the forecast alone) is read, the cars then read from the next hour.
+    state = tmp_path / "state.json"
+    step = tmp_path / "step.json"
+    site = {o["name"] for o in spec["observations"]}
+    step.write_text(json.dumps({k: float(v) for k, v in rows[0].items() if k in site}))
+    first = standalone(folder, "act", "--obs", str(step), "--state", str(state), blocked=PLANNER_BLOCKED)
+    assert first.returncode == 0, first.stderr
+    kept = json.loads(state.read_text())
+    assert len(kept["cars"]) == len(chargers)
+    kept["cars"] = [["noon", 0, False]] * len(chargers)
+    state.write_text(json.dumps(kept))
+    damaged = standalone(folder, "act", "--obs", str(step), "--state", str(state), blocked=PLANNER_BLOCKED)
+    assert damaged.returncode == 2
+    assert damaged.stderr.startswith(f"error: --state {state} is damaged (ValueError: ")
+    del kept["cars"]
+    state.write_text(json.dumps(kept))
+    assert standalone(folder, "act", "--obs", str(step), "--state", str(state), blocked=PLANNER_BLOCKED).returncode == 0

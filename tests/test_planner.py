@@ -187,3 +187,33 @@ def test_the_planner_plans_to_store_early(default_cfg, site_schema, monkeypatch)
     monkeypatch.setattr(program, "solve", recording)
     result = run_episode(planner, env)
     assert len(asked) == result["eval_timesteps"] > 20 and all(asked)
+
+
+def test_a_chargers_stays_are_learnt_from_its_readings_hour_by_hour():
+    from trainer.shipped.program import Stay, Stays, learn_stays
+
+    nan = float("nan")
+    # Three cars: one arriving at 18:00 for 4 hours (its departure read only in its last two), one plugged in the hour
+    # after it left (another car, though the charger never read unplugged) for 2 hours, one arriving at 8:00 for 6
+    # hours whose required charge never reads (not learnt from), then one still connected when the readings end.
+    hour = np.arange(40) % 24 + 0.0
+    connected = np.zeros(40, dtype=bool)
+    departure = np.full(40, -1.0)
+    required = np.full(40, nan)
+    for start, length, known, soc in ((18, 4, 2, 0.8), (22, 2, 2, 0.6), (32, 6, 6, nan)):
+        connected[start:start + length] = True
+        departure[start + length - known:start + length] = np.arange(known)[::-1]
+        required[start + length - known:start + length] = soc
+    connected[39] = True
+    stays = learn_stays(hour, connected, departure, required)
+    assert stays is not None
+    assert stays.steps[18] == 4 and stays.steps[22] == 2
+    assert stays.steps[8] == 3 == stays.steps[0]  # an hour no car arrived at: the median of every stay
+    assert stays.required_soc == pytest.approx(0.7)
+    # A car that arrived at 18:00 an hour ago is expected to leave in two; one that stayed longer, any hour now.
+    assert stays.departure(Stay(18, 1)) == 2 and stays.departure(Stay(18, 9)) == 1
+    assert stays.departure(Stay()) is None
+    assert Stay.from_state(Stay(18, 1, True).state()) == Stay(18, 1, True)
+    assert learn_stays(hour, np.zeros(40, dtype=bool), departure, required) is None
+    with pytest.raises(ValueError, match="24 numbers of at least one step"):
+        Stays.from_json({"steps": [4.0] * 23, "required_soc": 0.8})

@@ -183,7 +183,8 @@ def test_the_headline_says_when_the_planner_cuts_more_than_the_best_agent(tmp_pa
             "cuts more: 30,100 kg CO2/year (94% of the optimum's cut)") in headline
     # The built-in site's planner forecasts from other years of its climate: the agent is what goes to the site.
     assert f"To take it to the site: `trainer export {tmp_path / 'run'}` writes it as ONNX" in report
-    results["planner"]["forecast"] = "the readings so far"  # a dataset's: a site can run it, so it is what to export
+    # a dataset's planner, of this version: a site can run it, so it is what to export
+    results["planner"].update(forecast="the readings so far", version=2)
     (tmp_path / "dataset").mkdir()
     report = write_report(_run(tmp_path / "dataset", results)).read_text()
     assert (f"To take the planner to the site: `trainer export {tmp_path / 'dataset' / 'run'}` writes it with the "

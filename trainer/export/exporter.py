@@ -44,7 +44,7 @@ from trainer.env.ev_guard import EvServiceGuard
 from trainer.export import onnx_policy, spec
 from trainer.judge.metrics import evaluation_window, recommended_controller, run_episode
 from trainer.learn.model_file import load_model
-from trainer.references.planner import FORECAST_OF_DRAWS, ProfileForecast, planner_exports
+from trainer.references.planner import FORECAST_OF_DRAWS, PLANNER_VERSION, ProfileForecast, planner_exports
 from trainer.references.roster import REFERENCE_ROSTER, ReferenceUnavailable
 from trainer.run.folder import RunContext, RunDir
 from trainer.shipped import controller as standalone_controller
@@ -167,9 +167,13 @@ def choose_agent(run: RunDir, cfg: Config, agent: str | None) -> str:
             raise UsageError("the built-in site's planner forecasts from other years of the site's climate, which a "
                              "site does not have: export an agent (--agent NAME), or the planner of a night on your "
                              "own dataset")
-        if not planner_exports(planned):
+        if planned.get("forecast") is None:
             raise UsageError(f"{run.root}'s planner was evaluated by an earlier version, which did not record what "
                              f"its forecast learns from: evaluate it again (trainer evaluate {run.root})")
+        if not planner_exports(planned):
+            raise UsageError(f"{run.root}'s planner was evaluated by an earlier version of it (version "
+                             f"{planned.get('version', 1)}, this one's {PLANNER_VERSION} decides otherwise): evaluate "
+                             f"it again (trainer evaluate {run.root})")
         return agent
     if agent is not None:
         agent_spec(agent)  # an unknown name is refused with the roster's list
@@ -284,7 +288,7 @@ def _build_planner(ctx: RunContext, staging: Path, log: Any) -> tuple[dict[str, 
         document.pop("features")  # a network's inputs: the planner reads the observations as they are
         site_names = [o["name"] for o in document["observations"]]
         document["planner"] = spec.planner(env, site_names, planner.model.batteries, document["ev_guard"]["chargers"],
-                                           start, steps)
+                                           start, steps, planner.stays)
         write_json_atomic(staging / SPEC_FILE, document)
         shutil.copyfile(standalone_controller.__file__, staging / "controller.py")
         shutil.copyfile(shipped_program.__file__, staging / PROGRAM_FILE)

@@ -20,7 +20,7 @@ from trainer.env.citylearn import ActionScale, action_layout, raw_observation_na
 from trainer.env.ev_guard import charging_path
 from trainer.env.forecast import SOLAR_NOW, ForecastTable
 from trainer.shipped.controller import FORECAST_WINDOWS, FORMAT, VERSION
-from trainer.shipped.program import HORIZON_STEPS, BatteryModel
+from trainer.shipped.program import HORIZON_STEPS, BatteryModel, Stays
 
 if TYPE_CHECKING:
     from citylearn.citylearn import CityLearnEnv
@@ -162,7 +162,8 @@ def guard(env: CityLearnEnv, names: list[str], ev: EvConfig) -> dict[str, Any]:
                                        "leaves inactive; activate it under observations and train again")
                 readings[field] = name
             charger_part = charging_path(charger, evs[0].battery).parts()[0]
-            chargers.append({"action": action, "building": b, **readings, "charger": charger_part})
+            chargers.append({"action": action, "building": b, "charger_id": charger.charger_id, **readings,
+                             "charger": charger_part})
     # A car's battery numbers do not depend on the charger it is plugged into: any one serves to read them.
     site_chargers = [c for b in env.buildings for c in b.electric_vehicle_chargers or []]
     batteries = [charging_path(site_chargers[0], car.battery).parts()[1] for car in evs] if site_chargers else []
@@ -202,11 +203,12 @@ def _forecast_reads(env: CityLearnEnv, names: list[str]) -> dict[str, Any]:
 
 
 def planner(env: CityLearnEnv, names: list[str], batteries: list[BatteryModel], chargers: list[dict[str, Any]],
-            forecast_state: dict[str, Any], steps: int) -> dict[str, Any]:
+            forecast_state: dict[str, Any], steps: int, stays: dict[str, Stays]) -> dict[str, Any]:
     """The day-ahead planner as a site runs it: its window, the forecast it plans on (the readings it learns from,
     and what the night had learnt by the period it is proven on), each battery's constants in the program and
     where its state of charge and action are; ``chargers``: the guard's (:func:`guard`), whose cars' readings it plans
-    with whether the guard is on or not; ``steps``: the length of the period it is proven on."""
+    with whether the guard is on or not; ``steps``: the length of the period it is proven on; ``stays``: by charger,
+    how long its cars stayed in the part learnt from (for a car whose departure is not known yet)."""
     for charger in chargers:
         for field in GUARD_READINGS:
             if charger[field] not in names:
@@ -228,7 +230,8 @@ def planner(env: CityLearnEnv, names: list[str], batteries: list[BatteryModel], 
             "nominal_power_kw": battery.nominal_power_kw, "power_lines": [list(line) for line in battery.power_lines],
             "period_start_kwh": battery.initial_kwh})
     return {"horizon_steps": HORIZON_STEPS, "proven_steps": steps,
-            "forecast": {**_forecast_reads(env, names), "state": forecast_state}, "batteries": entries}
+            "forecast": {**_forecast_reads(env, names), "state": forecast_state}, "batteries": entries,
+            "stays": {charger: entry.as_json() for charger, entry in sorted(stays.items())}}
 
 
 def spec(env: CityLearnEnv, plan: NormalisationPlan, *, currency: str, ev: EvConfig,

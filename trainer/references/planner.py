@@ -6,8 +6,10 @@ connected car's energy, required energy and departure, the site's load, solar an
 this hour) and forecasts the hours to come as the mean of other years of the same site plus this
 hour's deviation from that mean, fading as the other years' own hour-to-hour persistence (an AR(1)
 forecast around a climatology). It applies the first hour of the plan and plans again. Cars that
-have not arrived yet are unknown to it. With a perfect forecast instead the same planner reaches
-~99.6 % of the optimum's cut on the built-in site, so what it loses is the forecast
+have not arrived yet are unknown to it; a car connected whose departure the charger does not read yet (the official
+datasets read it in a stay's last hours) is planned to leave after the charger's usual stay, learnt from the part of
+the data a run learns from (trainer.shipped.program's :class:`Stays`). With a perfect forecast instead the same
+planner reaches ~99.6 % of the optimum's cut on the built-in site, so what it loses is the forecast
 (docs/agent-quality.md). Of the plans of least CO2 on its forecast it takes the one that stores soonest
 (``solve(store_early=True)``): the sunny afternoon or clean night a forecast waits for may not come, and a battery
 or car filled at the first free hour has lost nothing if it does (docs/agent-quality.md, "A planner that stores
@@ -30,6 +32,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import math
 import tempfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -44,10 +47,10 @@ from trainer.base.files import cache_root, write_bytes_atomic
 from trainer.base.source import program_digest
 from trainer.config.sections import Config, ScenarioConfig
 from trainer.env.citylearn import ActionScale, action_layout, make_sb3_env
-from trainer.env.ev_guard import connected_sessions
+from trainer.env.ev_guard import CONNECTED, charging_path
 from trainer.references.optimum_model import EV_ACTION_PREFIX, OptimumUnavailable, SiteModel, site_model
 from trainer.shipped.controller import FORECAST_DECAY, HourlyForecast, hour_slots
-from trainer.shipped.program import HORIZON_STEPS, CarNow, decide, window_battery
+from trainer.shipped.program import HORIZON_STEPS, CarNow, Stay, Stays, decide, learn_stays, window_battery
 from trainer.site import BUILT_IN, Site
 from trainer.site.scenario import DRAW_SEED_OFFSET, build_site
 
@@ -131,10 +134,16 @@ class DayAheadPlanner:
 
     name = "planner"
 
-    def __init__(self, model: SiteModel, forecast: Forecast | ProfileForecast, margin_soc: float) -> None:
+    def __init__(self, model: SiteModel, forecast: Forecast | ProfileForecast, margin_soc: float,
+                 stays: dict[str, Stays] | None = None) -> None:
         # The period's model supplies the equipment's constants and, at step t, only that step's load, solar
         # and carbon intensity (what CityLearn observes now); the hours after t come from the forecast.
         self.model, self.forecast, self.margin_soc = model, forecast, margin_soc
+        # By charger: how long its cars stayed in the part learnt from, for a car whose departure is not known yet
+        # (none: such a car is unknown to the planner until its departure reads), and the car connected now.
+        self.stays = stays or {}
+        self._stay: dict[str, Stay] = {}
+        self._read_at = -1  # the step the chargers were last read at
         self.idle_steps = 0  # steps whose window had no feasible plan (the battery and chargers left idle)
         self._on: Any = None  # the environment the action layout and scale were read from (they do not change)
         self._layout: list[tuple[int, str]] = []
@@ -149,7 +158,7 @@ class DayAheadPlanner:
         batteries = [window_battery(b, float(env.buildings[b.building].electrical_storage.energy_init), steps,
                                     b.initial_kwh if ending else None) for b in self.model.batteries]
         try:
-            battery, car = decide(fixed, carbon, self.model.hours, batteries, self._cars(env), self.margin_soc)
+            battery, car = decide(fixed, carbon, self.model.hours, batteries, self._cars(env, t), self.margin_soc)
         except OptimumUnavailable:  # a state the window cannot recover from in its hours: idle, the guard serves cars
             self.idle_steps += 1
             battery, car = {}, {}
@@ -160,12 +169,59 @@ class DayAheadPlanner:
                   for b, name in self._layout]
         return self._scale.to_agent(native)  # type: ignore[union-attr]
 
-    @staticmethod
-    def _cars(env: Any) -> list[CarNow]:
-        """The cars connected now whose departure is known, as CityLearn's objects hold them."""
-        return [CarNow(b, session.charger.charger_id, session.path, session.energy_init, session.required_kwh,
-                       session.steps_left)
-                for b, row in enumerate(connected_sessions(env)) for session in row if session is not None]
+    def _cars(self, env: Any, t: int) -> list[CarNow]:
+        """The cars connected now whose departure is known, as CityLearn's objects hold them, and those whose
+        departure is not known yet as the chargers' stays estimate it (the readings an exported planner reads:
+        connected, departure, required charge, the hour)."""
+        if t < self._read_at or t == 0:  # a new episode: no car has arrived yet
+            self._stay, self._read_at = {}, -1
+        read = t != self._read_at
+        self._read_at = t
+        hour = int(env.buildings[0].energy_simulation.hour[t])
+        cars = []
+        for b, building in enumerate(env.buildings):
+            for charger in building.electric_vehicle_chargers or []:
+                sim = charger.charger_simulation
+                ev = charger.connected_electric_vehicle
+                state = sim.electric_vehicle_charger_state
+                connected = ev is not None and t < len(state) and state[t] == CONNECTED
+                departure = float(sim.electric_vehicle_departure_time[t]) if t < len(state) else -1.0
+                stay = self._stay.setdefault(charger.charger_id, Stay())
+                if read:
+                    stay.read(hour, connected, departure)
+                if not connected:
+                    continue
+                battery = ev.battery
+                required = float(sim.electric_vehicle_required_soc_departure[t])
+                if math.isfinite(required) and math.isfinite(departure) and required > 0 and departure >= 0:
+                    left, required_kwh = max(int(departure), 0), required * float(battery.capacity)
+                else:  # -1: not known yet (connected_sessions leaves it out; the guard owes it nothing)
+                    stays = self.stays.get(charger.charger_id)
+                    estimate = None if stays is None else stays.departure(stay)
+                    if estimate is None:
+                        continue
+                    soc = required if math.isfinite(required) and required > 0 else stays.required_soc  # type: ignore
+                    left, required_kwh = estimate, soc * float(battery.capacity)
+                cars.append(CarNow(b, charger.charger_id, charging_path(charger, battery), float(battery.energy_init),
+                                   required_kwh, left))
+        return cars
+
+
+def charger_stays(env: Any) -> dict[str, Stays]:
+    """Each charger's :class:`Stays` over the period of ``env`` (a reset CityLearnEnv): the readings of every hour
+    as CityLearn shows them (its departure and required-charge countdowns, the hour of the day)."""
+    steps = env.time_steps
+    hour = np.asarray(env.buildings[0].energy_simulation.hour[:steps])
+    out = {}
+    for building in env.buildings:
+        for charger in building.electric_vehicle_chargers or []:
+            sim = charger.charger_simulation
+            learnt = learn_stays(hour, np.asarray(sim.electric_vehicle_charger_state[:steps]) == CONNECTED,
+                                 np.asarray(sim.electric_vehicle_departure_time[:steps], dtype=float),
+                                 np.asarray(sim.electric_vehicle_required_soc_departure[:steps], dtype=float))
+            if learnt is not None:
+                out[charger.charger_id] = learnt
+    return out
 
 
 @lru_cache(maxsize=4)
@@ -221,10 +277,16 @@ def forecast_source(planner: DayAheadPlanner) -> str:
     return FORECAST_OF_READINGS if isinstance(planner.forecast, ProfileForecast) else FORECAST_OF_DRAWS
 
 
+# What a run's results record of the planner they evaluated (``version``): bump where what it decides changes. An
+# export proves the planner of this version against the night's figures, so a night of an earlier one is evaluated
+# again first. 2: cars whose departure is not read yet are planned for with the stays learnt before.
+PLANNER_VERSION = 2
+
+
 def planner_exports(planner: dict[str, Any]) -> bool:
-    """Whether the planner a run evaluated (its entry in results.json) can be exported: it forecasts from the
-    readings (an entry from before it said is taken as not)."""
-    return planner.get("forecast") == FORECAST_OF_READINGS
+    """Whether the planner a run evaluated (its entry in results.json) can be exported: this version's, forecasting
+    from the readings (an entry from before either was recorded is taken as not)."""
+    return planner.get("forecast") == FORECAST_OF_READINGS and planner.get("version") == PLANNER_VERSION
 
 
 def day_ahead_planner(cfg: Config, env: Any, history: Callable[[], Any] | None = None) -> DayAheadPlanner:
@@ -238,6 +300,7 @@ def day_ahead_planner(cfg: Config, env: Any, history: Callable[[], Any] | None =
     if scenario is None:
         hours = np.asarray(env.buildings[0].energy_simulation.hour[:model.steps])
         forecast: Forecast | ProfileForecast = ProfileForecast(hours, model.buildings)
+        stays: dict[str, Stays] = {}
         if history is not None:
             opened = history()
             try:
@@ -246,8 +309,10 @@ def day_ahead_planner(cfg: Config, env: Any, history: Callable[[], Any] | None =
                 past = site_model(before, cfg.ev.margin_soc)
                 forecast.learn_from(np.asarray(before.buildings[0].energy_simulation.hour[:past.steps]),
                                     past.fixed_net_kwh, past.carbon)
+                stays = charger_stays(before)
             finally:
                 opened.close()
     else:
         forecast = _forecast(json.dumps(scenario, sort_keys=True), cfg.model_dump_json(), model.steps + HORIZON_STEPS)
-    return DayAheadPlanner(model, forecast, cfg.ev.margin_soc)
+        stays = {}  # the built-in site's chargers read every car's departure from its arrival
+    return DayAheadPlanner(model, forecast, cfg.ev.margin_soc, stays)

@@ -19,7 +19,7 @@ from trainer.references.controllers import Controller, RuleBasedController, Unco
 from trainer.references.optimum import OptimumReplay
 from trainer.references.optimum_model import OptimumUnavailable, SiteModel, site_model
 from trainer.references.physics import FittedPlan, solve_in_physics
-from trainer.references.planner import day_ahead_planner, forecast_source
+from trainer.references.planner import PLANNER_VERSION, day_ahead_planner, forecast_source
 from trainer.site.series import HOURS_PER_YEAR
 
 if TYPE_CHECKING:
@@ -92,7 +92,7 @@ def _planner(cfg: Config, open_env: Opener, history: Opener | None = None) -> tu
     """The day-ahead planner on a forecast that never reads the period ahead (trainer.references.planner), learnt
     first from the part of the data the run learnt from where it is judged on a part held out."""
     planner = _read_period(open_env, lambda env: day_ahead_planner(cfg, env, history))
-    return planner, {"forecast": forecast_source(planner)}
+    return planner, {"forecast": forecast_source(planner), "version": PLANNER_VERSION}
 
 
 REFERENCE_ROSTER: dict[str, ReferenceSpec] = {spec.name: spec for spec in (

@@ -502,6 +502,7 @@ class GuardedCharger:
     departure_time: str
     charger: dict[str, Any]
     building: int = 0  # the site's building it is in (exports before the planner was one did not say)
+    charger_id: str = ""  # CityLearn's name of it (the planner's stays are by it; exports before it did not say)
 
 
 class Controller:
@@ -519,6 +520,10 @@ class Controller:
         self.planner: dict[str, Any] | None = spec["planner"] if spec["policy"].get("kind") == PLANNER else None
         self.idle_steps = 0  # the planner's hours without a feasible plan (devices idle, the guard serves cars)
         self._planning: tuple[Any, list[tuple[dict[str, Any], Any]]] | None = None  # program, each battery's model
+        # The planner's car at each charger (program.Stay, read every hour) and each charger's stays (program.Stays,
+        # None: the planner knows a car only once its departure reads), made with the program.
+        self._stay: list[Any] = []
+        self._stays: list[Any] = []
         # The forecast of the hours ahead the policy reads (observations.forecast), or the planner plans on: the
         # controller learns it from the readings it acts on, from where the night had learnt it by the period it was
         # proven on.
@@ -605,7 +610,12 @@ class Controller:
         """What the controller's forecast has learnt so far, as JSON (None: the policy reads no forecast): keep it
         between calls and give it back to :meth:`resume_forecast`, or a controller loaded again starts from the
         export's state, the start of the period it was proven on."""
-        return None if self.forecast is None else self.forecast.state()
+        if self.forecast is None:
+            return None
+        state = self.forecast.state()
+        if self.planner is not None and self._stay:  # the planner's cars too: how long each has been connected
+            state["cars"] = [stay.state() for stay in self._stay]
+        return state
 
     def resume_forecast(self, state: dict[str, Any], source: str = "the forecast's state") -> None:
         """Go on from a :meth:`forecast_state` kept earlier (``source`` names it in an error); nothing where the
@@ -621,6 +631,18 @@ class Controller:
         if resumed.fixed_sum.shape[0] != buildings:
             raise InputError(f"{source} forecasts {resumed.fixed_sum.shape[0]} building(s), this export "
                              f"{buildings}: it is another export's; pass this export's, or delete it to start again")
+        cars = state.get("cars") if self.planner is not None else None
+        if cars is not None:  # a state kept before the planner kept its cars has none: they are read from now on
+            program = self._planned_batteries()[0]
+            try:
+                stays = [program.Stay.from_state(car) for car in cars]
+            except (TypeError, ValueError) as exc:
+                raise InputError(f"{source} is damaged ({type(exc).__name__}: {exc}): delete it to start again from "
+                                 "the export's forecast") from None
+            if len(stays) != len(self.chargers):
+                raise InputError(f"{source} holds {len(stays)} charger(s)' cars, this export {len(self.chargers)}: "
+                                 "it is another export's; pass this export's, or delete it to start again")
+            self._stay = stays
         self.forecast = resumed
 
     def with_forecast(self, site_values: np.ndarray) -> np.ndarray:
@@ -706,8 +728,16 @@ class Controller:
         cars = []
         for index, c in enumerate(self.chargers):
             capacity, required, left = value[c.capacity], value[c.required_soc], value[c.departure_time]
-            if value[c.connected] != 1 or required <= 0 or capacity <= 0 or left < 0:  # as the guard: none owed yet
+            connected = value[c.connected] == 1
+            self._stay[index].read(slot, connected, left)
+            if not connected or capacity <= 0:
                 continue
+            if required <= 0 or left < 0:  # -1: its departure not known yet (the guard owes it nothing)
+                stays = self._stays[index]
+                estimate = None if stays is None else stays.departure(self._stay[index])
+                if estimate is None:
+                    continue
+                required, left = (required if required > 0 else stays.required_soc), estimate
             path = self._path(index, capacity)
             cars.append(program.CarNow(c.building, str(index), path, max(value[c.soc], path.min_soc) * capacity,
                                        required * capacity, int(min(left, MAX_STEPS_AHEAD))))
@@ -735,6 +765,15 @@ class Controller:
                 initial_kwh=float(entry["period_start_kwh"]), nominal_power_kw=float(entry["nominal_power_kw"]),
                 power_lines=tuple((float(a), float(b)) for a, b in entry["power_lines"])))
                 for entry in self.planner["batteries"]]  # type: ignore[index]
+            stays = self.planner.get("stays", {})  # type: ignore[union-attr]
+            try:
+                self._stays = [program.Stays.from_json(stays[c.charger_id]) if c.charger_id in stays else None
+                               for c in self.chargers]
+            except (KeyError, TypeError, ValueError) as exc:
+                raise InputError(f"{self.folder / SPEC_FILE}: the planner's stays are damaged ({exc}): export the "
+                                 "run again") from None
+            if not self._stay:
+                self._stay = [program.Stay() for _ in self.chargers]
             self._planning = program, models
         return self._planning
 
