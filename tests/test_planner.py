@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -217,3 +218,26 @@ def test_a_chargers_stays_are_learnt_from_its_readings_hour_by_hour():
     assert learn_stays(hour, np.zeros(40, dtype=bool), departure, required) is None
     with pytest.raises(ValueError, match="24 numbers of at least one step"):
         Stays.from_json({"steps": [4.0] * 23, "required_soc": 0.8})
+
+
+@pytest.mark.parametrize("first_carbon, applied", [(0.1, "its minimum or more"), (0.9, "nothing")])
+def test_the_hour_the_planner_applies_keeps_the_chargers_minimum_power(first_carbon, applied):
+    # CityLearn does nothing with a charge under a charger's minimum power (the official Building_4's: 3.7 of
+    # 22 kW). A car owes 2 kWh within four hours: the plan's first hour, the one sent, either charges at least the
+    # minimum or nothing, as its carbon decides; the hours after it are planned again next hour.
+    from trainer.shipped.controller import ChargingPath, Curve
+    from trainer.shipped.program import CarNow, decide
+
+    flat = Curve.of([[0.0, 1.0], [1.0, 1.0]])
+    path = ChargingPath(max_power_kw=22.0, min_power_kw=3.7, charger_efficiency=1.0, charger_curve=None,
+                        capacity_kwh=40.0, degraded_capacity_kwh=40.0, nominal_power_kw=50.0, power_efficiency=flat,
+                        capacity_power=flat, loss_per_step=0.0, min_soc=0.1, hours=1.0)
+    car = CarNow(0, "charger", path, 20.0, 22.0, 3)
+    carbon = np.array([first_carbon, 0.5, 0.5, 0.5])
+    _, action = decide(np.ones((1, 4)), carbon, 1.0, [], [car], 0.0)
+    kwh = action["charger"] * 22.0
+    assert kwh >= 3.7 - 1e-6 if applied == "its minimum or more" else kwh == pytest.approx(0.0, abs=1e-9)
+    # Without a minimum the same plan charges the 2 kWh in the cleanest hour (no more than it needs).
+    _, action = decide(np.ones((1, 4)), np.array([0.1, 0.5, 0.5, 0.5]), 1.0, [],
+                       [CarNow(0, "charger", replace(path, min_power_kw=0.0), 20.0, 22.0, 3)], 0.0)
+    assert action["charger"] * 22.0 == pytest.approx(2.0, abs=1e-3)

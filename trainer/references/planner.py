@@ -279,7 +279,8 @@ def forecast_source(planner: DayAheadPlanner) -> str:
 
 # What a run's results record of the planner they evaluated (``version``): bump where what it decides changes. An
 # export proves the planner of this version against the night's figures, so a night of an earlier one is evaluated
-# again first. 2: cars whose departure is not read yet are planned for with the stays learnt before.
+# again first. 2: cars whose departure is not read yet are planned for with the stays learnt before, and the hour it
+# sends keeps a charger's minimum power.
 PLANNER_VERSION = 2
 
 

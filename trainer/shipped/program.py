@@ -109,6 +109,11 @@ class EvSession:
     max_grid_steps: tuple[float, ...] | None = field(default=None, compare=False, repr=False)
     min_feed_steps: tuple[float, ...] | None = field(default=None, compare=False, repr=False)
     max_feed_steps: tuple[float, ...] | None = field(default=None, compare=False, repr=False)
+    # The charger's minimum power as grid kWh a step (charging, feeding), kept by the session's first step: under it
+    # CityLearn does nothing. Where either is above 0 the program decides that step on or off (a mixed-integer
+    # program of one or two 0/1 variables a car): the planner's step applied now, its later ones planned again each
+    # hour. The optimum's year fits its plan to the minimum in rounds instead (trainer.references.physics).
+    first_step_min_kwh: tuple[float, float] = (0.0, 0.0)
 
 
 @dataclass
@@ -203,6 +208,8 @@ class _Program:
     def __init__(self, n: int) -> None:
         self.cost = np.zeros(n)
         self.lower, self.upper = np.zeros(n), np.full(n, np.inf)
+        self.integral = np.zeros(n, dtype=bool)  # on/off decisions (0 or 1): a mixed-integer program where any
+        self.switched: list[tuple[int, int, float]] = []  # (a flow, its on/off, the least it flows when on)
         self.ub: tuple[list[int], list[int], list[float], list[float]] = ([], [], [], [])
         self.eq: tuple[list[int], list[int], list[float], list[float]] = ([], [], [], [])
 
@@ -231,12 +238,42 @@ class _Program:
         def matrix(rows: tuple[list[int], list[int], list[float], list[float]]) -> Any:
             return sparse.csr_matrix((rows[2], (rows[0], rows[1])), shape=(len(rows[3]), n)) if rows[3] else None
 
-        result = linprog(self.cost, A_ub=matrix(self.ub), b_ub=np.asarray(self.ub[3]) if self.ub[3] else None,
-                         A_eq=matrix(self.eq), b_eq=np.asarray(self.eq[3]) if self.eq[3] else None,
+        upper, rhs = matrix(self.ub), np.asarray(self.ub[3]) if self.ub[3] else None
+        result = linprog(self.cost, A_ub=upper, b_ub=rhs, A_eq=matrix(self.eq),
+                         b_eq=np.asarray(self.eq[3]) if self.eq[3] else None,
                          bounds=np.column_stack([self.lower, self.upper]), method="highs")
-        if result.status != 0:
+        if result.status != 0:  # the relaxation of a mixed-integer program too: neither has a plan
             raise OptimumUnavailable(f"the linear program could not be solved: {result.message}")
+        if not self.integral.any():
+            return result.x
+        kept = self._keeps_minimums(result.x, upper, rhs)
+        if kept is not None:  # a lower bound reached: the relaxation's plan is the mixed-integer program's optimum
+            return kept
+        from scipy.optimize import Bounds, LinearConstraint, milp  # lazy, as linprog: only a minimum power needs it
+
+        rows = [LinearConstraint(upper, -np.inf, rhs)] if upper is not None else []
+        if self.eq[3]:
+            rows.append(LinearConstraint(matrix(self.eq), np.asarray(self.eq[3]), np.asarray(self.eq[3])))
+        result = milp(self.cost, integrality=self.integral.astype(int), bounds=Bounds(self.lower, self.upper),
+                      constraints=rows, options={"mip_rel_gap": 1e-6})
+        if result.status != 0 or result.x is None:
+            raise OptimumUnavailable(f"the mixed-integer program could not be solved: {result.message}")
         return result.x
+
+    def _keeps_minimums(self, x: np.ndarray, upper: Any, rhs: np.ndarray | None) -> np.ndarray | None:
+        """``x`` (the relaxation's plan) with its on/off decisions set, where it already keeps every minimum power
+        (each flow nothing or at least its minimum) and so every row; else None (the mixed-integer program decides)."""
+        x = x.copy()
+        for flow, switch, least in self.switched:
+            if x[flow] <= 1e-9:
+                x[flow], x[switch] = 0.0, 0.0
+            elif x[flow] >= least - 1e-9:
+                x[switch] = 1.0
+            else:
+                return None
+        if upper is not None and np.any(upper @ x > rhs + 1e-7):  # a car charging and feeding in one step
+            return None
+        return x
 
     @property
     def constraints(self) -> int:
@@ -320,6 +357,38 @@ def _add_car(lp: _Program, session: EvSession, cols: np.ndarray, feeds: np.ndarr
             lp.at_most(power + ([(int(gain[k - 1]), -slope)] if k > 0 else []), held)
 
 
+def _add_first_step_minimum(lp: _Program, session: EvSession, cols: np.ndarray, feeds: np.ndarray | None,
+                            on: int | None, off: int | None) -> None:
+    """A charger's minimum power at the session's first step: it charges (feeds) at least that or not at all, a 0/1
+    decision (``on``, ``off``: its columns, None where that direction has no minimum)."""
+    for switch, flows, least in ((on, cols, session.first_step_min_kwh[0]),
+                                 (off, feeds, session.first_step_min_kwh[1])):
+        if switch is None or flows is None:
+            continue
+        flow, most = int(flows[0]), float(lp.upper[flows[0]])
+        lp.upper[switch], lp.integral[switch] = 1.0, True
+        lp.at_most([(flow, 1.0), (switch, -most)], 0.0)
+        lp.at_most([(flow, -1.0), (switch, min(least, most))], 0.0)
+        lp.switched.append((flow, switch, min(least, most)))
+    if on is not None and off is not None:  # one direction
+        lp.at_most([(on, 1.0), (off, 1.0)], 1.0)
+
+
+def _switches(sessions: list[EvSession], feed_index: list[np.ndarray | None], first: int
+              ) -> tuple[list[tuple[int | None, int | None]], int]:
+    """Each session's first-step on/off columns (charging, feeding) from column ``first``, where its charger has a
+    minimum power, and the columns there are then."""
+    out, n = [], first
+    for feeds, session in zip(feed_index, sessions):
+        charge_min, feed_min = session.first_step_min_kwh
+        on = n if charge_min > 0 and session.steps else None
+        n += on is not None
+        off = n if feeds is not None and feed_min > 0 and session.steps else None
+        n += off is not None
+        out.append((on, off))
+    return out, n
+
+
 def _layout(model: SiteModel) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray, np.ndarray]], list[np.ndarray],
                                        list[np.ndarray | None], list[np.ndarray], int]:
     """The program's variables: imp[B x T] (building-major), then per battery (in[T], out[T], E[T]), then one x per
@@ -360,7 +429,8 @@ def solve(model: SiteModel, store_early: bool = False) -> Solution:
     T, B = model.steps, model.buildings
     imp, bat, ev_index, feed_index, gain_index, offset = _layout(model)
     shorts = offset + np.arange(len(model.sessions))  # one per session: kWh short of a departure's need
-    lp = _Program(offset + len(model.sessions))
+    switches, n = _switches(model.sessions, feed_index, offset + len(model.sessions))
+    lp = _Program(n)
     lp.cost[imp] = model.carbon + TIE_BREAK
 
     # Each meter: -imp[b, t] + sum(in - out) + sum(x - y) <= -fixed[b, t]
@@ -381,8 +451,10 @@ def solve(model: SiteModel, store_early: bool = False) -> Solution:
         if store_early:
             lp.cost[energy] -= STORE_EARLY
     penalty = short_penalty(model)
-    for cols, feeds, gain, short, session in zip(ev_index, feed_index, gain_index, shorts, model.sessions):
+    for cols, feeds, gain, short, session, (on, off) in zip(ev_index, feed_index, gain_index, shorts, model.sessions,
+                                                            switches):
         _add_car(lp, session, cols, feeds, gain, int(short), penalty)
+        _add_first_step_minimum(lp, session, cols, feeds, on, off)
         if store_early:
             lp.cost[gain] -= STORE_EARLY
 
@@ -451,8 +523,11 @@ def _car_session(car: CarNow, steps: int, hours: float, margin_soc: float) -> Ev
         # what full power can reach, a hair under: the guard serves the rest in CityLearn's physics
         need = min(max(goal - car.energy_kwh, 0.0), 0.999 * span * max_grid * stored_per_grid, 0.999 * room)
     reserve = max(car.energy_kwh - path.min_soc * path.capacity_kwh, 0.0)
+    # A charger's minimum power (the official Building_4's 3.7 of 22 kW), decided for the hour applied now
+    least = (min(path.min_power_kw, path.max_power_kw) * hours,
+             min(path.min_discharge_kw, path.max_discharge_kw) * hours if feed > 0 else 0.0)
     return EvSession(car.building, car.charger, tuple(range(span)), max_grid, stored_per_grid, need, room,
-                     path.max_power_kw, feed, fed_per_stored, reserve, path.max_discharge_kw)
+                     path.max_power_kw, feed, fed_per_stored, reserve, path.max_discharge_kw, first_step_min_kwh=least)
 
 
 def decide(fixed_net_kwh: np.ndarray, carbon: np.ndarray, hours: float, batteries: list[BatteryModel],
