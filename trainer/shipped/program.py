@@ -208,7 +208,7 @@ class _Program:
     def __init__(self, n: int) -> None:
         self.cost = np.zeros(n)
         self.lower, self.upper = np.zeros(n), np.full(n, np.inf)
-        self.integral = np.zeros(n, dtype=bool)  # on/off decisions (0 or 1): a mixed-integer program where any
+        self.integral = np.zeros(n, dtype=bool)  # on/off (0 or 1) decisions: with any, a mixed-integer program
         self.switched: list[tuple[int, int, float]] = []  # (a flow, its on/off, the least it flows when on)
         self.ub: tuple[list[int], list[int], list[float], list[float]] = ([], [], [], [])
         self.eq: tuple[list[int], list[int], list[float], list[float]] = ([], [], [], [])
