@@ -141,25 +141,27 @@ def test_inside_the_product_the_exported_planner_reads_the_products_program(plan
     assert "pvbess_program" not in sys.modules
 
 
+def _export_refused(run: Path, results: dict) -> str:
+    """The output of `trainer export RUN --agent planner` with ``results`` as the run's results.json: refused (2)."""
+    (run / "results.json").write_text(json.dumps(results))
+    refused = CliRunner().invoke(cli, ["export", str(run), "--agent", "planner"])
+    assert refused.exit_code == 2
+    return refused.output
+
+
 def test_a_planner_evaluated_before_it_said_what_it_forecasts_from_is_evaluated_again_first(planned, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(planned[0], run, ignore=shutil.ignore_patterns("export"))
     results = json.loads((run / "results.json").read_text())
     del results["planner"]["forecast"]
-    (run / "results.json").write_text(json.dumps(results))
-    refused = CliRunner().invoke(cli, ["export", str(run), "--agent", "planner"])
-    assert refused.exit_code == 2
     assert (f"{run}'s planner was evaluated by an earlier version, which did not record what its forecast learns "
-            f"from: evaluate it again (trainer evaluate {run})") in refused.output
+            f"from: evaluate it again (trainer evaluate {run})") in _export_refused(run, results)
     # One of an earlier version of the planner (it planned no car before its departure read): the export would prove
     # this version's against figures it did not make.
     results["planner"]["forecast"] = "the readings so far"
     del results["planner"]["version"]
-    (run / "results.json").write_text(json.dumps(results))
-    refused = CliRunner().invoke(cli, ["export", str(run), "--agent", "planner"])
-    assert refused.exit_code == 2
     assert (f"{run}'s planner was evaluated by an earlier version of it (version 1, this one's 2 decides "
-            f"otherwise): evaluate it again (trainer evaluate {run})") in refused.output
+            f"otherwise): evaluate it again (trainer evaluate {run})") in _export_refused(run, results)
     assert not (run / "export").exists()
 
 

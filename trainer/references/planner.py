@@ -32,7 +32,6 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import math
 import tempfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -50,7 +49,16 @@ from trainer.env.citylearn import ActionScale, action_layout, make_sb3_env
 from trainer.env.ev_guard import CONNECTED, charging_path
 from trainer.references.optimum_model import EV_ACTION_PREFIX, OptimumUnavailable, SiteModel, site_model
 from trainer.shipped.controller import FORECAST_DECAY, HourlyForecast, hour_slots
-from trainer.shipped.program import HORIZON_STEPS, CarNow, Stay, Stays, decide, learn_stays, window_battery
+from trainer.shipped.program import (
+    HORIZON_STEPS,
+    CarNow,
+    Stay,
+    Stays,
+    car_due,
+    decide,
+    learn_stays,
+    window_battery,
+)
 from trainer.site import BUILT_IN, Site
 from trainer.site.scenario import DRAW_SEED_OFFSET, build_site
 
@@ -191,19 +199,13 @@ class DayAheadPlanner:
                     stay.read(hour, connected, departure)
                 if not connected:
                     continue
+                due = car_due(float(sim.electric_vehicle_required_soc_departure[t]), departure, stay,
+                              self.stays.get(charger.charger_id))
+                if due is None:
+                    continue
                 battery = ev.battery
-                required = float(sim.electric_vehicle_required_soc_departure[t])
-                if math.isfinite(required) and math.isfinite(departure) and required > 0 and departure >= 0:
-                    left, required_kwh = max(int(departure), 0), required * float(battery.capacity)
-                else:  # -1: not known yet (connected_sessions leaves it out; the guard owes it nothing)
-                    stays = self.stays.get(charger.charger_id)
-                    estimate = None if stays is None else stays.departure(stay)
-                    if estimate is None:
-                        continue
-                    soc = required if math.isfinite(required) and required > 0 else stays.required_soc  # type: ignore
-                    left, required_kwh = estimate, soc * float(battery.capacity)
                 cars.append(CarNow(b, charger.charger_id, charging_path(charger, battery), float(battery.energy_init),
-                                   required_kwh, left))
+                                   due[0] * float(battery.capacity), due[1]))
         return cars
 
 

@@ -633,7 +633,7 @@ class Controller:
                              f"{buildings}: it is another export's; pass this export's, or delete it to start again")
         cars = state.get("cars") if self.planner is not None else None
         if cars is not None:  # a state kept before the planner kept its cars has none: they are read from now on
-            program = self._planned_batteries()[0]
+            program = self._planning_parts()[0]
             try:
                 stays = [program.Stay.from_state(car) for car in cars]
             except (TypeError, ValueError) as exc:
@@ -713,7 +713,7 @@ class Controller:
         plan of least CO2 over them solved and its first hour applied (before the guard)."""
         planner = self.planner
         assert planner is not None  # a planner's export
-        program, models = self._planned_batteries()
+        program, models = self._planning_parts()
         value = dict(zip(self.names, raw.tolist()))
         slot, fixed_now, carbon_now = self._now(value)
         horizon = int(planner["horizon_steps"])
@@ -730,17 +730,13 @@ class Controller:
             capacity, required, left = value[c.capacity], value[c.required_soc], value[c.departure_time]
             connected = value[c.connected] == 1
             self._stay[index].read(slot, connected, left)
-            if not connected or capacity <= 0:
+            # -1: its departure not known yet (the guard owes it nothing; the planner estimates it from the stays)
+            due = program.car_due(required, left, self._stay[index], self._stays[index]) if connected else None
+            if due is None or capacity <= 0:
                 continue
-            if required <= 0 or left < 0:  # -1: its departure not known yet (the guard owes it nothing)
-                stays = self._stays[index]
-                estimate = None if stays is None else stays.departure(self._stay[index])
-                if estimate is None:
-                    continue
-                required, left = (required if required > 0 else stays.required_soc), estimate
             path = self._path(index, capacity)
             cars.append(program.CarNow(c.building, str(index), path, max(value[c.soc], path.min_soc) * capacity,
-                                       required * capacity, int(min(left, MAX_STEPS_AHEAD))))
+                                       due[0] * capacity, int(min(due[1], MAX_STEPS_AHEAD))))
         native = np.zeros(len(self.actions))
         try:
             battery, car = program.decide(fixed, carbon, self.hours, batteries, cars, self.margin_soc)
@@ -753,9 +749,9 @@ class Controller:
             native[c.action] = car.get(str(index), 0.0)
         return native
 
-    def _planned_batteries(self) -> tuple[Any, list[tuple[dict[str, Any], Any]]]:
-        """The program's module and each battery's constants in it (with its spec entry), read once: the hours
-        after the first only fill in what each battery holds."""
+    def _planning_parts(self) -> tuple[Any, list[tuple[dict[str, Any], Any]]]:
+        """The program's module, each battery's constants in it (with its spec entry) and each charger's stays, read
+        once: the hours after the first only fill in what each battery and car holds."""
         if self._planning is None:
             program = _program()
             models = [(entry, program.BatteryModel(

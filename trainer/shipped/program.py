@@ -610,6 +610,19 @@ class Stays:
         return cls(steps, float(entry["required_soc"]))
 
 
+def car_due(required_soc: float, departure: float, stay: Stay, stays: Stays | None) -> tuple[float, int] | None:
+    """(the state of charge a connected car must leave with, the steps until it leaves) as the planner plans it: the
+    readings where its departure reads (0 or more, a charge required), else its charger's ``stays``' estimate, with the
+    required charge the reading's where that reads; None where neither says (the car is left to the guard)."""
+    if math.isfinite(required_soc) and math.isfinite(departure) and required_soc > 0 and departure >= 0:
+        return required_soc, int(departure)
+    estimate = None if stays is None else stays.departure(stay)
+    if estimate is None:
+        return None
+    known = math.isfinite(required_soc) and required_soc > 0
+    return (required_soc if known else stays.required_soc), estimate  # type: ignore[union-attr]
+
+
 def learn_stays(hour: np.ndarray, connected: np.ndarray, departure: np.ndarray, required_soc: np.ndarray
                 ) -> Stays | None:
     """One charger's :class:`Stays` from its readings over a period, hour by hour: each stay that ended with its
