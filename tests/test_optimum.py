@@ -100,6 +100,37 @@ def test_a_plan_that_stores_early_charges_a_car_in_the_first_of_equally_clean_ho
     assert early.ev_actions["c"] * 5.0 == pytest.approx([0.0, 5.0, 5.0, 0.0, 0.0, 0.0, 0.0, 0.0], abs=1e-6)
 
 
+@pytest.mark.parametrize("plan, need, raised", [
+    # 0.2 kWh short: the cleanest hour it already charges in (0.2 kg a kWh) takes it, not the cleaner hour it is off
+    # in (0.05), where the charger's minimum would draw 3.7 kWh for it
+    ([0.0, 5.0, 0.0, 4.8], 10.0, [0.0, 5.2, 0.0, 4.8]),
+    # 1 kWh short and no hour it charges in has room: the cleanest hour it is off in is turned on, at the minimum
+    ([22.0, 0.0, 0.0, 22.0], 45.0, [22.0, 0.0, 3.7, 22.0]),
+])
+def test_the_replayed_plan_serves_its_cars_in_their_own_physics(plan, need, raised):
+    # The rounds' last program reads each hour's efficiency off the plan before it, so its plan can leave a car tenths
+    # of a kWh short; the replay would top it up in its last hour, at 3.7 kWh on a charger whose minimum is 3.7 kW.
+    from trainer.references.physics import SERVE_MARGIN_KWH, _stepped, served
+    from trainer.shipped.controller import ChargingPath, Curve
+    from trainer.shipped.program import Solution
+
+    flat = Curve.of([[0.0, 1.0], [1.0, 1.0]])
+    path = ChargingPath(max_power_kw=22.0, min_power_kw=3.7, charger_efficiency=1.0, charger_curve=None,
+                        capacity_kwh=80.0, degraded_capacity_kwh=80.0, nominal_power_kw=50.0, power_efficiency=flat,
+                        capacity_power=flat, loss_per_step=0.0, min_soc=0.1, hours=1.0)
+    goal = 20.0 + need
+    car = EvSession(building=0, charger="c", steps=(0, 1, 2, 3), max_grid_kwh_per_step=22.0, stored_per_grid_kwh=1.0,
+                    need_kwh=need, room_kwh=60.0, charger_power_kw=22.0, path=path, arrival_kwh=20.0)
+    model = SiteModel(4, 1.0, np.array([0.1, 0.2, 0.05, 0.3]), np.ones(4), [], [car])
+    solution = Solution(0.0, np.ones((1, 4)), {}, {"c": np.asarray(plan) / 22.0}, 0.0, 0, 0)
+    assert _stepped(path, 20.0, np.asarray(plan))[0][-1] < goal  # the plan alone leaves the car short
+
+    grid = served(model, solution).ev_actions["c"] * 22.0
+    assert grid == pytest.approx(raised, abs=2 * SERVE_MARGIN_KWH)
+    assert _stepped(path, 20.0, grid)[0][-1] >= goal  # it holds its need, so the replay adds nothing
+    assert solution.ev_actions["c"] * 22.0 == pytest.approx(plan)  # the plan it was given is left as it was
+
+
 @pytest.mark.parametrize("site", ["built-in", "v2g-random-curves"])
 def test_the_models_uncontrolled_co2_is_the_baseline(site_schema, v2g_schema, tmp_path, default_cfg, site):
     # The baseline charges each car at full power from arrival in CityLearn's own physics: with random
