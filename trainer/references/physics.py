@@ -199,9 +199,9 @@ def _served_grid(session: EvSession, grid_plan: np.ndarray, cost: np.ndarray) ->
 
 
 def served(model: SiteModel, solution: Solution) -> Solution:
-    """``solution`` with every car's charge raised where its physics leaves the car short of a need (see
-    :func:`_served_grid`); a kWh more costs the hour's carbon where the plan's building imports, nothing where it
-    exports."""
+    """``solution`` with each car's plan changed where its physics leaves the car short of a need (more charged or
+    less fed in one hour, see :func:`_served_grid`); a kWh more costs the hour's carbon where the plan's building
+    imports, nothing where it exports."""
     net = model.fixed_net_kwh.copy()
     for battery in model.batteries:
         flow = solution.battery_actions[battery.building] * battery.nominal_power_kw * model.hours
