@@ -125,12 +125,10 @@ def _car_round(session: EvSession, grid_plan: np.ndarray) -> tuple[EvSession, np
     path = session.path
     if path is None:
         return session, grid_plan, 0.0
+    held, drawn = _stepped(path, session.arrival_kwh, grid_plan)
     per_grid, per_fed = [], []
-    drawn = np.zeros(len(grid_plan))
     energy = session.arrival_kwh
-    for k, kwh in enumerate(grid_plan):
-        stored, grid = path.step(energy, _path_action(path, kwh))
-        drawn[k] = grid
+    for stored, grid in zip(held, drawn):
         into, out_of = _efficiencies(path, energy, stored, grid,
                                      (session.stored_per_grid_kwh, session.fed_per_stored_kwh))
         per_grid.append(into)
